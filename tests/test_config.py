@@ -1,0 +1,147 @@
+"""Config loading and validation: every bad input gets a message naming the field, the
+value and the fix, and the CLI prints it without a traceback."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+
+import pytest
+
+from lab_utils.config import DEFAULT_PROFILE, REPO_ROOT, find_config_path, load_config, parse_config
+from lab_utils.errors import ConfigError
+
+BASE = json.loads(DEFAULT_PROFILE.read_text())
+
+
+def mutated(change) -> dict:
+    data = copy.deepcopy(BASE)
+    change(data)
+    return data
+
+
+def error_of(data: dict) -> str:
+    with pytest.raises(ConfigError) as e:
+        parse_config(data, "test.json")
+    return str(e.value)
+
+
+def test_shipped_profiles_load():
+    cfg = load_config(DEFAULT_PROFILE)
+    assert cfg.profile == "local-cpu"
+    assert cfg.results_dir == REPO_ROOT / "results" / "local-cpu"
+    addresses = {n.lan_address for n in cfg.nodes.values()}
+    assert len(addresses) == len(cfg.nodes), "rehearsal nodes need distinct loopback addresses"
+    assert "127.0.0.1" not in addresses
+
+
+def test_example_config_loads():
+    cfg = load_config(REPO_ROOT / "environment_config.json.example")
+    assert set(cfg.nodes) == {"spark-01", "spark-02", "controller"}
+    assert cfg.vllm.device == "cuda"
+
+
+def test_unknown_key_suggests_close_match():
+    msg = error_of(mutated(lambda d: d["nodes"]["spark-01"].update(lan_adress="127.0.0.2")))
+    assert "nodes.spark-01.lan_adress" in msg
+    assert "unknown key" in msg and "did you mean 'lan_address'" in msg
+
+
+def test_unknown_top_level_key():
+    msg = error_of(mutated(lambda d: d.update(profil="x")))
+    assert "profil" in msg and "did you mean 'profile'" in msg
+
+
+def test_missing_field_named():
+    msg = error_of(mutated(lambda d: d["vllm"]["decode"].pop("port")))
+    assert "vllm.decode.port" in msg and "required field is missing" in msg
+    assert "environment_config.json.example" in msg
+
+
+def test_bad_address_named_with_fix():
+    msg = error_of(mutated(lambda d: d["nodes"]["spark-02"].update(data_address="10.0.0.300")))
+    assert "nodes.spark-02.data_address" in msg and '"10.0.0.300"' in msg
+    assert "not an IP address" in msg and "data-plane" in msg
+
+
+def test_two_services_on_one_host_and_port():
+    msg = error_of(mutated(lambda d: d["proxy"].update(node="spark-01", port=8300)))
+    # the proxy moved onto spark-01 is not a controller: fix the role first, then the port
+    d = mutated(lambda d: (d["proxy"].update(node="spark-01", port=8300),
+                           d["nodes"]["spark-01"]["roles"].append("controller")))
+    msg = error_of(d)
+    assert "port 8300" in msg and "two services on one host and port" in msg
+    assert "prefill-0" in msg and "proxy" in msg
+
+
+def test_side_channel_port_shared_on_one_host():
+    msg = error_of(mutated(lambda d: d["vllm"]["decode"].update(side_channel_port=5600)))
+    assert "port 5600" in msg
+    assert "side-channel port shared by two instances on one host" in msg
+
+
+def test_same_role_twice_on_a_node_gets_consecutive_ports():
+    cfg = parse_config(mutated(lambda d: d["topology"]["disaggregated"].update(
+        prefill=["spark-01", "spark-01"])))
+    ports = [(s.port, s.side_channel_port) for s in cfg.instances("disaggregated") if s.role == "prefill"]
+    assert ports == [(8300, 5600), (8301, 5601)]
+
+
+def test_topology_node_must_exist():
+    msg = error_of(mutated(lambda d: d["topology"]["baseline"].update(node="spark-1")))
+    assert "topology.baseline.node" in msg and "did you mean 'spark-01'" in msg
+
+
+def test_all_problems_reported_at_once():
+    def change(d):
+        d["nodes"]["spark-01"]["lan_address"] = "nope"
+        d["vllm"]["prefill"]["port"] = 70000
+    msg = error_of(mutated(change))
+    assert "nodes.spark-01.lan_address" in msg and "vllm.prefill.port" in msg
+
+
+def test_invalid_json_names_line(tmp_path):
+    p = tmp_path / "bad.json"
+    p.write_text('{"profile": "x",\n  "nodes": }')
+    with pytest.raises(ConfigError, match="line 2"):
+        load_config(p)
+
+
+def test_comments_ignored_and_snapshot_has_no_secrets(tmp_path):
+    data = mutated(lambda d: d["vllm"]["decode"].update(extra_env={"HF_TOKEN": "hf_canary"}))
+    data["_note"] = "comments are allowed"
+    cfg = parse_config(data)
+    snap = json.dumps(cfg.snapshot())
+    assert "hf_canary" not in snap and "_note" not in snap
+
+
+def test_lookup_order(tmp_path, monkeypatch):
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(mutated(lambda d: d.update(profile="from-env"))))
+    monkeypatch.delenv("LAB_CONFIG", raising=False)
+    assert find_config_path("x.json").name == "x.json"
+    monkeypatch.setenv("LAB_CONFIG", str(other))
+    assert load_config().profile == "from-env"
+    assert find_config_path(DEFAULT_PROFILE) == DEFAULT_PROFILE
+
+
+def test_relative_paths_resolve_against_repo_root():
+    cfg = parse_config(BASE)
+    assert cfg.resolve_path("models/x") == REPO_ROOT / "models" / "x"
+
+
+@pytest.mark.parametrize("change,expect", [
+    (lambda d: d["nodes"]["spark-01"].update(lan_adress="1"), "did you mean 'lan_address'"),
+    (lambda d: d["vllm"]["decode"].update(side_channel_port=5600), "side-channel port shared"),
+    (lambda d: d["nodes"]["spark-01"].update(lan_address="spark one"), "not an IP address"),
+])
+def test_cli_prints_message_without_traceback(tmp_path, change, expect):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(mutated(change)))
+    p = subprocess.run([sys.executable, "-m", "lab_utils", "cleanup", "--config", str(bad)],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    assert p.returncode == 2
+    assert expect in p.stderr
+    assert "Traceback" not in p.stderr + p.stdout

@@ -1,0 +1,305 @@
+"""Unit tests of lab_utils.results: envelope, atomic writes, history and load errors."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from lab_utils import results
+from lab_utils.config import REPO_ROOT, parse_config
+from lab_utils.errors import LabError, ResultsMissingError
+
+LOCAL_CPU = REPO_ROOT / "configs" / "local-cpu.json"
+
+
+def config_dict(results_root: Path, profile: str = "unit-test") -> dict:
+    if LOCAL_CPU.exists():
+        data = json.loads(LOCAL_CPU.read_text())
+    else:
+        data = {
+            "profile": profile,
+            "nodes": {
+                "local": {
+                    "connection": "local",
+                    "roles": ["serving", "controller"],
+                    "lan_address": "127.0.0.1",
+                    "data_address": "127.0.0.1",
+                }
+            },
+            "model": {"name": "tiny", "source": "tiny"},
+            "vllm": {
+                "device": "cpu",
+                "baseline": {"port": 8100},
+                "replica": {"port": 8200},
+                "prefill": {"port": 8300, "side_channel_port": 5600},
+                "decode": {"port": 8400, "side_channel_port": 5700},
+            },
+            "topology": {
+                "baseline": {"node": "local"},
+                "replicated": {"nodes": ["local"]},
+                "disaggregated": {"prefill": ["local"], "decode": ["local"]},
+            },
+            "proxy": {"node": "local", "port": 8000},
+        }
+    data["profile"] = profile
+    data["results_root"] = str(results_root)
+    return data
+
+
+@pytest.fixture
+def cfg(tmp_path):
+    return parse_config(config_dict(tmp_path / "results"))
+
+
+SOFTWARE = {"python": "3.x", "vllm": None}
+HARDWARE = {"hostname": "test"}
+
+
+def write(cfg, payload, notebook="01"):
+    return results.write_results(cfg, notebook, payload, software=SOFTWARE, hardware=HARDWARE)
+
+
+def test_round_trip(cfg):
+    path = write(cfg, {"ttft_ms": [1.5, 2.5], "label": "x"})
+    assert path == cfg.results_dir / "baseline_metrics.json"
+    env = results.load_results(cfg, "01")
+    assert env.schema_version == results.SCHEMA_VERSION
+    assert (env.kind, env.notebook, env.profile) == ("baseline_metrics", "01", cfg.profile)
+    assert env.payload == {"ttft_ms": [1.5, 2.5], "label": "x"}
+    assert env.config == cfg.snapshot()
+    assert env.software == SOFTWARE and env.hardware == HARDWARE
+    assert results._parse_time(env.timestamp).utcoffset().total_seconds() == 0
+    assert results.load_envelope(path) == env
+    # indent=2, envelope keys in declared order
+    text = path.read_text()
+    assert text.startswith('{\n  "schema_version": 1,\n  "kind": "baseline_metrics"')
+
+
+def test_registry():
+    assert {k: (s.file_name, s.notebook_file) for k, s in results.RESULTS.items()} == {
+        "00": ("environment.json", "00_Environment_Setup.ipynb"),
+        "01": ("baseline_metrics.json", "01_Local_Inference_Baseline.ipynb"),
+        "02": ("kv_transfer_metrics.json", "02_KV_Cache_Transfer.ipynb"),
+        "03": ("replicated_metrics.json", "03_Replicated_Serving.ipynb"),
+        "04": ("disaggregated_metrics.json", "04_Disaggregated_Serving.ipynb"),
+    }
+    assert results.results_spec(4).file_name == "disaggregated_metrics.json"
+    with pytest.raises(LabError, match="unknown notebook"):
+        results.results_spec("07")
+
+
+def test_history_keeps_previous_file(cfg):
+    path = write(cfg, {"run": 1})
+    first = path.read_text()
+    first_ts = json.loads(first)["timestamp"]
+    write(cfg, {"run": 2})
+    write(cfg, {"run": 3})
+    history = sorted((cfg.results_dir / "history").iterdir())
+    assert len(history) == 2
+    assert history[0].read_text() == first
+    assert history[0].name.startswith("baseline_metrics.") and history[0].suffix == ".json"
+    assert history[0].name[len("baseline_metrics.") :][:8] == first_ts[:10].replace("-", "")
+    assert results.load_envelope(history[1]).payload == {"run": 2}
+    assert results.load_results(cfg, "01").payload == {"run": 3}
+
+
+def test_history_unreadable_old_file_and_collisions(cfg):
+    path = cfg.results_dir / "baseline_metrics.json"
+    path.parent.mkdir(parents=True)
+    for i in range(2):
+        path.write_text(f"garbage {i}")
+        os.utime(path, (1_700_000_000, 1_700_000_000))  # same mtime -> same name
+        write(cfg, {"i": i})
+        path.unlink()
+    names = sorted(p.name for p in (cfg.results_dir / "history").iterdir())
+    assert names == [
+        "baseline_metrics.20231114T221320.000000Z-2.json",
+        "baseline_metrics.20231114T221320.000000Z.json",
+    ]
+    contents = {(cfg.results_dir / "history" / n).read_text() for n in names}
+    assert contents == {"garbage 0", "garbage 1"}
+
+
+def test_missing_results_names_notebook(cfg):
+    with pytest.raises(ResultsMissingError) as e:
+        results.load_results(cfg, "02")
+    msg = str(e.value)
+    assert "02_KV_Cache_Transfer.ipynb" in msg
+    assert str(cfg.results_dir / "kv_transfer_metrics.json") in msg
+    assert "--from 02 --to 02" in msg
+
+
+def test_corrupt_json_names_file(cfg):
+    path = cfg.results_dir / "baseline_metrics.json"
+    path.parent.mkdir(parents=True)
+    path.write_text('{"schema_version": 1, "kind": ')
+    with pytest.raises(LabError) as e:
+        results.load_results(cfg, "01")
+    msg = str(e.value)
+    assert str(path) in msg and "not valid JSON" in msg
+    assert "01_Local_Inference_Baseline.ipynb" in msg
+
+
+def test_invalid_envelope_names_field(cfg):
+    path = write(cfg, {"a": 1})
+    data = json.loads(path.read_text())
+    del data["payload"]
+    data["hardware"] = "not a dict"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ResultsMissingError) as e:
+        results.load_envelope(path)
+    msg = str(e.value)
+    assert str(path) in msg and "payload" in msg and "hardware" in msg
+    assert "re-run notebooks/01_Local_Inference_Baseline.ipynb" in msg
+
+
+def test_wrong_profile_names_both(cfg, tmp_path):
+    path = write(cfg, {"a": 1})
+    other = parse_config(config_dict(tmp_path / "results", profile="spark-pair"))
+    other.results_dir.mkdir(parents=True)
+    (other.results_dir / path.name).write_text(path.read_text())
+    with pytest.raises(ResultsMissingError) as e:
+        results.load_results(other, "01")
+    assert "'unit-test'" in str(e.value) and "'spark-pair'" in str(e.value)
+
+
+def test_newer_schema_refused(cfg):
+    path = write(cfg, {"a": 1})
+    data = json.loads(path.read_text())
+    data["schema_version"] = results.SCHEMA_VERSION + 1
+    data["new_field"] = "from the future"
+    path.write_text(json.dumps(data))
+    with pytest.raises(LabError, match="update the lab") as e:
+        results.load_results(cfg, "01")
+    assert str(path) in str(e.value)
+
+
+def test_nan_written_as_null(cfg):
+    path = write(cfg, {"x": math.nan, "nested": [{"y": math.inf}, (1.0, -math.inf)]})
+    assert "NaN" not in path.read_text() and "Infinity" not in path.read_text()
+    raw = json.loads(path.read_text())
+    assert raw["payload"] == {"x": None, "nested": [{"y": None}, [1.0, None]]}
+
+
+def test_crash_before_replace_keeps_old_file(cfg, monkeypatch):
+    path = write(cfg, {"run": 1})
+    before = path.read_bytes()
+    real_replace = os.replace
+
+    def crash(src, dst):
+        if Path(dst) == path:
+            raise OSError("simulated crash")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(results.os, "replace", crash)
+    with pytest.raises(OSError, match="simulated crash"):
+        write(cfg, {"run": 2})
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in cfg.results_dir.iterdir()) == ["baseline_metrics.json", "history"]
+    assert not [p for p in (cfg.results_dir / "history").iterdir() if p.suffix == ".tmp"]
+
+
+def test_atomic_write_text_cleans_up_on_failure(tmp_path, monkeypatch):
+    target = tmp_path / "out.txt"
+    target.write_text("old")
+
+    def fail(src, dst):
+        raise OSError("boom")
+
+    monkeypatch.setattr(results.os, "replace", fail)
+    with pytest.raises(OSError):
+        results.atomic_write_text(target, "new")
+    assert target.read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["out.txt"]
+
+
+CHILD = """
+import json, sys
+from lab_utils.config import parse_config
+from lab_utils.results import write_results
+cfg = parse_config(json.load(open(sys.argv[1])))
+big = [i * 0.5 for i in range(150_000)]
+seq = 0
+while True:
+    seq += 1
+    write_results(cfg, "01", {"seq": seq, "big": big}, software={}, hardware={})
+    print(seq, flush=True)
+"""
+
+
+def test_killed_writer_leaves_valid_file(cfg, tmp_path):
+    cfg_file = tmp_path / "cfg.json"
+    cfg_file.write_text(json.dumps(config_dict(tmp_path / "results")))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(cfg_file)],
+        stdout=subprocess.PIPE,
+        cwd=REPO_ROOT,
+        text=True,
+    )
+    caught_mid_write = False
+    try:
+        done = 0
+        while done < 3:  # a few complete writes, so there is an old file and history
+            line = proc.stdout.readline()
+            assert line, "writer exited early"
+            done = int(line)
+        deadline = time.monotonic() + 20
+        while not caught_mid_write and time.monotonic() < deadline:
+            # a temp file next to the results file means a write is under way: kill now
+            caught_mid_write = any(p.suffix == ".tmp" for p in cfg.results_dir.iterdir())
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+    assert proc.returncode == -signal.SIGKILL
+    assert caught_mid_write, "never saw the writer mid-write"
+    env = results.load_results(cfg, "01")
+    assert env.payload["seq"] >= done
+    assert len(env.payload["big"]) == 150_000 and env.payload["big"][-1] == 149_999 * 0.5
+    history = list((cfg.results_dir / "history").glob("*.json"))
+    assert len(history) >= done - 1
+    for old in history:
+        assert results.load_envelope(old).payload["seq"] <= env.payload["seq"]
+
+
+def test_secret_env_redacted(tmp_path):
+    data = config_dict(tmp_path / "results")
+    data["vllm"]["extra_env"] = {"HF_TOKEN": "hf_secret123", "OMP_NUM_THREADS": "4"}
+    cfg = parse_config(data)
+    path = write(cfg, {"a": 1})
+    assert "hf_secret123" not in path.read_text()
+    env = results.load_envelope(path)
+    assert env.config["vllm"]["extra_env"] == {"HF_TOKEN": "<redacted>", "OMP_NUM_THREADS": "4"}
+
+
+def test_software_versions_light():
+    versions = results.software_versions()
+    assert set(versions) == {
+        "python",
+        "lab_utils",
+        "vllm",
+        "torch",
+        "torch_cuda",
+        "nixl",
+        "transformers",
+    }
+    assert versions["python"] == ".".join(map(str, sys.version_info[:3]))
+    assert versions["lab_utils"] not in (None, "")
+    assert results._version("surely-not-an-installed-dist") is None
+    if versions["torch"] is None:
+        assert versions["torch_cuda"] is None
+
+
+def test_hardware_facts():
+    facts = results.hardware_facts()
+    assert facts["cpu_count"] == os.cpu_count()
+    assert facts["hostname"]
+    if Path("/proc/meminfo").exists():
+        assert facts["memory_total_bytes"] > 1024 * 1024
