@@ -178,9 +178,7 @@ def read_counters(snapshot: MetricsSnapshot, *, require_nixl: bool) -> InstanceC
     return InstanceCounters(
         prompt_tokens_local_compute=snapshot.value(by_source, source="local_compute"),
         prompt_tokens_local_cache_hit=snapshot.value(by_source, source="local_cache_hit"),
-        prompt_tokens_external_kv_transfer=snapshot.value(
-            by_source, source="external_kv_transfer"
-        ),
+        prompt_tokens_external_kv_transfer=snapshot.value(by_source, source="external_kv_transfer"),
         nixl_bytes_transferred=transferred.sum,
         nixl_transfer_count=transferred.count,
         nixl_transfer_seconds=nixl("vllm:nixl_xfer_time_seconds").sum,

