@@ -252,9 +252,10 @@ class LabConfig(_Strict):
         return specs
 
     def snapshot(self) -> dict[str, Any]:
-        """The config as plain data for results files. It holds no secret by design:
-        secrets live in files the config only names."""
-        return self.model_dump(mode="json")
+        """The config as plain data for results files. Secrets live in files the config
+        only names; secret-looking `extra_env` values are redacted in case one was put
+        there anyway."""
+        return _redact(self.model_dump(mode="json"))
 
 
 # ----- cross-field checks ----------------------------------------------------------------
@@ -462,6 +463,13 @@ def load_config(path: str | os.PathLike | None = None) -> LabConfig:
 _SECRET_ENV = re.compile(r"(TOKEN|SECRET|PASSWORD|API_KEY)", re.I)
 
 
-def secret_env_names(env: dict[str, str]) -> list[str]:
-    """Names in an env mapping that look like secrets (never written to results)."""
-    return [k for k in env if _SECRET_ENV.search(k)]
+def _redact(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_redact(v) for v in value]
+    if not isinstance(value, dict):
+        return value
+    out = {k: _redact(v) for k, v in value.items()}
+    if isinstance(out.get("extra_env"), dict):
+        out["extra_env"] = {k: "<redacted>" if _SECRET_ENV.search(k) else v
+                            for k, v in out["extra_env"].items()}
+    return out

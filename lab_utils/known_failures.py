@@ -148,11 +148,11 @@ KNOWN_FAILURES: tuple[KnownFailure, ...] = (
         "set-up of that node, not vLLM. Recorded with vLLM 0.15.1 on two Sparks under k3s "
         "(NVIDIA/dgx-spark-playbooks#82, unresolved; the reporter suspects GPU memory "
         "registration on GB10's unified memory).",
-        "Reproduce outside vLLM: `python -c \"from nixl._api import nixl_agent, "
+        'Reproduce outside vLLM: `python -c "from nixl._api import nixl_agent, '
         "nixl_agent_config; nixl_agent('t', nixl_agent_config(backends=['UCX']))\"` must log "
         "'Backend UCX was instantiated'. Rerun with UCX_LOG_LEVEL=debug; check `ucx_info -d` "
         "lists the roce devices (containers need /dev/infiniband and unlimited locked memory) "
-        "and UCX_NET_DEVICES names existing ones. On GB10 try kv_buffer_device \"cpu\" in "
+        'and UCX_NET_DEVICES names existing ones. On GB10 try kv_buffer_device "cpu" in '
         "--kv-transfer-config (nixlbench between two Sparks: DRAM 11.6 GB/s, VRAM 0.4-0.6).",
     ),
     KnownFailure(
@@ -217,7 +217,5 @@ def explain(log_text: str) -> str:
     parts = []
     for failure in match_failures(log_text):
         kind = "Warning (also seen in healthy runs)" if failure.warning else "Known failure"
-        parts.append(
-            f"{kind}: {failure.name}\n  Why: {failure.explanation}\n  Fix: {failure.fix}"
-        )
+        parts.append(f"{kind}: {failure.name}\n  Why: {failure.explanation}\n  Fix: {failure.fix}")
     return "\n\n".join(parts)

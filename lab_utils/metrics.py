@@ -71,7 +71,7 @@ class MetricsSnapshot:
     def has(self, name: str) -> bool:
         return name in self.names
 
-    def value(self, name: str, **labels: str) -> float:
+    def value(self, name: str, **labels: object) -> float:
         """Sum of the samples called `name` whose labels include all of `labels`."""
         if name not in self.names:
             raise MetricMissingError(self._missing_message(name))
@@ -89,7 +89,7 @@ class MetricsSnapshot:
             )
         return float(sum(matching))
 
-    def histogram(self, name: str, **labels: str) -> HistogramTotals:
+    def histogram(self, name: str, **labels: object) -> HistogramTotals:
         """`_sum` and `_count` of histogram `name` (given without those suffixes)."""
         if not (self.has(name + "_sum") and self.has(name + "_count")):
             raise MetricMissingError(self._missing_message(name))

@@ -15,16 +15,15 @@ import os
 import platform
 import re
 import socket
-import tempfile
 from ast import literal_eval
-from contextlib import suppress
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
-from lab_utils.config import LabConfig, secret_env_names
+from lab_utils.atomic import atomic_write_text
+from lab_utils.config import LabConfig
 from lab_utils.errors import LabError, ResultsMissingError
 
 SCHEMA_VERSION = 1
@@ -136,43 +135,14 @@ def hardware_facts() -> dict[str, Any]:
 
 
 def _clean(value: Any) -> Any:
-    """NaN and ±inf become None (JSON has neither); secret-looking `extra_env` values are
-    redacted, in case a profile put a token there rather than in a file."""
+    """NaN and ±inf become None (JSON has neither)."""
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, (list, tuple)):
         return [_clean(v) for v in value]
-    if not isinstance(value, dict):
-        return value
-    out = {k: _clean(v) for k, v in value.items()}
-    env = out.get("extra_env")
-    if isinstance(env, dict):
-        secret = secret_env_names(env)
-        out["extra_env"] = {k: "<redacted>" if k in secret else v for k, v in env.items()}
-    return out
-
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write `text` to `path` so readers see the old file or the new one, never a part:
-    temp file in the same directory, flush + fsync, os.replace, fsync of the directory."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    mode = path.stat().st_mode & 0o777 if path.exists() else 0o644
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fchmod(f.fileno(), mode)
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    with suppress(OSError):  # make the rename durable, where the filesystem allows
-        os.fsync(dir_fd)
-    os.close(dir_fd)
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    return value
 
 
 def _archive(path: Path) -> None:

@@ -12,10 +12,11 @@ import contextlib
 import fcntl
 import json
 import os
-import tempfile
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from lab_utils.atomic import atomic_write_text
 
 
 @dataclass
@@ -62,18 +63,7 @@ class StateFile:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
     def _write(self, records: list[ProcessRecord]) -> None:
-        text = json.dumps({"processes": [asdict(r) for r in records]}, indent=2)
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".state-")
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        atomic_write_text(self.path, json.dumps({"processes": [asdict(r) for r in records]}, indent=2))
 
     def add(self, record: ProcessRecord) -> None:
         with self._locked():

@@ -44,10 +44,7 @@ MARKER = "tiny_model_recipe.json"
 
 # Syllables compose pseudo-words so the corpus (and the prompts built from it) is varied
 # without shipping a dictionary.
-_SYLLABLES = (
-    "ka lo mi ner sta qu ion tra vel pre fill de code cache blo ck tok en spa rk nix "
-    "gra dient lat ency thr ough put mem ory band width no de lin k rai l por t"
-).split()
+_SYLLABLES = ["ka", "lo", "mi", "ner", "sta", "qu", "ion", "tra", "vel", "pre", "fill", "de", "code", "cache", "blo", "ck", "tok", "en", "spa", "rk", "nix", "gra", "dient", "lat", "ency", "thr", "ough", "put", "mem", "ory", "band", "width", "no", "de", "lin", "k", "rai", "l", "por", "t"]
 
 
 def words(rng: random.Random, n: int) -> list[str]:

@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from lab_utils.config import DEFAULT_PROFILE, LabConfig, parse_config
+from lab_utils.config import DEFAULT_PROFILE, LabConfig
 
 PORT_SHIFT = 1000  # keep tests off the ports of a lab the user may have running
 

