@@ -6,6 +6,7 @@ from __future__ import annotations
 import socket
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -71,7 +72,7 @@ def test_detached_process_group_stopped_with_children(node, test_cfg, tmp_path):
     assert wait_for(lambda: "child up" in node.log_tail(rec))
     members = proctools.group_members(rec.pgid)
     assert len(members) == 2 and node.is_alive(rec)
-    assert b"s3cret" not in open(f"/proc/{rec.pid}/cmdline", "rb").read()
+    assert b"s3cret" not in Path(f"/proc/{rec.pid}/cmdline").read_bytes()
 
     t0 = time.monotonic()
     assert node.stop(rec, grace_s=1.0) is True
