@@ -1,6 +1,7 @@
 """The lab's command line: `python -m lab_utils COMMAND [--config F] ...`.
 
-Commands: `serve` a topology, `status`, `cleanup`, `tiny-model`, `demo` (the
+Commands: `serve` a topology, `status`, `cleanup`, `deploy` (the lab's code to the
+SSH nodes), `model fetch` (the model onto every serving node), `tiny-model`, `demo` (the
 prefill/decode proof of transfer on the configured profile), `run` (execute the
 notebooks headless) and `lab` (the main job: the notebooks if there are any, else the
 demo). Errors the user can fix are printed as one message, without a traceback.
@@ -51,6 +52,23 @@ def _cmd_cleanup(args) -> int:
     return 0
 
 
+def _cmd_deploy(args) -> int:
+    from lab_utils.provision import deploy
+
+    for line in deploy(load_config(args.config), force=args.force):
+        print(line)
+    return 0
+
+
+def _cmd_model(args) -> int:
+    from lab_utils.provision import model_fetch
+
+    cfg = load_config(args.config)
+    for node, snap in model_fetch(cfg).items():
+        print(f"{node:<12} {cfg.model.name} at {cfg.model_path_on(node)}  snapshot {snap[:16]}")
+    return 0
+
+
 def _cmd_tiny_model(args) -> int:
     from lab_utils.tiny_model import fingerprint, generate
 
@@ -98,6 +116,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--topology", choices=TOPOLOGIES, required=True)
     cmd("status", _cmd_status, "list the processes recorded for the profile")
     cmd("cleanup", _cmd_cleanup, "stop everything recorded for the profile, on every node")
+    sp = cmd("deploy", _cmd_deploy, "copy the lab's code to the SSH nodes and check their Python")
+    sp.add_argument("--force", action="store_true", help="copy even if the node's copy is current")
+    sp = cmd("model", _cmd_model, "make the model present, same snapshot, on every serving node")
+    sp.add_argument("action", choices=["fetch"])
     sp = sub.add_parser("tiny-model", help="generate the rehearsal's tiny Llama model")
     sp.add_argument("out_dir")
     sp.add_argument("--seed", type=int, default=0)

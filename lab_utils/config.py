@@ -219,6 +219,21 @@ class LabConfig(_Strict):
             return str(self.resolve_path(self.model.path))
         return self.model.name
 
+    def model_path_on(self, node: str) -> str:
+        """`--model` on a node. A generated tiny model is copied to an SSH node's workdir;
+        hub and path models are where the config says on every node."""
+        n = self.nodes[node]
+        if self.model.source == "tiny" and n.connection == "ssh":
+            return f"{n.workdir}/models/{Path(self.model_path).name}"
+        return self.model_path
+
+    def log_dir_on(self, node: str) -> str:
+        """Where processes started on a node write their logs (on that node)."""
+        n = self.nodes[node]
+        if n.connection == "ssh":
+            return f"{n.workdir}/logs/{self.profile}"
+        return str(self.results_dir / "logs")
+
     def instances(self, topology: str) -> list[InstanceSpec]:
         t = self.topology
         if topology == "baseline":
@@ -295,6 +310,11 @@ def _cross_check(cfg: LabConfig) -> list[str]:
             problems.append(
                 f"nodes.{name}.python: missing; an SSH node needs the Python interpreter to "
                 'run there (e.g. "/home/lab/spark-disagg-lab/.venv/bin/python")'
+            )
+        if node.connection == "ssh" and not (node.workdir or "").startswith("/"):
+            problems.append(
+                f"nodes.{name}.workdir: {node.workdir!r} is invalid: an SSH node needs an "
+                'absolute directory for the lab\'s code and logs (e.g. "/home/lab/spark-disagg-lab")'
             )
     for role in ("prefill", "decode"):
         if getattr(cfg.vllm, role).side_channel_port is None:

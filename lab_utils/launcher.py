@@ -22,6 +22,7 @@ from lab_utils.config import InstanceSpec, LabConfig
 from lab_utils.errors import LabError, ProcessFailedError
 from lab_utils.nodes import Node, get_node
 from lab_utils.progress import progress_bar
+from lab_utils.provision import ensure_model_on
 from lab_utils.state import ProcessRecord
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
@@ -55,7 +56,7 @@ def server_command(cfg: LabConfig, spec: InstanceSpec) -> list[str]:
     s = spec.settings
     argv = [
         node_python(cfg, spec.node), "-m", API_SERVER_MODULE,
-        "--model", cfg.model_path,
+        "--model", cfg.model_path_on(spec.node),
         "--served-model-name", cfg.model.name,
         "--host", node.lan_address,
         "--port", str(spec.port),
@@ -119,7 +120,7 @@ def server_env(cfg: LabConfig, spec: InstanceSpec) -> dict[str, str]:
 
 
 def _log_path(cfg: LabConfig, spec: InstanceSpec) -> str:
-    return str(cfg.results_dir / "logs" / f"{spec.name}.log")
+    return f"{cfg.log_dir_on(spec.node)}/{spec.name}.log"
 
 
 def healthy(url: str, timeout: float = 2.0) -> bool:
@@ -127,23 +128,6 @@ def healthy(url: str, timeout: float = 2.0) -> bool:
         return httpx.get(f"{url}/health", timeout=timeout).status_code == 200
     except httpx.HTTPError:
         return False
-
-
-def ensure_model_present(cfg: LabConfig, node: Node) -> None:
-    """Generate the tiny model here, or check the model directory exists on the node."""
-    if cfg.model.source == "tiny":
-        from lab_utils import tiny_model
-
-        if node.cfg.connection != "local":
-            raise LabError(f"node {node.name}: the tiny model is generated on local nodes only")
-        tiny_model.generate(cfg.model_path, seed=cfg.model.tiny_seed)
-    elif cfg.model.source == "path":
-        r = node.run(["test", "-f", f"{cfg.model_path}/config.json"])
-        if not r.ok:
-            raise LabError(
-                f"model not found on node {node.name}: {cfg.model_path}/config.json is missing; "
-                "copy the model there or fix model.path in the config"
-            )
 
 
 def start_instance(cfg: LabConfig, spec: InstanceSpec) -> tuple[ProcessRecord, bool]:
@@ -159,7 +143,7 @@ def start_instance(cfg: LabConfig, spec: InstanceSpec) -> tuple[ProcessRecord, b
     if spec.side_channel_port is not None:
         node.ensure_port_free(node_cfg.data_address, spec.side_channel_port,
                               f"the NIXL side channel of {spec.name}")
-    ensure_model_present(cfg, node)
+    ensure_model_on(cfg, spec.node)
     rec = node.start_detached(
         spec.name, server_command(cfg, spec), env=server_env(cfg, spec),
         log_path=_log_path(cfg, spec), kind="vllm", port=spec.port,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import time
 from abc import ABC, abstractmethod
 from collections import deque
@@ -47,6 +48,8 @@ class Node(ABC):
         self.name = name
         self.cfg = node_cfg
         self.state = state
+        # The interpreter for lab code and vLLM there; locally, the one running the lab.
+        self.python = node_cfg.python or sys.executable
 
     @abstractmethod
     def run(self, argv: list[str], *, timeout: float = 60.0, env: dict[str, str] | None = None,
@@ -152,7 +155,6 @@ def get_node(cfg: LabConfig, name: str) -> Node:
     node_cfg = cfg.nodes[name]
     if node_cfg.connection == "local":
         return LocalNode(name, node_cfg, state_file(cfg))
-    raise LabError(
-        f"node {name}: connection {node_cfg.connection!r} is not available in this version "
-        "of the lab; use a profile whose nodes are local (e.g. configs/local-cpu.json)"
-    )
+    from lab_utils.ssh import SSHNode
+
+    return SSHNode(name, node_cfg, state_file(cfg))

@@ -143,11 +143,14 @@ def port_report(address: str, port: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Remote entry point: `alive PID TICKS`, `stop PGID TICKS GRACE`, `port ADDR PORT`."""
+    """Remote entry point: `ticks PID`, `alive PID TICKS`, `stop PGID TICKS GRACE`,
+    `port ADDR PORT`; prints the answer as JSON."""
     args = sys.argv[1:] if argv is None else argv
     cmd, rest = args[0], args[1:]
-    if cmd == "alive":
-        result: object = is_alive(int(rest[0]), int(rest[1]))
+    if cmd == "ticks":
+        result: object = start_ticks(int(rest[0]))
+    elif cmd == "alive":
+        result = is_alive(int(rest[0]), int(rest[1]))
     elif cmd == "stop":
         result = stop_group(int(rest[0]), int(rest[1]), float(rest[2]))
     elif cmd == "port":

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from lab_utils.config import LabConfig
 from lab_utils.launcher import start_instance, stop_records, wait_ready
 from lab_utils.nodes import state_file
+from lab_utils.provision import deploy
 from lab_utils.state import ProcessRecord
 
 
@@ -23,8 +24,10 @@ def serve(cfg: LabConfig, *topologies: str, show_progress: bool = True) -> list[
     records once all are healthy."""
     records: list[ProcessRecord] = []
     started: list[ProcessRecord] = []
+    specs = [s for t in topologies for s in cfg.instances(t)]
+    deploy(cfg, sorted({s.node for s in specs if cfg.nodes[s.node].connection == "ssh"}))
     try:
-        for spec in (s for t in topologies for s in cfg.instances(t)):
+        for spec in specs:
             rec, new = start_instance(cfg, spec)
             records.append(rec)
             if new:
