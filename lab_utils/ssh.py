@@ -89,7 +89,8 @@ class SSHNode(Node):
 
     def _client(self) -> paramiko.SSHClient:
         r = self._resolved()
-        key = (r["hostname"], r["port"], r["username"])
+        key = (r["hostname"], r["port"], r["username"], str(r["known_hosts"]),
+               self.ssh.accept_new_host_key, tuple(r["key_filename"] or ()))
         client = self._clients.get(key)
         transport = client.get_transport() if client else None
         if transport is not None and transport.is_active():

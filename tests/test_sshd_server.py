@@ -13,8 +13,7 @@ from pathlib import Path
 
 import paramiko
 import pytest
-
-from tests.sshd_server import LoopbackSSHD, process_group_members
+from sshd_server import LoopbackSSHD, process_group_members
 
 
 def connect(sshd: LoopbackSSHD, known_hosts: Path) -> paramiko.SSHClient:
