@@ -81,6 +81,7 @@ class ModelConfig(_Strict):
     name: str
     source: Literal["hub", "tiny", "path"]
     path: str | None = None
+    node_path: str | None = None
     revision: str | None = None
     dtype: str = "bfloat16"
     tiny_seed: int = 0
@@ -220,11 +221,11 @@ class LabConfig(_Strict):
         return self.model.name
 
     def model_path_on(self, node: str) -> str:
-        """`--model` on a node. A generated tiny model is copied to an SSH node's workdir;
-        hub and path models are where the config says on every node."""
-        n = self.nodes[node]
-        if self.model.source == "tiny" and n.connection == "ssh":
-            return f"{n.workdir}/models/{Path(self.model_path).name}"
+        """`--model` on a node. On SSH nodes a generated or pre-placed model is at
+        `model.node_path` (the same on every node: vLLM's NIXL handshake compares a hash
+        that includes the model path, so prefill and decode must name the same one)."""
+        if self.nodes[node].connection == "ssh" and self.model.source != "hub":
+            return self.model.node_path or str(self.model.path)
         return self.model_path
 
     def log_dir_on(self, node: str) -> str:
@@ -316,6 +317,14 @@ def _cross_check(cfg: LabConfig) -> list[str]:
                 f"nodes.{name}.workdir: {node.workdir!r} is invalid: an SSH node needs an "
                 'absolute directory for the lab\'s code and logs (e.g. "/home/lab/spark-disagg-lab")'
             )
+    ssh_serving = [n for n, c in cfg.nodes.items() if c.connection == "ssh" and "serving" in c.roles]
+    remote_path = cfg.model.node_path or (cfg.model.path if cfg.model.source == "path" else None)
+    if ssh_serving and cfg.model.source != "hub" and not (remote_path or "").startswith("/"):
+        problems.append(
+            f"model.node_path: {cfg.model.node_path!r} is invalid: serving nodes reached over SSH "
+            f"({', '.join(ssh_serving)}) need an absolute path where the model is (or is copied) "
+            'on every node, the same on each (e.g. "/home/lab/models/tiny-llama")'
+        )
     for role in ("prefill", "decode"):
         if getattr(cfg.vllm, role).side_channel_port is None:
             problems.append(

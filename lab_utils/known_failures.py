@@ -33,6 +33,16 @@ class KnownFailure:
 
 KNOWN_FAILURES: tuple[KnownFailure, ...] = (
     KnownFailure(
+        "nixl_compat_hash_mismatch",
+        r"NIXL compatibility hash mismatch",
+        "The prefill and decode instances refused each other in the NIXL handshake: vLLM "
+        "hashes the vLLM version, the model path or name, dtype, KV layout and attention "
+        "backend, and the two hashes differ.",
+        "Run the same vLLM version on every node and give every instance the same --model "
+        "string (on SSH nodes the config's model.node_path, identical on each node) and the "
+        "same dtype and block size.",
+    ),
+    KnownFailure(
         "nixl_side_channel_port_in_use",
         r"ZMQError: Address already in use \(addr='tcp://",
         "The NIXL handshake listener could not bind its side-channel port "

@@ -92,6 +92,11 @@ LINES = {
         "has been disabled.\n",
         "hf download",
     ),
+    "nixl_compat_hash_mismatch": (
+        "RuntimeError: NIXL compatibility hash mismatch. Local: 0ff099079b08, Remote: "
+        "10faaa2db374. Prefill and decode instances have incompatible configurations.\n",
+        "model.node_path",
+    ),
     "cuda_no_kernel_image": (
         "torch.AcceleratorError: CUDA error: no kernel image is available for execution on "
         "the device\n",

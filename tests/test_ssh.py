@@ -4,6 +4,7 @@ topology with every serving node reached over SSH, passing the proof of transfer
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -41,6 +42,7 @@ def sshds(tmp_path_factory):
 def ssh_profile(root: Path, servers: dict, known: Path, **ssh_overrides) -> dict:
     data = make_profile_data(str(root / "results"))
     data["profile"] = "test-ssh"
+    data["model"]["node_path"] = str(root / "node-models" / "tiny-llama")
     for name, server in servers.items():
         node = data["nodes"][name]
         node.update(connection="ssh", python=sys.executable, workdir=str(root / name))
@@ -107,8 +109,8 @@ def test_detached_start_and_stop_leave_nothing(node, ssh_cfg):
     code = ("import hashlib, os, subprocess, sys, time\n"
             "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
             "token = os.environ.get('HF_TOKEN', '').encode()\n"
-            "print('token set:', hashlib.sha256(token).hexdigest() == %r, flush=True)\n"
-            "time.sleep(600)\n" % digest)
+            f"print('token set:', hashlib.sha256(token).hexdigest() == {digest!r}, flush=True)\n"
+            "time.sleep(600)\n")
     log = f"{node.cfg.workdir}/logs/family.log"
     rec = node.start_detached("family", [sys.executable, "-c", code], log_path=log,
                               env={"HF_TOKEN": CANARY})
@@ -121,10 +123,9 @@ def test_detached_start_and_stop_leave_nothing(node, ssh_cfg):
         assert node.is_alive(rec) and len(proctools.group_members(rec.pgid)) == 2
         for pid in Path("/proc").iterdir():  # ...but is on no command line on the node
             if pid.name.isdigit():
-                try:
-                    assert CANARY.encode() not in (pid / "cmdline").read_bytes(), pid
-                except OSError:
-                    pass
+                with contextlib.suppress(OSError):
+                    cmdline = (pid / "cmdline").read_bytes()
+                    assert CANARY.encode() not in cmdline, pid
         assert CANARY not in Path(log).read_text()
         assert CANARY not in state_file(ssh_cfg).path.read_text()
     finally:
@@ -200,8 +201,7 @@ def test_deploy_then_serve_over_ssh_proves_transfer(ssh_cfg, engine_cfg, tmp_pat
         records = serve(ssh_cfg, "baseline", "disaggregated", show_progress=False)
         for rec in records:
             assert rec.log_path.startswith(ssh_cfg.nodes[rec.node].workdir)
-            model_dir = ssh_cfg.model_path_on(rec.node)
-            assert model_dir.startswith(ssh_cfg.nodes[rec.node].workdir)
+            assert ssh_cfg.model_path_on(rec.node) == ssh_cfg.model.node_path
             assert CANARY not in Path(f"/proc/{rec.pid}/cmdline").read_text()
         urls = {r.extra["role"]: r.url for r in records}
         kv = kv_shape_from_dir(ssh_cfg.model_path_on("spark-02"), ssh_cfg.model.dtype)
