@@ -9,7 +9,7 @@ PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 CONFIG ?=
 
-.PHONY: lab test test-fast test-slow lint venv cleanup clean-venv
+.PHONY: lab test test-fast test-slow lint venv cleanup clean-venv sysdeps
 
 venv: $(STAMP)
 
@@ -29,8 +29,13 @@ $(STAMP): requirements.txt requirements-dev.txt requirements-torch-cpu.txt requi
 lab: $(STAMP)
 	$(PY) -m lab_utils lab $(if $(CONFIG),--config $(CONFIG))
 
-test: $(STAMP)
+test: $(STAMP) sysdeps
 	$(PY) tests/run_phases.py
+
+# The SSH tests run a private sshd on loopback; install openssh-server if it is missing
+# (as root, e.g. in CI; otherwise the script says what to install).
+sysdeps:
+	bash tests/ensure_sysdeps.sh
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"
