@@ -221,3 +221,29 @@ def test_deploy_then_serve_over_ssh_proves_transfer(ssh_cfg, engine_cfg, tmp_pat
     for rec in records:
         assert proctools.group_members(rec.pgid) == [], f"{rec.name} left processes"
     assert os.path.exists(records[0].log_path)
+
+
+def test_deploy_copies_when_stale_and_names_missing_packages(sshds, tmp_path):
+    from lab_utils.provision import code_digest, deploy
+
+    servers, known = sshds
+    cfg = write_profile(tmp_path, ssh_profile(tmp_path, servers, known))
+    first = deploy(cfg, ["spark-01"])
+    assert first[0].startswith("spark-01: deployed lab_utils")
+    copied = Path(cfg.nodes["spark-01"].workdir) / "lab_utils"
+    assert (copied / "config.py").read_bytes() == (Path(__file__).parents[1] / "lab_utils" / "config.py").read_bytes()
+    assert deploy(cfg, ["spark-01"])[0].startswith("spark-01: up to date")
+    (copied / ".deployed").write_text("stale")
+    assert "deployed" in deploy(cfg, ["spark-01"])[0]
+    assert (copied / ".deployed").read_text() == code_digest()
+
+    bare = tmp_path / "bare-venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+    data = ssh_profile(tmp_path, servers, known)
+    data["nodes"]["spark-02"]["python"] = str(bare / "bin" / "python")
+    cfg = write_profile(tmp_path, data)
+    with pytest.raises(LabError) as e:
+        deploy(cfg, ["spark-02"])
+    msg = str(e.value)
+    assert "spark-02 (serving)" in msg and "vllm" in msg and "nixl" in msg
+    assert str(bare / "bin" / "python") in msg and "install" in msg
