@@ -1,6 +1,6 @@
 """The lab's command line: `python -m lab_utils COMMAND [--config F] ...`.
 
-Commands: `serve` a topology, `status`, `cleanup`, `deploy` (the lab's code to the
+Commands: `serve` a topology (vLLM instances and the proxy), `proxy`, `status`, `cleanup`, `deploy` (the lab's code to the
 SSH nodes), `model fetch` (the model onto every serving node), `tiny-model`, `demo` (the
 prefill/decode proof of transfer on the configured profile), `run` (execute the
 notebooks headless) and `lab` (the main job: the notebooks if there are any, else the
@@ -20,9 +20,16 @@ def _cmd_serve(args) -> int:
     from lab_utils.topology import serve
 
     cfg = load_config(args.config)
-    for rec in serve(cfg, args.topology):
+    for rec in serve(cfg, args.topology, with_proxy=not args.no_proxy):
         print(f"{rec.name:<12} {rec.node:<12} {rec.url}  pid {rec.pid}  log {rec.log_path}")
     print(f"stop with: python -m lab_utils cleanup --config {cfg.source}")
+    return 0
+
+
+def _cmd_proxy(args) -> int:
+    from lab_utils.proxy import run
+
+    run(load_config(args.config), args.mode)
     return 0
 
 
@@ -112,8 +119,12 @@ def build_parser() -> argparse.ArgumentParser:
         sp.set_defaults(func=func)
         return sp
 
-    sp = cmd("serve", _cmd_serve, "start a topology's vLLM instances and wait until healthy")
+    sp = cmd("serve", _cmd_serve, "start a topology's vLLM instances and the proxy in front of "
+             "them, and wait until all are healthy")
     sp.add_argument("--topology", choices=TOPOLOGIES, required=True)
+    sp.add_argument("--no-proxy", action="store_true", help="start the vLLM instances only")
+    sp = cmd("proxy", _cmd_proxy, "run the lab proxy in the foreground (serve starts it for you)")
+    sp.add_argument("--mode", choices=TOPOLOGIES, required=True)
     cmd("status", _cmd_status, "list the processes recorded for the profile")
     cmd("cleanup", _cmd_cleanup, "stop everything recorded for the profile, on every node")
     sp = cmd("deploy", _cmd_deploy, "copy the lab's code to the SSH nodes and check their Python")

@@ -147,6 +147,7 @@ class ProxyConfig(_Strict):
     api_key_file: str | None = None
     connect_timeout_s: float = Field(5.0, gt=0)
     request_timeout_s: float = Field(300.0, gt=0)
+    max_body_bytes: int = Field(8 * 1024 * 1024, gt=0)
 
 
 class SLOConfig(_Strict):

@@ -130,14 +130,21 @@ def healthy(url: str, timeout: float = 2.0) -> bool:
         return False
 
 
+def alive_record(node: Node, name: str) -> ProcessRecord | None:
+    """The record of `name` on `node` if its process still runs (a dead one is dropped)."""
+    existing = node.state.get(name)
+    if existing is not None and not node.is_alive(existing):
+        node.state.remove(name)
+        return None
+    return existing
+
+
 def start_instance(cfg: LabConfig, spec: InstanceSpec) -> tuple[ProcessRecord, bool]:
     """Start one instance; return (record, started_now). A running one is reused."""
     node = get_node(cfg, spec.node)
-    existing = node.state.get(spec.name)
+    existing = alive_record(node, spec.name)
     if existing is not None:
-        if node.is_alive(existing):
-            return existing, False
-        node.state.remove(spec.name)
+        return existing, False
     node_cfg = cfg.nodes[spec.node]
     node.ensure_port_free(node_cfg.lan_address, spec.port, f"vLLM instance {spec.name}")
     if spec.side_channel_port is not None:
@@ -160,7 +167,7 @@ def _failure(node: Node, rec: ProcessRecord, why: str) -> ProcessFailedError:
     tail = node.log_tail(rec, 40)
     full = node.log_tail(rec, 400)
     fix = known_failures.explain(full)
-    msg = f"vLLM instance {rec.name} on node {rec.node} {why}.\nLog: {rec.log_path}\n--- last lines ---\n{tail}"
+    msg = f"{rec.kind} process {rec.name} on node {rec.node} {why}.\nLog: {rec.log_path}\n--- last lines ---\n{tail}"
     if fix:
         msg += f"\n--- known failure ---\n{fix}"
     return ProcessFailedError(msg)

@@ -13,19 +13,26 @@ import contextlib
 from collections.abc import Iterator
 
 from lab_utils.config import LabConfig
-from lab_utils.launcher import start_instance, stop_records, wait_ready
-from lab_utils.nodes import state_file
+from lab_utils.launcher import alive_record, start_instance, stop_records, wait_ready
+from lab_utils.nodes import get_node, state_file
 from lab_utils.provision import deploy
 from lab_utils.state import ProcessRecord
 
+PROXY = "proxy"
 
-def serve(cfg: LabConfig, *topologies: str, show_progress: bool = True) -> list[ProcessRecord]:
-    """Start (or reuse) every instance of the topologies, all at once; return their
-    records once all are healthy."""
+
+def serve(cfg: LabConfig, *topologies: str, show_progress: bool = True,
+          with_proxy: bool = False) -> list[ProcessRecord]:
+    """Start (or reuse) every instance of the topologies, all at once, and with
+    `with_proxy` the lab proxy in front of the (single) topology; return the records
+    once all are healthy. On any failure or interrupt, what this call started stops."""
+    if with_proxy and len(topologies) != 1:
+        raise ValueError("the proxy fronts exactly one topology")
     records: list[ProcessRecord] = []
     started: list[ProcessRecord] = []
     specs = [s for t in topologies for s in cfg.instances(t)]
-    deploy(cfg, sorted({s.node for s in specs if cfg.nodes[s.node].connection == "ssh"}))
+    remote = {s.node for s in specs} | ({cfg.proxy.node} if with_proxy else set())
+    deploy(cfg, sorted(n for n in remote if cfg.nodes[n].connection == "ssh"))
     try:
         for spec in specs:
             rec, new = start_instance(cfg, spec)
@@ -33,10 +40,40 @@ def serve(cfg: LabConfig, *topologies: str, show_progress: bool = True) -> list[
             if new:
                 started.append(rec)
         wait_ready(cfg, records, show_progress=show_progress)
+        if with_proxy:
+            rec, new = start_proxy(cfg, topologies[0])
+            records.append(rec)
+            if new:
+                started.append(rec)
+                wait_ready(cfg, [rec], timeout=60, show_progress=False)
     except BaseException:
         stop_records(cfg, started)
         raise
     return records
+
+
+def start_proxy(cfg: LabConfig, mode: str) -> tuple[ProcessRecord, bool]:
+    """Start the lab proxy on its node in `mode` (reused if already in that mode; one in
+    another mode is replaced, since all modes share the configured proxy port)."""
+    node = get_node(cfg, cfg.proxy.node)
+    existing = alive_record(node, PROXY)
+    if existing is not None:
+        if existing.extra.get("mode") == mode:
+            return existing, False
+        node.stop(existing, cfg.vllm.stop_grace_s)
+    address = node.cfg.lan_address
+    node.ensure_port_free(address, cfg.proxy.port, "the lab proxy")
+    config_path, env, cwd = str(cfg.source), {}, None
+    if node.cfg.connection == "ssh":  # run the deployed copy with a copy of this config
+        config_path = f"{node.cfg.workdir}/configs/{cfg.profile}.json"
+        node.put_file(cfg.source, config_path)
+        env, cwd = {"PYTHONPATH": node.cfg.workdir}, node.cfg.workdir
+    argv = [node.python, "-m", "lab_utils", "proxy", "--config", config_path, "--mode", mode]
+    rec = node.start_detached(PROXY, argv, env=env, cwd=cwd, kind="proxy", port=cfg.proxy.port,
+                              log_path=f"{cfg.log_dir_on(cfg.proxy.node)}/proxy.log",
+                              url=f"http://{address}:{cfg.proxy.port}",
+                              extra={"mode": mode, "role": "proxy", "topology": mode})
+    return rec, True
 
 
 def running(cfg: LabConfig, topology: str | None = None) -> list[ProcessRecord]:
