@@ -1,0 +1,122 @@
+"""Test doubles for HTTP backends, and a helper to serve any ASGI app in a thread.
+
+`FakeBackend` speaks just enough of vLLM's OpenAI API for fault injection: it records what
+it received and behaves as the request's `model` field asks ("gaps": stream chunks that
+wait for the test's go-ahead, "hang", "die": break off mid-stream, "no_kv": a prefill
+answer without kv_transfer_params, anything else: an instant answer).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+
+def free_port(address: str) -> int:
+    with socket.socket() as s:
+        s.bind((address, 0))
+        return s.getsockname()[1]
+
+
+class ServerThread:
+    """Run an ASGI app under uvicorn in a daemon thread, on address:port."""
+
+    def __init__(self, app, address: str, port: int | None = None):
+        self.address, self.port = address, port or free_port(address)
+        self.server = uvicorn.Server(uvicorn.Config(app, host=address, port=self.port,
+                                                    log_level="warning", access_log=False,
+                                                    timeout_graceful_shutdown=1))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.address}:{self.port}"
+
+    def __enter__(self) -> ServerThread:
+        self.thread.start()
+        t_end = time.monotonic() + 10
+        while not self.server.started:
+            if time.monotonic() > t_end or not self.thread.is_alive():
+                raise RuntimeError(f"test server on {self.url} did not start")
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+class FakeBackend:
+    def __init__(self, name: str = "fake"):
+        self.name = name
+        self.requests: list[dict] = []
+        self.go_ahead = threading.Event()  # "gaps": the test allows the second chunk
+        self.first_chunk_sent = threading.Event()
+        self.stream_cancelled = threading.Event()
+        self.app = self._build()
+
+    def _build(self) -> FastAPI:
+        app = FastAPI()
+        fake = self
+
+        def chunk(i: int) -> bytes:
+            return f"data: {json.dumps({'choices': [{'index': 0, 'text': f't{i}'}], 'from': fake.name})}\n\n".encode()
+
+        async def waiting_for(event: threading.Event, timeout: float = 10) -> None:
+            t_end = time.monotonic() + timeout
+            while not event.is_set() and time.monotonic() < t_end:
+                await asyncio.sleep(0.005)
+
+        @app.post("/v1/completions")
+        @app.post("/v1/chat/completions")
+        async def completions(request: Request):
+            body = await request.json()
+            fake.requests.append(body)
+            behaviour = body.get("model", "")
+            if behaviour == "hang":
+                await asyncio.sleep(3600)
+            if not body.get("stream"):
+                out = {"id": "x", "choices": [{"index": 0, "text": "ok"}], "from": fake.name}
+                if behaviour != "no_kv" and body.get("kv_transfer_params", {}).get("do_remote_decode"):
+                    out["kv_transfer_params"] = {"remote_engine_id": fake.name, "remote_block_ids": [[1]],
+                                                 "remote_host": "127.0.0.9", "remote_port": 5600,
+                                                 "do_remote_prefill": True}
+                return JSONResponse(out)
+
+            async def stream():
+                try:
+                    yield chunk(0)
+                    fake.first_chunk_sent.set()
+                    if behaviour == "gaps":
+                        await waiting_for(fake.go_ahead)
+                    elif behaviour == "slow":
+                        await asyncio.sleep(30)
+                    if behaviour == "die":
+                        raise RuntimeError("backend died mid-stream")
+                    yield chunk(1)
+                    yield b"data: [DONE]\n\n"
+                except asyncio.CancelledError:
+                    fake.stream_cancelled.set()
+                    raise
+                finally:
+                    if behaviour == "slow":
+                        fake.stream_cancelled.set()
+
+            return StreamingResponse(stream(), media_type="text/event-stream")
+
+        @app.get("/health")
+        async def health():
+            return JSONResponse({})
+
+        @app.get("/v1/models")
+        async def models():
+            return JSONResponse({"data": [{"id": "fake", "owned_by": fake.name}]})
+
+        return app
