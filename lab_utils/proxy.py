@@ -38,7 +38,7 @@ from prometheus_client import (
 
 PREFILL_ONLY = {"max_tokens": 1, "max_completion_tokens": 1, "stream": False}
 # Options that would make the prefill produce more than its one token, or stream.
-PREFILL_DROP = ("stream_options", "min_tokens", "n", "best_of", "logprobs", "top_logprobs",
+PREFILL_DROP = ("stream_options", "min_tokens", "min_completion_tokens", "n", "best_of", "logprobs", "top_logprobs",
                 "prompt_logprobs")
 REMOTE_DECODE = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
                  "remote_block_ids": None, "remote_host": None, "remote_port": None}

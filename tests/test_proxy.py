@@ -8,9 +8,10 @@ import time
 
 import httpx
 import pytest
-from fakes import FakeBackend, ServerThread, free_port
 
 from lab_utils.proxy import ProxySettings, create_app
+
+from fakes import FakeBackend, ServerThread, free_port
 
 ADDR = "127.0.0.4"
 

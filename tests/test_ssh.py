@@ -14,13 +14,14 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import PORT_SHIFT, make_profile_data, write_profile
-from sshd_server import LoopbackSSHD
 
 from lab_utils import proctools
 from lab_utils.errors import LabError
 from lab_utils.nodes import get_node, state_file
 from lab_utils.ssh import SSHNode
+
+from conftest import PORT_SHIFT, make_profile_data, write_profile
+from sshd_server import LoopbackSSHD
 
 CANARY = "hf_canary_ssh_7f3a9c"
 

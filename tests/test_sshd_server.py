@@ -13,6 +13,7 @@ from pathlib import Path
 
 import paramiko
 import pytest
+
 from sshd_server import LoopbackSSHD, process_group_members
 
 
