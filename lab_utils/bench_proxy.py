@@ -129,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--requests", type=int, default=400, help="requests per point")
     ap.add_argument("--concurrency", default="1,8,64")
+    ap.add_argument("--modes", default="replicated,disaggregated")
     ap.add_argument("--toy-proxy", help="path to vLLM's toy_proxy_server.py (not shipped)")
     ap.add_argument("--serve", nargs=4, metavar=("ROLE", "PORT", "MODE", "BACKEND"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -145,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         backend = f"http://{HOST}:{bport}"
         procs.append(_start(me + ["backend", str(bport), "-", "-"], f"{backend}/v1/completions"))
         rows = []
-        for mode in ("replicated", "disaggregated"):
+        for mode in args.modes.split(","):
             targets = {"direct": (f"{backend}/v1/completions", mode == "disaggregated")}
             port = next(ports)
             procs.append(_start(me + ["proxy", str(port), mode, backend], f"http://{HOST}:{port}/v1/completions"))
