@@ -13,7 +13,6 @@ and on death raises with the log tail and the fix for any known failure in it.
 from __future__ import annotations
 
 import json
-import sys
 import time
 
 import httpx
@@ -27,10 +26,6 @@ from lab_utils.state import ProcessRecord
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 KV_ROLES = {"prefill": "kv_producer", "decode": "kv_consumer"}
-
-
-def node_python(cfg: LabConfig, node: str) -> str:
-    return cfg.nodes[node].python or sys.executable
 
 
 def instance_url(cfg: LabConfig, spec: InstanceSpec) -> str:
@@ -55,7 +50,7 @@ def server_command(cfg: LabConfig, spec: InstanceSpec) -> list[str]:
     node = cfg.nodes[spec.node]
     s = spec.settings
     argv = [
-        node_python(cfg, spec.node), "-m", API_SERVER_MODULE,
+        get_node(cfg, spec.node).python, "-m", API_SERVER_MODULE,
         "--model", cfg.model_path_on(spec.node),
         "--served-model-name", cfg.model.name,
         "--host", node.lan_address,
