@@ -1,7 +1,8 @@
 """Benchmark: what the lab proxy adds to each request, against the direct path.
 
-An instant backend (a bare ASGI app: a JSON answer with `kv_transfer_params` for
-prefill calls, three SSE chunks for streamed ones) runs in its own process; so does each
+An instant backend (`lab_utils.stub_server` with no delays: a JSON answer with
+`kv_transfer_params` for prefill calls, three SSE chunks for streamed ones) runs in its
+own process; so does each
 proxy under test. A closed-loop client keeps `concurrency` requests in flight and times
 each one to its last byte. The direct path does the same work without a proxy (in P/D
 mode the client itself calls prefill, then decode). Targets are interleaved within each
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import subprocess
 import sys
@@ -28,40 +28,16 @@ import httpx
 from lab_utils.proctools import start_ticks, stop_group
 
 HOST = "127.0.0.7"
-PROMPT = {"model": "m", "prompt": "hi", "max_tokens": 3, "stream": True}
-SSE = b"".join(f'data: {{"choices":[{{"index":0,"text":"t{i}"}}]}}\n\n'.encode() for i in range(3))
-SSE += b"data: [DONE]\n\n"
-
-
-async def instant_backend(scope, receive, send):
-    """A bare ASGI backend: no framework, so it costs the measurement almost nothing."""
-    if scope["type"] != "http":
-        return
-    raw = b""
-    while True:
-        msg = await receive()
-        raw += msg.get("body", b"")
-        if not msg.get("more_body"):
-            break
-    body = json.loads(raw or b"{}")
-    if body.get("stream"):
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"text/event-stream")]})
-        await send({"type": "http.response.body", "body": SSE})
-        return
-    out = {"choices": [{"index": 0, "text": "t"}],
-           "kv_transfer_params": {"remote_engine_id": "e", "remote_block_ids": [[1]],
-                                  "remote_host": HOST, "remote_port": 1, "do_remote_prefill": True}}
-    await send({"type": "http.response.start", "status": 200,
-                "headers": [(b"content-type", b"application/json")]})
-    await send({"type": "http.response.body", "body": json.dumps(out).encode()})
+PROMPT = {"model": "m", "prompt": [1, 2, 3], "max_tokens": 3, "stream": True}
 
 
 def _serve(role: str, port: int, mode: str, backend: str) -> None:
     import uvicorn
 
     if role == "backend":
-        app = instant_backend
+        from lab_utils.stub_server import make_app
+
+        app = make_app(0, 0)  # instant
     else:
         from lab_utils.proxy import ProxySettings, create_app
 

@@ -1,6 +1,6 @@
 """The lab's command line: `python -m lab_utils COMMAND [--config F] ...`.
 
-Commands: `serve` a topology (vLLM instances and the proxy), `proxy`, `status`, `cleanup`, `deploy` (the lab's code to the
+Commands: `serve` a topology (vLLM instances and the proxy), `proxy`, `bench`, `status`, `cleanup`, `deploy` (the lab's code to the
 SSH nodes), `model fetch` (the model onto every serving node), `tiny-model`, `demo` (the
 prefill/decode proof of transfer on the configured profile), `run` (execute the
 notebooks headless) and `lab` (the main job: the notebooks if there are any, else the
@@ -31,6 +31,44 @@ def _cmd_proxy(args) -> int:
 
     run(load_config(args.config), args.mode)
     return 0
+
+
+def _floats(text: str | None) -> list[float] | None:
+    return None if text is None else [float(x) for x in text.split(",") if x.strip()]
+
+
+def _cmd_bench(args) -> int:
+    from lab_utils.benchmark import sweep
+    from lab_utils.results import write_envelope
+    from lab_utils.workload import build_requests, local_tokenizer, server_tokenizer
+
+    cfg = load_config(args.config)
+    overrides = {k: v for k, v in {
+        "input_len": args.input_len, "output_len": args.output_len, "num_prompts": args.num_prompts,
+        "warmup": args.warmup, "repeats": args.repeats, "seed": args.seed,
+        "burstiness": args.burstiness, "duration_s": args.duration, "chat": args.chat or None,
+        "concurrency": [int(c) for c in _floats(args.concurrency)] if args.concurrency else None,
+        "request_rates": _floats(args.rate),
+    }.items() if v is not None}
+    if args.rate and not args.concurrency:
+        overrides["concurrency"] = []
+    w = cfg.workload.model_copy(update=overrides)
+    model = args.model or cfg.model.name
+    tok, detok = (local_tokenizer(args.tokenizer) if args.tokenizer
+                  else server_tokenizer(args.url, model))
+    result = sweep(args.url, model,
+                   lambda n, seed: build_requests(w, n, tok, detok, mixed=args.mixed, seed=seed), w,
+                   mixed=args.mixed)
+    out = write_envelope(cfg, args.out, "benchmark", "cli", result.model_dump())
+    print(f"{'point':<18}{'req/s':>8}{'out tok/s':>11}{'TTFT p50':>10}{'p99':>9}"
+          f"{'TPOT p50':>10}{'ITL p99':>9}  valid")
+    for c in result.combined:
+        print(f"{c['mode'] + ' ' + format(c['value'], 'g'):<18}{c.get('request_throughput', 0):>8.2f}"
+              f"{c.get('output_throughput', 0):>11.1f}{c.get('median_ttft_ms', float('nan')):>10.1f}"
+              f"{c.get('p99_ttft_ms', float('nan')):>9.1f}{c.get('median_tpot_ms', float('nan')):>10.2f}"
+              f"{c.get('p99_itl_ms', float('nan')):>9.2f}  {'yes' if c['valid'] else 'NO: see errors'}")
+    print(f"written: {out}")
+    return 0 if all(c["valid"] for c in result.combined) else 1
 
 
 def _cmd_status(args) -> int:
@@ -126,6 +164,21 @@ def build_parser() -> argparse.ArgumentParser:
     sp = cmd("proxy", _cmd_proxy, "run the lab proxy in the foreground (serve starts it for you)")
     sp.add_argument("--mode", choices=TOPOLOGIES, required=True)
     cmd("status", _cmd_status, "list the processes recorded for the profile")
+    sp = cmd("bench", _cmd_bench, "measure a serving endpoint (streaming completions): sweep "
+             "concurrency levels and/or Poisson request rates; defaults from the config's workload")
+    sp.add_argument("--url", required=True, help="base URL, e.g. http://127.0.0.4:8000")
+    sp.add_argument("--model", help="served model name (default: the config's)")
+    sp.add_argument("--out", required=True, help="results JSON to write")
+    sp.add_argument("--concurrency", help="comma-separated levels, e.g. 1,4,16")
+    sp.add_argument("--rate", help="comma-separated Poisson request rates (req/s)")
+    sp.add_argument("--burstiness", type=float, help="gamma shape of arrivals (1: Poisson)")
+    for name in ("input-len", "output-len", "num-prompts", "warmup", "repeats", "seed"):
+        sp.add_argument(f"--{name}", type=int)
+    sp.add_argument("--duration", type=float, help="stop starting requests after this many s")
+    sp.add_argument("--mixed", action="store_true", help="one long prompt every mixed_long_every")
+    sp.add_argument("--chat", action="store_true", help="use /v1/chat/completions")
+    sp.add_argument("--tokenizer", help="local model dir with tokenizer.json (default: "
+                    "the server's /tokenize)")
     cmd("cleanup", _cmd_cleanup, "stop everything recorded for the profile, on every node")
     sp = cmd("deploy", _cmd_deploy, "copy the lab's code to the SSH nodes and check their Python")
     sp.add_argument("--force", action="store_true", help="copy even if the node's copy is current")

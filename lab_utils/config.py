@@ -161,6 +161,11 @@ class WorkloadConfig(_Strict):
     output_len: int = Field(32, gt=0)
     concurrency: list[int] = [1, 2, 4]
     request_rates: list[float] = []
+    burstiness: float = Field(1.0, gt=0)
+    mixed_long_len: int | None = Field(None, gt=0)
+    mixed_long_every: int = Field(8, ge=2)
+    chat: bool = False
+    request_timeout_s: float = Field(600.0, gt=0)
     num_prompts: int = Field(32, gt=0)
     duration_s: float | None = Field(None, gt=0)
     warmup: int = Field(2, ge=0)

@@ -171,11 +171,26 @@ def write_results(
 ) -> Path:
     """Write a notebook's results in the envelope; the previous file goes to history/."""
     spec = results_spec(notebook)
+    return write_envelope(cfg, cfg.results_dir / spec.file_name, spec.kind, spec.notebook,
+                          payload, software=software, hardware=hardware)
+
+
+def write_envelope(
+    cfg: LabConfig,
+    path: str | os.PathLike,
+    kind: str,
+    notebook: str,
+    payload: dict[str, Any],
+    *,
+    software: dict[str, Any] | None = None,
+    hardware: dict[str, Any] | None = None,
+) -> Path:
+    """Write `payload` in the envelope to any path (atomically; old file to history/)."""
     now = datetime.now(timezone.utc).isoformat(timespec="microseconds")
     envelope = ResultsEnvelope(
         schema_version=SCHEMA_VERSION,
-        kind=spec.kind,
-        notebook=spec.notebook,
+        kind=kind,
+        notebook=notebook,
         timestamp=now.replace("+00:00", "Z"),
         profile=cfg.profile,
         config=cfg.snapshot(),
@@ -184,7 +199,7 @@ def write_results(
         payload=payload,
     )
     text = json.dumps(_clean(envelope.model_dump()), indent=2, sort_keys=False, allow_nan=False)
-    path = cfg.results_dir / spec.file_name
+    path = Path(path)
     if path.exists():
         _archive(path)
     atomic_write_text(path, text + "\n")

@@ -117,6 +117,7 @@ def test_port_in_use_names_holder(rehearsal, engine_cfg):
     assert f"PID {os.getpid()}" in msg
 
 
+@pytest.mark.stops_rehearsal
 def test_cleanup_from_another_directory(rehearsal, engine_cfg, tmp_path):
     urls = rehearsal.up()
     records = rehearsal.records()

@@ -183,6 +183,7 @@ def test_user_ssh_config_is_honoured(sshds, tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.stops_rehearsal
 def test_deploy_then_serve_over_ssh_proves_transfer(ssh_cfg, engine_cfg, tmp_path):
     from lab_utils.kv import kv_shape_from_dir
     from lab_utils.pd import prove_transfer

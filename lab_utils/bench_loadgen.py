@@ -1,0 +1,142 @@
+"""Benchmark the load generator: its own ceiling, and agreement with `vllm bench serve`.
+
+Ceiling: against an instant stub server (`lab_utils.stub_server`, own process), Poisson
+arrivals at rising rates; the ceiling is the highest rate at which the generator sent
+every request within 10 ms of its schedule (p99 send lag) with no errors.
+
+Agreement: on one rehearsal vLLM instance (the profile's baseline, started if needed),
+the same workload (input/output lengths, request count, concurrency, `ignore_eos`) run by
+this generator and by vLLM's own `vllm.benchmarks.serve` (imported from the installed
+vLLM), interleaved, `--repeats` times each; medians of TTFT, TPOT and output throughput
+side by side with their spreads.
+
+    python -m lab_utils.bench_loadgen [--config F] [--repeats 3] [--skip-vllm]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import subprocess
+import sys
+import time
+
+import httpx
+
+from lab_utils.benchmark import summarize
+from lab_utils.config import WorkloadConfig, load_config
+from lab_utils.loadgen import RequestSpec, run_point
+from lab_utils.proctools import port_is_free, start_ticks, stop_group
+
+HOST = "127.0.0.8"
+
+
+def ceiling(rates: list[float], seconds: float) -> list[dict]:
+    port = next(p for p in range(18800, 18900) if port_is_free(HOST, p))
+    p = subprocess.Popen([sys.executable, "-m", "lab_utils.stub_server", HOST, str(port), "0", "0"],
+                         stdout=subprocess.DEVNULL, start_new_session=True)
+    ticks = start_ticks(p.pid)
+    url = f"http://{HOST}:{port}"
+    try:
+        for _ in range(200):
+            try:
+                httpx.post(f"{url}/v1/completions", json={"prompt": [1], "max_tokens": 1}, timeout=1)
+                break
+            except httpx.HTTPError:
+                time.sleep(0.05)
+        rows = []
+        for rate in rates:
+            n = int(rate * seconds)
+            specs = [RequestSpec([1, 2, 3, 4], 4) for _ in range(n)]
+            records, wall = asyncio.run(run_point(url, "stub", specs, rate=rate, seed=1, show_progress=False))
+            s = summarize(records, wall, WorkloadConfig(max_failed_fraction=0.0))
+            rows.append({"rate": rate, "sent": len(records), "achieved_rps": s["request_throughput"],
+                         "p99_send_lag_ms": s["p99_send_lag_ms"], "failed": s["failed"],
+                         "ok": s["failed"] == 0 and s["p99_send_lag_ms"] < 10.0})
+        return rows
+    finally:
+        stop_group(p.pid, ticks, 5)
+
+
+def _vllm_bench(url: str, model: str, tokenizer: str, w: WorkloadConfig, conc: int, seed: int) -> dict:
+    from vllm.benchmarks import serve as vbench
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser()
+    vbench.add_cli_args(parser)
+    args = parser.parse_args([
+        "--backend", "vllm", "--base-url", url, "--model", model, "--tokenizer", tokenizer,
+        "--dataset-name", "random", "--random-input-len", str(w.input_len),
+        "--random-output-len", str(w.output_len), "--num-prompts", str(w.num_prompts),
+        "--max-concurrency", str(conc), "--ignore-eos", "--num-warmups", str(w.warmup),
+        "--percentile-metrics", "ttft,tpot,itl,e2el", "--disable-tqdm", "--seed", str(seed),
+        "--temperature", "0"])
+    return vbench.main(args)
+
+
+def agreement(cfg, repeats: int, conc: int) -> list[tuple[str, str, float, float, float]]:
+    from lab_utils.topology import serve
+    from lab_utils.workload import build_requests, local_tokenizer
+
+    w = cfg.workload
+    url = next(r.url for r in serve(cfg, "baseline") if r.extra.get("role") == "baseline")
+    tok, detok = local_tokenizer(cfg.model_path)
+    ours, theirs = [], []
+    for rep in range(repeats):
+        order = ("ours", "vllm") if rep % 2 == 0 else ("vllm", "ours")
+        for who in order:
+            seed = 100 + rep
+            if who == "ours":
+                specs = build_requests(w, w.warmup + w.num_prompts, tok, detok, seed=seed)
+                records, wall = asyncio.run(run_point(url, cfg.model.name, specs, concurrency=conc,
+                                                      warmup=w.warmup, show_progress=False))
+                ours.append(summarize(records, wall, w))
+            else:
+                theirs.append(_vllm_bench(url, cfg.model.name, cfg.model_path, w, conc, seed))
+            print(f"  repeat {rep + 1}: {who} done", file=sys.stderr, flush=True)
+    rows = []
+    for key in ("median_ttft_ms", "median_tpot_ms", "median_itl_ms", "output_throughput",
+                "request_throughput"):
+        a = [s[key] for s in ours]
+        b = [s[key] for s in theirs]
+        rows.append((key, "lab", statistics.median(a), min(a), max(a)))
+        rows.append((key, "vllm bench serve", statistics.median(b), min(b), max(b)))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--rates", default="100,200,300,400,600")
+    ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--skip-vllm", action="store_true", help="measure the ceiling only")
+    args = ap.parse_args(argv)
+
+    print("\nGenerator ceiling against an instant stub server (Poisson arrivals)")
+    print(f"{'rate':>8}{'sent':>7}{'achieved req/s':>16}{'p99 send lag ms':>17}{'failed':>8}")
+    for r in ceiling([float(x) for x in args.rates.split(",")], args.seconds):
+        print(f"{r['rate']:>8.0f}{r['sent']:>7}{r['achieved_rps']:>16.1f}{r['p99_send_lag_ms']:>17.2f}"
+              f"{r['failed']:>8}  {'ok' if r['ok'] else 'over the ceiling'}")
+    if args.skip_vllm:
+        return 0
+    cfg = load_config(args.config)
+    w = cfg.workload
+    print(f"\nAgreement with vllm bench serve on {cfg.profile}'s baseline instance: input "
+          f"{w.input_len}, output {w.output_len}, {w.num_prompts} requests at concurrency "
+          f"{args.concurrency}, {args.repeats} repeats each, interleaved; median [min-max]")
+    rows = agreement(cfg, args.repeats, args.concurrency)
+    for i in range(0, len(rows), 2):
+        (key, _, m1, lo1, hi1), (_, _, m2, lo2, hi2) = rows[i], rows[i + 1]
+        diff = (m1 - m2) / m2 * 100 if m2 else float("nan")
+        spread = max(hi1 - lo1, hi2 - lo2)
+        verdict = "agree" if abs(m1 - m2) <= max(0.1 * abs(m2), spread) else "DIFFER"
+        print(f"  {key:<22} lab {m1:9.2f} [{lo1:.2f}-{hi1:.2f}]   vllm {m2:9.2f} [{lo2:.2f}-{hi2:.2f}]"
+              f"   {diff:+6.1f}%  {verdict}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
