@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import statistics
 import subprocess
 import sys
@@ -59,20 +60,34 @@ def ceiling(rates: list[float], seconds: float) -> list[dict]:
         stop_group(p.pid, ticks, 5)
 
 
-def _vllm_bench(url: str, model: str, tokenizer: str, w: WorkloadConfig, conc: int, seed: int) -> dict:
-    from vllm.benchmarks import serve as vbench
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
+# Runs in its own process, so vLLM's imports and threads cannot slow this generator down.
+_VLLM_BENCH = """
+import contextlib, json, sys
+from vllm.benchmarks import serve
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+parser = FlexibleArgumentParser()
+serve.add_cli_args(parser)
+args = parser.parse_args(sys.argv[1:])
+with contextlib.redirect_stdout(sys.stderr):
+    result = serve.main(args)
+keys = ("median_ttft_ms", "median_tpot_ms", "median_itl_ms", "output_throughput",
+        "request_throughput", "completed", "failed")
+print(json.dumps({k: result.get(k) for k in keys}))
+"""
 
-    parser = FlexibleArgumentParser()
-    vbench.add_cli_args(parser)
-    args = parser.parse_args([
-        "--backend", "vllm", "--base-url", url, "--model", model, "--tokenizer", tokenizer,
-        "--dataset-name", "random", "--random-input-len", str(w.input_len),
-        "--random-output-len", str(w.output_len), "--num-prompts", str(w.num_prompts),
-        "--max-concurrency", str(conc), "--ignore-eos", "--num-warmups", str(w.warmup),
-        "--percentile-metrics", "ttft,tpot,itl,e2el", "--disable-tqdm", "--seed", str(seed),
-        "--temperature", "0"])
-    return vbench.main(args)
+
+def _vllm_bench(url: str, model: str, tokenizer: str, w: WorkloadConfig, conc: int, seed: int) -> dict:
+    argv = ["--backend", "vllm", "--base-url", url, "--model", model, "--tokenizer", tokenizer,
+            "--dataset-name", "random", "--random-input-len", str(w.input_len),
+            "--random-output-len", str(w.output_len), "--num-prompts", str(w.num_prompts),
+            "--max-concurrency", str(conc), "--ignore-eos", "--num-warmups", str(w.warmup),
+            "--percentile-metrics", "ttft,tpot,itl,e2el", "--disable-tqdm", "--seed", str(seed),
+            "--temperature", "0"]
+    p = subprocess.run([sys.executable, "-c", _VLLM_BENCH, *argv], capture_output=True, text=True,
+                       timeout=1800)
+    if p.returncode != 0:
+        raise RuntimeError(f"vllm bench serve failed:\n{p.stderr[-2000:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
 
 
 def agreement(cfg, repeats: int, conc: int) -> list[tuple[str, str, float, float, float]]:
@@ -82,6 +97,9 @@ def agreement(cfg, repeats: int, conc: int) -> list[tuple[str, str, float, float
     w = cfg.workload
     url = next(r.url for r in serve(cfg, "baseline") if r.extra.get("role") == "baseline")
     tok, detok = local_tokenizer(cfg.model_path)
+    # One untimed pass first: a fresh instance's first batches of a new shape are slow.
+    asyncio.run(run_point(url, cfg.model.name, build_requests(w, w.num_prompts, tok, detok, seed=99),
+                          concurrency=conc, show_progress=False))
     ours, theirs = [], []
     for rep in range(repeats):
         order = ("ours", "vllm") if rep % 2 == 0 else ("vllm", "ours")
@@ -94,7 +112,9 @@ def agreement(cfg, repeats: int, conc: int) -> list[tuple[str, str, float, float
                 ours.append(summarize(records, wall, w))
             else:
                 theirs.append(_vllm_bench(url, cfg.model.name, cfg.model_path, w, conc, seed))
-            print(f"  repeat {rep + 1}: {who} done", file=sys.stderr, flush=True)
+            last = (ours if who == "ours" else theirs)[-1]
+            print(f"  repeat {rep + 1} {who:<4}: TTFT {last['median_ttft_ms']:.2f} ms, TPOT "
+                  f"{last['median_tpot_ms']:.2f} ms, {last['output_throughput']:.0f} tok/s", flush=True)
     rows = []
     for key in ("median_ttft_ms", "median_tpot_ms", "median_itl_ms", "output_throughput",
                 "request_throughput"):
@@ -110,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--num-prompts", type=int, default=96, help="requests per run (the "
+                    "profile's workload sets the lengths)")
     ap.add_argument("--rates", default="100,200,300,400,600")
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--skip-vllm", action="store_true", help="measure the ceiling only")
@@ -123,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.skip_vllm:
         return 0
     cfg = load_config(args.config)
-    w = cfg.workload
+    cfg.workload = w = cfg.workload.model_copy(update={"num_prompts": args.num_prompts,
+                                                        "warmup": max(cfg.workload.warmup, 4)})
     print(f"\nAgreement with vllm bench serve on {cfg.profile}'s baseline instance: input "
           f"{w.input_len}, output {w.output_len}, {w.num_prompts} requests at concurrency "
           f"{args.concurrency}, {args.repeats} repeats each, interleaved; median [min-max]")
