@@ -33,3 +33,23 @@ def test_cli_sweep_on_a_real_instance(rehearsal, engine_cfg, tmp_path):
         assert all(r["prompt_tokens"] == 48 and r["completion_tokens"] == 12 for r in point["requests"])
         assert s["median_ttft_ms"] > 0 and s["median_tpot_ms"] > 0 and s["output_throughput"] > 0
     assert "concurrency 4" in p.stdout and "yes" in p.stdout
+
+
+def test_chat_completions_stream_through_the_generator(rehearsal, engine_cfg):
+    import asyncio
+
+    from lab_utils.benchmark import summarize
+    from lab_utils.loadgen import run_point
+    from lab_utils.workload import build_requests, local_tokenizer
+
+    urls = rehearsal.up()
+    w = engine_cfg.workload.model_copy(update={"chat": True, "input_len": 30, "output_len": 10})
+    tok, detok = local_tokenizer(engine_cfg.model_path)
+    specs = build_requests(w, 4, tok, detok, seed=11)
+    assert all(s.prompt_text for s in specs)
+    records, wall = asyncio.run(run_point(urls["baseline"], engine_cfg.model.name, specs,
+                                          concurrency=2, chat=True, show_progress=False))
+    s = summarize(records, wall, w)
+    assert s["valid"] and s["completed"] == 4, s["errors"]
+    assert all(r.completion_tokens == 10 and len(r.itl_ms) >= 1 for r in records)
+    assert all(r.prompt_tokens >= 30 for r in records)  # the chat template adds tokens
