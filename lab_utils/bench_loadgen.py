@@ -21,31 +21,22 @@ import json
 import statistics
 import subprocess
 import sys
-import time
-
-import httpx
 
 from lab_utils.benchmark import summarize
 from lab_utils.config import WorkloadConfig, load_config
 from lab_utils.loadgen import RequestSpec, run_point
-from lab_utils.proctools import port_is_free, start_ticks, stop_group
+from lab_utils.proctools import port_is_free, stop_group
+from lab_utils.stub_server import spawn_until_up
 
 HOST = "127.0.0.8"
 
 
 def ceiling(rates: list[float], seconds: float) -> list[dict]:
     port = next(p for p in range(18800, 18900) if port_is_free(HOST, p))
-    p = subprocess.Popen([sys.executable, "-m", "lab_utils.stub_server", HOST, str(port), "0", "0"],
-                         stdout=subprocess.DEVNULL, start_new_session=True)
-    ticks = start_ticks(p.pid)
     url = f"http://{HOST}:{port}"
+    pid, ticks = spawn_until_up([sys.executable, "-m", "lab_utils.stub_server", HOST, str(port), "0", "0"],
+                                f"{url}/v1/completions")
     try:
-        for _ in range(200):
-            try:
-                httpx.post(f"{url}/v1/completions", json={"prompt": [1], "max_tokens": 1}, timeout=1)
-                break
-            except httpx.HTTPError:
-                time.sleep(0.05)
         rows = []
         for rate in rates:
             n = int(rate * seconds)
@@ -57,7 +48,7 @@ def ceiling(rates: list[float], seconds: float) -> list[dict]:
                          "ok": s["failed"] == 0 and s["p99_send_lag_ms"] < 10.0})
         return rows
     finally:
-        stop_group(p.pid, ticks, 5)
+        stop_group(pid, ticks, 5)
 
 
 # Runs in its own process, so vLLM's imports and threads cannot slow this generator down.

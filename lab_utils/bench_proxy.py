@@ -19,13 +19,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import subprocess
 import sys
 import time
 
 import httpx
 
-from lab_utils.proctools import start_ticks, stop_group
+from lab_utils.proctools import stop_group
+from lab_utils.stub_server import spawn_until_up
 
 HOST = "127.0.0.7"
 PROMPT = {"model": "m", "prompt": [1, 2, 3], "max_tokens": 3, "stream": True}
@@ -45,20 +45,6 @@ def _serve(role: str, port: int, mode: str, backend: str) -> None:
                     else ProxySettings("disaggregated", prefill=[backend], decode=[backend]))
         app = create_app(settings)
     uvicorn.run(app, host=HOST, port=port, log_level="error", access_log=False)
-
-
-def _start(argv: list[str], url: str) -> tuple[int, int]:
-    p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                         start_new_session=True)
-    ticks = start_ticks(p.pid)
-    t_end = time.monotonic() + 30
-    while time.monotonic() < t_end:
-        try:
-            httpx.post(url, json={"model": "m", "prompt": "x"}, timeout=1)
-            return p.pid, ticks
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    raise RuntimeError(f"{argv} did not come up at {url}")
 
 
 async def _one(client: httpx.AsyncClient, url: str, direct_pd: bool) -> float:
@@ -120,19 +106,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         bport = next(ports)
         backend = f"http://{HOST}:{bport}"
-        procs.append(_start(me + ["backend", str(bport), "-", "-"], f"{backend}/v1/completions"))
+        procs.append(spawn_until_up(me + ["backend", str(bport), "-", "-"], f"{backend}/v1/completions"))
         rows = []
         for mode in args.modes.split(","):
             targets = {"direct": (f"{backend}/v1/completions", mode == "disaggregated")}
             port = next(ports)
-            procs.append(_start(me + ["proxy", str(port), mode, backend], f"http://{HOST}:{port}/v1/completions"))
+            procs.append(spawn_until_up(me + ["proxy", str(port), mode, backend], f"http://{HOST}:{port}/v1/completions"))
             targets["lab proxy"] = (f"http://{HOST}:{port}/v1/completions", False)
             if args.toy_proxy and mode == "disaggregated":
                 port = next(ports)
                 toy = [sys.executable, args.toy_proxy, "--host", HOST, "--port", str(port),
                        "--prefiller-hosts", HOST, "--prefiller-ports", str(bport),
                        "--decoder-hosts", HOST, "--decoder-ports", str(bport)]
-                procs.append(_start(toy, f"http://{HOST}:{port}/v1/completions"))
+                procs.append(spawn_until_up(toy, f"http://{HOST}:{port}/v1/completions"))
                 targets["vLLM toy proxy"] = (f"http://{HOST}:{port}/v1/completions", False)
             for conc in (int(c) for c in args.concurrency.split(",")):
                 results: dict[str, list[tuple[float, float, float]]] = {t: [] for t in targets}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 import secrets
+from collections.abc import Callable
 from pathlib import Path
 
 from lab_utils.errors import LabError
@@ -25,16 +26,18 @@ def load_tokenizer(model_dir: str | Path):
     return Tokenizer.from_file(str(path))
 
 
-def prompt_ids(tokenizer, n_tokens: int, rng: random.Random) -> list[int]:
-    """Exactly `n_tokens` token ids of pseudo-text."""
+def exact_prompt(tokenize: Callable[[str], list[int]], n_tokens: int, rng: random.Random) -> list[int]:
+    """Exactly `n_tokens` token ids of pseudo-text, with any tokenize(text) -> ids."""
     ids: list[int] = []
     while len(ids) < n_tokens:
-        ids += tokenizer.encode(" ".join(words(rng, n_tokens)), add_special_tokens=False).ids
+        ids += tokenize(" ".join(words(rng, max(8, n_tokens - len(ids)))))
     return ids[:n_tokens]
 
 
 def fresh_prompts(tokenizer, lengths: list[int], seed: int | None = None) -> tuple[list[list[int]], int]:
-    """One prompt per length; returns (prompts, seed). No seed: a new random one."""
+    """One prompt per length from a `tokenizers.Tokenizer`; returns (prompts, seed).
+    No seed: a new random one."""
     seed = secrets.randbits(32) if seed is None else seed
     rng = random.Random(seed)
-    return [prompt_ids(tokenizer, n, rng) for n in lengths], seed
+    tokenize = lambda text: tokenizer.encode(text, add_special_tokens=False).ids  # noqa: E731
+    return [exact_prompt(tokenize, n, rng) for n in lengths], seed

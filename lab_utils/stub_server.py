@@ -71,6 +71,29 @@ def make_app(ttft_ms: float, itl_ms: float, timing_file: str | None = None):
     return app
 
 
+def spawn_until_up(argv: list[str], probe_url: str, timeout_s: float = 30.0) -> tuple[int, int]:
+    """Start `argv` in its own process group and wait until POSTing to `probe_url` gets
+    any HTTP answer; return (pid, start_ticks) for `proctools.stop_group`."""
+    import subprocess
+
+    import httpx
+
+    from lab_utils.proctools import start_ticks, stop_group
+
+    p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         start_new_session=True)
+    ticks = start_ticks(p.pid)
+    t_end = time.monotonic() + timeout_s
+    while time.monotonic() < t_end and p.poll() is None:
+        try:
+            httpx.post(probe_url, json={"model": "m", "prompt": [1], "max_tokens": 1}, timeout=1)
+            return p.pid, ticks
+        except httpx.HTTPError:
+            time.sleep(0.05)
+    stop_group(p.pid, ticks, 2)
+    raise RuntimeError(f"{argv} did not answer at {probe_url} within {timeout_s:.0f} s")
+
+
 def main() -> None:
     import uvicorn
 

@@ -17,14 +17,12 @@ import httpx
 from lab_utils.config import WorkloadConfig
 from lab_utils.errors import LabError
 from lab_utils.loadgen import RequestSpec
-from lab_utils.tiny_model import words
+from lab_utils.prompts import exact_prompt, load_tokenizer
 
 Tokenize = Callable[[str], list[int]]
 
 
 def local_tokenizer(model_dir: str) -> tuple[Tokenize, Callable[[list[int]], str]]:
-    from lab_utils.prompts import load_tokenizer
-
     tok = load_tokenizer(model_dir)
     return (lambda text: tok.encode(text, add_special_tokens=False).ids), tok.decode
 
@@ -46,13 +44,6 @@ def server_tokenizer(url: str, model: str) -> tuple[Tokenize, Callable[[list[int
         return r.json()["prompt"]
 
     return tokenize, detokenize
-
-
-def exact_prompt(tokenize: Tokenize, n_tokens: int, rng: random.Random) -> list[int]:
-    ids: list[int] = []
-    while len(ids) < n_tokens:
-        ids += tokenize(" ".join(words(rng, max(8, n_tokens - len(ids)))))
-    return ids[:n_tokens]
 
 
 def build_requests(w: WorkloadConfig, n: int, tokenize: Tokenize,

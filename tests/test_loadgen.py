@@ -8,17 +8,16 @@ import asyncio
 import json
 import random
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 from lab_utils.benchmark import combine, summarize
 from lab_utils.config import WorkloadConfig
 from lab_utils.loadgen import RequestSpec, arrival_offsets, run_point
+from lab_utils.proctools import stop_group
+from lab_utils.stub_server import spawn_until_up
 
 from fakes import free_port
 
@@ -30,19 +29,8 @@ def start_server(ttft_ms: float, itl_ms: float, timing_file: Path | None = None)
     port = free_port(ADDR)
     argv = [sys.executable, "-m", "lab_utils.stub_server", ADDR, str(port),
             str(ttft_ms), str(itl_ms)] + ([str(timing_file)] if timing_file else [])
-    p = subprocess.Popen(argv, start_new_session=True)
     url = f"http://{ADDR}:{port}"
-    t_end = time.monotonic() + 20
-    while True:
-        try:
-            httpx.get(url, timeout=1)
-            break
-        except httpx.HTTPError:
-            if time.monotonic() > t_end:
-                p.kill()
-                raise
-            time.sleep(0.05)
-    return p, url
+    return spawn_until_up(argv, f"{url}/v1/completions"), url
 
 
 TIMING = {}
@@ -51,10 +39,9 @@ TIMING = {}
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     TIMING["file"] = tmp_path_factory.mktemp("timing") / "server_timing.jsonl"
-    p, url = start_server(TTFT_MS, ITL_MS, TIMING["file"])
+    (pid, ticks), url = start_server(TTFT_MS, ITL_MS, TIMING["file"])
     yield url
-    p.terminate()
-    p.wait(10)
+    stop_group(pid, ticks, 5)
 
 
 def specs(n: int, out: int = 8, first: int = 1) -> list[RequestSpec]:
