@@ -24,11 +24,10 @@ def format_proofs(proofs: list[TransferProof]) -> str:
 
 def run_demo(cfg: LabConfig, n_prompts: int = 1, max_tokens: int = 16) -> list[TransferProof]:
     """Serve the disaggregated topology, prove transfer for fresh prompts, stop it."""
-    kv = kv_shape_from_dir(cfg.model_path, cfg.model.dtype) if cfg.model.source != "hub" else None
     print(f"profile {cfg.profile}: starting the disaggregated topology "
           "(first start of a vLLM instance here takes 15-90 s)", flush=True)
     with topology_running(cfg, "disaggregated") as records:
-        kv = kv or kv_shape_from_dir(cfg.model_path, cfg.model.dtype)
+        kv = kv_shape_from_dir(cfg.model_path, cfg.model.dtype)  # present once serving
         tok = load_tokenizer(cfg.model_path)
         lengths = [48 + 40 * i for i in range(n_prompts)]
         prompts, seed = fresh_prompts(tok, lengths)

@@ -153,3 +153,23 @@ class socket_held:
 
     def __exit__(self, *exc):
         self.sock.close()
+
+
+@pytest.mark.stops_rehearsal
+def test_demo_from_scratch_proves_transfer_and_leaves_nothing(engine_cfg, tmp_path):
+    """`make lab`'s job on a fresh profile: the model does not exist yet."""
+    from lab_utils.topology import cleanup
+
+    from conftest import make_profile_data, write_profile
+
+    cleanup(engine_cfg)  # two cores: not beside the shared instances
+    data = make_profile_data(str(tmp_path / "results"))
+    data["model"]["path"] = str(tmp_path / "fresh-model")
+    cfg = write_profile(tmp_path, data)
+    p = subprocess.run([sys.executable, "-m", "lab_utils", "demo", "--prompts", "2", "--config",
+                        str(cfg.source)], capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    assert "every prompt token came over NIXL, bytes as predicted" in p.stdout
+    assert (tmp_path / "fresh-model" / "config.json").exists()
+    state = json.loads((cfg.results_dir / "state.json").read_text())
+    assert state["processes"] == []
