@@ -72,6 +72,27 @@ def decode(client: httpx.Client, url: str, model: str, prompt_ids: list[int], ma
     return _post(client, url, body)["choices"][0]["token_ids"]
 
 
+def warm_up(prefill_url: str, decode_url: str, model: str, attempts: int = 3,
+            timeout: float = 120.0) -> int:
+    """One small prefill-then-decode round trip, retried: the first request between two
+    instances carries the NIXL handshake, which on a busy machine can time out (vLLM
+    waits 5 s for the side channel). Returns the attempts used; raises with the last
+    error when none succeeds."""
+    ids = list(range(100, 116))
+    last = ""
+    with httpx.Client(timeout=timeout) as client:
+        for attempt in range(1, attempts + 1):
+            try:
+                decode(client, decode_url, model, ids, 2, prefill(client, prefill_url, model, ids))
+                return attempt
+            except LabError as e:
+                last = str(e)
+                time.sleep(1.0)
+    raise LabError(f"prefill {prefill_url} -> decode {decode_url}: no KV transfer succeeded in "
+                   f"{attempts} attempts; last error: {last}. Check the decode instance's log for "
+                   "'NIXL transfer failure' (side channel unreachable or handshake timeout).")
+
+
 @dataclass
 class TransferProof:
     """One prompt's evidence, from the decode instance's per-request counter deltas."""

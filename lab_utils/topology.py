@@ -40,6 +40,8 @@ def serve(cfg: LabConfig, *topologies: str, show_progress: bool = True,
             if new:
                 started.append(rec)
         wait_ready(cfg, records, show_progress=show_progress)
+        if "disaggregated" in topologies:
+            _warm_up_pairs(cfg, records)
         if with_proxy:
             rec, new = start_proxy(cfg, topologies[0])
             records.append(rec)
@@ -50,6 +52,16 @@ def serve(cfg: LabConfig, *topologies: str, show_progress: bool = True,
         stop_records(cfg, started)
         raise
     return records
+
+
+def _warm_up_pairs(cfg: LabConfig, records: list[ProcessRecord]) -> None:
+    """Every prefill/decode pair does its NIXL handshake now, not in the first measured
+    request (and a handshake that fails transiently is retried)."""
+    from lab_utils.pd import warm_up
+
+    for p in urls(records, "prefill"):
+        for d in urls(records, "decode"):
+            warm_up(p, d, cfg.model.name)
 
 
 def start_proxy(cfg: LabConfig, mode: str) -> tuple[ProcessRecord, bool]:

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import httpx
 import pytest
@@ -173,3 +174,44 @@ def test_demo_from_scratch_proves_transfer_and_leaves_nothing(engine_cfg, tmp_pa
     assert (tmp_path / "fresh-model" / "config.json").exists()
     state = json.loads((cfg.results_dir / "state.json").read_text())
     assert state["processes"] == []
+
+
+@pytest.mark.stops_rehearsal
+def test_handshake_timeout_fails_the_request_and_warm_up_recovers(engine_cfg, tmp_path):
+    """vLLM waits 5 s for the prefill's side channel. Freeze the prefill's engine core
+    (which serves the side channel) during the first decode: that request fails, the
+    instances survive, and the warm-up `serve` relies on gets through once it answers."""
+    import signal
+
+    from lab_utils.errors import LabError
+    from lab_utils.launcher import start_instance, wait_ready
+    from lab_utils.pd import decode, prefill, warm_up
+    from lab_utils.topology import cleanup
+
+    from conftest import make_profile_data, write_profile
+
+    cleanup(engine_cfg)  # two cores: not beside the shared instances
+    cfg = write_profile(tmp_path, make_profile_data(str(tmp_path / "results")))
+    recs = [start_instance(cfg, s)[0] for s in cfg.instances("disaggregated")]
+    try:
+        wait_ready(cfg, recs, show_progress=False)
+        pre, dec = recs
+        cores = [p for p in proctools.group_members(pre.pgid)
+                 if b"EngineCore" in Path(f"/proc/{p}/cmdline").read_bytes()]
+        assert cores, "prefill engine core process not found"
+        ids = list(range(200, 240))
+        with httpx.Client(timeout=120) as c:
+            params = prefill(c, pre.url, cfg.model.name, ids)
+            for p in cores:
+                os.kill(p, signal.SIGSTOP)
+            try:
+                with pytest.raises(LabError, match="500"):
+                    decode(c, dec.url, cfg.model.name, ids, 4, params)
+            finally:
+                for p in cores:
+                    os.kill(p, signal.SIGCONT)
+        assert warm_up(pre.url, dec.url, cfg.model.name) >= 1
+        assert all(proctools.is_alive(r.pid, r.start_ticks) for r in recs)
+    finally:
+        cleanup(cfg)
+    assert all(proctools.group_members(r.pgid) == [] for r in recs)
