@@ -189,14 +189,13 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--seed", type=int, default=0)
     sp.add_argument("--force", action="store_true", help="regenerate even if up to date")
     sp.set_defaults(func=_cmd_tiny_model)
-    for name, func, help in (
-        ("demo", _cmd_demo, "prefill on one instance, decode on another, prove the KV moved"),
-        ("lab", _cmd_lab, "the main job: run the notebooks (or the demo while there are none)"),
-        ("run", _cmd_run, "execute the notebooks headless, saving executed copies"),
-    ):
-        sp = cmd(name, func, help)
-        sp.add_argument("--prompts", type=int, default=1, help=argparse.SUPPRESS if name == "run" else "demo prompts")
-        sp.add_argument("--max-tokens", type=int, default=16, help=argparse.SUPPRESS)
+    demo = cmd("demo", _cmd_demo, "prefill on one instance, decode on another, prove the KV moved")
+    run = cmd("run", _cmd_run, "execute the notebooks headless, saving executed copies")
+    lab = cmd("lab", _cmd_lab, "the main job: run the notebooks (or the demo while there are none)")
+    for sp in (demo, lab):
+        sp.add_argument("--prompts", type=int, default=1, help="fresh prompts to prove transfer on")
+        sp.add_argument("--max-tokens", type=int, default=16, help="tokens to generate per prompt")
+    for sp in (run, lab):
         sp.add_argument("--from", dest="start", default=None, help="first notebook number, e.g. 00")
         sp.add_argument("--to", dest="stop", default=None, help="last notebook number, e.g. 04")
         sp.add_argument("--notebooks-dir", default=None, help=argparse.SUPPRESS)
