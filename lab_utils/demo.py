@@ -38,8 +38,10 @@ def run_demo(cfg: LabConfig, n_prompts: int = 1, max_tokens: int = 16) -> list[T
         proofs = prove_transfer(prompts, model=cfg.model.name, prefill_url=prefill_url,
                                 decode_url=urls(records, "decode")[0], kv=kv, max_tokens=max_tokens,
                                 baseline_url=prefill_url)
-    print(f"\nKV per token: {kv.bytes_per_token} bytes ({kv.layers} layers x {kv.kv_heads} KV heads "
-          f"x {kv.head_dim} head dim x 2 (K,V) x {kv.dtype_bytes} bytes); block size "
+    layout = (f"{kv.layers} layers x {kv.head_dim} latent x {kv.dtype_bytes} bytes" if kv.mla else
+              f"{kv.layers} layers x {kv.kv_heads} KV heads x {kv.head_dim} head dim x 2 (K,V) "
+              f"x {kv.dtype_bytes} bytes")
+    print(f"\nKV per token: {kv.bytes_per_token} bytes ({layout}); block size "
           f"{proofs[0].block_size}; prompt seed {seed}")
     print(format_proofs(proofs))
     for p in proofs:

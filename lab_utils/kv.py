@@ -1,9 +1,13 @@
 """KV-cache arithmetic from a model's config.json.
 
-Per token, every layer stores one key and one value vector per KV head:
-bytes/token = 2 x layers x KV heads x head dim x bytes per element. Grouped-query
-attention is why KV heads are few. A transfer moves whole blocks, so a prompt of n
-tokens moves ceil(n / block_size) blocks.
+Standard and grouped-query attention (Llama, Qwen, Mistral): per token, every layer
+stores one key and one value vector per KV head, so
+bytes/token = 2 x layers x KV heads x head dim x bytes per element; GQA is why KV heads
+are few. Multi-head latent attention (DeepSeek V2/V3) stores one compressed latent plus
+the rotary part of the key per token and layer, shared by all heads:
+bytes/token = layers x (kv_lora_rank + qk_rope_head_dim) x bytes per element.
+A transfer moves whole blocks, so a prompt of n tokens moves ceil(n / block_size)
+blocks; at a bandwidth B it takes latency + bytes / B.
 """
 
 from __future__ import annotations
@@ -20,13 +24,15 @@ DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4,
 @dataclass(frozen=True)
 class KVShape:
     layers: int
-    kv_heads: int
-    head_dim: int
+    kv_heads: int  # 1 for MLA: the latent is shared by all heads
+    head_dim: int  # for MLA: kv_lora_rank + qk_rope_head_dim
     dtype_bytes: int
+    mla: bool = False
 
     @property
     def bytes_per_token(self) -> int:
-        return 2 * self.layers * self.kv_heads * self.head_dim * self.dtype_bytes
+        per_layer = self.head_dim * self.dtype_bytes * (1 if self.mla else 2 * self.kv_heads)
+        return self.layers * per_layer
 
     def blocks(self, tokens: int, block_size: int) -> int:
         return math.ceil(tokens / block_size)
@@ -35,18 +41,28 @@ class KVShape:
         """Bytes a block-granular transfer of `tokens` prompt tokens moves."""
         return self.blocks(tokens, block_size) * block_size * self.bytes_per_token
 
+    def transfer_seconds(self, tokens: int, block_size: int, bandwidth_bytes_per_s: float,
+                         latency_s: float = 0.0) -> float:
+        """Predicted time to move a prompt's KV at a given bandwidth (plus a fixed latency)."""
+        return latency_s + self.transfer_bytes(tokens, block_size) / bandwidth_bytes_per_s
+
 
 def kv_shape(hf_config: dict, dtype: str | None = None) -> KVShape:
-    """The KV layout described by a Hugging Face config dict."""
+    """The KV layout described by a Hugging Face config dict. `dtype` is the KV cache's
+    element type (default: the model's dtype), e.g. "fp8" for an fp8 KV cache."""
     cfg = hf_config.get("text_config", hf_config)
-    heads = cfg["num_attention_heads"]
-    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
     dtype = dtype or cfg.get("dtype") or cfg.get("torch_dtype") or "bfloat16"
+    dtype_bytes = DTYPE_BYTES[str(dtype).removeprefix("torch.")]
+    layers = cfg["num_hidden_layers"]
+    if cfg.get("kv_lora_rank"):  # multi-head latent attention
+        return KVShape(layers=layers, kv_heads=1, mla=True, dtype_bytes=dtype_bytes,
+                       head_dim=cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"])
+    heads = cfg["num_attention_heads"]
     return KVShape(
-        layers=cfg["num_hidden_layers"],
-        kv_heads=cfg.get("num_key_value_heads", heads),
-        head_dim=head_dim,
-        dtype_bytes=DTYPE_BYTES[str(dtype).removeprefix("torch.")],
+        layers=layers,
+        kv_heads=cfg.get("num_key_value_heads") or heads,
+        head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+        dtype_bytes=dtype_bytes,
     )
 
 
