@@ -25,6 +25,8 @@ import sys
 import time
 from pathlib import Path
 
+from lab_utils.proctools import group_members
+
 SSHD = "/usr/sbin/sshd"
 SSH_KEYGEN = "ssh-keygen"
 PRIVSEP_DIR = Path("/run/sshd")
@@ -78,6 +80,7 @@ def _keygen(path: Path, comment: str) -> None:
     )
 
 
+
 def _proc_stat(pid: int) -> tuple[str, int, int, int] | None:
     """(state, ppid, pgid, starttime) of a live process, None if it is gone."""
     try:
@@ -90,16 +93,6 @@ def _proc_stat(pid: int) -> tuple[str, int, int, int] | None:
 
 def _all_pids() -> list[int]:
     return [int(d) for d in os.listdir("/proc") if d.isdigit()]
-
-
-def process_group_members(pgid: int) -> list[int]:
-    """PIDs of live (non-zombie) processes whose process group is `pgid`."""
-    members = []
-    for pid in _all_pids():
-        st = _proc_stat(pid)
-        if st and st[2] == pgid and st[0] != "Z":
-            members.append(pid)
-    return members
 
 
 def _quote(value: str) -> str:
@@ -371,7 +364,7 @@ class LoopbackSSHD:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(pgid, signal.SIGKILL)
                 proc.wait()
-            if process_group_members(pgid):
+            if group_members(pgid):
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(pgid, signal.SIGKILL)
             with contextlib.suppress(FileNotFoundError):

@@ -14,7 +14,9 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from sshd_server import LoopbackSSHD, process_group_members
+from lab_utils.proctools import group_members
+
+from sshd_server import LoopbackSSHD
 
 
 def connect(sshd: LoopbackSSHD, known_hosts: Path) -> paramiko.SSHClient:
@@ -138,7 +140,7 @@ def test_stop_leaves_nothing_behind(tmp_path):
     while time.monotonic() < deadline and not (gone(orphan) and gone(busy)):
         time.sleep(0.05)
     assert gone(orphan) and gone(busy)
-    assert process_group_members(pgid) == []
+    assert group_members(pgid) == []
     assert port_is_free(sshd.host, sshd.port)
     assert not sshd.running
     sshd.stop()  # idempotent
