@@ -133,7 +133,9 @@ def ensure_model_on(cfg: LabConfig, name: str) -> str:
 
         local = tiny_model.generate(cfg.model_path, seed=cfg.model.tiny_seed)
         want = tiny_model.fingerprint(local)
-        if node.cfg.connection != "local" and model_snapshot(node, where, full=True) != want:
+        if node.cfg.connection == "local":  # `where` is the model just generated here
+            return want
+        if model_snapshot(node, where, full=True) != want:
             _copy_dir(node, local, where)
         have = model_snapshot(node, where, full=True)
         if have != want:
