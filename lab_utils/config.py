@@ -119,6 +119,8 @@ class KVTransferConfig(_Strict):
     kv_buffer_device: Literal["cpu", "cuda"] = "cpu"
     ucx_tls: str | None = None
     extra_config: dict[str, Any] = {}
+    # The NIXL transfer probe (notebook 02) listens here on the target node's data address.
+    probe_port: Port = 5800
 
 
 class BaselineTopology(_Strict):
@@ -241,6 +243,16 @@ class LabConfig(_Strict):
             return f"{n.workdir}/logs/{self.profile}"
         return str(self.results_dir / "logs")
 
+    def probe_pair(self) -> tuple[str, str]:
+        """(target, initiator) of the NIXL probe: as in P/D serving, the decode node reads
+        the KV that the prefill node holds."""
+        d = self.topology.disaggregated
+        return d.prefill[0], d.decode[0]
+
+    def probe_nodes(self) -> list[str]:
+        """Nodes where the probe listens (the target)."""
+        return [self.probe_pair()[0]]
+
     def instances(self, topology: str) -> list[InstanceSpec]:
         t = self.topology
         if topology == "baseline":
@@ -352,6 +364,9 @@ def _cross_check(cfg: LabConfig) -> list[str]:
             if spec.side_channel_port is not None:
                 services.append((spec.node, node.data_address, spec.side_channel_port,
                                  f"side-channel port of {where}", True))
+    for name in cfg.probe_nodes():
+        services.append((name, cfg.nodes[name].data_address, cfg.kv_transfer.probe_port,
+                         f"NIXL probe on {name}", True))
     proxy_node = cfg.nodes[cfg.proxy.node]
     services.append((cfg.proxy.node, proxy_node.lan_address, cfg.proxy.port,
                      f"proxy on {cfg.proxy.node}", False))

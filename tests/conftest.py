@@ -27,6 +27,7 @@ def make_profile_data(results_root: str) -> dict:
         if s.get("side_channel_port"):
             s["side_channel_port"] += PORT_SHIFT
     data["proxy"]["port"] += PORT_SHIFT
+    data["kv_transfer"]["probe_port"] += PORT_SHIFT
     return data
 
 
