@@ -1,6 +1,6 @@
 """The lab's command line: `python -m lab_utils COMMAND [--config F] ...`.
 
-Commands: `serve` a topology (vLLM instances and the proxy), `proxy`, `bench`, `status`, `cleanup`, `deploy` (the lab's code to the
+Commands: `check` the environment (the bring-up checklist), `serve` a topology (vLLM instances and the proxy), `proxy`, `bench`, `status`, `cleanup`, `deploy` (the lab's code to the
 SSH nodes), `model fetch` (the model onto every serving node), `tiny-model`, `demo` (the
 prefill/decode proof of transfer on the configured profile), `run` (execute the
 notebooks headless) and `lab` (the main job: the notebooks if there are any, else the
@@ -129,6 +129,17 @@ def _cmd_demo(args) -> int:
     return 0 if all(p.ok for p in proofs) else 1
 
 
+def _cmd_check(args) -> int:
+    import json
+
+    from lab_utils.checks import run_checks
+
+    cfg = load_config(args.config)
+    report = run_checks(cfg, show_progress=not args.json)
+    print(json.dumps(report.to_dict(), indent=2) if args.json else report.text())
+    return 1 if report.failed else 0
+
+
 def _cmd_run(args) -> int:
     from lab_utils.runner import run_notebooks
 
@@ -163,6 +174,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--no-proxy", action="store_true", help="start the vLLM instances only")
     sp = cmd("proxy", _cmd_proxy, "run the lab proxy in the foreground (serve starts it for you)")
     sp.add_argument("--mode", choices=TOPOLOGIES, required=True)
+    sp = cmd("check", _cmd_check, "the bring-up checklist: every check on every node it concerns, "
+             "pass/warn/fail/n/a with evidence and the fix; exit 1 on any fail")
+    sp.add_argument("--json", action="store_true", help="print the results as JSON")
     cmd("status", _cmd_status, "list the processes recorded for the profile")
     sp = cmd("bench", _cmd_bench, "measure a serving endpoint (streaming completions): sweep "
              "concurrency levels and/or Poisson request rates; defaults from the config's workload")

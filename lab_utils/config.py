@@ -64,6 +64,9 @@ class NodeConfig(_Strict):
     lan_address: str
     data_address: str
     data_netdev: str | None = None
+    # The rate the data-plane link should run at per device, in Gb/s (200 on a Spark's
+    # ConnectX-7); the checklist warns when ethtool reports less. None: not compared.
+    data_link_gbps: float | None = Field(None, gt=0)
     python: str | None = None
     workdir: str | None = None
 
@@ -211,6 +214,16 @@ class LabConfig(_Strict):
     @property
     def source(self) -> Path | None:
         return self._source
+
+    @property
+    def source_name(self) -> str:
+        """The config file as a user would type it in a command (relative to the repo)."""
+        if self._source is None:
+            return "F"
+        try:
+            return str(self._source.resolve().relative_to(REPO_ROOT))
+        except ValueError:
+            return str(self._source)
 
     def resolve_path(self, value: str | os.PathLike) -> Path:
         """A path from the config: `~` expanded, relative paths against the repo root."""

@@ -1,0 +1,310 @@
+"""Hardware checks of the serving nodes: GPU and driver, the CUDA build of torch and vLLM,
+RDMA devices of the data plane (state, MTU, negotiated speed, both rails), UCX transports,
+and the RDMA bandwidth of the link.
+
+They parse the same commands an engineer would type on a DGX Spark (`nvidia-smi`,
+`ibdev2netdev`, `ibv_devinfo`, `ethtool`, `ucx_info -d`, `ib_write_bw`), with the parsers
+in `lab_utils.parsers`, tested on outputs recorded on GB10 machines. On the CPU profile
+they say not-applicable, with the reason.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+from lab_utils import parsers
+from lab_utils.checklist import CheckResult, Context
+
+GOOD_MTU = 4096  # RoCE's largest; needs the netdev at MTU 9000
+LINK_FRACTION_WARN = 0.8
+
+
+def _gpu_nodes(ctx: Context, check: str) -> tuple[list[str], list[CheckResult]]:
+    names = ctx.serving()
+    if ctx.cfg.vllm.device != "cuda":
+        return [], [CheckResult(check, n, "n/a", f"vllm.device is {ctx.cfg.vllm.device!r}: "
+                                "no GPU in this profile") for n in names]
+    skipped = [CheckResult(check, n, "n/a", f"not checked: {ctx.unreachable[n]}")
+               for n in names if n in ctx.unreachable]
+    return [n for n in names if n not in ctx.unreachable], skipped
+
+
+def _smi(ctx: Context, name: str, *args: str) -> str | None:
+    r = ctx.run(name, ["nvidia-smi", *args])
+    return r.stdout if r.ok else None
+
+
+def check_gpu(ctx: Context) -> list[CheckResult]:
+    names, out = _gpu_nodes(ctx, "gpu")
+    for name in names:
+        query = _smi(ctx, name, "--query-gpu=name,driver_version", "--format=csv")
+        summary = _smi(ctx, name)
+        if query is None or summary is None:
+            out.append(CheckResult("gpu", name, "fail", "nvidia-smi does not run",
+                                   evidence=ctx.run(name, ["nvidia-smi"]).stderr.strip()[-200:],
+                                   fix=f"install the NVIDIA driver on {name} (DGX OS ships it) "
+                                       "and reboot"))
+            continue
+        gpus = parsers.nvidia_smi_csv(query)
+        info = parsers.nvidia_smi_summary(summary)
+        names_seen = ", ".join(g["name"] for g in gpus)
+        seen = f"{names_seen}, driver {gpus[0]['driver_version']}, CUDA {info['cuda_version']}"
+        if any(g.get("memory_used_mib") is None for g in info["gpus"]):
+            from lab_utils.checks import GiB, _meminfo
+
+            mem = _meminfo(ctx, name)
+            seen += (f"; memory: nvidia-smi reports Not Supported (unified memory), "
+                     f"/proc/meminfo {mem.get('MemAvailable', 0) / GiB:.0f} of "
+                     f"{mem['MemTotal'] / GiB:.0f} GiB available")
+        out.append(CheckResult("gpu", name, "pass", seen))
+        out.append(_gpu_processes(ctx, name))
+    return out
+
+
+def _gpu_processes(ctx: Context, name: str) -> CheckResult:
+    text = _smi(ctx, name, "--query-compute-apps=pid,process_name,used_memory",
+                "--format=csv,noheader")
+    apps = parsers.nvidia_smi_compute_apps(text or "")
+    if not apps:
+        return CheckResult("gpu_processes", name, "pass", "no compute processes on the GPU")
+    listed = "; ".join(f"PID {a['pid']} {a['process_name']}"
+                       + (f" {a['used_memory_mib']} MiB" if a.get("used_memory_mib") else "")
+                       for a in apps)
+    return CheckResult(
+        "gpu_processes", name, "warn", f"{len(apps)} process(es) already use the GPU",
+        evidence=listed,
+        fix=f"if they are the lab's: `python -m lab_utils cleanup --config {ctx.cfg.source_name}`; "
+            f"otherwise stop them on {name} (`kill <PID>`) before serving")
+
+
+def _cuda_major(version: str | None) -> int | None:
+    try:
+        return int(str(version).split(".")[0])
+    except (TypeError, ValueError):
+        return None
+
+
+def check_cuda_build(ctx: Context) -> list[CheckResult]:
+    names, out = _gpu_nodes(ctx, "cuda_build")
+    for name in names:
+        info = parsers.nvidia_smi_summary(_smi(ctx, name) or "")
+        driver = _cuda_major(info.get("cuda_version"))
+        facts = ctx.facts(name, "python")
+        torch_major = _cuda_major(facts.get("torch_cuda"))
+        vllm_major = parsers.cuda_major_of_build(facts.get("vllm") or "")
+        seen = (f"driver CUDA {info.get('cuda_version')}; torch {facts.get('torch')} "
+                f"(CUDA {facts.get('torch_cuda')}); vllm {facts.get('vllm')}")
+        fix = (f"install the CUDA {driver} builds of torch and vLLM on {name} (README, "
+               "'Serving nodes (DGX Spark)'): GB10 (compute capability 12.1) needs cu130 wheels")
+        if torch_major is None:
+            out.append(CheckResult("cuda_build", name, "fail", "torch has no CUDA (CPU build)",
+                                   evidence=seen, fix=fix))
+        elif driver and torch_major < driver:
+            out.append(CheckResult("cuda_build", name, "fail",
+                                   f"torch built for CUDA {torch_major} on a CUDA {driver} machine",
+                                   evidence=seen, fix=fix))
+        elif driver and vllm_major is not None and vllm_major < driver:
+            out.append(CheckResult("cuda_build", name, "fail",
+                                   f"vLLM built for CUDA {vllm_major} on a CUDA {driver} machine",
+                                   evidence=seen, fix=fix))
+        elif vllm_major is None:
+            out.append(CheckResult(
+                "cuda_build", name, "warn", "vLLM's version does not name its CUDA build",
+                evidence=seen, fix=f"on {name}: `python -c 'import vllm, torch; print(torch.version"
+                                   ".cuda)'` must print 13.x; otherwise reinstall (README)"))
+        else:
+            out.append(CheckResult("cuda_build", name, "pass",
+                                   f"CUDA {torch_major} builds on a CUDA {driver} driver",
+                                   evidence=seen))
+    return out
+
+
+# ----- RDMA ---------------------------------------------------------------------------
+
+
+def uses_rdma(ctx: Context, name: str) -> bool:
+    return bool(ctx.cfg.nodes[name].data_netdev) and ctx.cfg.vllm.device == "cuda"
+
+
+def _rails_key(ibdev: str) -> str:
+    """Devices of one physical port share their `s<slot>f<function>` ending (a Spark's
+    port is two PCIe halves: rocep1s0f1 and roceP2p1s0f1)."""
+    found = re.search(r"s\d+f\d+$", ibdev)
+    return found.group(0) if found else ibdev
+
+
+def configured_devices(ctx: Context, name: str) -> tuple[list[dict], list[dict], list[str]]:
+    """(configured devices as ibdev2netdev rows, all rows, entries not found)."""
+    rows = parsers.ibdev2netdev(ctx.run(name, ["ibdev2netdev"]).stdout)
+    chosen, unknown = [], []
+    for entry in (ctx.cfg.nodes[name].data_netdev or "").split(","):
+        dev, _, port = entry.strip().partition(":")
+        match = [r for r in rows if dev in (r["ibdev"], r["netdev"])
+                 and (not port or str(r["port"]) == port)]
+        (chosen.extend(match) if match else unknown.append(entry.strip()))
+    return chosen, rows, unknown
+
+
+def _rdma_nodes(ctx: Context, check: str) -> tuple[list[str], list[CheckResult]]:
+    out, names = [], []
+    for n in ctx.serving():
+        if n in ctx.unreachable:
+            out.append(CheckResult(check, n, "n/a", f"not checked: {ctx.unreachable[n]}"))
+        elif not uses_rdma(ctx, n):
+            why = ("no data_netdev configured" if ctx.cfg.nodes[n].data_netdev is None
+                   else "vllm.device is 'cpu'")
+            out.append(CheckResult(check, n, "n/a", f"{why}: NIXL runs over TCP/loopback here"))
+        else:
+            names.append(n)
+    return names, out
+
+
+def check_rdma(ctx: Context) -> list[CheckResult]:
+    names, out = _rdma_nodes(ctx, "rdma")
+    for name in names:
+        chosen, rows, unknown = configured_devices(ctx, name)
+        listing = "; ".join(f"{r['ibdev']} port {r['port']} => {r['netdev']} ({r['state']})"
+                            for r in rows)
+        if unknown or not chosen:
+            out.append(CheckResult(
+                "rdma", name, "fail", f"data_netdev {', '.join(unknown) or '(empty)'} not found",
+                evidence=listing or "ibdev2netdev printed nothing",
+                fix=f"set nodes.{name}.data_netdev to the Up devices of the cabled port "
+                    "(ibdev2netdev), as device:port"))
+            continue
+        down = [r for r in chosen if r["state"] != "Up"]
+        if down:
+            up = ",".join(f"{r['ibdev']}:{r['port']}" for r in rows if r["state"] == "Up")
+            other = f'; the Up devices here are "{up}" (data_netdev)' if up else ""
+            out.append(CheckResult(
+                "rdma", name, "fail", f"{', '.join(r['ibdev'] for r in down)} down",
+                evidence=listing, fix=f"check the cable and which port it is in; on {name}: "
+                                      f"`sudo ip link set {down[0]['netdev']} up`{other}"))
+        else:
+            out.append(CheckResult("rdma", name, "pass",
+                                   ", ".join(f"{r['ibdev']} => {r['netdev']} Up" for r in chosen)))
+        out += [_rails(ctx, name, chosen, rows), _mtu(ctx, name, chosen), _speed(ctx, name, chosen)]
+    return out
+
+
+def _rails(ctx: Context, name: str, chosen: list[dict], rows: list[dict]) -> CheckResult:
+    keys = {_rails_key(r["ibdev"]) for r in chosen}
+    rails = [r for r in rows if _rails_key(r["ibdev"]) in keys]
+    up = [r for r in rails if r["state"] == "Up"]
+    unused = [r for r in up if r not in chosen]
+    seen = ", ".join(f"{r['ibdev']} ({r['state']})" for r in rails)
+    both = ",".join(f"{r['ibdev']}:{r['port']}" for r in up)
+    if len(up) < len(rails):
+        return CheckResult("rails", name, "warn", f"{len(up)} of {len(rails)} rails up" + (
+                           ": at most half the port's rate" if up else ""), evidence=seen,
+                           fix=f"bring up {', '.join(r['netdev'] for r in rails if r not in up)} "
+                               f"(`sudo ip link set <netdev> up`, check the cable)")
+    if unused:
+        return CheckResult("rails", name, "warn", "one rail configured, the other unused",
+                           evidence=seen, fix=f'set nodes.{name}.data_netdev to "{both}"')
+    return CheckResult("rails", name, "pass", f"{len(up)} rails up and configured", evidence=seen)
+
+
+def _mtu(ctx: Context, name: str, chosen: list[dict]) -> CheckResult:
+    info = parsers.ibv_devinfo(ctx.run(name, ["ibv_devinfo"]).stdout)
+    low = []
+    seen = []
+    for r in chosen:
+        port = info.get(r["ibdev"], {}).get("ports", {}).get(int(r["port"]), {})
+        link = parsers.ip_link(ctx.run(name, ["ip", "link", "show", r["netdev"]]).stdout)
+        mtu = link.get(r["netdev"], {}).get("mtu")
+        seen.append(f"{r['ibdev']} active_mtu {port.get('active_mtu')}, {r['netdev']} mtu {mtu}")
+        if (port.get("active_mtu") or 0) < GOOD_MTU or (mtu or 0) < 9000:
+            low.append(r["netdev"])
+    if low:
+        cmds = "; ".join(f"`sudo ip link set dev {n} mtu 9000`" for n in low)
+        return CheckResult("mtu", name, "warn", "RoCE MTU below 4096", evidence="; ".join(seen),
+                           fix=f"on {name}: {cmds} (persist it in netplan; the peer needs the same)")
+    return CheckResult("mtu", name, "pass", "RoCE MTU 4096 (netdev MTU 9000)",
+                       evidence="; ".join(seen))
+
+
+def _speed(ctx: Context, name: str, chosen: list[dict]) -> CheckResult:
+    expected = ctx.cfg.nodes[name].data_link_gbps
+    speeds = {r["netdev"]: parsers.ethtool_speed_mbps(ctx.run(name, ["ethtool", r["netdev"]]).stdout)
+              for r in chosen}
+    seen = ", ".join(f"{n} {s / 1000:g} Gb/s" if s else f"{n} unknown" for n, s in speeds.items())
+    if expected is None:
+        return CheckResult("link_speed", name, "pass", seen,
+                           evidence="data_link_gbps not set: not compared")
+    slow = [n for n, s in speeds.items() if not s or s / 1000 < expected]
+    if slow:
+        return CheckResult("link_speed", name, "warn",
+                           f"negotiated below the expected {expected:g} Gb/s", evidence=seen,
+                           fix=f"set the switch port (or peer) to {expected:g}G and re-seat the "
+                               f"cable; `sudo ethtool {slow[0]}` must show Speed "
+                               f"{int(expected * 1000)}Mb/s")
+    return CheckResult("link_speed", name, "pass", seen)
+
+
+def check_ucx(ctx: Context) -> list[CheckResult]:
+    names, out = _rdma_nodes(ctx, "ucx")
+    for name in names:
+        r = ctx.run(name, ["ucx_info", "-d"])
+        if not r.ok:
+            out.append(CheckResult("ucx", name, "warn", "ucx_info not available",
+                                   evidence=r.stderr.strip()[-200:],
+                                   fix="install UCX's tools (ucx_info) to see the transports; "
+                                       "notebook 02's probe shows what NIXL achieves"))
+            continue
+        transports = {t for t, _ in parsers.ucx_info_transports(r.stdout)}
+        rdma = sorted(t for t in transports if t.startswith(("rc_", "dc_", "ud_")))
+        seen = ", ".join(sorted(transports))
+        if rdma:
+            out.append(CheckResult("ucx", name, "pass", f"RDMA transports {', '.join(rdma)}",
+                                   evidence=seen))
+        else:
+            out.append(CheckResult("ucx", name, "fail", "UCX has no RDMA transport", evidence=seen,
+                                   fix="install a UCX built with rdma-core/mlx5 (DOCA-OFED), or "
+                                       "the nixl wheel's own; check /dev/infiniband exists"))
+    return out
+
+
+def rdma_bandwidth(ctx: Context, target: str, initiator: str) -> CheckResult:
+    cfg = ctx.cfg
+    dev = configured_devices(ctx, initiator)[0][0]
+    tdev = configured_devices(ctx, target)[0][0]
+    port, addr = str(cfg.kv_transfer.probe_port), cfg.nodes[target].data_address
+    node = ctx.node(target)
+    node.ensure_port_free(addr, cfg.kv_transfer.probe_port, "the link check")
+    rec = node.start_detached(f"check-ibbw-{target}", ["ib_write_bw", "-d", tdev["ibdev"],
+                              "-p", port], log_path=f"{cfg.log_dir_on(target)}/check-ibbw.log",
+                              kind="check")
+    try:
+        time.sleep(1.0)
+        r = ctx.run(initiator, ["ib_write_bw", "-d", dev["ibdev"], "-p", port, addr], timeout=120)
+    finally:
+        node.stop(rec, grace_s=2)
+    where = f"{initiator} -> {target}"
+    if not r.ok:
+        return CheckResult("link", where, "fail", "ib_write_bw failed", evidence=r.stderr[-300:],
+                           fix="install perftest on both nodes and check the data-plane "
+                               "addresses ping (`ping -c 3 " + addr + "`)")
+    bw = parsers.ib_write_bw(r.stdout)
+    stat = parsers.ibstat(ctx.run(initiator, ["ibstat"]).stdout)
+    rate = stat.get(dev["ibdev"], {}).get("ports", {}).get(1, {}).get("rate")
+    seen = f"ib_write_bw on {dev['ibdev']}: {bw['bw_avg_Gbps']:.1f} Gb/s (MTU {bw.get('mtu')})"
+    return link_verdict(where, bw["bw_avg_Gbps"], rate, seen)
+
+
+def link_verdict(where: str, gbps: float, rate: float | None, seen: str) -> CheckResult:
+    """Pass when the link moves at least 80% of the rate it reports."""
+    if not rate:
+        return CheckResult("link", where, "pass", f"{gbps:.1f} Gb/s", evidence=seen +
+                           "; no reported rate to compare with")
+    frac = gbps / rate
+    seen += f"; the device reports {rate:g} Gb/s"
+    if frac < LINK_FRACTION_WARN:
+        return CheckResult("link", where, "warn", f"moves {frac:.0%} of its reported {rate:g} Gb/s",
+                           evidence=seen,
+                           fix="a link that reports full rate and moves a fraction: check MTU "
+                               "9000 on both ends, the cable, PCIe errors (`dmesg`), and that "
+                               "both rails are used (data_netdev)")
+    return CheckResult("link", where, "pass", f"{frac:.0%} of the reported {rate:g} Gb/s",
+                       evidence=seen)

@@ -1,0 +1,686 @@
+"""Pure parsers for the text that diagnostic commands print on DGX Spark (GB10) nodes.
+
+The environment checklist runs `nvidia-smi`, `ibdev2netdev`, `ibv_devinfo`, `ip`, `ethtool`,
+`free`, `ucx_info`, `nixlbench`, `ib_write_bw`, `iperf3`, `ping`, `pip show` and vLLM's
+`collect_env` on the nodes and hands their stdout here: text in, plain dicts, lists and
+numbers out, no subprocesses. The formats follow real GB10 output (the recordings in
+tests/fixtures/dgx-spark-recorded/), including its oddities: `Not Supported` / `[N/A]` GPU
+memory, RDMA `active_mtu` 1024 under an IP MTU of 1500, and perftest's "MB" meaning MiB.
+Unparseable input gives empty results or None, never an exception, so the checklist can
+report "could not read" instead of crashing. `recommend_kv_buffer_device` turns nixlbench
+DRAM and VRAM bandwidths into the `kv_buffer_device` advice notebook 02 prints.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+NA_VALUES = frozenset({"[N/A]", "N/A", "Not Supported", "[Not Supported]", ""})
+KV_BUFFER_VRAM_RATIO = 0.8  # "cuda" only when VRAM moves at least this share of DRAM's rate
+
+_UNIT_SUFFIX = re.compile(r"\s*\[[^\]]*\]\s*$")
+_PAREN_CODE = re.compile(r"\s*\(\d+\)\s*$")
+_NUMBER = re.compile(r"^\s*(-?\d+(?:\.\d+)?)")
+
+
+def _na(value: str) -> str | None:
+    value = value.strip()
+    return None if value in NA_VALUES else value
+
+
+def _number(value: str | None) -> float | None:
+    """Leading number of a value such as "3.74 W" or "10468 MiB"; None for N/A."""
+    if value is None:
+        return None
+    m = _NUMBER.match(value)
+    return float(m.group(1)) if m else None
+
+
+def csv_number(value: str | None) -> float | None:
+    """The number in an `nvidia-smi --format=csv` value ("3.74 W" -> 3.74, "[N/A]" -> None)."""
+    return _number(_na(value) if value is not None else None)
+
+
+def _slug(label: str) -> str:
+    return re.sub(r"[^0-9a-z]+", "_", label.strip().lower()).strip("_")
+
+
+# --------------------------------------------------------------------------- nvidia-smi
+
+
+def _csv_key(header_field: str) -> str:
+    return _UNIT_SUFFIX.sub("", header_field.strip())
+
+
+def _split_csv(line: str) -> list[str]:
+    return [cell.strip() for cell in line.split(",")]
+
+
+def nvidia_smi_csv(text: str, fields: str | list[str] | None = None) -> list[dict[str, str | None]]:
+    """Rows of `nvidia-smi --query-gpu=<fields> --format=csv[,noheader][,nounits]`.
+
+    Keys are the query field names ("memory.total", the printed " [MiB]" unit dropped);
+    values stay strings as printed ("3.74 W") with N/A and Not Supported mapped to None
+    (see `csv_number`). Without `fields` the first line is the header; with `fields` (the
+    list passed to --query-gpu) a header line is skipped if present, so noheader works.
+    """
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    if not lines:
+        return []
+    if isinstance(fields, str):
+        fields = [f.strip() for f in fields.split(",") if f.strip()]
+    header = [_csv_key(h) for h in _split_csv(lines[0])]
+    if fields is None:
+        keys, body = header, lines[1:]
+    else:
+        keys = list(fields)
+        body = lines[1:] if header == keys else lines
+    rows = []
+    for line in body:
+        cells = _split_csv(line)
+        if len(cells) == len(keys):
+            rows.append({k: _na(v) for k, v in zip(keys, cells, strict=True)})
+    return rows
+
+
+def _mib(value: str) -> int | None:
+    num = _number(_na(value))
+    return int(num) if num is not None else None
+
+
+def nvidia_smi_compute_apps(text: str) -> list[dict[str, Any]]:
+    """Processes from `nvidia-smi --query-compute-apps=pid,process_name,used_memory
+    --format=csv` (with or without the header line, with or without units).
+
+    Returns [{"pid": int, "process_name": str, "used_memory_mib": int | None}].
+    """
+    apps = []
+    for line in text.splitlines():
+        cells = _split_csv(line)
+        if len(cells) < 3 or not cells[0].isdigit():
+            continue  # blank, header ("pid, process_name, ...") or "No running processes"
+        apps.append(
+            {
+                "pid": int(cells[0]),
+                "process_name": ", ".join(cells[1:-1]),
+                "used_memory_mib": _mib(cells[-1]),
+            }
+        )
+    return apps
+
+
+_SMI_GPU_ROW = re.compile(
+    r"^\|\s+(?P<index>\d+)\s+(?P<name>.+?)\s+(?P<persistence>On|Off)\s+\|"
+    r"\s+(?P<bus_id>[0-9A-Fa-f]+:[0-9A-Fa-f]+:[0-9A-Fa-f]+\.\d)\s+(?:On|Off)\s+\|"
+)
+_SMI_MEMORY = re.compile(r"(?P<used>\d+)MiB\s*/\s*(?P<total>\d+)MiB")
+_SMI_PROCESS_ROW = re.compile(
+    r"^\|\s+(?P<gpu>\d+)\s+(?:\S+\s+\S+\s+)?(?P<pid>\d+)\s+(?P<type>C\+G|C|G|M\+C|M)\s+"
+    r"(?P<name>.+?)\s+(?P<memory>\d+MiB|N/A|Not Supported)\s*\|$"
+)
+
+
+def _smi_gpu(row: re.Match[str], next_line: str) -> dict[str, Any]:
+    cells = next_line.split("|")
+    memory = _SMI_MEMORY.search(cells[2]) if len(cells) > 2 else None
+    return {
+        "index": int(row["index"]),
+        "name": row["name"],
+        "persistence_mode": row["persistence"],
+        "bus_id": row["bus_id"],
+        "memory_used_mib": int(memory["used"]) if memory else None,
+        "memory_total_mib": int(memory["total"]) if memory else None,
+    }
+
+
+def _smi_process(row: re.Match[str]) -> dict[str, Any]:
+    return {
+        "gpu": int(row["gpu"]),
+        "pid": int(row["pid"]),
+        "type": row["type"],
+        "name": row["name"],
+        "memory_mib": _mib(row["memory"]),
+    }
+
+
+def _search(pattern: str, text: str) -> str | None:
+    m = re.search(pattern, text, re.MULTILINE)
+    return m.group(1) if m else None
+
+
+def nvidia_smi_summary(text: str) -> dict[str, Any]:
+    """The plain `nvidia-smi` table.
+
+    Returns {"driver_version", "cuda_version", "gpus", "processes"}: gpus is a list of
+    {"index", "name", "persistence_mode", "bus_id", "memory_used_mib", "memory_total_mib"}
+    (memory None when the table says "Not Supported", as on GB10); processes is a list of
+    {"gpu", "pid", "type", "name", "memory_mib"}, [] for "No running processes found" and
+    None when the output has no Processes section (e.g. `| head`). Process names are as
+    printed: nvidia-smi cuts long paths to ".../tail".
+    """
+    lines = text.splitlines()
+    gpus = []
+    for i, line in enumerate(lines):
+        row = _SMI_GPU_ROW.match(line)
+        if row:
+            gpus.append(_smi_gpu(row, lines[i + 1] if i + 1 < len(lines) else ""))
+    processes = None
+    if re.search(r"^\|\s*Processes:", text, re.MULTILINE):
+        processes = [_smi_process(m) for m in map(_SMI_PROCESS_ROW.match, lines) if m]
+    return {
+        "driver_version": _search(r"Driver Version:\s*(\S+)", text),
+        "cuda_version": _search(r"CUDA Version:\s*(\S+)", text),
+        "gpus": gpus,
+        "processes": processes,
+    }
+
+
+# --------------------------------------------------------------------------- CUDA builds
+
+
+def nvcc_cuda_version(text: str) -> str | None:
+    """CUDA release from `nvcc --version` ("Cuda compilation tools, release 13.0, ..." -> "13.0")."""
+    return _search(r"release\s+(\d+\.\d+)", text)
+
+
+def cuda_major_of_build(version_string: str | None) -> int | None:
+    """CUDA major version named by a wheel's local tag, from `pip show` / `torch.__version__`.
+
+    "0.13.0+cu130" -> 13, "2.9.1+cu129" -> 12, "2.1.0+cu118" -> 11. None for "+cpu", for a
+    version without a local tag, and for builds whose tag names no CUDA (NGC torch such as
+    "2.9.0a0+...nv25.09"): ask torch.version.cuda there.
+    """
+    if not version_string:
+        return None
+    m = re.search(r"\+cu(\d{2,3})\b", version_string)
+    return int(m.group(1)[:-1]) if m else None
+
+
+def pip_show_version(text: str) -> str | None:
+    """The "Version:" field of `pip show <pkg>` (also found inside a wrapped line such as
+    "  spark-01: Version: 0.13.0+cu130 (CUDA 13 build)"; the first one wins)."""
+    return _search(r"(?:^|\s)Version:\s*(\S+)", text)
+
+
+_COLLECT_ENV_KEYS = {
+    "pytorch version": "torch_version",
+    "cuda used to build pytorch": "cuda_used_to_build",
+    "is cuda available": "cuda_available",
+    "cuda runtime version": "cuda_runtime_version",
+    "gpu models and configuration": "gpu_models",
+    "nvidia driver version": "driver_version",
+    "vllm version": "vllm_version",
+    "python version": "python_version",
+    "os": "os",
+}
+_COLLECT_ENV_LINE = re.compile(r"^(?P<label>[A-Za-z][^:]*?)\s+:\s?(?P<value>.*)$")
+
+
+def collect_env(text: str) -> dict[str, str | None]:
+    """The "Label : value" lines of vLLM's `python collect_env.py` (also `vllm collect-env`).
+
+    Well-known labels get short keys ("torch_version", "cuda_used_to_build" e.g. "12.9",
+    "cuda_available", "cuda_runtime_version", "gpu_models", "driver_version",
+    "vllm_version", "python_version", "os"); other labels are slugged ("Is debug build" ->
+    "is_debug_build"). "N/A" and "Could not collect" become None.
+    """
+    info: dict[str, str | None] = {}
+    for line in text.splitlines():
+        m = _COLLECT_ENV_LINE.match(line)
+        if not m:
+            continue
+        label = m["label"].strip()
+        key = _COLLECT_ENV_KEYS.get(label.lower(), _slug(label))
+        value = m["value"].strip()
+        info.setdefault(key, None if value in NA_VALUES or value == "Could not collect" else value)
+    return info
+
+
+# --------------------------------------------------------------------------- RDMA devices
+
+
+def ibdev2netdev(text: str) -> list[dict[str, Any]]:
+    """`ibdev2netdev` lines "rocep1s0f1 port 1 ==> enp1s0f1np1 (Up)".
+
+    Returns [{"ibdev", "port": int, "netdev", "state"}] with state as printed ("Up"/"Down").
+    """
+    pattern = re.compile(r"^\s*(\S+)\s+port\s+(\d+)\s+==>\s+(\S+)\s+\((\w+)\)")
+    return [
+        {"ibdev": m[1], "port": int(m[2]), "netdev": m[3], "state": m[4]}
+        for m in map(pattern.match, text.splitlines())
+        if m
+    ]
+
+
+def _devinfo_value(key: str, value: str) -> str | int:
+    value = _PAREN_CODE.sub("", value.strip())
+    return int(value) if key.endswith("_mtu") and value.isdigit() else value
+
+
+def ibv_devinfo(text: str) -> dict[str, dict[str, Any]]:
+    """`ibv_devinfo`: {hca_id: {<device field>: str, "ports": {port: {field: value}}}}.
+
+    The "(n)" enum codes are dropped ("PORT_ACTIVE (4)" -> "PORT_ACTIVE") and MTUs become
+    bytes ("active_mtu": 1024 for "1024 (3)"); the rest stays a string ("link_layer":
+    "Ethernet").
+    """
+    devices: dict[str, dict[str, Any]] = {}
+    device: dict[str, Any] | None = None
+    port: dict[str, Any] | None = None
+    for line in text.splitlines():
+        m = re.match(r"^\s*([^:]+?):\s*(.*?)\s*$", line)
+        if not m:
+            continue
+        key, value = m[1].strip(), m[2]
+        if key == "hca_id":
+            device = devices.setdefault(value, {"ports": {}})
+            port = None
+        elif device is not None and key == "port" and value.isdigit():
+            port = device["ports"].setdefault(int(value), {})
+        elif device is not None:
+            (port if port is not None else device)[key] = _devinfo_value(key, value)
+    return devices
+
+
+def ibv_devices(text: str) -> list[dict[str, str]]:
+    """`ibv_devices`: [{"device", "node_guid"}] (the header and "------" lines skipped)."""
+    pattern = re.compile(r"^\s*(\S+)\s+([0-9a-fA-F]{16})\s*$")
+    return [{"device": m[1], "node_guid": m[2]} for m in map(pattern.match, text.splitlines()) if m]
+
+
+def _rate(value: str) -> int | float | None:
+    num = _number(value)
+    if num is None:
+        return None
+    return int(num) if num.is_integer() else num
+
+
+def ibstat(text: str) -> dict[str, dict[str, Any]]:
+    """`ibstat`: {ca_name: {"ca_type", "firmware_version", ..., "ports": {1: {...}}}}.
+
+    Field names are lower-case with underscores ("Physical state" -> "physical_state");
+    port "rate" is a number in Gb/s (int when whole: GB10 reports 100 per PCIe half).
+    """
+    cas: dict[str, dict[str, Any]] = {}
+    ca: dict[str, Any] | None = None
+    port: dict[str, Any] | None = None
+    for line in text.splitlines():
+        head = re.match(r"^CA '([^']+)'", line)
+        port_head = re.match(r"^\s+Port (\d+):\s*$", line)
+        field = re.match(r"^\s+([^:]+):\s*(.*?)\s*$", line)
+        if head:
+            ca, port = cas.setdefault(head[1], {"ports": {}}), None
+        elif ca is not None and port_head:
+            port = ca["ports"].setdefault(int(port_head[1]), {})
+        elif ca is not None and field:
+            key = _slug(field[1])
+            value = _rate(field[2]) if key == "rate" and port is not None else field[2]
+            (port if port is not None else ca)[key] = value
+    return cas
+
+
+# --------------------------------------------------------------------------- IP links
+
+
+_IP_HEADER = re.compile(r"^(\d+):\s+([^:@\s]+)(?:@\S+?)?:\s+<([^>]*)>(.*)$")
+
+
+def _ip_entry(header: re.Match[str]) -> dict[str, Any]:
+    rest = header[4]
+    mtu = re.search(r"\bmtu (\d+)", rest)
+    state = re.search(r"\bstate (\S+)", rest)
+    return {
+        "index": int(header[1]),
+        "mtu": int(mtu[1]) if mtu else None,
+        "state": state[1] if state else None,
+        "flags": set(filter(None, header[3].split(","))),
+        "mac": None,
+        "link_type": None,
+    }
+
+
+def _ip_interfaces(text: str) -> dict[str, tuple[dict[str, Any], list[str]]]:
+    """Interface header entries plus their indented continuation lines."""
+    found: dict[str, tuple[dict[str, Any], list[str]]] = {}
+    body: list[str] | None = None
+    for line in text.splitlines():
+        header = _IP_HEADER.match(line)
+        if header:
+            body = []
+            found[header[2]] = (_ip_entry(header), body)
+        elif body is not None and line.strip():
+            body.append(line.strip())
+    return found
+
+
+def _apply_link_line(entry: dict[str, Any], line: str) -> None:
+    m = re.match(r"^link/(\S+)(?:\s+(\S+))?", line)
+    if m:
+        entry["link_type"] = m[1]
+        entry["mac"] = m[2] if m[2] and ":" in m[2] else None
+
+
+def ip_link(text: str) -> dict[str, dict[str, Any]]:
+    """`ip link show` or `ip link show <if>`: {ifname: {"index", "mtu", "state", "flags",
+    "mac", "link_type"}}. flags is the set inside <...>; mac is None for "link/none";
+    state is the operstate as printed ("UP", "DOWN", "UNKNOWN"); "@peer" suffixes are dropped
+    from names."""
+    links = {}
+    for name, (entry, body) in _ip_interfaces(text).items():
+        for line in body:
+            _apply_link_line(entry, line)
+        links[name] = entry
+    return links
+
+
+def ip_addr(text: str) -> dict[str, dict[str, Any]]:
+    """`ip addr show [<if>]`: the `ip_link` fields plus "inet" and "inet6", lists of
+    "address/prefix" strings in printed order."""
+    addrs = {}
+    for name, (entry, body) in _ip_interfaces(text).items():
+        entry.update(inet=[], inet6=[])
+        for line in body:
+            _apply_link_line(entry, line)
+            m = re.match(r"^(inet6?)\s+(\S+)", line)
+            if m:
+                entry[m[1]].append(m[2])
+        addrs[name] = entry
+    return addrs
+
+
+def ethtool_speed_mbps(text: str) -> int | None:
+    """Link speed from `ethtool <if>` (or `| grep Speed`): "Speed: 200000Mb/s" -> 200000;
+    "Speed: Unknown!" or no Speed line -> None."""
+    speed = _search(r"^\s*Speed:\s*(\d+)\s*Mb(?:/s|ps)", text)
+    return int(speed) if speed else None
+
+
+# --------------------------------------------------------------------------- memory
+
+
+def proc_meminfo(text: str) -> dict[str, int]:
+    """`cat /proc/meminfo`: {"MemTotal": bytes, ...}. "kB" values are KiB (x1024); the
+    unitless counters (HugePages_Total, ...) are kept as plain counts."""
+    info = {}
+    for m in map(re.compile(r"^(\S+):\s+(\d+)(\s+kB)?\s*$").match, text.splitlines()):
+        if m:
+            info[m[1]] = int(m[2]) * (1024 if m[3] else 1)
+    return info
+
+
+_FREE_UNITS = {"": 1024, "B": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4, "P": 1024**5}
+
+
+def _free_bytes(token: str) -> int | None:
+    m = re.match(r"^(\d+(?:\.\d+)?)([BKMGTP]?)i?$", token)
+    if not m:
+        return None
+    return int(float(m[1]) * _FREE_UNITS[m[2]])
+
+
+def free_output(text: str) -> dict[str, int | None]:
+    """`free` (KiB numbers) or `free -h` ("119Gi", "3.6Mi", "0B"): sizes in bytes.
+
+    Keys come from the header ("total", "used", "free", "shared", "buff_cache",
+    "available"; older procps: "buffers", "cached") plus "swap_total", "swap_used",
+    "swap_free" (None when there is no Swap line). `free -h` values are rounded by free.
+    """
+    lines = text.splitlines()
+    header_idx = next((i for i, ln in enumerate(lines) if "total" in ln.split()), None)
+    if header_idx is None:
+        return {}
+    keys = [_slug(h) for h in lines[header_idx].split()]
+    out: dict[str, int | None] = {"swap_total": None, "swap_used": None, "swap_free": None}
+    for line in lines[header_idx + 1 :]:
+        label, *tokens = line.split() or [""]
+        values = [_free_bytes(t) for t in tokens]
+        if label == "Mem:":
+            out.update(zip(keys, values, strict=False))
+        elif label == "Swap:":
+            out.update(zip(("swap_total", "swap_used", "swap_free"), values, strict=False))
+    return out
+
+
+# --------------------------------------------------------------------------- UCX / NIXL
+
+
+def ucx_info_transports(text: str) -> list[tuple[str, str | None]]:
+    """(transport, device) pairs from `ucx_info -d`, also from a grep of it.
+
+    ucx_info prints "#      Transport: rc_mlx5" and then, below it, "#         Device:
+    rocep1s0f0:1", so a Device line belongs to the closest Transport line above it. When a
+    grep kept the Transport line but not its Device line, the device is None.
+    """
+    pairs: list[tuple[str, str | None]] = []
+    for line in text.splitlines():
+        m = re.match(r"^#?\s*(Transport|Device):\s*(\S+)", line)
+        if not m:
+            continue
+        if m[1] == "Transport":
+            pairs.append((m[2], None))
+        elif pairs and pairs[-1][1] is None:
+            pairs[-1] = (pairs[-1][0], m[2])
+        elif pairs:
+            pairs.append((pairs[-1][0], m[2]))  # older UCX: several devices per transport
+    return pairs
+
+
+def ucx_info_memory_types(text: str) -> dict[str, set[str]]:
+    """Memory types the UCX memory domains handle, from `ucx_info -d` lines such as
+    "#         memory types: host (access,reg,cache), rdma (alloc,cache)".
+
+    Returns {memory type: capabilities merged over all domains}, e.g. {"host": {...},
+    "rdma": {...}}; a CUDA-enabled UCX also lists "cuda" (and "cuda-managed").
+    """
+    types: dict[str, set[str]] = {}
+    for line in text.splitlines():
+        m = re.search(r"memory types:\s*(.*)$", line)
+        if not m:
+            continue
+        for name, caps in re.findall(r"([\w-]+)\s*\(([^)]*)\)", m[1]):
+            types.setdefault(name, set()).update(filter(None, caps.split(",")))
+    return types
+
+
+_NIXLBENCH_COLUMNS = {
+    "block size (b)": "block_size",
+    "batch size": "batch_size",
+    "b/w (gb/sec)": "bw_GBps",
+    "b/w (gib/sec)": "bw_GiBps",
+    "b/w (mib/sec)": "bw_MiBps",
+    "avg lat. (us)": "avg_lat_us",
+    "avg prep (us)": "avg_prep_us",
+    "p99 prep (us)": "p99_prep_us",
+    "avg post (us)": "avg_post_us",
+    "p99 post (us)": "p99_post_us",
+    "avg tx (us)": "avg_tx_us",
+    "p99 tx (us)": "p99_tx_us",
+}
+
+
+def _nixlbench_config(lines: list[str]) -> dict[str, str]:
+    config = {}
+    pattern = re.compile(r"^(?P<label>[^(:]+?)\s*(?:\(--(?P<flag>\w+)[^)]*\))?\s*:\s(?P<value>.*)$")
+    inside = False
+    for line in lines:
+        if line.startswith("NIXLBench Configuration"):
+            inside = True
+        elif inside and line.startswith("---"):
+            break
+        elif inside and (m := pattern.match(line)):
+            config[m["flag"] or _slug(m["label"])] = m["value"].strip()
+    return config
+
+
+def _nixlbench_row(keys: list[str], line: str) -> dict[str, float | int] | None:
+    cells = line.split()
+    if len(cells) != len(keys) or not all(_NUMBER.match(c) for c in cells):
+        return None
+    row: dict[str, float | int] = {}
+    for key, cell in zip(keys, cells, strict=True):
+        row[key] = int(cell) if key in ("block_size", "batch_size") else float(cell)
+    return row
+
+
+def nixlbench(text: str) -> dict[str, Any]:
+    """The initiator's output of `nixlbench` (stdout and stderr).
+
+    Returns {"config", "rows", "peak_bw_GBps"}: config maps each "--flag" of the
+    configuration block to its printed value ("initiator_seg_type": "VRAM", "device_list":
+    "rocep1s0f0"; lines without a flag get a slug such as "etcd_endpoint"); rows are
+    {"block_size", "batch_size", "bw_GBps", "avg_lat_us", "avg_prep_us", "p99_prep_us",
+    "avg_post_us", "p99_post_us", "avg_tx_us", "p99_tx_us"} (GB = 1e9 bytes; unknown
+    columns get slugged keys); peak_bw_GBps is the highest bw_GBps or None without rows.
+    """
+    lines = text.splitlines()
+    rows: list[dict[str, float | int]] = []
+    keys: list[str] | None = None
+    for line in lines:
+        if line.startswith("Block Size"):
+            labels = re.split(r"\s{2,}", line.strip())
+            keys = [_NIXLBENCH_COLUMNS.get(lb.lower(), _slug(lb)) for lb in labels]
+        elif keys and (row := _nixlbench_row(keys, line)):
+            rows.append(row)
+    bws = [r["bw_GBps"] for r in rows if "bw_GBps" in r]
+    return {
+        "config": _nixlbench_config(lines),
+        "rows": rows,
+        "peak_bw_GBps": max(bws) if bws else None,
+    }
+
+
+# --------------------------------------------------------------------------- link tests
+
+
+def _ib_write_bw_rows(text: str) -> tuple[str | None, list[dict[str, float]]]:
+    unit = _search(r"BW average\[([^\]]+)\]", text)
+    rows = []
+    pattern = re.compile(r"^\s*(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s*$")
+    for m in map(pattern.match, text.splitlines()):
+        if m:
+            rows.append(
+                {
+                    "bytes": int(m[1]),
+                    "iterations": int(m[2]),
+                    "bw_peak": float(m[3]),
+                    "bw_avg": float(m[4]),
+                    "msg_rate_Mpps": float(m[5]),
+                }
+            )
+    return unit, rows
+
+
+_MIB_PER_S_IN_GBPS = 1024 * 1024 * 8 / 1e9  # perftest's "MB/sec" is MiB/s
+
+
+def ib_write_bw(text: str) -> dict[str, Any]:
+    """Client output of `ib_write_bw` (perftest), also `--report_gbits` / `--run_infinitely`.
+
+    Returns {"device", "mtu", "link_type", "unit", "rows", "bw_avg_MBps", "bw_avg_Gbps"}.
+    rows hold {"bytes", "iterations", "bw_peak", "bw_avg", "msg_rate_Mpps"} in the printed
+    unit ("MB/sec" or "Gb/sec"). The averages are the mean over the rows of the largest
+    message size. perftest's MB is 2**20 bytes (MsgRate x size confirms it), so
+    11031.60 MB/sec is 92.5 Gb/s, not 88.3.
+    """
+    unit, rows = _ib_write_bw_rows(text)
+    mtu = _search(r"Mtu\s*:\s*(\d+)", text)
+    avg_mb = avg_gb = None
+    if rows:
+        largest = max(r["bytes"] for r in rows)
+        avgs = [r["bw_avg"] for r in rows if r["bytes"] == largest]
+        avg = sum(avgs) / len(avgs)
+        gbits = unit is not None and unit.lower().startswith("gb")
+        avg_gb = avg if gbits else avg * _MIB_PER_S_IN_GBPS
+        avg_mb = avg / _MIB_PER_S_IN_GBPS if gbits else avg
+    return {
+        "device": _search(r"Device\s*:\s*(\S+)", text),
+        "mtu": int(mtu) if mtu else None,
+        "link_type": _search(r"Link type\s*:\s*(\S+)", text),
+        "unit": unit,
+        "rows": rows,
+        "bw_avg_MBps": avg_mb,
+        "bw_avg_Gbps": avg_gb,
+    }
+
+
+_BITRATE_SCALE = {"": 1e-9, "K": 1e-6, "M": 1e-3, "G": 1.0, "T": 1e3}
+
+
+def iperf3_gbps(text: str) -> dict[str, float | None]:
+    """Summary of an `iperf3 -c` client run: {"sender": Gb/s, "receiver": Gb/s}.
+
+    With -P N the [SUM] lines are used; otherwise the single stream's lines (several
+    streams without a SUM line are added up). None when a line is missing.
+    """
+    pattern = re.compile(
+        r"^\[\s*(SUM|\d+)\].*?([\d.]+)\s+([KMGT]?)bits/sec.*\b(sender|receiver)\s*$"
+    )
+    found: dict[str, dict[str, float]] = {"sender": {}, "receiver": {}}
+    for m in map(pattern.match, text.splitlines()):
+        if m:
+            streams = found[m[4]]
+            streams[m[1]] = streams.get(m[1], 0.0) + float(m[2]) * _BITRATE_SCALE[m[3]]
+    result: dict[str, float | None] = {}
+    for role, streams in found.items():
+        if "SUM" in streams:
+            result[role] = streams["SUM"]
+        else:
+            result[role] = sum(streams.values()) if streams else None
+    return result
+
+
+def ping(text: str) -> dict[str, Any]:
+    """Statistics of `ping -c N host` (iputils or busybox): {"transmitted", "received",
+    "errors", "loss_pct", "rtt_avg_ms"}; rtt_avg_ms is None when nothing came back, all
+    fields None when there is no statistics block."""
+    counts = re.search(r"(\d+) packets transmitted, (\d+) (?:packets )?received", text)
+    errors = re.search(r"\+(\d+) errors", text)
+    loss = re.search(r"([\d.]+)% packet loss", text)
+    rtt = _search(r"(?:rtt|round-trip) min/avg/max\S* = [\d.]+/([\d.]+)/", text)
+    return {
+        "transmitted": int(counts[1]) if counts else None,
+        "received": int(counts[2]) if counts else None,
+        "errors": int(errors[1]) if errors else (0 if counts else None),
+        "loss_pct": float(loss[1]) if loss else None,
+        "rtt_avg_ms": float(rtt) if rtt else None,
+    }
+
+
+# --------------------------------------------------------------------------- advice
+
+
+def recommend_kv_buffer_device(
+    dram_GBps: float | None, vram_GBps: float | None, *, has_gpu: bool
+) -> tuple[str, str]:
+    """`kv_buffer_device` for vLLM's NixlConnector ("cpu" or "cuda") and a one-sentence
+    reason quoting the measured nixlbench bandwidths (GB/s).
+
+    "cuda" only when VRAM-to-VRAM transfers reach at least KV_BUFFER_VRAM_RATIO of the
+    DRAM-to-DRAM rate: NIXL then reads the KV cache where vLLM keeps it, without a staging
+    copy to host memory. Without a GPU, or without both measurements, the answer is "cpu".
+    On a GB10 pair (no GPUDirect RDMA) VRAM moves ~0.4-0.6 GB/s against 11-13 GB/s.
+    """
+    if not has_gpu:
+        return "cpu", "This node has no GPU, so the KV buffer can only live in host memory."
+    if vram_GBps is None:
+        dram = f" (DRAM {dram_GBps:.2f} GB/s)" if dram_GBps is not None else ""
+        return "cpu", (
+            f"VRAM transfer bandwidth was not measured{dram}, so keep the KV buffer in host "
+            "memory, which works with or without GPUDirect RDMA."
+        )
+    if dram_GBps is None or dram_GBps <= 0:
+        return "cpu", (
+            f"DRAM transfer bandwidth was not measured (VRAM {vram_GBps:.2f} GB/s), so there "
+            "is nothing to compare with and the host-memory KV buffer stays the safe choice."
+        )
+    pct = 100 * vram_GBps / dram_GBps
+    if vram_GBps >= KV_BUFFER_VRAM_RATIO * dram_GBps:
+        return "cuda", (
+            f"NIXL moved {vram_GBps:.2f} GB/s from VRAM and {dram_GBps:.2f} GB/s from DRAM "
+            f"({pct:.0f}%), so a CUDA KV buffer saves the staging copy through host memory."
+        )
+    return "cpu", (
+        f"NIXL moved only {vram_GBps:.2f} GB/s from VRAM against {dram_GBps:.2f} GB/s from "
+        f"DRAM ({pct:.0f}%), so staging the KV cache through host memory is faster here."
+    )
