@@ -162,8 +162,10 @@ def check_model(ctx: Context) -> list[CheckResult]:
             fix=f"pin model.revision in the config, then {fetch}"))
     elif present and len(present) == len(snaps):
         snap = next(iter(present.values()))
+        what = ("hub snapshot" if cfg.model.source == "hub"
+                else "same files (digest of names and sizes)")
         out.append(CheckResult("model", "cluster", "pass",
-                               f"{cfg.model.name} snapshot {snap[:12]} on {', '.join(present)}"))
+                               f"{cfg.model.name}: {what} {snap[:12]} on {', '.join(present)}"))
     return skipped + out
 
 

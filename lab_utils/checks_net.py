@@ -15,6 +15,7 @@ from collections import defaultdict
 from typing import NamedTuple
 
 from lab_utils.checklist import CheckResult, Context
+from lab_utils.config import LabConfig
 from lab_utils.errors import LabError
 from lab_utils.state import ProcessRecord
 
@@ -33,9 +34,9 @@ class Connection(NamedTuple):
         return f"{self.address}:{self.port}"
 
 
-def connections(ctx: Context) -> list[Connection]:
+def connections(cfg: LabConfig) -> list[Connection]:
     """Who connects to what, as the lab will when it serves."""
-    cfg, seen, out = ctx.cfg, set(), []
+    seen, out = set(), []
 
     def add(c: Connection) -> None:
         if (c.src, c.dst, c.address, c.port) not in seen:
@@ -90,7 +91,7 @@ def _holder_fix(ctx: Context, c: Connection) -> tuple[str, str]:
 
 def check_ports(ctx: Context) -> list[CheckResult]:
     conns, out = [], []
-    for c in connections(ctx):
+    for c in connections(ctx.cfg):
         if {c.src, c.dst} & set(ctx.unreachable):
             out.append(CheckResult("ports", f"{c.src} -> {c.dst}", "n/a",
                                    f"{c.target} ({c.what}): not checked, a node is unreachable"))

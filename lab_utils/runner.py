@@ -9,6 +9,7 @@ notebooks in the repository are never modified.
 from __future__ import annotations
 
 import os
+import tempfile
 import time
 from pathlib import Path
 
@@ -23,14 +24,35 @@ def find_notebooks(notebooks_dir: str | os.PathLike | None = None, start: str | 
     return [p for p in found if (not start or p.name[:2] >= start) and (not stop or p.name[:2] <= stop)]
 
 
+def _execute(path: Path, target: Path, timeout_per_cell: int) -> None:
+    """Run one notebook in a fresh kernel; write the executed copy even when a cell fails."""
+    import nbformat
+    from jupyter_client.manager import KernelManager
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
+
+    nb = nbformat.read(path, as_version=4)
+    with tempfile.TemporaryDirectory(prefix="lab-kernel-") as tmp:
+        # IPC sockets in a private directory: the kernel is not reachable over TCP
+        km = KernelManager(kernel_name="python3", transport="ipc",
+                           connection_file=str(Path(tmp) / "kernel.json"))
+        client = NotebookClient(nb, km=km, timeout=timeout_per_cell, kernel_name="python3",
+                                resources={"metadata": {"path": str(path.parent)}})
+        try:
+            client.execute()
+        except CellExecutionError as e:
+            raise LabError(f"{path.name} failed (executed copy with the error: {target}):"
+                           f"\n{e}") from None
+        finally:
+            nbformat.write(nb, target)
+            if km.has_kernel:
+                km.shutdown_kernel(now=False)
+
+
 def run_notebooks(cfg: LabConfig, start: str | None = None, stop: str | None = None,
                   notebooks_dir: str | os.PathLike | None = None,
                   timeout_per_cell: int = 3600) -> list[Path]:
     """Execute the selected notebooks; return the paths of the executed copies."""
-    import nbformat
-    from nbclient import NotebookClient
-    from nbclient.exceptions import CellExecutionError
-
     notebooks = find_notebooks(notebooks_dir, start, stop)
     if not notebooks:
         raise LabError(f"no notebooks numbered {start or '00'}..{stop or '99'} found")
@@ -41,19 +63,10 @@ def run_notebooks(cfg: LabConfig, start: str | None = None, stop: str | None = N
     written = []
     try:
         for path in notebooks:
-            nb = nbformat.read(path, as_version=4)
-            client = NotebookClient(nb, timeout=timeout_per_cell, kernel_name="python3",
-                                    resources={"metadata": {"path": str(path.parent)}})
+            target = out_dir / path.name
             t0 = time.monotonic()
             print(f"running {path.name} ...", flush=True)
-            target = out_dir / path.name
-            try:
-                client.execute()
-            except CellExecutionError as e:
-                nbformat.write(nb, target)
-                raise LabError(f"{path.name} failed (executed copy with the error: {target}):\n{e}") from None
-            finally:
-                nbformat.write(nb, target)
+            _execute(path, target, timeout_per_cell)
             print(f"  done in {time.monotonic() - t0:.0f} s -> {target}", flush=True)
             written.append(target)
     finally:

@@ -1,0 +1,51 @@
+"""Notebook 00's verdict on the environment, and how later notebooks read it.
+
+`record_environment` writes `environment.json` with every check's result and whether the
+environment is blessed (no check failed). With failures it refuses, naming them, unless
+the user chose to continue knowingly; that choice is recorded, and the notebooks after
+it say so when they start. `require_environment` is their first step.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from lab_utils.checklist import ChecklistReport
+from lab_utils.config import LabConfig
+from lab_utils.errors import LabError
+from lab_utils.results import load_results, write_results
+
+
+def _failures(report: ChecklistReport) -> list[str]:
+    return [f"{r.check} on {r.node}: {r.summary} (fix: {r.fix})"
+            for r in report.results if r.status == "fail"]
+
+
+def record_environment(cfg: LabConfig, report: ChecklistReport, *,
+                       continue_despite_failures: bool = False) -> Path:
+    """Write environment.json; raise if a check failed and the user did not accept it."""
+    failures = _failures(report)
+    payload = {"blessed": not failures, "continued_despite_failures": bool(failures) and
+               continue_despite_failures, "counts": report.counts,
+               "checks": report.to_dict()["results"]}
+    path = write_results(cfg, "00", payload)
+    if failures and not continue_despite_failures:
+        raise LabError(
+            f"{len(failures)} check(s) failed, so this environment is not blessed "
+            f"({path} records it):\n  - " + "\n  - ".join(failures) + "\nFix them and re-run "
+            "the checklist, or set CONTINUE_DESPITE_FAILURES = True to go on knowingly.")
+    return path
+
+
+def require_environment(cfg: LabConfig) -> dict:
+    """The checklist's record; refuses an environment that failed without consent."""
+    payload = load_results(cfg, "00").payload
+    if payload["blessed"]:
+        return payload
+    failed = [f"{c['check']} on {c['node']}" for c in payload["checks"] if c["status"] == "fail"]
+    if not payload["continued_despite_failures"]:
+        raise LabError(f"notebook 00 found failures ({', '.join(failed)}); fix them and re-run "
+                       "notebooks/00_Environment_Setup.ipynb")
+    print(f"NOTE: continuing on an environment with failed checks ({', '.join(failed)}), "
+          "as chosen in notebook 00; results may reflect them.")
+    return payload
