@@ -33,6 +33,7 @@ class CheckResult:
     summary: str
     evidence: str = ""
     fix: str | None = None
+    data: dict = field(default_factory=dict)  # the measured values, for later notebooks
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -102,7 +103,8 @@ class ChecklistReport:
     def to_frame(self):
         import pandas as pd
 
-        return pd.DataFrame([asdict(r) for r in self.results],
+        return pd.DataFrame([{k: v for k, v in asdict(r).items() if k != "data"}
+                             for r in self.results],
                             columns=["check", "node", "status", "summary", "evidence", "fix"])
 
     def text(self) -> str:

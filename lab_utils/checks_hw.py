@@ -295,9 +295,10 @@ def rdma_bandwidth(ctx: Context, target: str, initiator: str) -> CheckResult:
 
 def link_verdict(where: str, gbps: float, rate: float | None, seen: str) -> CheckResult:
     """Pass when the link moves at least 80% of the rate it reports."""
+    data = {"measured_gbps": gbps, "reported_gbps": rate}
     if not rate:
         return CheckResult("link", where, "pass", f"{gbps:.1f} Gb/s", evidence=seen +
-                           "; no reported rate to compare with")
+                           "; no reported rate to compare with", data=data)
     frac = gbps / rate
     seen += f"; the device reports {rate:g} Gb/s"
     if frac < LINK_FRACTION_WARN:
@@ -305,6 +306,6 @@ def link_verdict(where: str, gbps: float, rate: float | None, seen: str) -> Chec
                            evidence=seen,
                            fix="a link that reports full rate and moves a fraction: check MTU "
                                "9000 on both ends, the cable, PCIe errors (`dmesg`), and that "
-                               "both rails are used (data_netdev)")
+                               "both rails are used (data_netdev)", data=data)
     return CheckResult("link", where, "pass", f"{frac:.0%} of the reported {rate:g} Gb/s",
-                       evidence=seen)
+                       evidence=seen, data=data)

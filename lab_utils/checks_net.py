@@ -173,13 +173,16 @@ def _tcp_bandwidth(ctx: Context, target: str, initiator: str) -> CheckResult:
         return CheckResult("link", where, "fail", "the transfer lost data", evidence=seen,
                            fix="check the data-plane network between the nodes (`ip -s link`)")
     rate = cfg.nodes[initiator].data_link_gbps
+    data = {"measured_gbps": m["gbps"], "reported_gbps": rate, "method": "tcp"}
     if rate is None:
         return CheckResult("link", where, "pass", f"{m['gbps']:.1f} Gb/s over the data plane",
                            evidence=seen + "; no reported rate to compare with "
-                                           "(data_link_gbps not set, e.g. loopback)")
+                                           "(data_link_gbps not set, e.g. loopback)", data=data)
     frac = m["gbps"] / rate
     if frac < LINK_FRACTION_WARN:
         return CheckResult("link", where, "warn", f"moves {frac:.0%} of its {rate:g} Gb/s",
                            evidence=seen, fix="configure data_netdev with the RDMA devices so the "
-                                              "check (and NIXL) use RDMA, not one TCP stream")
-    return CheckResult("link", where, "pass", f"{frac:.0%} of {rate:g} Gb/s", evidence=seen)
+                                              "check (and NIXL) use RDMA, not one TCP stream",
+                           data=data)
+    return CheckResult("link", where, "pass", f"{frac:.0%} of {rate:g} Gb/s", evidence=seen,
+                       data=data)

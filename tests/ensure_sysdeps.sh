@@ -1,31 +1,36 @@
 #!/usr/bin/env bash
-# Ensure the system packages the SSH tests need are present: the OpenSSH server binary
+# Ensure the system packages the tests need are present: the OpenSSH server binary
 # (/usr/sbin/sshd, package openssh-server) that tests/sshd_server.py runs privately on a
-# loopback port, and ssh-keygen (package openssh-client) that makes its keys. Idempotent:
-# when both are present it does nothing. As root with apt-get it installs what is missing;
-# otherwise it names the packages to install and exits 1. The tests never use a system
-# sshd that the package may start on port 22; they always run their own.
+# loopback port, ssh-keygen (package openssh-client) that makes its keys, and a headless
+# browser (`chromium`, package chromium) that the report test uses to check that
+# report.html renders with every plot. Idempotent: when all are present it does nothing.
+# As root with apt-get it installs what is missing; otherwise it names the packages to
+# install and exits 1. The tests never use a system sshd that the package may start on
+# port 22; they always run their own.
 set -euo pipefail
 
 missing=()
 [[ -x /usr/sbin/sshd ]] || missing+=(openssh-server)
 command -v ssh-keygen >/dev/null 2>&1 || missing+=(openssh-client)
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 
 if [[ ${#missing[@]} -eq 0 ]]; then
     exit 0
 fi
 
 if [[ ${EUID} -ne 0 ]] || ! command -v apt-get >/dev/null 2>&1; then
-    echo "ensure_sysdeps: missing ${missing[*]} (sshd/ssh-keygen for the loopback SSH tests);" \
+    echo "ensure_sysdeps: missing ${missing[*]} (sshd/ssh-keygen for the loopback SSH tests," \
+        "chromium for the report rendering test);" \
         "please install: sudo apt-get install -y ${missing[*]}" >&2
     exit 1
 fi
 
-echo "ensure_sysdeps: installing ${missing[*]} (private loopback sshd + ssh-keygen for the SSH node tests)"
+echo "ensure_sysdeps: installing ${missing[*]} (private loopback sshd + ssh-keygen for the" \
+    "SSH node tests, headless chromium for the report test)"
 apt-get update -qq
 DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 
-for bin in /usr/sbin/sshd ssh-keygen; do
+for bin in /usr/sbin/sshd ssh-keygen chromium; do
     if ! command -v "$bin" >/dev/null 2>&1; then
         echo "ensure_sysdeps: $bin still missing after installing ${missing[*]}" >&2
         exit 1
