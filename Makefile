@@ -33,7 +33,8 @@ lab: $(STAMP)
 test: $(STAMP) sysdeps
 	$(PY) tests/run_phases.py
 
-# The SSH tests run a private sshd on loopback; install openssh-server if it is missing
+# System packages the tests need: openssh-server (the SSH tests run a private sshd on
+# loopback) and chromium (the report test renders report.html); installed if missing
 # (as root, e.g. in CI; otherwise the script says what to install).
 sysdeps:
 	bash tests/ensure_sysdeps.sh
