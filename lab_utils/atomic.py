@@ -9,15 +9,20 @@ from pathlib import Path
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write `text` to `path` so readers see the old file or the new one, never a part:
+    """Write `text` (UTF-8) to `path` atomically (see `atomic_write_bytes`)."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write `data` to `path` so readers see the old file or the new one, never a part:
     temp file in the same directory, flush + fsync, os.replace, fsync of the directory."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     mode = path.stat().st_mode & 0o777 if path.exists() else 0o644
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fchmod(f.fileno(), mode)
             os.fsync(f.fileno())

@@ -11,7 +11,6 @@ the results envelope.
 
 from __future__ import annotations
 
-import asyncio
 import statistics
 from typing import Any
 
@@ -19,7 +18,7 @@ import numpy as np
 from pydantic import BaseModel
 
 from lab_utils.config import WorkloadConfig
-from lab_utils.loadgen import RequestRecord, RequestSpec, run_point
+from lab_utils.loadgen import RequestRecord, RequestSpec, run_point, run_sync
 
 PERCENTILES = (90, 99)
 HEADLINE = ("request_throughput", "output_throughput", "total_token_throughput", "request_goodput",
@@ -114,7 +113,7 @@ def sweep(url: str, model: str, make_requests, w: WorkloadConfig, *, mixed: bool
         summaries = []
         for rep in range(w.repeats):
             specs: list[RequestSpec] = make_requests(w.warmup + w.num_prompts, w.seed + 1000 * rep + int(value * 10))
-            records, wall = asyncio.run(run_point(
+            records, wall = run_sync(run_point(
                 url, model, specs, warmup=w.warmup, seed=w.seed + rep, chat=w.chat,
                 concurrency=int(value) if mode == "concurrency" else None,
                 rate=value if mode == "rate" else None, burstiness=w.burstiness,

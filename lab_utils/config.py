@@ -119,7 +119,8 @@ class VllmConfig(_Strict):
 
 class KVTransferConfig(_Strict):
     connector: Literal["NixlConnector"] = "NixlConnector"
-    kv_buffer_device: Literal["cpu", "cuda"] = "cpu"
+    # "auto": notebook 02's recommendation when it has run, else "cpu".
+    kv_buffer_device: Literal["auto", "cpu", "cuda"] = "auto"
     ucx_tls: str | None = None
     extra_config: dict[str, Any] = {}
     # The NIXL transfer probe (notebook 02) listens here on the target node's data address.

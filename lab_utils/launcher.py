@@ -32,6 +32,18 @@ def instance_url(cfg: LabConfig, spec: InstanceSpec) -> str:
     return f"http://{cfg.nodes[spec.node].lan_address}:{spec.port}"
 
 
+def kv_buffer_device(cfg: LabConfig) -> str:
+    """The configured kv_buffer_device; for "auto", notebook 02's recommendation (measured
+    on this profile) when it exists, else "cpu"."""
+    if cfg.kv_transfer.kv_buffer_device != "auto":
+        return cfg.kv_transfer.kv_buffer_device
+    path = cfg.results_dir / "kv_transfer_metrics.json"
+    try:
+        return json.loads(path.read_text())["payload"]["recommendation"]["kv_buffer_device"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return "cpu"
+
+
 def kv_transfer_config(cfg: LabConfig, spec: InstanceSpec) -> dict | None:
     role = KV_ROLES.get(spec.role)
     if role is None:
@@ -39,7 +51,7 @@ def kv_transfer_config(cfg: LabConfig, spec: InstanceSpec) -> dict | None:
     out = {
         "kv_connector": cfg.kv_transfer.connector,
         "kv_role": role,
-        "kv_buffer_device": cfg.kv_transfer.kv_buffer_device,
+        "kv_buffer_device": kv_buffer_device(cfg),
     }
     if cfg.kv_transfer.extra_config:
         out["kv_connector_extra_config"] = cfg.kv_transfer.extra_config

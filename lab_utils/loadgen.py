@@ -13,6 +13,7 @@ failed request is recorded with its error; it never stops the run.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import random
 import time
@@ -137,6 +138,17 @@ def arrival_offsets(n: int, rate: float, burstiness: float, rng: random.Random) 
         out.append(t)
         t += rng.gammavariate(burstiness, 1.0 / (rate * burstiness))
     return out
+
+
+def run_sync(coro):
+    """Run a coroutine to completion, also from inside a running event loop (a Jupyter
+    kernel has one): then in a worker thread with its own loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, coro).result()
 
 
 async def run_point(url: str, model: str, requests: list[RequestSpec], *,

@@ -163,6 +163,11 @@ class InstanceCounters:
     def __sub__(self, before: InstanceCounters) -> InstanceCounters:
         return InstanceCounters.delta(self, before)
 
+    def __add__(self, other: InstanceCounters) -> InstanceCounters:
+        """Summed over instances (gauges too: requests running anywhere)."""
+        return InstanceCounters(**{f.name: getattr(self, f.name) + getattr(other, f.name)
+                                   for f in fields(InstanceCounters)})
+
 
 def read_counters(snapshot: MetricsSnapshot, *, require_nixl: bool) -> InstanceCounters:
     """Collect `InstanceCounters`, summed over engines. NIXL numbers are 0 when absent

@@ -188,3 +188,35 @@ def prove_transfer(prompts: list[list[int]], *, model: str, prefill_url: str, de
                 baseline_tokens=base,
             ))
     return proofs
+
+
+def prove_via_proxy(prompts: list[list[int]], baseline_tokens: list[list[int]], *, model: str,
+                    proxy_url: str, decode_urls: list[str], kv: KVShape, max_tokens: int,
+                    timeout: float = 120.0) -> list[TransferProof]:
+    """Each prompt through the proxy (prefill then decode), one at a time, with the decode
+    instances' per-request counter deltas, compared with notebook 01's greedy tokens."""
+    proofs = []
+    with httpx.Client(timeout=timeout) as client:
+        block_size = block_size_of(fetch_metrics(decode_urls[0], client))
+        for ids, base in zip(prompts, baseline_tokens, strict=True):
+            before = [read_counters(fetch_metrics(u, client), require_nixl=False)
+                      for u in decode_urls]
+            t0 = time.perf_counter()
+            tokens = complete(client, proxy_url, model, ids, max_tokens)
+            e2e = (time.perf_counter() - t0) * 1000.0
+            deltas = [_counters_after(client, u, b, deadline_s=3.0 if len(decode_urls) > 1
+                                      else 10.0) - b for u, b in zip(decode_urls, before,
+                                                                     strict=True)]
+            d = sum(deltas[1:], deltas[0])
+            proofs.append(TransferProof(
+                prompt_tokens=len(ids),
+                external_kv_transfer=int(d.prompt_tokens_external_kv_transfer),
+                local_compute=int(d.prompt_tokens_local_compute),
+                local_cache_hit=int(d.prompt_tokens_local_cache_hit),
+                nixl_bytes=int(d.nixl_bytes_transferred),
+                expected_bytes=kv.transfer_bytes(len(ids), block_size),
+                nixl_transfers=int(d.nixl_transfer_count),
+                nixl_xfer_ms=d.nixl_transfer_seconds * 1000.0,
+                block_size=block_size, prefill_ms=float("nan"), decode_ms=e2e,
+                pd_tokens=tokens, baseline_tokens=base))
+    return proofs

@@ -1,4 +1,4 @@
-"""The report's conclusions, computed from the points table and nothing else: every pair
+"""The report's conclusions, computed from the numbers, nothing assumed: every pair
 of architectures (disaggregated vs replicated, disaggregated vs baseline, replicated vs
 baseline) compared on every metric at every valid load point both measured, a winner only
 when the difference exceeds the run-to-run spread (non-overlapping min-max ranges over the
@@ -220,9 +220,9 @@ def _spread_sentence(table: pd.DataFrame, noise_floor: float) -> str:
     reps = sorted({int(r) for r in ok["repeats"] if r > 1}) if not ok.empty else []
     parts = []
     if reps:
-        parts.append(f"where both sides were measured {join_words([str(r) for r in reps])} times, a "
-                     "difference counts only when their min-max ranges over the repeats do not "
-                     "overlap.")
+        times = join_words([str(r) for r in reps])
+        parts.append(f"where both sides were measured {times} times, a difference counts only "
+                     "when their min-max ranges over the repeats do not overlap.")
     if once or not reps:
         who = f" ({', '.join(once)})" if once else ""
         parts.append(f"points measured once{who} have an unknown spread, so against them "

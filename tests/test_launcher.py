@@ -56,7 +56,7 @@ def test_cuda_profile_command(tmp_path):
     assert argv[argv.index("--gpu-memory-utilization") + 1] == "0.6"
     env = launcher.server_env(cfg, s)
     assert env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "192.168.100.11"
-    assert env["UCX_NET_DEVICES"] == "rocep1s0f1:1"
+    assert env["UCX_NET_DEVICES"] == "rocep1s0f1:1,roceP2p1s0f1:1"
     assert "VLLM_CPU_KVCACHE_SPACE" not in env
 
 

@@ -2,8 +2,9 @@
 conclusions say what the numbers say (disaggregation losing throughput while winning ITL
 p99, differences inside the spread reported as none, invalid points excluded and named),
 the report builds with notebooks 02-04 missing, the expected Spark figures are compared
-only on a real (cuda) profile, and report.html renders in headless Chromium with every
-plot loaded.
+only on a real (cuda) profile and are read from the payloads notebooks 00 and 02 write
+(00's link check, ib_write_bw or one TCP stream; 02's largest DRAM READ in the NIXL
+probe), and report.html renders in headless Chromium with every plot loaded.
 """
 
 from __future__ import annotations
@@ -20,7 +21,10 @@ import pytest
 
 from lab_utils import report
 from lab_utils.benchmark import HEADLINE, BenchmarkPoint, BenchmarkResult, combine
+from lab_utils.checklist import ChecklistReport, CheckResult
+from lab_utils.checks_hw import link_verdict
 from lab_utils.errors import ResultsMissingError
+from lab_utils.nixl_probe import apply_limits, summarize
 from lab_utils.results import write_results
 
 from conftest import make_profile_data, write_profile
@@ -79,13 +83,33 @@ def write_baseline(cfg, *, roofline: dict | None = None, **kw) -> None:
                                                "max_tokens_per_s_per_stream": None}})
 
 
+def probe_row(seg: str, op: str, nbytes: int, gbytes_per_s: float) -> dict:
+    """A NIXL probe row as `nixl_probe` makes one: 5 transfers at `gbytes_per_s`."""
+    times = [nbytes / (gbytes_per_s * 1e9)] * 5
+    row = {"seg_type": seg, "op": op, "bytes": nbytes, **summarize(times, nbytes),
+           "checksum_ok": True}
+    apply_limits([row], same_machine=False, memcpy_GBps={}, link_rate_gbps=200.0)
+    return row
+
+
 def write_kv(cfg) -> None:
+    """Notebook 02's payload; the probe's largest DRAM READ moves 1.6 GB/s."""
     rows = [{"prompt_tokens": n, "kv_bytes": n * 16384, "predicted_ms": n * 0.01,
              "measured_ms": None if n == 2048 else n * 0.012} for n in (128, 512, 2048)]
-    write(cfg, "02", {"kv_per_token_bytes": 16384, "predicted_vs_measured": rows,
+    probe = [probe_row("DRAM", "READ", 1 << 20, 0.9), probe_row("DRAM", "WRITE", 1 << 20, 0.8),
+             probe_row("DRAM", "READ", 64 << 20, 1.6), probe_row("DRAM", "WRITE", 64 << 20, 2.5),
+             probe_row("VRAM", "READ", 64 << 20, 9.0)]
+    write(cfg, "02", {"model": "tiny-llama", "kv_per_token_bytes": 16384, "block_size": 16,
+                      "predicted_vs_measured": rows,
                       "recommendation": {"kv_buffer_device": "cpu", "reason": "DRAM is faster"},
-                      "probe": {"rows": [{"memory": "DRAM", "size_bytes": 1 << 20,
-                                          "bandwidth_GBps": 1.6, "latency_us": 40.0}]}})
+                      "probe": {"rows": probe, "notes": [], "same_machine": False}})
+
+
+def write_environment(cfg, *results: CheckResult) -> None:
+    """Notebook 00's payload, as `environment.record_environment` writes it."""
+    checklist = ChecklistReport([CheckResult("ssh", "spark-a", "pass", "reachable"), *results])
+    write(cfg, "00", {"blessed": not checklist.failed, "continued_despite_failures": False,
+                      "counts": checklist.counts, "checks": checklist.to_dict()["results"]})
 
 
 def write_replicated(cfg, data: dict, *, mixed: dict | None = None, **kw) -> None:
@@ -279,6 +303,17 @@ def test_broken_optional_sweep_reported_as_missing(test_cfg):
 # ----- expected figures ------------------------------------------------------------------
 
 
+def cuda_cfg(tmp_path):
+    data = make_profile_data(str(tmp_path / "results"))
+    data["vllm"]["device"] = "cuda"
+    return write_profile(tmp_path, data)
+
+
+def link_row(cfg) -> dict:
+    df = report.expected_figures(report.load_report_data(cfg)).set_index("figure")
+    return df.loc["link per rail (Gb/s)"].to_dict()
+
+
 def test_expected_figures_not_comparable_on_cpu(test_cfg):
     write_baseline(test_cfg)
     data = report.load_report_data(test_cfg)
@@ -288,23 +323,57 @@ def test_expected_figures_not_comparable_on_cpu(test_cfg):
 
 
 def test_expected_figures_warn_when_far_off_on_cuda(tmp_path):
-    data = make_profile_data(str(tmp_path / "results"))
-    data["vllm"]["device"] = "cuda"
-    cfg = write_profile(tmp_path, data)
+    cfg = cuda_cfg(tmp_path)
     roof = {"memory_bandwidth_GBps": 273.0, "weight_bytes": 16_000_000_000,
             "max_tokens_per_s_per_stream": 17.06}
     write_baseline(cfg, roofline=roof)  # TPOT 10 ms at concurrency 1: 100 tok/s per stream
-    write_kv(cfg)  # 512 tokens x 16 KiB in 6.1 ms: 1.4 GB/s from the probe row: 1.6 GB/s
+    write_kv(cfg)  # 512 tokens x 16 KiB in 6.1 ms: 1.4 GB/s; the probe's 64 MiB READ: 1.6 GB/s
     df = report.expected_figures(report.load_report_data(cfg)).set_index("figure")
     assert df.loc["memory bandwidth (GB/s)", "verdict"].startswith("ok")
     assert df.loc["decode tokens/s per stream", "verdict"] == \
         "WARNING: 5.9x above the expected figure"
-    assert df.loc["NIXL DRAM-to-DRAM (GB/s)", "verdict"] == \
-        "WARNING: 6.9x below the expected figure"
+    nixl = df.loc["NIXL DRAM-to-DRAM (GB/s)"]
+    assert nixl["verdict"] == "WARNING: 6.9x below the expected figure"
+    assert (nixl["this run"], nixl["measured from"]) == \
+        ("1.60", "02's NIXL probe, DRAM READ of 67,108,864 bytes")
     assert df.loc["link per rail (Gb/s)", "verdict"] == "not measured"
+    assert df.loc["link per rail (Gb/s)", "measured from"] == "not recorded by 00"
     md = report.build_report(cfg).md.read_text()
     assert "> **Warning:** decode tokens/s per stream" in md
     assert "at most 17.06 tokens/s" in md
+    assert "KV cache per token of tiny-llama: 16,384 bytes (16.0 KiB), moved in blocks of 16" in md
+
+
+def test_expected_link_from_rdma_check(tmp_path):
+    cfg = cuda_cfg(tmp_path)
+    write_baseline(cfg)
+    # ib_write_bw on one rail at 40 of the 100 Gb/s it reports: a warn in 00
+    write_environment(cfg, link_verdict("spark-b -> spark-a", 40.0, 100.0,
+                                        "ib_write_bw on rocep1s0f1: 40.0 Gb/s"))
+    row = link_row(cfg)
+    assert (row["this run"], row["verdict"]) == ("40", "WARNING: 2.3x below the expected figure")
+    assert row["measured from"] == "00's link check, spark-b -> spark-a, ib_write_bw on one rail"
+    md = report.build_report(cfg).md.read_text()
+    assert "Blessed: no check failed (1 pass, 1 warn, 0 fail, 0 n/a)." in md
+    assert "| link | spark-b -> spark-a | warn | moves 40% of its reported 100 Gb/s |" in md
+    write_environment(cfg, link_verdict("spark-b -> spark-a", 94.5, 100.0, "ib_write_bw"))
+    assert link_row(cfg)["verdict"] == "ok (within 2x)"
+
+
+def test_expected_link_over_tcp_not_compared(tmp_path):
+    cfg = cuda_cfg(tmp_path)
+    write_baseline(cfg)
+    tcp = CheckResult("link", "spark-b -> spark-a", "pass", "9.4 Gb/s over the data plane",
+                      data={"measured_gbps": 9.4, "reported_gbps": None, "method": "tcp"})
+    write_environment(cfg, tcp)
+    row = link_row(cfg)
+    assert (row["this run"], row["verdict"]) == \
+        ("9.40", "not comparable (one TCP stream, not ib_write_bw over RDMA)")
+    write_environment(cfg, CheckResult("link", "cluster", "n/a", "prefill and decode share "
+                                       "one node: no link between them"))
+    row = link_row(cfg)
+    assert (row["this run"], row["verdict"]) == ("–", "not measured")
+    assert "prefill and decode share one node" in row["measured from"]
 
 
 # ----- rendering in a real browser -------------------------------------------------------

@@ -1,0 +1,64 @@
+"""Hardware figures for the decode roofline: memory bandwidth and the bytes of weights.
+
+Decode reads every weight once per step, so one stream cannot go faster than memory
+bandwidth / weight bytes tokens per second. On a GB10 the bandwidth is the published
+273 GB/s (DESIGN section 8); on a CPU node it is measured there (a streaming read of a
+large array, best of a few); elsewhere it is unknown and the roofline is not drawn.
+"""
+
+from __future__ import annotations
+
+import json
+
+from lab_utils.config import LabConfig
+from lab_utils.errors import LabError
+from lab_utils.nodes import get_node
+
+GB10_BANDWIDTH_GBPS = 273.0
+
+_READ_BANDWIDTH = """
+import json, time
+import numpy as np
+a = np.ones(64 * 2**20, dtype=np.float64)  # 512 MiB
+best = min((lambda t0: (a.sum(), time.perf_counter() - t0)[1])(time.perf_counter())
+           for _ in range(5))
+print(json.dumps(a.nbytes / best / 1e9))
+"""
+
+_WEIGHT_BYTES = """
+import json, os, sys
+source, where, revision = sys.argv[1:4]
+if source == "hub":
+    from huggingface_hub import snapshot_download
+    where = snapshot_download(where, revision=revision or None, local_files_only=True)
+names = [n for n in os.listdir(where) if n.endswith(".safetensors")] or \\
+        [n for n in os.listdir(where) if n.endswith(".bin")]
+print(json.dumps(sum(os.path.getsize(os.path.join(where, n)) for n in names)))
+"""
+
+
+def _run(cfg: LabConfig, code: str, *args: str) -> float:
+    name = cfg.topology.baseline.node
+    node = get_node(cfg, name)
+    r = node.run([node.python, "-c", code, *args], timeout=300)
+    if not r.ok:
+        raise LabError(f"on {name}: {r.stderr.strip()[-300:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def memory_bandwidth(cfg: LabConfig, environment: dict) -> tuple[float | None, str]:
+    """(GB/s, where the figure comes from) for the baseline node."""
+    if cfg.vllm.device == "cuda":
+        gpus = [c["summary"] for c in environment.get("checks", []) if c["check"] == "gpu"]
+        if gpus and all("GB10" in g for g in gpus):
+            return GB10_BANDWIDTH_GBPS, "GB10 LPDDR5x, published figure"
+        return None, "unknown for this GPU"
+    bw = _run(cfg, _READ_BANDWIDTH)
+    return bw, f"measured on {cfg.topology.baseline.node}: streaming read of 512 MiB, best of 5"
+
+
+def weight_bytes(cfg: LabConfig) -> int:
+    """Bytes of the model's weight files on the baseline node."""
+    name = cfg.topology.baseline.node
+    where = cfg.model.name if cfg.model.source == "hub" else cfg.model_path_on(name)
+    return int(_run(cfg, _WEIGHT_BYTES, cfg.model.source, where, cfg.model.revision or ""))

@@ -1,0 +1,213 @@
+"""What the serving notebooks (01, 03, 04) do, one call per step.
+
+`ServingSession` starts a topology with the lab proxy in front (every architecture is
+measured through the same proxy path) and stops what it started: in the notebook's last
+cell, when any later cell fails or is interrupted (an IPython hook), and when the kernel
+exits. The measuring steps are the same for every architecture: one request shown in
+detail, the configured sweep, the mixed long/short workload, all with one load generator
+and one workload, so 01, 03 and 04 are comparable.
+"""
+
+from __future__ import annotations
+
+import atexit
+import random
+from dataclasses import dataclass
+
+from lab_utils.benchmark import BenchmarkResult, sweep
+from lab_utils.config import LabConfig
+from lab_utils.kv import kv_shape
+from lab_utils.kv_budget import model_hf_config
+from lab_utils.launcher import stop_records
+from lab_utils.loadgen import RequestRecord, RequestSpec, run_point, run_sync
+from lab_utils.prompts import exact_prompt
+from lab_utils.state import ProcessRecord
+from lab_utils.topology import PROXY, serve, urls
+from lab_utils.workload import build_requests, server_tokenizer
+
+REFERENCE_LENGTHS = (48, 96, 160, 224)  # the prompts whose greedy output 01 records
+REFERENCE_TOKENS = 16
+
+
+@dataclass
+class Served:
+    topology: str
+    records: list[ProcessRecord]
+
+    @property
+    def proxy_url(self) -> str:
+        return next(r.url for r in self.records if r.name == PROXY)
+
+    def urls(self, role: str) -> list[str]:
+        return urls(self.records, role)
+
+    def instance_urls(self) -> list[str]:
+        return [r.url for r in self.records if r.kind == "vllm"]
+
+
+class ServingSession:
+    """Starts topologies for one notebook and guarantees they stop with it."""
+
+    def __init__(self, cfg: LabConfig):
+        self.cfg = cfg
+        self.started: list[ProcessRecord] = []
+        self._hooked = False
+        atexit.register(self.stop, quiet=True)
+
+    def start(self, topology: str) -> Served:
+        """Start (or reuse) the topology and the proxy; wait until all are healthy."""
+        self._hook()
+        print(f"starting {topology} on {self.cfg.profile} (a vLLM instance takes 15-90 s "
+              "to start on the CPU rehearsal, minutes for a large model)", flush=True)
+        before = {r.name for r in self._running()}
+        records = serve(self.cfg, topology, with_proxy=True)
+        self.started += [r for r in records if r.name not in before]
+        for r in records:
+            print(f"  {r.name:<12} {r.node:<12} {r.url}")
+        return Served(topology, records)
+
+    def stop(self, quiet: bool = False) -> list[str]:
+        """Stop what this session started (not instances it found running)."""
+        stopped = stop_records(self.cfg, list(reversed(self.started))) if self.started else []
+        self.started = []
+        if stopped and not quiet:
+            print(f"stopped: {', '.join(stopped)}")
+        return stopped
+
+    def _running(self) -> list[ProcessRecord]:
+        from lab_utils.topology import running
+
+        return running(self.cfg)
+
+    def _hook(self) -> None:
+        try:
+            from IPython import get_ipython
+        except ImportError:
+            return
+        shell = get_ipython()
+        if shell is None or self._hooked:
+            return
+        shell.events.register("post_run_cell", self._after_cell)
+        self._hooked = True
+
+    def _after_cell(self, result) -> None:
+        if (result.error_in_exec or result.error_before_exec) and self.started:
+            names = self.stop(quiet=True)
+            print(f"a cell failed or was interrupted: stopped {', '.join(names)}. Fix the "
+                  "cause and re-run from the cell that starts the topology.")
+
+
+def tokenizer_of(served: Served, cfg: LabConfig):
+    """Tokenize with the serving instance itself (no local copy of the model needed)."""
+    return server_tokenizer(served.instance_urls()[0], cfg.model.name)
+
+
+def single_request(cfg: LabConfig, served: Served) -> RequestRecord:
+    """One streamed request of the workload's shape, measured in detail."""
+    tokenize, _ = tokenizer_of(served, cfg)
+    w = cfg.workload
+    spec = RequestSpec(exact_prompt(tokenize, w.input_len, random.Random(w.seed + 7)), w.output_len)
+    records, _ = run_sync(run_point(served.proxy_url, cfg.model.name, [spec], concurrency=1,
+                                       timeout_s=w.request_timeout_s, show_progress=False))
+    return records[0]
+
+
+def describe(rec: RequestRecord) -> str:
+    if rec.error:
+        return f"the request failed: {rec.error}"
+    itl = sorted(rec.itl_ms)
+    return (f"prompt {rec.prompt_tokens or rec.prompt_len} tokens, {rec.completion_tokens} "
+            f"generated\n  TTFT {rec.ttft_ms:.1f} ms (queue + prefill + first token)\n"
+            f"  TPOT {rec.tpot_ms:.2f} ms per output token after the first\n"
+            f"  ITL  median {itl[len(itl) // 2]:.2f} ms, max {itl[-1]:.2f} ms "
+            f"({len(itl)} gaps)\n  end-to-end {rec.e2el_ms:.1f} ms")
+
+
+def run_sweep(cfg: LabConfig, served: Served, *, mixed: bool = False) -> BenchmarkResult:
+    """The configured workload through the proxy; mixed: at the highest concurrency only,
+    one long prompt every `mixed_long_every` requests."""
+    tokenize, detokenize = tokenizer_of(served, cfg)
+    w = cfg.workload
+    if mixed:
+        w = w.model_copy(update={"concurrency": [max(w.concurrency or [1])], "request_rates": []})
+    return sweep(served.proxy_url, cfg.model.name,
+                 lambda n, seed: build_requests(w, n, tokenize, detokenize, mixed=mixed, seed=seed),
+                 w, mixed=mixed)
+
+
+def sweep_frame(result: BenchmarkResult):
+    import pandas as pd
+
+    cols = ["mode", "value", "valid", "request_throughput", "output_throughput",
+            "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "median_itl_ms", "p99_itl_ms"]
+    return pd.DataFrame(result.combined).reindex(columns=cols).round(2)
+
+
+def reference_outputs(cfg: LabConfig, served: Served) -> dict:
+    """Fresh prompts (a new seed each run, recorded) and their greedy tokens, one at a
+    time through the proxy: what notebook 04's prefill/decode output must equal."""
+    import httpx
+
+    from lab_utils.pd import complete
+
+    tokenize, _ = tokenizer_of(served, cfg)
+    seed = random.SystemRandom().randrange(2**31)
+    rng = random.Random(seed)
+    prompts = [exact_prompt(tokenize, n, rng) for n in REFERENCE_LENGTHS]
+    with httpx.Client(timeout=cfg.workload.request_timeout_s) as client:
+        tokens = [complete(client, served.proxy_url, cfg.model.name, p, REFERENCE_TOKENS)
+                  for p in prompts]
+    return {"seed": seed, "max_tokens": REFERENCE_TOKENS, "prompts": prompts, "tokens": tokens}
+
+
+def prove_transfer(cfg: LabConfig, served: Served, reference: dict) -> list:
+    """Notebook 01's reference prompts through the P/D proxy with counter deltas."""
+    from lab_utils.pd import prove_via_proxy
+
+    kv = kv_shape(model_hf_config(cfg), cfg.model.dtype)
+    return prove_via_proxy(reference["prompts"], reference["tokens"], model=cfg.model.name,
+                           proxy_url=served.proxy_url, decode_urls=served.urls("decode"), kv=kv,
+                           max_tokens=reference["max_tokens"],
+                           timeout=cfg.workload.request_timeout_s)
+
+
+def roofline(cfg: LabConfig, environment: dict) -> dict:
+    """Decode's ceiling per stream: memory bandwidth / bytes of weights read per token."""
+    from lab_utils import hardware
+
+    bw, source = hardware.memory_bandwidth(cfg, environment)
+    weights = hardware.weight_bytes(cfg)
+    return {"memory_bandwidth_GBps": bw, "bandwidth_source": source, "weight_bytes": weights,
+            "max_tokens_per_s_per_stream": bw * 1e9 / weights if bw and weights else None}
+
+
+def plot_decode_roofline(result: BenchmarkResult, roof: dict):
+    """Decode tokens/s per stream (1000 / median TPOT) against the memory roofline."""
+    from matplotlib.figure import Figure
+
+    points = [c for c in result.combined if c["mode"] == "concurrency" and c.get("median_tpot_ms")]
+    fig = Figure(figsize=(7, 4))
+    ax = fig.add_subplot()
+    ax.plot([c["value"] for c in points], [1000.0 / c["median_tpot_ms"] for c in points], "o-",
+            label="measured: 1000 / median TPOT")
+    if roof.get("max_tokens_per_s_per_stream"):
+        ax.axhline(roof["max_tokens_per_s_per_stream"], ls="--", color="grey",
+                   label=f"roofline: {roof['memory_bandwidth_GBps']:.0f} GB/s / "
+                         f"{roof['weight_bytes'] / 1e9:.3g} GB of weights")
+        ax.set_yscale("log")
+    ax.set(xlabel="concurrent requests", ylabel="decode tokens/s per stream",
+           title="Decode speed per stream vs the memory-bandwidth bound")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    return fig
+
+
+def payload(served: Served, result: BenchmarkResult, **extra) -> dict:
+    """A serving notebook's results: the topology, its instances, the sweep, and extras
+    (single_request, mixed, roofline, reference, proof...)."""
+    instances = [{"name": r.name, "node": r.node, "url": r.url, "kind": r.kind,
+                  "role": r.extra.get("role")} for r in served.records]
+    out = {"topology": served.topology, "instances": instances, "sweep": result.model_dump()}
+    for key, value in extra.items():
+        out[key] = value.model_dump() if isinstance(value, BenchmarkResult) else value
+    return out
