@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from lab_utils.benchmark import BenchmarkResult, sweep
 from lab_utils.config import LabConfig
+from lab_utils.errors import LabError
 from lab_utils.kv import kv_shape
 from lab_utils.kv_budget import model_hf_config
 from lab_utils.launcher import stop_records
@@ -211,3 +212,41 @@ def payload(served: Served, result: BenchmarkResult, **extra) -> dict:
     for key, value in extra.items():
         out[key] = value.model_dump() if isinstance(value, BenchmarkResult) else value
     return out
+
+
+def compare_frame(reference, result: BenchmarkResult, names: tuple[str, str], key: str = "sweep"):
+    """Headline metrics of a reference notebook's sweep (or `key`: "mixed") and this one's,
+    side by side, with the change in percent (positive: higher)."""
+    import pandas as pd
+
+    keys = ["output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_itl_ms", "p99_itl_ms"]
+    if not reference.payload.get(key):
+        raise LabError(f"notebook {reference.notebook}'s results have no {key!r} run; re-run it")
+    ref = {(c["mode"], c["value"]): c for c in reference.payload[key]["combined"]}
+    rows = []
+    for c in result.combined:
+        r = ref.get((c["mode"], c["value"]))
+        if r is None:
+            continue
+        for k in keys:
+            a, b = r.get(k), c.get(k)
+            rows.append({"load": f"{c['mode']} {c['value']:g}", "metric": k, names[0]: a,
+                         names[1]: b, "change %": (b - a) / a * 100 if a and b is not None else None,
+                         "both valid": bool(r["valid"] and c["valid"])})
+    return pd.DataFrame(rows).round(2)
+
+
+def proof_payload(proofs: list) -> dict:
+    """The proof of transfer as notebook 04 records it."""
+    rows = [{**p.as_dict(), "tokens_equal": p.tokens_match} for p in proofs]
+    return {"ok": bool(proofs) and all(p.ok for p in proofs), "prompts": rows}
+
+
+def proof_frame(proofs: list):
+    import pandas as pd
+
+    return pd.DataFrame([{
+        "prompt tokens": p.prompt_tokens, "via NIXL": p.external_kv_transfer,
+        "computed": p.local_compute, "cache hit": p.local_cache_hit, "NIXL bytes": p.nixl_bytes,
+        "expected bytes": p.expected_bytes, "transfer ms": round(p.nixl_xfer_ms, 2),
+        "same tokens as 01": p.tokens_match, "ok": p.ok} for p in proofs])
