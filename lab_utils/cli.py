@@ -1,6 +1,6 @@
 """The lab's command line: `python -m lab_utils COMMAND [--config F] ...`.
 
-Commands: `check` the environment (the bring-up checklist), `serve` a topology (vLLM instances and the proxy), `proxy`, `bench`, `status`, `cleanup`, `deploy` (the lab's code to the
+Commands: `check` the environment (the bring-up checklist), `report` (the benchmark report), `serve` a topology (vLLM instances and the proxy), `proxy`, `bench`, `status`, `cleanup`, `deploy` (the lab's code to the
 SSH nodes), `model fetch` (the model onto every serving node), `tiny-model`, `demo` (the
 prefill/decode proof of transfer on the configured profile), `run` (execute the
 notebooks headless) and `lab` (the main job: the notebooks if there are any, else the
@@ -140,6 +140,19 @@ def _cmd_check(args) -> int:
     return 1 if report.failed else 0
 
 
+def _cmd_report(args) -> int:
+    from lab_utils.report import build_report
+
+    paths = build_report(load_config(args.config))
+    for sentence in paths.conclusions:
+        print(f"- {sentence}")
+    if paths.missing:
+        print(f"not in the report (run them first): {', '.join(paths.missing)}")
+    print(f"written: {paths.html}\n         {paths.md}\n         {len(paths.plots)} plots in "
+          f"{paths.html.parent / 'plots'}")
+    return 0
+
+
 def _cmd_run(args) -> int:
     from lab_utils.runner import run_notebooks
 
@@ -174,6 +187,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--no-proxy", action="store_true", help="start the vLLM instances only")
     sp = cmd("proxy", _cmd_proxy, "run the lab proxy in the foreground (serve starts it for you)")
     sp.add_argument("--mode", choices=TOPOLOGIES, required=True)
+    cmd("report", _cmd_report, "write the benchmark report (report.html, report.md, plots) "
+        "from the results of notebooks 00-04")
     sp = cmd("check", _cmd_check, "the bring-up checklist: every check on every node it concerns, "
              "pass/warn/fail/n/a with evidence and the fix; exit 1 on any fail")
     sp.add_argument("--json", action="store_true", help="print the results as JSON")

@@ -8,13 +8,17 @@ notebooks in the repository are never modified.
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 import time
 from pathlib import Path
 
+from lab_utils.atomic import atomic_write_text
 from lab_utils.config import REPO_ROOT, LabConfig
 from lab_utils.errors import LabError
+from lab_utils.launcher import stop_records
+from lab_utils.topology import running
 
 
 def find_notebooks(notebooks_dir: str | os.PathLike | None = None, start: str | None = None,
@@ -49,6 +53,15 @@ def _execute(path: Path, target: Path, timeout_per_cell: int) -> None:
                 km.shutdown_kernel(now=False)
 
 
+def _stop_leftovers(cfg: LabConfig, before: set[str], notebook: str) -> None:
+    """No server outlives its notebook: stop what it started and left running."""
+    left = [r for r in running(cfg) if r.name not in before]
+    if left:
+        stopped = stop_records(cfg, left)
+        print(f"  {notebook} left {', '.join(stopped) or 'records of dead processes'} "
+              "running: stopped", flush=True)
+
+
 def run_notebooks(cfg: LabConfig, start: str | None = None, stop: str | None = None,
                   notebooks_dir: str | os.PathLike | None = None,
                   timeout_per_cell: int = 3600) -> list[Path]:
@@ -60,15 +73,24 @@ def run_notebooks(cfg: LabConfig, start: str | None = None, stop: str | None = N
     out_dir.mkdir(parents=True, exist_ok=True)
     env_before = os.environ.get("LAB_CONFIG")
     os.environ["LAB_CONFIG"] = str(cfg.source)  # the kernel inherits this environment
-    written = []
+    written, times = [], {}
     try:
         for path in notebooks:
             target = out_dir / path.name
             t0 = time.monotonic()
             print(f"running {path.name} ...", flush=True)
-            _execute(path, target, timeout_per_cell)
-            print(f"  done in {time.monotonic() - t0:.0f} s -> {target}", flush=True)
+            before = {r.name for r in running(cfg)}
+            try:
+                _execute(path, target, timeout_per_cell)
+            finally:
+                _stop_leftovers(cfg, before, path.name)
+            times[path.name] = round(time.monotonic() - t0, 1)
+            atomic_write_text(out_dir / "times.json", json.dumps(times, indent=2) + "\n")
+            print(f"  done in {times[path.name]:.0f} s -> {target}", flush=True)
             written.append(target)
+        total = sum(times.values())
+        print(f"{len(written)} notebook(s) in {total:.0f} s: " + ", ".join(
+            f"{name[:2]} {t:.0f} s" for name, t in times.items()), flush=True)
     finally:
         if env_before is None:
             os.environ.pop("LAB_CONFIG", None)

@@ -89,9 +89,15 @@ def rehearsal(engine_cfg):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests that stop the shared rehearsal instances run last, so the others share one
+    """The notebook series runs first, on a quiet machine (its numbers are measured);
+    tests that stop the shared rehearsal instances run last, so the others share one
     start-up of them (about 90 s here)."""
-    items.sort(key=lambda item: item.get_closest_marker("stops_rehearsal") is not None)
+    def order(item) -> int:
+        if item.get_closest_marker("series"):
+            return 0
+        return 2 if item.get_closest_marker("stops_rehearsal") else 1
+
+    items.sort(key=order)
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -7,12 +7,13 @@ import json
 import socket
 
 import pytest
-from replay import PROFILE, SCENARIOS, replay_nodes
 
 from lab_utils import checks_hw
 from lab_utils.checklist import ChecklistReport, CheckResult
 from lab_utils.checks import run_checks
 from lab_utils.config import parse_config
+
+from replay import PROFILE, SCENARIOS, replay_nodes
 
 
 @pytest.fixture
