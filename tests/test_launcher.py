@@ -126,3 +126,17 @@ def test_run_executes_notebooks_with_lab_config(test_cfg, tmp_path):
     assert json.loads(out.read_text()) == {"env": str(test_cfg.source), "profile": "test-local-cpu"}
     assert os.environ.get("LAB_CONFIG") == env_before
     assert nbformat.read(nbdir / "00_Probe.ipynb", as_version=4).cells[0].outputs == []
+
+
+def test_kv_buffer_device_auto_follows_notebook_02(test_cfg):
+    from lab_utils.results import write_results
+
+    assert test_cfg.kv_transfer.kv_buffer_device == "auto"
+    assert launcher.kv_buffer_device(test_cfg) == "cpu"  # 02 not run yet: the safe default
+    write_results(test_cfg, "02", {"recommendation": {"kv_buffer_device": "cuda", "reason": "x"}})
+    assert launcher.kv_buffer_device(test_cfg) == "cuda"
+    spec = test_cfg.instances("disaggregated")[0]
+    assert launcher.kv_transfer_config(test_cfg, spec)["kv_buffer_device"] == "cuda"
+    forced = test_cfg.model_copy(update={"kv_transfer": test_cfg.kv_transfer.model_copy(
+        update={"kv_buffer_device": "cpu"})})
+    assert launcher.kv_buffer_device(forced) == "cpu"  # the config overrides 02
