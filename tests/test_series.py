@@ -14,7 +14,7 @@ from lab_utils.results import RESULTS, load_results
 
 from conftest import make_profile_data, write_profile
 
-SERIES_SHIFT = 2500  # ports apart from the other tests' profiles (+1000, +2000)
+SERIES_SHIFT = 3000  # ports apart from the other tests' profiles (+1000, +2000)
 
 pytestmark = [pytest.mark.slow, pytest.mark.series]
 
