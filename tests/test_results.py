@@ -292,7 +292,7 @@ def test_software_versions_light():
     }
     assert versions["python"] == ".".join(map(str, sys.version_info[:3]))
     assert versions["lab_utils"] not in (None, "")
-    assert results._version("surely-not-an-installed-dist") is None
+    assert results.dist_version("surely-not-an-installed-dist") is None
     if versions["torch"] is None:
         assert versions["torch_cuda"] is None
 
