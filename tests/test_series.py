@@ -35,7 +35,9 @@ def series(tmp_path_factory):
     cfg = write_profile(root, data)
     t0 = time.monotonic()
     executed = run_notebooks(cfg)
-    sys.__stdout__.write(f"\n[series] 00-05 in {time.monotonic() - t0:.0f} s\n")
+    times = json.loads((cfg.results_dir / "executed" / "times.json").read_text())
+    sys.__stdout__.write(f"\n[series] 00-05 in {time.monotonic() - t0:.0f} s: " + ", ".join(
+        f"{name[:2]} {t:.0f} s" for name, t in times.items()) + "\n")
     return cfg, executed
 
 
