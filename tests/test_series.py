@@ -5,7 +5,6 @@ the report with its conclusions, nothing left running, wall time per notebook pr
 from __future__ import annotations
 
 import json
-import sys
 import time
 
 import pytest
@@ -20,7 +19,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.series]
 
 
 @pytest.fixture(scope="module")
-def series(tmp_path_factory):
+def series(tmp_path_factory, request):
     from lab_utils.runner import run_notebooks
 
     root = tmp_path_factory.mktemp("series")
@@ -36,8 +35,11 @@ def series(tmp_path_factory):
     t0 = time.monotonic()
     executed = run_notebooks(cfg)
     times = json.loads((cfg.results_dir / "executed" / "times.json").read_text())
-    sys.__stdout__.write(f"\n[series] 00-05 in {time.monotonic() - t0:.0f} s: " + ", ".join(
-        f"{name[:2]} {t:.0f} s" for name, t in times.items()) + "\n")
+    line = f"[series] 00-05 in {time.monotonic() - t0:.0f} s: " + ", ".join(
+        f"{name[:2]} {t:.0f} s" for name, t in times.items())
+    # pytest captures stdout: print through its terminal reporter so the times show in CI
+    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    (reporter.write_line if reporter else print)("\n" + line)
     return cfg, executed
 
 
