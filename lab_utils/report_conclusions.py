@@ -251,6 +251,12 @@ def _warnings(data: ReportData) -> list[str]:
     if isinstance(proof, dict) and not proof.get("ok", False):
         out.append("Notebook 04's proof that the KV cache really moved did not pass: the "
                    "disaggregated numbers may not measure KV transfer; see its section.")
+    if data.device == "cpu" and "disaggregated" in data.sweeps:
+        out.append("CPU rehearsal: each prefill or decode instance also runs NIXL's "
+                   "busy-polling progress thread, which takes a core of this small machine, "
+                   "and low-load requests can stall until the prefill's KV lease expires "
+                   "(README, 'What the rehearsal can and cannot show'). The disaggregated "
+                   "numbers here say how the mechanics behave on this box, not on a Spark.")
     base = data.sweeps.get("baseline")
     for arch, result in data.sweeps.items():
         if base is None or arch == "baseline":
