@@ -158,6 +158,9 @@ def _cmd_run(args) -> int:
 
     cfg = load_config(args.config)
     run_notebooks(cfg, start=args.start, stop=args.stop, notebooks_dir=args.notebooks_dir)
+    print(f"results, executed notebooks and logs: {cfg.results_dir}")
+    if (cfg.results_dir / "report.html").exists():
+        print(f"report: {cfg.results_dir / 'report.html'} (open it in a browser)")
     return 0
 
 
