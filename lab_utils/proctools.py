@@ -116,12 +116,18 @@ def port_holders(port: int) -> list[str]:
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
             continue
-        with contextlib.suppress(OSError):
-            for fd in (d / "fd").iterdir():
+        try:
+            fds = list((d / "fd").iterdir())
+        except OSError:  # gone, or not ours to read
+            continue
+        for fd in fds:
+            try:  # an fd may close while we look (other threads): skip it, not the process
                 link = os.readlink(fd)
-                if link.startswith("socket:[") and link[8:-1] in inodes:
-                    found.append(f"PID {d.name}: {_cmdline(int(d.name))}")
-                    break
+            except OSError:
+                continue
+            if link.startswith("socket:[") and link[8:-1] in inodes:
+                found.append(f"PID {d.name}: {_cmdline(int(d.name))}")
+                break
     return found
 
 

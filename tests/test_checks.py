@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import json
-import socket
+import subprocess
+import sys
 
 import pytest
 
@@ -147,11 +148,17 @@ def test_rehearsal_profile_runs_for_real(test_cfg):
 @pytest.mark.slow
 def test_rehearsal_port_taken(test_cfg):
     port = test_cfg.vllm.decode.port
-    with socket.socket() as s:
-        s.bind(("127.0.0.3", port))
-        s.listen()
+    holder = subprocess.Popen(  # another process holds the decode instance's port
+        [sys.executable, "-c", "import socket, sys, time; s = socket.socket(); "
+         f"s.bind(('127.0.0.3', {port})); s.listen(); print('ready', flush=True); "
+         "time.sleep(120)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
         report = run_checks(test_cfg, show_progress=False)
+    finally:
+        holder.kill()
+        holder.wait()
     bad = [r for r in report.results if r.check == "ports" and r.status == "fail"]
     assert len(bad) == 1 and f"127.0.0.3:{port}" in bad[0].summary
-    assert "spark-02" in bad[0].summary and "python" in bad[0].evidence.lower()
+    assert "spark-02" in bad[0].summary and f"PID {holder.pid}" in bad[0].evidence
     assert report.failed
