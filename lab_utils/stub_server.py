@@ -2,7 +2,9 @@
 
 It answers /v1/completions (any POST path) with SSE: the first token after `ttft_ms`, then one token
 every `itl_ms`, `max_tokens` tokens in all, then a usage chunk (prompt tokens = prompt
-length) and [DONE]; without `stream` it answers JSON at once, with `kv_transfer_params`
+length) and [DONE]; a body with `messages` gets chat chunks instead (a role-only delta
+first, as vLLM sends, then one `delta.content` per token; the prompt's length is its
+words); without `stream` it answers JSON at once, with `kv_transfer_params`
 when asked to prefill for a remote decode. A prompt whose first id is 13 gets HTTP 500
 (for failure counting). With 0 and 0 it is instant: a backend that costs a benchmark
 almost nothing.
@@ -32,8 +34,11 @@ def make_app(ttft_ms: float, itl_ms: float, timing_file: str | None = None):
             if not msg.get("more_body"):
                 break
         body = json.loads(raw or b"{}")
+        chat = "messages" in body
         prompt = body.get("prompt") or [0]
-        if isinstance(prompt, str):
+        if chat:
+            prompt = " ".join(m.get("content", "") for m in body["messages"]).split() or [0]
+        elif isinstance(prompt, str):
             prompt = prompt.split()
         if prompt[0] == 13:
             await send({"type": "http.response.start", "status": 500, "headers": []})
@@ -54,10 +59,17 @@ def make_app(ttft_ms: float, itl_ms: float, timing_file: str | None = None):
                     "headers": [(b"content-type", b"text/event-stream")]})
         n = int(body.get("max_tokens", 1))
         stamps = []
+        if chat:
+            role = {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}
+            await send({"type": "http.response.body", "body": f"data: {json.dumps(role)}\n\n".encode(),
+                        "more_body": True})
         for i in range(n):
             if ttft_ms or itl_ms:
                 await asyncio.sleep((ttft_ms if i == 0 else itl_ms) / 1000.0)
-            chunk = {"choices": [{"index": 0, "text": f" t{i}", "finish_reason": None}]}
+            if chat:
+                chunk = {"choices": [{"index": 0, "delta": {"content": f" t{i}"}, "finish_reason": None}]}
+            else:
+                chunk = {"choices": [{"index": 0, "text": f" t{i}", "finish_reason": None}]}
             await send({"type": "http.response.body", "body": f"data: {json.dumps(chunk)}\n\n".encode(),
                         "more_body": True})
             stamps.append(time.perf_counter())

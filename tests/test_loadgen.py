@@ -81,6 +81,17 @@ def test_metrics_match_the_server_timing(server):
     assert s["request_throughput"] == pytest.approx(10 / wall)
 
 
+def test_chat_stream_counts_content_deltas_not_the_role_chunk(server):
+    reqs = [RequestSpec([1] * 5, 6, prompt_text="one two three four five") for _ in range(3)]
+    records, _ = asyncio.run(run_point(server, "m", reqs, concurrency=1, chat=True, show_progress=False))
+    assert all(r.ok for r in records), [r.error for r in records]
+    for r in records:
+        # the role-only first chunk is not a token: TTFT waits for the first content
+        assert r.ttft_ms >= TTFT_MS and len(r.itl_ms) == 5 and r.completion_tokens == 6
+        assert r.prompt_tokens == 5
+        assert abs(statistics.median(r.itl_ms) - ITL_MS) < 5.0
+
+
 def test_failures_are_counted_not_raised(server):
     reqs = specs(6) + specs(4, first=13)  # the last four get HTTP 500
     records, wall = asyncio.run(run_point(server, "m", reqs, concurrency=4, show_progress=False))

@@ -51,5 +51,11 @@ def test_chat_completions_stream_through_the_generator(rehearsal, engine_cfg):
                                           concurrency=2, chat=True, show_progress=False))
     s = summarize(records, wall, w)
     assert s["valid"] and s["completed"] == 4, s["errors"]
-    assert all(r.completion_tokens == 10 and len(r.itl_ms) >= 1 for r in records)
+    # Exact token counts come from usage. How many chunks carry them is the server's
+    # business: a starved API server merges several tokens into one chunk, so the
+    # inter-token gaps seen (at most 9) can be fewer; the chunk arithmetic is checked
+    # against a server with known timing in test_loadgen.py.
+    seen = [(r.completion_tokens, len(r.itl_ms)) for r in records]
+    assert all(r.completion_tokens == 10 and len(r.itl_ms) <= 9 for r in records), seen
+    assert all(r.ttft_ms > 0 and r.tpot_ms > 0 for r in records), seen
     assert all(r.prompt_tokens >= 30 for r in records)  # the chat template adds tokens
