@@ -3,7 +3,8 @@
 # (/usr/sbin/sshd, package openssh-server) that tests/sshd_server.py runs privately on a
 # loopback port, ssh-keygen (package openssh-client) that makes its keys, and a headless
 # browser (`chromium`, package chromium) that the report test uses to check that
-# report.html renders with every plot. Idempotent: when all are present it does nothing.
+# report.html renders with every plot, and `ip` (package iproute2) that builds the
+# simulated cluster's network namespaces (tests/simcluster.py). Idempotent: when all are present it does nothing.
 # As root with apt-get it installs what is missing; otherwise it names the packages to
 # install and exits 1. The tests never use a system sshd that the package may start on
 # port 22; they always run their own.
@@ -13,6 +14,7 @@ missing=()
 [[ -x /usr/sbin/sshd ]] || missing+=(openssh-server)
 command -v ssh-keygen >/dev/null 2>&1 || missing+=(openssh-client)
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+command -v ip >/dev/null 2>&1 || missing+=(iproute2)
 
 if [[ ${#missing[@]} -eq 0 ]]; then
     exit 0
@@ -30,7 +32,7 @@ echo "ensure_sysdeps: installing ${missing[*]} (private loopback sshd + ssh-keyg
 apt-get update -qq
 DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 
-for bin in /usr/sbin/sshd ssh-keygen chromium; do
+for bin in /usr/sbin/sshd ssh-keygen chromium ip; do
     if ! command -v "$bin" >/dev/null 2>&1; then
         echo "ensure_sysdeps: $bin still missing after installing ${missing[*]}" >&2
         exit 1

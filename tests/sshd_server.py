@@ -106,16 +106,24 @@ class LoopbackSSHD:
     manager) runs sshd, `stop()` (or leaving it) ends it and everything it forked.
     """
 
-    def __init__(self, workdir: Path, address: str = "127.0.0.1", port: int | None = None):
-        if not ipaddress.ip_address(address).is_loopback:
+    def __init__(self, workdir: Path, address: str = "127.0.0.1", port: int | None = None,
+                 netns: str | None = None, client_key: Path | None = None):
+        """With `netns`, sshd runs inside that network namespace (made by the caller) and
+        may listen on any of its addresses; `port` is then required. `client_key` shares
+        one client key pair between servers (a user with one key for the whole cluster);
+        by default each server makes its own."""
+        if netns is None and not ipaddress.ip_address(address).is_loopback:
             raise ValueError(f"LoopbackSSHD listens on loopback addresses only, not {address}")
+        if netns is not None and port is None:
+            raise ValueError("an sshd in a network namespace needs an explicit port")
         self.workdir = Path(workdir).resolve()
         self.workdir.mkdir(parents=True, exist_ok=True)
         self._address = address
+        self._netns = netns
         self._port = port if port is not None else _free_port(address)
         self._user = getpass.getuser()
         self.host_key = self.workdir / "ssh_host_ed25519_key"
-        self._client_key = self.workdir / "client_ed25519"
+        self._client_key = Path(client_key) if client_key else self.workdir / "client_ed25519"
         self.authorized_keys = self.workdir / "authorized_keys"
         self.config_path = self.workdir / "sshd_config"
         self.pid_file = self.workdir / "sshd.pid"
@@ -126,7 +134,8 @@ class LoopbackSSHD:
         self.startup_s: float | None = None  # wall time of the last start()
 
         _keygen(self.host_key, f"loopback-sshd-host@{address}")
-        _keygen(self._client_key, f"{self._user}@loopback-sshd-client")
+        if client_key is None or not self._client_key.exists():
+            _keygen(self._client_key, f"{self._user}@loopback-sshd-client")
         pub = self._client_key.with_name(self._client_key.name + ".pub").read_text()
         self.authorized_keys.write_text(pub)
         self.authorized_keys.chmod(0o600)
@@ -249,8 +258,10 @@ class LoopbackSSHD:
             )
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         log_start = self.log_path.stat().st_size
+        # `ip netns exec` enters the namespace and execs in place: the PID stays ours
+        netns = ["ip", "netns", "exec", self._netns] if self._netns else []
         self._proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-c", EXEC_AS_SUBREAPER]
+            netns + [sys.executable, "-I", "-S", "-c", EXEC_AS_SUBREAPER]
             + [SSHD, "-D", "-e", "-f", str(self.config_path)],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
