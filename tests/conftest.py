@@ -3,6 +3,9 @@ one set of real vLLM instances per test session, restarted only if a test stoppe
 
 With LAB_STRICT=1 (set by `make test`, hence in CI) a skipped test counts as a failure:
 nothing that needs the real engine may silently drop out.
+
+A canary Hugging Face token is in the environment of the whole run (every process a test
+starts inherits it); the security tests look for it where a secret must never appear.
 """
 
 from __future__ import annotations
@@ -15,6 +18,11 @@ import pytest
 from lab_utils.config import DEFAULT_PROFILE, LabConfig
 
 PORT_SHIFT = 1000  # keep tests off the ports of a lab the user may have running
+CANARY_HF_TOKEN = "hf_canaryLabTestToken7c41e0d9b2"
+
+
+def pytest_configure(config):
+    os.environ["HF_TOKEN"] = CANARY_HF_TOKEN
 
 
 def make_profile_data(results_root: str) -> dict:
@@ -95,9 +103,43 @@ def pytest_collection_modifyitems(config, items):
     def order(item) -> int:
         if item.get_closest_marker("series"):
             return 0
-        return 2 if item.get_closest_marker("stops_rehearsal") else 1
+        if item.get_closest_marker("simcluster"):  # before the rehearsal instances start
+            return 1
+        return 3 if item.get_closest_marker("stops_rehearsal") else 2
 
     items.sort(key=order)
+
+
+@pytest.fixture(scope="session")
+def simcluster():
+    """The simulated three-node cluster (tests/simcluster.py), up for the session."""
+    import simcluster as sc
+
+    reason = sc.unavailable_reason()
+    if reason:
+        pytest.skip(f"the simulated cluster cannot be built here: {reason}")
+    sc.up()
+    yield sc
+    from lab_utils.ssh import SSHNode
+
+    SSHNode.close_all()
+    sc.down()
+
+
+def simcluster_profile(tmp_dir, name: str, **proxy) -> LabConfig:
+    """configs/simcluster.json with its results under `tmp_dir`, the canary token in an
+    hf_token_file (so the instances get it the way a real run does) and `proxy` settings."""
+    from simcluster import CONFIG
+
+    data = json.loads(CONFIG.read_text())
+    data["profile"] = name
+    data["results_root"] = str(tmp_dir / "results")
+    token = tmp_dir / "hf_token"
+    token.write_text(CANARY_HF_TOKEN + "\n")
+    token.chmod(0o600)
+    data["hf_token_file"] = str(token)
+    data["proxy"].update(proxy)
+    return write_profile(tmp_dir, data)
 
 
 @pytest.hookimpl(hookwrapper=True)
