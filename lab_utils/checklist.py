@@ -57,6 +57,20 @@ class Context:
     def serving(self) -> list[str]:
         return [n for n, c in self.cfg.nodes.items() if "serving" in c.roles]
 
+    def split(self, check: str, names: list[str],
+              why_not: Callable[[str], str | None] | None = None) -> tuple[list[str], list[CheckResult]]:
+        """The nodes `check` runs on, and an n/a result for each of the others: a node SSH
+        did not reach, or one for which `why_not` gives a reason."""
+        run_on, skipped = [], []
+        for n in names:
+            reason = (f"not checked: {self.unreachable[n]}" if n in self.unreachable
+                      else why_not(n) if why_not else None)
+            if reason:
+                skipped.append(CheckResult(check, n, "n/a", reason))
+            else:
+                run_on.append(n)
+        return run_on, skipped
+
     def run(self, name: str, argv: list[str], timeout: float = 60.0) -> RunResult:
         """Run a command on a node once per checklist (results are cached)."""
         key = (name, tuple(argv))

@@ -20,13 +20,6 @@ from lab_utils.nodes import Node
 GiB = 1024**3
 
 
-def _reachable(ctx: Context, check: str, names: list[str]) -> tuple[list[str], list[CheckResult]]:
-    """Split nodes into those SSH reached and n/a results for the others."""
-    skipped = [CheckResult(check, n, "n/a", f"not checked: {ctx.unreachable[n]}")
-               for n in names if n in ctx.unreachable]
-    return [n for n in names if n not in ctx.unreachable], skipped
-
-
 def check_ssh(ctx: Context) -> list[CheckResult]:
     out = []
     for name, node_cfg in ctx.cfg.nodes.items():
@@ -68,7 +61,7 @@ def _ssh_fix(error: str, where: str) -> str:
 def check_code(ctx: Context) -> list[CheckResult]:
     digest = provision.code_digest()
     out = []
-    names, skipped = _reachable(ctx, "code", list(ctx.cfg.nodes))
+    names, skipped = ctx.split("code", list(ctx.cfg.nodes))
     for name in names:
         node_cfg = ctx.cfg.nodes[name]
         if node_cfg.connection == "local":
@@ -95,7 +88,7 @@ def _needs(ctx: Context, name: str) -> list[str]:
 
 def check_python(ctx: Context) -> list[CheckResult]:
     out = []
-    names, skipped = _reachable(ctx, "python", list(ctx.cfg.nodes))
+    names, skipped = ctx.split("python", list(ctx.cfg.nodes))
     facts = {}
     for name in names:
         f = facts[name] = ctx.facts(name, "python")
@@ -142,7 +135,7 @@ def _same_versions(facts: dict, serving: list[str]) -> CheckResult:
 
 def check_model(ctx: Context) -> list[CheckResult]:
     cfg = ctx.cfg
-    names, skipped = _reachable(ctx, "model", ctx.serving())
+    names, skipped = ctx.split("model", ctx.serving())
     snaps: dict[str, str | None] = {}
     for name in names:
         where = cfg.model_path_on(name)
@@ -216,7 +209,7 @@ def _memory_needed(ctx: Context, name: str, total: int) -> tuple[int, str]:
 
 def check_resources(ctx: Context) -> list[CheckResult]:
     out = []
-    names, skipped = _reachable(ctx, "memory", list(ctx.cfg.nodes))
+    names, skipped = ctx.split("memory", list(ctx.cfg.nodes))
     for name in names:
         mem = _meminfo(ctx, name)
         total, avail = mem["MemTotal"], mem.get("MemAvailable", mem["MemFree"])
@@ -255,7 +248,7 @@ def _disk(ctx: Context, name: str) -> CheckResult:
 
 def check_clock(ctx: Context) -> list[CheckResult]:
     out = []
-    names, skipped = _reachable(ctx, "clock", list(ctx.cfg.nodes))
+    names, skipped = ctx.split("clock", list(ctx.cfg.nodes))
     for name in names:
         if ctx.cfg.nodes[name].connection == "local":
             out.append(CheckResult("clock", name, "n/a", "local node: this machine's clock"))
@@ -309,7 +302,7 @@ def check_hf_token(ctx: Context) -> list[CheckResult]:
 
 def check_logs(ctx: Context) -> list[CheckResult]:
     out = []
-    names, skipped = _reachable(ctx, "logs", list(ctx.cfg.nodes))
+    names, skipped = ctx.split("logs", list(ctx.cfg.nodes))
     seen = set()
     for name in names:
         log_dir = ctx.cfg.log_dir_on(name)

@@ -21,13 +21,9 @@ LINK_FRACTION_WARN = 0.8
 
 
 def _gpu_nodes(ctx: Context, check: str) -> tuple[list[str], list[CheckResult]]:
-    names = ctx.serving()
-    if ctx.cfg.vllm.device != "cuda":
-        return [], [CheckResult(check, n, "n/a", f"vllm.device is {ctx.cfg.vllm.device!r}: "
-                                "no GPU in this profile") for n in names]
-    skipped = [CheckResult(check, n, "n/a", f"not checked: {ctx.unreachable[n]}")
-               for n in names if n in ctx.unreachable]
-    return [n for n in names if n not in ctx.unreachable], skipped
+    device = ctx.cfg.vllm.device
+    no_gpu = f"vllm.device is {device!r}: no GPU in this profile" if device != "cuda" else None
+    return ctx.split(check, ctx.serving(), lambda n: no_gpu)
 
 
 def _smi(ctx: Context, name: str, *args: str) -> str | None:
@@ -147,17 +143,14 @@ def configured_devices(ctx: Context, name: str) -> tuple[list[dict], list[dict],
 
 
 def _rdma_nodes(ctx: Context, check: str) -> tuple[list[str], list[CheckResult]]:
-    out, names = [], []
-    for n in ctx.serving():
-        if n in ctx.unreachable:
-            out.append(CheckResult(check, n, "n/a", f"not checked: {ctx.unreachable[n]}"))
-        elif not uses_rdma(ctx, n):
-            why = ("no data_netdev configured" if ctx.cfg.nodes[n].data_netdev is None
-                   else "vllm.device is 'cpu'")
-            out.append(CheckResult(check, n, "n/a", f"{why}: NIXL runs over TCP/loopback here"))
-        else:
-            names.append(n)
-    return names, out
+    def why_not(n: str) -> str | None:
+        if uses_rdma(ctx, n):
+            return None
+        why = ("no data_netdev configured" if ctx.cfg.nodes[n].data_netdev is None
+               else "vllm.device is 'cpu'")
+        return f"{why}: NIXL runs over TCP/loopback here"
+
+    return ctx.split(check, ctx.serving(), why_not)
 
 
 def check_rdma(ctx: Context) -> list[CheckResult]:

@@ -150,6 +150,8 @@ def test_rehearsal_port_taken(test_cfg):
     port = test_cfg.vllm.decode.port
     holder = subprocess.Popen(  # another process holds the decode instance's port
         [sys.executable, "-c", "import socket, sys, time; s = socket.socket(); "
+         # SO_REUSEADDR: an earlier engine's TIME_WAIT connections must not block the bind
+         "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
          f"s.bind(('127.0.0.3', {port})); s.listen(); print('ready', flush=True); "
          "time.sleep(120)"], stdout=subprocess.PIPE, text=True)
     try:
