@@ -126,9 +126,10 @@ def simcluster():
     sc.down()
 
 
-def simcluster_profile(tmp_dir, name: str, **proxy) -> LabConfig:
+def simcluster_profile(tmp_dir, name: str, kv_extra: dict | None = None, **proxy) -> LabConfig:
     """configs/simcluster.json with its results under `tmp_dir`, the canary token in an
-    hf_token_file (so the instances get it the way a real run does) and `proxy` settings."""
+    hf_token_file (so the instances get it the way a real run does), `proxy` settings and
+    `kv_extra` for kv_transfer.extra_config."""
     from simcluster import CONFIG
 
     data = json.loads(CONFIG.read_text())
@@ -139,6 +140,7 @@ def simcluster_profile(tmp_dir, name: str, **proxy) -> LabConfig:
     token.chmod(0o600)
     data["hf_token_file"] = str(token)
     data["proxy"].update(proxy)
+    data["kv_transfer"].setdefault("extra_config", {}).update(kv_extra or {})
     return write_profile(tmp_dir, data)
 
 
