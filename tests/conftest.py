@@ -47,6 +47,19 @@ def write_profile(tmp_dir, data: dict) -> LabConfig:
     return load_config(path)
 
 
+def show(request, line: str) -> None:
+    """Put `line` in pytest's output even when the test passes (measured figures for the
+    record): through the terminal reporter, with output capture suspended, since capture
+    would swallow it otherwise."""
+    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    capman = request.config.pluginmanager.get_plugin("capturemanager")
+    if reporter is None or capman is None:
+        print(line)
+        return
+    with capman.global_and_fixture_disabled():
+        reporter.write_line("\n" + line)
+
+
 @pytest.fixture
 def test_cfg(tmp_path) -> LabConfig:
     """The rehearsal profile with results (and the state file) under tmp_path."""

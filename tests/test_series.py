@@ -11,7 +11,7 @@ import pytest
 
 from lab_utils.results import RESULTS, load_results
 
-from conftest import make_profile_data, write_profile
+from conftest import make_profile_data, show, write_profile
 
 SERIES_SHIFT = 3000  # ports apart from the other tests' profiles (+1000, +2000)
 
@@ -37,9 +37,7 @@ def series(tmp_path_factory, request):
     times = json.loads((cfg.results_dir / "executed" / "times.json").read_text())
     line = f"[series] 00-05 in {time.monotonic() - t0:.0f} s: " + ", ".join(
         f"{name[:2]} {t:.0f} s" for name, t in times.items())
-    # pytest captures stdout: print through its terminal reporter so the times show in CI
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    (reporter.write_line if reporter else print)("\n" + line)
+    show(request, line)
     return cfg, executed
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from lab_utils.results import load_results
 
-from conftest import CANARY_HF_TOKEN, simcluster_profile
+from conftest import CANARY_HF_TOKEN, show, simcluster_profile
 from leaks import CmdlineWatch, file_hits
 from simcluster import REPO, ROOT
 
@@ -39,8 +39,7 @@ def sim_series(simcluster, tmp_path_factory, request):
         times = json.loads(times_file.read_text())
     line = (f"[simcluster series] rc {p.returncode} in {time.monotonic() - t0:.0f} s: "
             + ", ".join(f"{name[:2]} {t:.0f} s" for name, t in times.items()))
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    (reporter.write_line if reporter else print)("\n" + line)
+    show(request, line)
     return cfg, p, watch, times
 
 

@@ -30,7 +30,7 @@ from lab_utils.metrics import fetch_metrics, read_counters
 from lab_utils.proctools import is_alive
 from lab_utils.topology import running
 
-from conftest import CANARY_HF_TOKEN, simcluster_profile, write_profile
+from conftest import CANARY_HF_TOKEN, show, simcluster_profile, write_profile
 from leaks import cmdline_hits
 from simcluster import REPO
 
@@ -241,9 +241,8 @@ def fcfg(simcluster, tmp_path_factory, request):
                              connect_timeout_s=5, kv_extra={"kv_lease_duration": LEASE_S})
     yield cfg
     ctl(cfg, "cleanup", timeout=120)
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter and TIMES:
-        reporter.write_line("\n[simcluster faults]\n" + "\n".join(TIMES))
+    if TIMES:
+        show(request, "[simcluster faults]\n" + "\n".join(TIMES))
 
 
 @pytest.fixture

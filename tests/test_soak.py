@@ -26,6 +26,8 @@ from lab_utils.state import ProcessRecord
 from lab_utils.topology import running, serve
 from lab_utils.workload import build_requests, local_tokenizer
 
+from conftest import show
+
 SEED = 4242
 CLIENTS = 3  # concurrent clients
 WARMUP_S = 30.0  # load before the memory baseline: one-off allocations happen here
@@ -380,7 +382,7 @@ def _soak(cfg, request, procs, proxy_url, urls) -> None:
             f"{n} {mib(rss_start[n])} -> {mib(rss_end[n])}" for n in rss_start)])
     for r in [r for r in results if r.outcome == "error"][:5]:
         line += f"\n[soak] error: request {r.index} after {r.seconds:.1f} s: {r.error_message}"
-    report(request, line)
+    show(request, line)
 
     # ---- every request ended in exactly one accepted way, within its bound
     bad = [r for r in results if r.outcome == "bad"]
@@ -438,18 +440,6 @@ def _soak(cfg, request, procs, proxy_url, urls) -> None:
         assert rss_end[name] - rss_start[name] <= allowed, (
             f"{name}: RSS {mib(rss_start[name])} -> {mib(rss_end[name])}, "
             f"more than {mib(allowed)} of growth")
-
-
-def report(request, line: str) -> None:
-    """Show `line` in pytest's output even when the test passes: through the terminal
-    reporter, with output capture suspended (it would swallow the line otherwise)."""
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    capman = request.config.pluginmanager.get_plugin("capturemanager")
-    if reporter is None or capman is None:
-        print(line)
-        return
-    with capman.global_and_fixture_disabled():
-        reporter.write_line("\n" + line)
 
 
 def _nonzero(d: dict[str, float]) -> dict[str, int]:
