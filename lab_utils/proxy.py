@@ -44,6 +44,11 @@ PREFILL_DROP = ("stream_options", "min_tokens", "min_completion_tokens", "n", "b
                 "prompt_logprobs")
 REMOTE_DECODE = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
                  "remote_block_ids": None, "remote_host": None, "remote_port": None}
+# A pooled backend connection idle longer than this is not reused. It must stay below the
+# backends' own HTTP keep-alive (vLLM's VLLM_HTTP_TIMEOUT_KEEP_ALIVE and uvicorn's default
+# are 5 s): with aiohttp's default of 15 s the proxy sometimes sent a request on a
+# connection the backend was closing at that moment, a 502 for a healthy backend.
+BACKEND_KEEPALIVE_S = 2.0
 
 
 @dataclass
@@ -83,7 +88,8 @@ class Pool:
 
     def open(self) -> None:
         self.clients = {u: aiohttp.ClientSession(base_url=u, timeout=self.timeout,
-                                                 connector=aiohttp.TCPConnector(limit=0))
+                                                 connector=aiohttp.TCPConnector(
+                                                     limit=0, keepalive_timeout=BACKEND_KEEPALIVE_S))
                         for u in self.urls}
 
     def pick(self) -> str:
