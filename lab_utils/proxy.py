@@ -13,6 +13,8 @@ at shutdown (aiohttp rather than httpx: measured with `python -m lab_utils.bench
 it halves the latency the proxy adds). Failures become JSON errors in bounded time (502 unreachable, 504 timed
 out), a stream that breaks ends with an error event (never a clean end), and a client
 that goes away cancels its upstream requests.
+A backend connect that hangs is retried on a fresh socket within the connect timeout
+(nothing has been sent yet); the retries are counted in `proxy_connect_retries_total`.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ import contextlib
 import functools
 import itertools
 import json
+import logging
+import math
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -49,6 +53,12 @@ REMOTE_DECODE = {"do_remote_decode": True, "do_remote_prefill": False, "remote_e
 # are 5 s): with aiohttp's default of 15 s the proxy sometimes sent a request on a
 # connection the backend was closing at that moment, a 502 for a healthy backend.
 BACKEND_KEEPALIVE_S = 2.0
+# connect_timeout_s is spent in at least two attempts of at most this long, each on a fresh
+# socket. A connect to a healthy backend can hang (seen once in CI, on loopback, until the
+# 20 s limit); nothing has been sent when a connect fails, so another attempt is safe.
+CONNECT_ATTEMPT_S = 5.0
+
+log = logging.getLogger("lab_utils.proxy")
 
 
 @dataclass
@@ -80,11 +90,16 @@ class Pool:
     """Backends of one role, each with its own pooled client and in-flight count.
     Clients are opened by `open()` inside the server's event loop."""
 
-    def __init__(self, role: str, urls: list[str], policy: str, timeout: aiohttp.ClientTimeout):
+    def __init__(self, role: str, urls: list[str], policy: str, timeout: aiohttp.ClientTimeout,
+                 on_connect_retry=None):
         self.role, self.urls, self.policy, self.timeout = role, urls, policy, timeout
         self.clients: dict[str, aiohttp.ClientSession] = {}
         self.in_flight = dict.fromkeys(urls, 0)
         self._cycle = itertools.cycle(urls)
+        self.connect_attempts = max(2, math.ceil((timeout.connect or 0) / CONNECT_ATTEMPT_S))
+        self._attempt = aiohttp.ClientTimeout(total=None, connect=(timeout.connect or 0) / self.connect_attempts,
+                                              sock_read=timeout.sock_read) if timeout.connect else timeout
+        self._on_connect_retry = on_connect_retry or (lambda: None)
 
     def open(self) -> None:
         self.clients = {u: aiohttp.ClientSession(base_url=u, timeout=self.timeout,
@@ -96,6 +111,25 @@ class Pool:
         if self.policy == "least_outstanding":
             return min(self.urls, key=self.in_flight.__getitem__)
         return next(self._cycle)
+
+    async def post(self, url: str, path: str, body: dict) -> aiohttp.ClientResponse:
+        """POST `body` to `url`; a connect that does not complete within its share of
+        connect_timeout_s is given up and tried again on a fresh socket."""
+        t0 = time.monotonic()
+        for attempt in range(1, self.connect_attempts + 1):
+            try:
+                return await self.clients[url].post(path, json=body, timeout=self._attempt)
+            except aiohttp.ConnectionTimeoutError:
+                waited = time.monotonic() - t0
+                if attempt == self.connect_attempts:
+                    raise ProxyError(504, "upstream_timeout",
+                                     f"{self.role} backend {url} accepted no connection in {waited:.1f} s "
+                                     f"({attempt} attempts): is it overloaded, or is a firewall dropping "
+                                     "packets to that port?", url) from None
+                log.warning("%s backend %s: connect attempt %d hung for %.1f s; trying a fresh socket",
+                            self.role, url, attempt, self._attempt.connect)
+                self._on_connect_retry()
+        raise AssertionError("unreachable")
 
     async def aclose(self) -> None:
         await asyncio.gather(*(c.close() for c in self.clients.values()))
@@ -109,6 +143,8 @@ class Metrics:
         self.errors = Counter("proxy_errors", "Requests that ended in an error", ["kind"], registry=r)
         self.in_flight = Gauge("proxy_in_flight", "Requests in flight per backend", ["role", "backend"], registry=r)
         self.prefill_s = Histogram("proxy_prefill_seconds", "Prefill request time", registry=r)
+        self.connect_retries = Counter("proxy_connect_retries",
+                                       "Backend connect attempts that hung and were retried", ["role"], registry=r)
         self.decode_ttfb_s = Histogram("proxy_decode_ttfb_seconds",
                                        "Time to the decode backend's first response byte", registry=r)
 
@@ -173,10 +209,12 @@ def create_app(settings: ProxySettings) -> FastAPI:
                                     sock_read=settings.request_timeout_s)
     metrics = Metrics()
     if settings.mode == "replicated":
-        pools = {"replica": Pool("replica", settings.backends, settings.policy, timeout)}
+        roles = {"replica": settings.backends}
     else:
-        pools = {"prefill": Pool("prefill", settings.prefill, settings.policy, timeout),
-                 "decode": Pool("decode", settings.decode, settings.policy, timeout)}
+        roles = {"prefill": settings.prefill, "decode": settings.decode}
+    pools = {role: Pool(role, urls, settings.policy, timeout,
+                        on_connect_retry=metrics.connect_retries.labels(role).inc)
+             for role, urls in roles.items()}
     front = pools.get("replica") or pools["decode"]
 
     @contextlib.asynccontextmanager
@@ -225,7 +263,7 @@ def create_app(settings: ProxySettings) -> FastAPI:
         req["kv_transfer_params"] = dict(REMOTE_DECODE)
         t0 = time.perf_counter()
         async def call() -> tuple[int, bytes]:
-            async with pool.clients[url].post(path, json=req) as r:
+            async with await pool.post(url, path, req) as r:
                 return r.status, await r.read()
 
         with tracked(pool, url):
@@ -262,7 +300,7 @@ def create_app(settings: ProxySettings) -> FastAPI:
         stack.enter_context(tracked(pool, url))
         t0 = time.perf_counter()
         try:
-            resp = await pool.clients[url].post(path, json=body)
+            resp = await pool.post(url, path, body)
         except UPSTREAM_ERRORS as e:
             stack.close()
             raise _upstream_error(e, url, pool.role) from None

@@ -3,7 +3,9 @@ and every failure behaviour, each with a bounded time."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import socket
 import time
 
 import httpx
@@ -95,6 +97,57 @@ def test_hanging_backend_gives_504_after_the_timeout(backends):
         elapsed = time.monotonic() - t0
     assert r.status_code == 504 and 0.9 < elapsed < 3.0
     assert r.json()["error"]["type"] == "upstream_timeout"
+
+
+@pytest.fixture
+def syn_dropping_port():
+    """A port whose SYNs go unanswered, as behind a full accept queue: backlog 0 holds one
+    connection, which a client made here fills; nothing is ever accepted."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.5", 0))
+    listener.listen(0)
+    filler = socket.create_connection(listener.getsockname())
+    yield listener.getsockname()[1]
+    filler.close()
+    listener.close()
+
+
+def test_a_connect_that_never_completes_gives_504_after_the_connect_timeout(syn_dropping_port):
+    url = f"http://127.0.0.5:{syn_dropping_port}"
+    with proxy(ProxySettings("replicated", backends=[url], connect_timeout_s=1.0)) as p:
+        t0 = time.monotonic()
+        r = httpx.post(f"{p.url}/v1/completions", json=body(), timeout=10)
+        elapsed = time.monotonic() - t0
+        m = httpx.get(f"{p.url}/metrics").text
+    err = r.json()["error"]
+    assert r.status_code == 504 and err["type"] == "upstream_timeout" and err["backend"] == url
+    assert "accepted no connection" in err["message"] and "(2 attempts)" in err["message"]
+    assert 0.9 < elapsed < 3.0
+    assert 'proxy_connect_retries_total{role="replica"} 1.0' in m
+
+
+def test_a_hung_connect_is_retried_on_a_fresh_socket(backends, monkeypatch):
+    """The first connect hangs (as a connect to a healthy backend once did in CI); the
+    request still succeeds, once, on a second socket, and the retry is counted."""
+    import aiohttp
+
+    fake, server = backends[0]
+    real = aiohttp.TCPConnector._create_connection
+    calls = []
+
+    async def first_hangs(self, *args, **kwargs):
+        calls.append(time.monotonic())
+        if len(calls) == 1:
+            await asyncio.sleep(3600)
+        return await real(self, *args, **kwargs)
+
+    monkeypatch.setattr(aiohttp.TCPConnector, "_create_connection", first_hangs)
+    with proxy(ProxySettings("replicated", backends=[server.url], connect_timeout_s=1.0)) as p:
+        r = httpx.post(f"{p.url}/v1/completions", json=body(), timeout=10)
+        m = httpx.get(f"{p.url}/metrics").text
+    assert r.status_code == 200 and len(fake.requests) == 1
+    assert len(calls) == 2 and 0.45 < calls[1] - calls[0] < 1.5  # the attempt's share: 0.5 s
+    assert 'proxy_connect_retries_total{role="replica"} 1.0' in m
 
 
 def pd_settings(backends, **kw) -> ProxySettings:
