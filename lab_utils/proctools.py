@@ -16,21 +16,45 @@ import socket
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 
-def _stat(pid: int) -> tuple[str, int, int] | None:
-    """(state, pgid, start_ticks) of a process, or None when it does not exist."""
+class ProcStat(NamedTuple):
+    state: str  # "R", "S", ... "Z" zombie, "X" dead
+    ppid: int
+    pgid: int
+    start_ticks: int
+
+
+def proc_stat(pid: int) -> ProcStat | None:
+    """A process's state, parent, group and start time, or None when it does not exist."""
     try:
         raw = Path(f"/proc/{pid}/stat").read_text()
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         return None
-    fields = raw[raw.rindex(")") + 2 :].split()
-    return fields[0], int(fields[2]), int(fields[19])
+    fields = raw[raw.rindex(")") + 2 :].split()  # after "pid (comm) "
+    return ProcStat(fields[0], int(fields[1]), int(fields[2]), int(fields[19]))
+
+
+def all_pids() -> list[int]:
+    return [int(d) for d in os.listdir("/proc") if d.isdigit()]
+
+
+def children(pid: int) -> list[int]:
+    return [c for c in all_pids() if (st := proc_stat(c)) and st.ppid == pid]
+
+
+def comm(pid: int) -> str:
+    """The process's short name ("" when it is gone)."""
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
 
 
 def start_ticks(pid: int) -> int:
-    st = _stat(pid)
-    return st[2] if st else -1
+    st = proc_stat(pid)
+    return st.start_ticks if st else -1
 
 
 def _reap(pid: int) -> None:
@@ -41,27 +65,22 @@ def _reap(pid: int) -> None:
 def is_alive(pid: int, ticks: int) -> bool:
     """True when `pid` runs and is the process recorded with `ticks` (not a zombie)."""
     _reap(pid)
-    st = _stat(pid)
-    return st is not None and st[2] == ticks and st[0] not in ("Z", "X")
+    st = proc_stat(pid)
+    return st is not None and st.start_ticks == ticks and st.state not in ("Z", "X")
 
 
 def group_members(pgid: int) -> list[int]:
-    out = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            st = _stat(int(d.name))
-            if st and st[1] == pgid and st[0] not in ("Z", "X"):
-                out.append(int(d.name))
-    return out
+    return [pid for pid in all_pids()
+            if (st := proc_stat(pid)) and st.pgid == pgid and st.state not in ("Z", "X")]
 
 
 def _group_is_ours(pgid: int, ticks: int) -> bool:
     """The group still holds our processes. A PID equal to a live group's id cannot be
     handed out again, so if the leader is gone, the remaining members are our orphans;
     if a process with that PID exists, it must be the one we recorded."""
-    leader = _stat(pgid)
-    if leader is not None and leader[0] not in ("Z", "X"):
-        return leader[2] == ticks
+    leader = proc_stat(pgid)
+    if leader is not None and leader.state not in ("Z", "X"):
+        return leader.start_ticks == ticks
     return bool(group_members(pgid))
 
 

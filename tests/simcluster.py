@@ -33,7 +33,7 @@ import sys
 import time
 from pathlib import Path
 
-from lab_utils.proctools import is_alive, start_ticks, stop_group
+from lab_utils.proctools import comm, is_alive, proc_stat, start_ticks, stop_group
 
 from sshd_server import LoopbackSSHD
 
@@ -149,6 +149,24 @@ def up() -> dict:
 def namespace_pids(ns: str) -> list[int]:
     out = _ip("netns", "pids", ns, check=False).stdout
     return [int(x) for x in out.split()]
+
+
+def strays(allowed_pgids=(), namespaces=tuple(LAN)) -> list[str]:
+    """"ns: pid comm" of every process in `namespaces` that is neither an sshd nor in one
+    of `allowed_pgids` (nor this process): what a test expects to be gone."""
+    out = []
+    for ns in namespaces:
+        for pid in namespace_pids(ns):
+            st = proc_stat(pid)
+            if pid == os.getpid() or st is None or st.pgid in allowed_pgids or comm(pid) == "sshd":
+                continue
+            out.append(f"{ns}: {pid} {comm(pid) or '(gone)'}")
+    return out
+
+
+def lab_argv(ns: str, *args: str) -> list[str]:
+    """`python -m lab_utils ARGS` run inside namespace `ns`."""
+    return ["ip", "netns", "exec", ns, sys.executable, "-m", "lab_utils", *args]
 
 
 def stop_namespace_processes(grace_s: float = 5.0) -> list[int]:

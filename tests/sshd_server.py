@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from lab_utils.proctools import group_members
+from lab_utils.proctools import all_pids, group_members, proc_stat
 
 SSHD = "/usr/sbin/sshd"
 SSH_KEYGEN = "ssh-keygen"
@@ -79,20 +79,6 @@ def _keygen(path: Path, comment: str) -> None:
         stdin=subprocess.DEVNULL,
     )
 
-
-
-def _proc_stat(pid: int) -> tuple[str, int, int, int] | None:
-    """(state, ppid, pgid, starttime) of a live process, None if it is gone."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return None
-    fields = raw[raw.rindex(")") + 2 :].split()  # after "pid (comm) "
-    return fields[0], int(fields[1]), int(fields[2]), int(fields[19])
-
-
-def _all_pids() -> list[int]:
-    return [int(d) for d in os.listdir("/proc") if d.isdigit()]
 
 
 def _quote(value: str) -> str:
@@ -315,19 +301,19 @@ class LoopbackSSHD:
                 os.kill(parent, signal.SIGSTOP)
             # The process table is read after stopping the parent, so every child it
             # forked is included and it cannot fork another.
-            for pid in _all_pids():
-                st = _proc_stat(pid)
-                if pid not in seen and st and st[1] == parent:
+            for pid in all_pids():
+                st = proc_stat(pid)
+                if pid not in seen and st and st.ppid == parent:
                     seen.add(pid)
                     queue.append(pid)
-                    frozen.append((pid, st[3]))
+                    frozen.append((pid, st.start_ticks))
         return frozen
 
     @staticmethod
     def _alive(pid: int, starttime: int) -> bool:
         """The process that had this PID and start time still exists (zombies count)."""
-        st = _proc_stat(pid)
-        return st is not None and st[3] == starttime
+        st = proc_stat(pid)
+        return st is not None and st.start_ticks == starttime
 
     def _kill_descendants(self, root: int, deadline: float) -> None:
         """Freeze `root` (stopped, it forks nothing new) and all its descendants; TERM the

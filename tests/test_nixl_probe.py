@@ -6,7 +6,6 @@ the statistics and fraction-of-limit arithmetic."""
 from __future__ import annotations
 
 import json
-import os
 import socket
 from pathlib import Path
 
@@ -43,11 +42,8 @@ def cfg(test_cfg):
 
 
 def _gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] in "ZX"
+    st = proctools.proc_stat(pid)
+    return st is None or st.state in ("Z", "X")
 
 
 def _assert_clean(cfg) -> None:

@@ -27,12 +27,12 @@ import httpx
 import pytest
 
 from lab_utils.metrics import fetch_metrics, read_counters
-from lab_utils.proctools import is_alive
+from lab_utils.proctools import children, comm, is_alive, proc_stat
 from lab_utils.topology import running
 
 from conftest import CANARY_HF_TOKEN, show, simcluster_profile, write_profile
 from leaks import cmdline_hits
-from simcluster import REPO
+from simcluster import REPO, lab_argv
 
 pytestmark = [pytest.mark.slow, pytest.mark.simcluster]
 
@@ -50,8 +50,7 @@ TIMES: list[str] = []
 
 def ctl(cfg, *args: str, timeout: float = SERVE_TIMEOUT_S) -> subprocess.CompletedProcess:
     """`python -m lab_utils ARGS --config CFG` inside the controller namespace."""
-    argv = ["ip", "netns", "exec", "controller", sys.executable, "-m", "lab_utils", *args,
-            "--config", str(cfg.source)]
+    argv = lab_argv("controller", *args, "--config", str(cfg.source))
     return subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=timeout)
 
 
@@ -141,56 +140,13 @@ class Stream:
             self._cm.__exit__(None, None, None)
 
 
-def children(pid: int) -> list[int]:
-    out = []
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                stat = Path(f"/proc/{d}/stat").read_text()
-            except OSError:
-                continue
-            if int(stat[stat.rindex(")") + 2:].split()[1]) == pid:
-                out.append(int(d))
-    return out
-
-
 def engine_core(rec) -> int:
     """PID of the instance's engine-core process (the API server's child that runs the
     model); the API server stays responsive while it is stopped."""
     kids = children(rec.pid)
-    cores = [k for k in kids if Path(f"/proc/{k}/comm").read_text().startswith("VLLM::Engine")]
+    cores = [k for k in kids if comm(k).startswith("VLLM::Engine")]
     assert len(cores) == 1, (rec.pid, kids)
     return cores[0]
-
-
-def comm(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/comm").read_text().strip()
-    except OSError:
-        return ""
-
-
-def pgid_of(pid: int) -> int | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(stat[stat.rindex(")") + 2:].split()[2])
-
-
-def strays(simcluster, cfg) -> list[str]:
-    """Processes in the cluster's namespaces that are neither sshd nor part of a process
-    group the lab has recorded as running."""
-    groups = {r.pgid for r in running(cfg)}
-    out = []
-    for ns in ("controller", *SPARKS):
-        for pid in simcluster.namespace_pids(ns):
-            if pid == os.getpid() or comm(pid) == "sshd" or pgid_of(pid) in groups:
-                continue
-            if pgid_of(pid) is None:
-                continue  # gone meanwhile
-            out.append(f"{ns}: {pid} {comm(pid)}")
-    return out
 
 
 def ports_free(cfg) -> list[str]:
@@ -220,7 +176,7 @@ def ports_free(cfg) -> list[str]:
 
 
 def assert_clean(simcluster, cfg) -> None:
-    assert strays(simcluster, cfg) == []
+    assert simcluster.strays({r.pgid for r in running(cfg)}) == []
 
 
 def assert_all_stopped(simcluster, cfg, records) -> None:
@@ -228,7 +184,7 @@ def assert_all_stopped(simcluster, cfg, records) -> None:
     assert running(cfg) == []
     alive = [r.name for r in records if is_alive(r.pid, r.start_ticks)]
     assert alive == []
-    assert strays(simcluster, cfg) == []
+    assert simcluster.strays({r.pgid for r in running(cfg)}) == []
     assert ports_free(cfg) == []
 
 
@@ -301,7 +257,7 @@ def test_instances_and_proxy_listen_only_on_their_addresses(fcfg, pd, simcluster
         node = fcfg.nodes[ns]
         groups = {pd[role].pgid for role in rec_roles}
         allowed = {node.lan_address, node.data_address, "127.0.0.1", "::1"}
-        ours = [(a, port) for a, port, pids in _listeners(ns) if {pgid_of(p) for p in pids} & groups]
+        ours = [(a, port) for a, port, pids in _listeners(ns) if {st.pgid for p in pids if (st := proc_stat(p))} & groups]
         configured = {(node.lan_address, pd[role].port) for role in rec_roles}
         assert configured <= set(ours), (ns, ours)
         wrong = [(a, port) for a, port in ours if a not in allowed]
@@ -328,8 +284,7 @@ def test_requests_without_the_api_key_get_401(fcfg, pd, simcluster, tmp_path):
     data["profile"] = "test-simcluster-apikey"
     kcfg = write_profile(tmp_path, data)
     url = f"http://{fcfg.nodes['controller'].lan_address}:{kcfg.proxy.port}"
-    proc = subprocess.Popen(["ip", "netns", "exec", "controller", sys.executable, "-m", "lab_utils",
-                             "proxy", "--config", str(kcfg.source), "--mode", "disaggregated"],
+    proc = subprocess.Popen(lab_argv("controller", "proxy", "--config", str(kcfg.source), "--mode", "disaggregated"),
                             cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             start_new_session=True)
     try:
@@ -475,8 +430,7 @@ def test_started_twice_no_duplicates_and_cleanup_twice(fcfg, pd, simcluster):
 
 def test_interrupt_during_startup_stops_what_was_started(fcfg, simcluster):
     ctl(fcfg, "cleanup", timeout=120)
-    proc = subprocess.Popen(["ip", "netns", "exec", "controller", sys.executable, "-m", "lab_utils",
-                             "serve", "--topology", "disaggregated", "--config", str(fcfg.source)],
+    proc = subprocess.Popen(lab_argv("controller", "serve", "--topology", "disaggregated", "--config", str(fcfg.source)),
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         wait_for(lambda: len(running(fcfg)) >= 2 or proc.poll() is not None, 120,
@@ -539,7 +493,7 @@ def test_a_changed_host_key_is_refused_with_the_fix(fcfg, simcluster, tmp_path):
     took = time.monotonic() - t0
     msg = p.stdout + p.stderr
     assert p.returncode != 0 and "ssh-keygen" in msg and "-R" in msg and spark2 in msg, msg[-2000:]
-    assert running(kcfg) == [] and strays(simcluster, kcfg) == []
+    assert running(kcfg) == [] and simcluster.strays({r.pgid for r in running(kcfg)}) == []
     record_time("changed host key -> refused with ssh-keygen -R", took)
 
 

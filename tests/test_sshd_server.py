@@ -14,7 +14,7 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from lab_utils.proctools import group_members
+from lab_utils.proctools import group_members, proc_stat
 
 from sshd_server import LoopbackSSHD
 
@@ -61,11 +61,8 @@ def port_is_free(host: str, port: int) -> bool:
 
 def gone(pid: int) -> bool:
     """No such process, or only its zombie (exited, not yet reaped)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return True
-    return stat[stat.rindex(")") + 2] == "Z"
+    st = proc_stat(pid)
+    return st is None or st.state in ("Z", "X")
 
 
 @pytest.fixture
