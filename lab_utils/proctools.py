@@ -52,6 +52,12 @@ def comm(pid: int) -> str:
         return ""
 
 
+def gone(pid: int) -> bool:
+    """No such process, or only its zombie (exited, not yet reaped)."""
+    st = proc_stat(pid)
+    return st is None or st.state in ("Z", "X")
+
+
 def start_ticks(pid: int) -> int:
     st = proc_stat(pid)
     return st.start_ticks if st else -1

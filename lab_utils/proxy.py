@@ -54,8 +54,9 @@ REMOTE_DECODE = {"do_remote_decode": True, "do_remote_prefill": False, "remote_e
 # connection the backend was closing at that moment, a 502 for a healthy backend.
 BACKEND_KEEPALIVE_S = 2.0
 # connect_timeout_s is spent in at least two attempts of at most this long, each on a fresh
-# socket. A connect to a healthy backend can hang (seen once in CI, on loopback, until the
-# 20 s limit); nothing has been sent when a connect fails, so another attempt is safe.
+# socket. When the controller stalls (seen for up to 20 s on a busy 2-core box), a connect
+# that completed meanwhile is timed out as the loop wakes; nothing has been sent when a
+# connect fails, so another attempt is safe.
 CONNECT_ATTEMPT_S = 5.0
 
 log = logging.getLogger("lab_utils.proxy")
@@ -96,9 +97,9 @@ class Pool:
         self.clients: dict[str, aiohttp.ClientSession] = {}
         self.in_flight = dict.fromkeys(urls, 0)
         self._cycle = itertools.cycle(urls)
-        self.connect_attempts = max(2, math.ceil((timeout.connect or 0) / CONNECT_ATTEMPT_S))
-        self._attempt = aiohttp.ClientTimeout(total=None, connect=(timeout.connect or 0) / self.connect_attempts,
-                                              sock_read=timeout.sock_read) if timeout.connect else timeout
+        self.connect_attempts = max(2, math.ceil(timeout.connect / CONNECT_ATTEMPT_S))
+        self._attempt = aiohttp.ClientTimeout(total=None, connect=timeout.connect / self.connect_attempts,
+                                              sock_read=timeout.sock_read)
         self._on_connect_retry = on_connect_retry or (lambda: None)
 
     def open(self) -> None:

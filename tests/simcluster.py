@@ -157,10 +157,10 @@ def strays(allowed_pgids=(), namespaces=tuple(LAN)) -> list[str]:
     out = []
     for ns in namespaces:
         for pid in namespace_pids(ns):
-            st = proc_stat(pid)
-            if pid == os.getpid() or st is None or st.pgid in allowed_pgids or comm(pid) == "sshd":
+            st, name = proc_stat(pid), comm(pid)
+            if pid == os.getpid() or st is None or st.pgid in allowed_pgids or name == "sshd":
                 continue
-            out.append(f"{ns}: {pid} {comm(pid) or '(gone)'}")
+            out.append(f"{ns}: {pid} {name or '(gone)'}")
     return out
 
 

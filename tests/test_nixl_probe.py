@@ -41,11 +41,6 @@ def cfg(test_cfg):
     return test_cfg
 
 
-def _gone(pid: int) -> bool:
-    st = proctools.proc_stat(pid)
-    return st is None or st.state in ("Z", "X")
-
-
 def _assert_clean(cfg) -> None:
     assert state_file(cfg).records() == []
     target = cfg.probe_pair()[0]
@@ -86,7 +81,7 @@ def test_probe_end_to_end_on_loopback(cfg):
     # nothing left behind: no record, no process, the port free again
     _assert_clean(cfg)
     assert r.pids["target"] != r.pids["initiator"]
-    assert all(_gone(pid) for pid in r.pids.values())
+    assert all(proctools.gone(pid) for pid in r.pids.values())
     log = Path(cfg.log_dir_on("spark-01")) / "nixl-probe-target.log"
     assert "ready" in log.read_text()
 

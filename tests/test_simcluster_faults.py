@@ -185,7 +185,7 @@ def assert_all_stopped(simcluster, cfg, records) -> None:
     assert running(cfg) == []
     alive = [r.name for r in records if is_alive(r.pid, r.start_ticks)]
     assert alive == []
-    assert simcluster.strays({r.pgid for r in running(cfg)}) == []
+    assert_clean(simcluster, cfg)
     assert ports_free(cfg) == []
 
 
@@ -505,7 +505,7 @@ def test_a_changed_host_key_is_refused_with_the_fix(fcfg, simcluster, tmp_path):
     took = time.monotonic() - t0
     msg = p.stdout + p.stderr
     assert p.returncode != 0 and "ssh-keygen" in msg and "-R" in msg and spark2 in msg, msg[-2000:]
-    assert running(kcfg) == [] and simcluster.strays({r.pgid for r in running(kcfg)}) == []
+    assert running(kcfg) == [] and simcluster.strays() == []
     record_time("changed host key -> refused with ssh-keygen -R", took)
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from lab_utils.proctools import group_members, proc_stat
+from lab_utils.proctools import gone, group_members
 
 from sshd_server import LoopbackSSHD
 
@@ -57,12 +57,6 @@ def port_is_free(host: str, port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.settimeout(1)
         return s.connect_ex((host, port)) != 0
-
-
-def gone(pid: int) -> bool:
-    """No such process, or only its zombie (exited, not yet reaped)."""
-    st = proc_stat(pid)
-    return st is None or st.state in ("Z", "X")
 
 
 @pytest.fixture
