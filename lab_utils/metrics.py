@@ -10,6 +10,8 @@ Names follow vLLM 0.32: counters carry the `_total` suffix, every series carries
 
 from __future__ import annotations
 
+import time
+
 from collections.abc import Iterable
 from dataclasses import dataclass, fields
 
@@ -195,25 +197,40 @@ def read_counters(snapshot: MetricsSnapshot, *, require_nixl: bool) -> InstanceC
 
 
 def fetch_metrics(
-    url: str, client: httpx.Client | None = None, timeout: float = 5.0
+    url: str, client: httpx.Client | None = None, timeout: float = 5.0, attempts: int = 3
 ) -> MetricsSnapshot:
-    """GET `<url>/metrics` from a vLLM instance (url like `http://127.0.0.2:8300`)."""
+    """GET `<url>/metrics` from a vLLM instance (url like `http://127.0.0.2:8300`).
+
+    A reading that times out is asked for again, up to `attempts` times: the GET changes
+    nothing, and a timeout is most often the machine standing still (lab_utils.stalls),
+    not the instance. A refused connection or an HTTP error fails at once."""
     target = url.rstrip("/") + "/metrics"
-    try:
-        if client is None:
-            with httpx.Client(timeout=timeout) as own_client:
-                response = own_client.get(target)
-        else:
-            response = client.get(target, timeout=timeout)
-        response.raise_for_status()
-    except httpx.HTTPStatusError as exc:
-        raise LabError(
-            f"{target} answered HTTP {exc.response.status_code}. Check that this URL is a "
-            "vLLM OpenAI server (it serves /metrics) and not the proxy or another service."
-        ) from exc
-    except httpx.HTTPError as exc:
-        raise LabError(
-            f"Could not read {target}: {exc!r}. Is the vLLM instance running and ready? "
-            "Check its log, and that host and port match the config."
-        ) from exc
+    t0 = time.monotonic()
+    for attempt in range(1, attempts + 1):
+        try:
+            if client is None:
+                with httpx.Client(timeout=timeout) as own_client:
+                    response = own_client.get(target)
+            else:
+                response = client.get(target, timeout=timeout)
+            response.raise_for_status()
+            break
+        except httpx.TimeoutException as exc:
+            if attempt < attempts:
+                continue
+            raise LabError(
+                f"{target} did not answer: {attempts} attempts of {timeout:g} s each timed out "
+                f"({time.monotonic() - t0:.0f} s in all; last: {exc!r}). Is the vLLM instance "
+                "running and ready? Check its log, and whether the machine is overloaded."
+            ) from exc
+        except httpx.HTTPStatusError as exc:
+            raise LabError(
+                f"{target} answered HTTP {exc.response.status_code}. Check that this URL is a "
+                "vLLM OpenAI server (it serves /metrics) and not the proxy or another service."
+            ) from exc
+        except httpx.HTTPError as exc:
+            raise LabError(
+                f"Could not read {target}: {exc!r}. Is the vLLM instance running and ready? "
+                "Check its log, and that host and port match the config."
+            ) from exc
     return parse_prometheus(response.text)

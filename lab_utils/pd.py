@@ -19,6 +19,7 @@ import httpx
 from lab_utils.errors import LabError
 from lab_utils.kv import KVShape
 from lab_utils.metrics import InstanceCounters, MetricsSnapshot, fetch_metrics, read_counters
+from lab_utils.stalls import Deadline
 
 
 def _post(client: httpx.Client, url: str, body: dict) -> dict:
@@ -143,15 +144,16 @@ def block_size_of(snapshot: MetricsSnapshot) -> int:
 def _counters_after(client: httpx.Client, url: str, before: InstanceCounters,
                     deadline_s: float = 10.0) -> InstanceCounters:
     """The decode instance's counters once its stats include the request's transfer
-    (stats reach /metrics shortly after the response)."""
-    t_end = time.monotonic() + deadline_s
+    (stats reach /metrics shortly after the response). Time the machine stood still
+    does not count against `deadline_s`."""
+    deadline = Deadline(deadline_s)
     while True:
         after = read_counters(fetch_metrics(url, client), require_nixl=True)
         done = (after.nixl_transfer_count > before.nixl_transfer_count
                 and after.prompt_tokens > before.prompt_tokens)
-        if done or time.monotonic() > t_end:
+        if done or deadline.expired():
             return after
-        time.sleep(0.1)
+        deadline.sleep(0.1)
 
 
 def _proof(ids: list[int], d: InstanceCounters, kv: KVShape, block_size: int, prefill_ms: float,

@@ -185,3 +185,44 @@ def test_fetch_metrics_http_error_names_url():
 def test_not_prometheus_text():
     with pytest.raises(LabError, match="not Prometheus text"):
         parse_prometheus("<html><body>hello</body></html>\n")
+
+
+def test_fetch_metrics_asks_again_after_a_timeout(sample_text):
+    calls = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(request.extensions["timeout"]["read"])
+        if len(calls) == 1:  # the machine stood still: the first reading timed out
+            raise httpx.ReadTimeout("timed out", request=request)
+        return httpx.Response(200, text=sample_text)
+
+    with httpx.Client(transport=httpx.MockTransport(handler)) as client:
+        snap = fetch_metrics("http://127.0.0.3:8400", client=client, timeout=2.0)
+    assert calls == [2.0, 2.0]
+    assert snap.value("vllm:generation_tokens_total") == 64
+
+
+def test_fetch_metrics_gives_up_after_its_attempts():
+    calls = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(1)
+        raise httpx.ConnectTimeout("timed out", request=request)
+
+    client = httpx.Client(transport=httpx.MockTransport(handler))
+    with client, pytest.raises(LabError, match=r"8400/metrics did not answer: 3 attempts of 5 s"):
+        fetch_metrics("http://127.0.0.3:8400", client=client)
+    assert len(calls) == 3
+
+
+def test_fetch_metrics_does_not_retry_a_refused_connection():
+    calls = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(1)
+        raise httpx.ConnectError("Connection refused", request=request)
+
+    client = httpx.Client(transport=httpx.MockTransport(handler))
+    with client, pytest.raises(LabError, match="Could not read"):
+        fetch_metrics("http://127.0.0.3:8400", client=client)
+    assert calls == [1]
