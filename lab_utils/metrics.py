@@ -11,7 +11,6 @@ Names follow vLLM 0.32: counters carry the `_total` suffix, every series carries
 from __future__ import annotations
 
 import time
-
 from collections.abc import Iterable
 from dataclasses import dataclass, fields
 
