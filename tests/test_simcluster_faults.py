@@ -29,6 +29,7 @@ import pytest
 
 from lab_utils.metrics import fetch_metrics, read_counters
 from lab_utils.proctools import children, comm, is_alive, proc_stat
+from lab_utils.stalls import Deadline
 from lab_utils.topology import running
 
 from conftest import CANARY_HF_TOKEN, show, simcluster_profile, write_profile
@@ -83,14 +84,16 @@ def engine_idle(urls: list[str]) -> bool:
 
 
 def wait_for(predicate, timeout_s: float, what: str, interval_s: float = 0.25) -> float:
-    """Poll until `predicate()`; return the seconds it took, fail after `timeout_s`."""
+    """Poll until `predicate()`; return the seconds it took, fail after `timeout_s`
+    (time the machine stood still does not count: lab_utils.stalls)."""
     t0 = time.monotonic()
+    deadline = Deadline(timeout_s)
     while True:
         if predicate():
             return time.monotonic() - t0
-        if time.monotonic() - t0 > timeout_s:
-            pytest.fail(f"not within {timeout_s:.0f} s: {what}")
-        time.sleep(interval_s)
+        if deadline.expired():
+            pytest.fail(f"not within {timeout_s:.0f} s: {what} (held up {deadline.held_up_s:.1f} s)")
+        deadline.sleep(interval_s)
 
 
 def prompt_ids(n: int, seed: int) -> list[int]:

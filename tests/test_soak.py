@@ -21,7 +21,7 @@ import pytest
 
 from lab_utils import proctools
 from lab_utils.launcher import stop_records
-from lab_utils.metrics import MetricsSnapshot, parse_prometheus
+from lab_utils.metrics import MetricsSnapshot, fetch_metrics
 from lab_utils.state import ProcessRecord
 from lab_utils.topology import running, serve
 from lab_utils.workload import build_requests, local_tokenizer
@@ -244,7 +244,7 @@ def total(snap: MetricsSnapshot, name: str) -> float:
 
 
 def proxy_reading(client: httpx.Client, url: str) -> dict[str, float]:
-    snap = parse_prometheus(client.get(f"{url}/metrics", timeout=10).text)
+    snap = fetch_metrics(url, client, timeout=10)
     requests = by_label(snap, "proxy_requests_total", "endpoint")
     out = {"requests": requests.get("/v1/completions", 0.0),
            "in_flight": total(snap, "proxy_in_flight"),
@@ -255,7 +255,7 @@ def proxy_reading(client: httpx.Client, url: str) -> dict[str, float]:
 
 
 def vllm_reading(client: httpx.Client, url: str) -> dict[str, float]:
-    snap = parse_prometheus(client.get(f"{url}/metrics", timeout=10).text)
+    snap = fetch_metrics(url, client, timeout=10)
     out = {"running": total(snap, "vllm:num_requests_running"),
            "waiting": total(snap, "vllm:num_requests_waiting"),
            "kv_usage": total(snap, "vllm:kv_cache_usage_perc")}
