@@ -43,3 +43,50 @@ class Deadline:
     def expired(self) -> bool:
         wall = time.monotonic() - self.start
         return wall > self.most_s or wall - self.held_up_s > self.seconds
+
+
+def _cpu_ticks() -> list[int]:
+    """user, nice, system, idle, iowait, irq, softirq, steal: the `cpu` line of /proc/stat."""
+    with open("/proc/stat") as f:
+        return [int(x) for x in f.readline().split()[1:9]]
+
+
+def watch(seconds: float, period_s: float = 0.1, out=print) -> list[float]:
+    """Sleep `period_s` at a time for `seconds`; report every wake-up more than `HELD_UP_S`
+    late, with where the CPUs' time went meanwhile. Returns the stalls' lengths."""
+    names = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+    found: list[float] = []
+    end = time.monotonic() + seconds
+    before = _cpu_ticks()
+    while time.monotonic() < end:
+        t0 = time.monotonic()
+        time.sleep(period_s)
+        late = time.monotonic() - t0 - period_s
+        now = _cpu_ticks()
+        if late > HELD_UP_S:
+            found.append(late)
+            spent = [b - a for a, b in zip(before, now, strict=True)]
+            total = sum(spent) or 1
+            share = ", ".join(f"{n} {100 * s / total:.0f}%" for n, s in zip(names, spent, strict=True) if s)
+            out(f"{time.strftime('%H:%M:%S')}  held up {late:5.1f} s  (CPU time meanwhile: {share})")
+        before = now
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(
+        prog="python -m lab_utils.stalls",
+        description="report when this machine stands still: a process that sleeps 0.1 s at a "
+                    "time and says when it woke more than 1 s late")
+    ap.add_argument("--seconds", type=float, default=60.0, help="how long to watch (default 60)")
+    a = ap.parse_args(argv)
+    found = watch(a.seconds)
+    print(f"watched {a.seconds:.0f} s: {len(found)} stall(s)"
+          + (f", longest {max(found):.1f} s, {sum(found):.1f} s in all" if found else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -68,3 +68,22 @@ def test_wall_time_is_capped(clock):
         d.sleep(0.1)
     assert d.held_up_s == pytest.approx(12.0) and d.waited() < 1.0
     assert d.expired(), "stalls may stretch a deadline only up to most_s of wall time"
+
+
+def test_watch_reports_a_late_wake_up_with_cpu_shares(clock, monkeypatch):
+    ticks = iter([[10, 0, 5, 100, 0, 0, 0, 0], [10, 0, 5, 110, 0, 0, 0, 0],
+                  [310, 0, 305, 110, 0, 0, 0, 0], [310, 0, 305, 120, 0, 0, 0, 0]])
+    monkeypatch.setattr(stalls, "_cpu_ticks", lambda: next(ticks))
+    stalls_at = iter([0.0, 6.0, 0.0])
+    real_sleep = clock.sleep
+
+    def sleep(seconds):
+        clock.stall = next(stalls_at)
+        real_sleep(seconds)
+
+    monkeypatch.setattr(stalls.time, "sleep", sleep)
+    lines = []
+    found = stalls.watch(6.25, out=lines.append)
+    assert found == [pytest.approx(6.0)]
+    assert len(lines) == 1 and "held up   6.0 s" in lines[0]
+    assert "user 50%, system 50%" in lines[0]
