@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel
 
+from lab_utils import stalls
 from lab_utils.config import WorkloadConfig
 from lab_utils.loadgen import RequestRecord, RequestSpec, run_point, run_sync
 
@@ -113,14 +114,20 @@ def sweep(url: str, model: str, make_requests, w: WorkloadConfig, *, mixed: bool
         summaries = []
         for rep in range(w.repeats):
             specs: list[RequestSpec] = make_requests(w.warmup + w.num_prompts, w.seed + 1000 * rep + int(value * 10))
-            records, wall = run_sync(run_point(
-                url, model, specs, warmup=w.warmup, seed=w.seed + rep, chat=w.chat,
-                concurrency=int(value) if mode == "concurrency" else None,
-                rate=value if mode == "rate" else None, burstiness=w.burstiness,
-                duration_s=w.duration_s, timeout_s=w.request_timeout_s,
-                show_progress=show_progress, desc=f"{mode} {value:g} #{rep + 1}"))
+            with stalls.Watch() as watch:
+                records, wall = run_sync(run_point(
+                    url, model, specs, warmup=w.warmup, seed=w.seed + rep, chat=w.chat,
+                    concurrency=int(value) if mode == "concurrency" else None,
+                    rate=value if mode == "rate" else None, burstiness=w.burstiness,
+                    duration_s=w.duration_s, timeout_s=w.request_timeout_s,
+                    show_progress=show_progress, desc=f"{mode} {value:g} #{rep + 1}"))
             s = summarize(records, wall, w)
-            s.update(mode=mode, value=value, repeat=rep, mixed=mixed)
+            s.update(mode=mode, value=value, repeat=rep, mixed=mixed,
+                     held_up_s=round(watch.held_up_s, 2), stalls=len(watch.stalls))
+            if watch.stalls:
+                print(f"note ({mode} {value:g}, repeat {rep + 1}): the machine stood still "
+                      f"{watch.held_up_s:.1f} s during this run (longest {max(watch.stalls):.1f} s); "
+                      "its latencies include that")
             if not s["valid"]:
                 print(f"INVALID POINT ({mode} {value:g}, repeat {rep + 1}): {s['invalid_reason']}")
             summaries.append(s)

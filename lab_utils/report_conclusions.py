@@ -257,6 +257,7 @@ def _warnings(data: ReportData) -> list[str]:
                    "and low-load requests can stall until the prefill's KV lease expires "
                    "(README, 'What the rehearsal can and cannot show'). The disaggregated "
                    "numbers here say how the mechanics behave on this box, not on a Spark.")
+    out += _stall_warning(data)
     base = data.sweeps.get("baseline")
     for arch, result in data.sweeps.items():
         if base is None or arch == "baseline":
@@ -269,6 +270,21 @@ def _warnings(data: ReportData) -> list[str]:
             out.append(f"The {arch} sweep did not run the baseline's workload ({'; '.join(diffs)}):"
                        " its comparisons are not like for like.")
     return out
+
+
+def _stall_warning(data: ReportData) -> list[str]:
+    """Runs during which the benchmark's own process was held up (lab_utils.stalls)."""
+    hit = [(arch, p) for arch, result in data.sweeps.items() for p in result.points
+           if p.summary.get("held_up_s")]
+    if not hit:
+        return []
+    runs = sum(len(result.points) for result in data.sweeps.values())
+    total = sum(p.summary["held_up_s"] for _, p in hit)
+    where = "; ".join(f"{arch} {p.mode} {p.value:g} #{p.repeat + 1}: {p.summary['held_up_s']:.1f} s"
+                      for arch, p in hit[:6]) + ("; ..." if len(hit) > 6 else "")
+    return [f"The machine running the benchmark stood still during {len(hit)} of {runs} measured "
+            f"runs, {total:.1f} s in all ({where}). Latencies measured across a stall include "
+            "it; the runs are in the numbers as measured."]
 
 
 def conclusions(data: ReportData, table: pd.DataFrame | None = None,

@@ -44,7 +44,8 @@ def metrics(out_tps: float, ttft: float, itl: float, itl_p99: float) -> dict[str
 
 def sweep(arch: str, per_load: dict[float, dict[str, float]], *, repeats: int = 1,
           jitter: float = 0.0, invalid: tuple[float, ...] = (), mixed: bool = False,
-          rates: dict[float, dict[str, float]] | None = None) -> dict:
+          rates: dict[float, dict[str, float]] | None = None,
+          held_up: dict[float, float] | None = None) -> dict:
     """A BenchmarkResult dump made the way `benchmark.sweep` makes one: per-repeat
     summaries (values scaled by 1 - jitter .. 1 + jitter), combined with `combine`."""
     points, combined = [], []
@@ -57,7 +58,8 @@ def sweep(arch: str, per_load: dict[float, dict[str, float]], *, repeats: int = 
             bad = load in invalid
             s = {k: values[k] * f for k in HEADLINE}
             s.update(valid=not bad, invalid_reason=FAILED if bad else None, mode=mode,
-                     value=float(load), repeat=rep, mixed=mixed)
+                     value=float(load), repeat=rep, mixed=mixed,
+                     held_up_s=(held_up or {}).get(load, 0.0) if rep == 0 else 0.0)
             summaries.append(s)
             points.append(BenchmarkPoint(mode=mode, value=load, repeat=rep, summary=s,
                                          requests=[]))
@@ -436,3 +438,15 @@ def test_report_html_renders_in_chromium(test_cfg, tmp_path):
                  paths.html.as_uri())
     assert shot.read_bytes().startswith(b"\x89PNG") and shot.stat().st_size > 10_000
     print(f"\nchromium: DOM check and screenshot in {time.monotonic() - t0:.1f} s; {shot}")
+
+
+def test_runs_the_machine_stalled_in_are_named(test_cfg):
+    write_baseline(test_cfg)
+    write_replicated(test_cfg, {c: metrics(200 * c, 40, 10, 50) for c in LOADS})
+    assert not any("stood still" in s for s in report.build_report(test_cfg).conclusions)
+    write_replicated(test_cfg, {c: metrics(200 * c, 40, 10, 50) for c in LOADS},
+                     held_up={2: 6.5})
+    (said,) = [s for s in report.build_report(test_cfg).conclusions if "stood still" in s]
+    runs = 2 * len(LOADS)
+    assert said.startswith(f"The machine running the benchmark stood still during 1 of {runs} "
+                           "measured runs, 6.5 s in all (replicated concurrency 2 #1: 6.5 s)")

@@ -87,3 +87,20 @@ def test_watch_reports_a_late_wake_up_with_cpu_shares(clock, monkeypatch):
     assert found == [pytest.approx(6.0)]
     assert len(lines) == 1 and "held up   6.0 s" in lines[0]
     assert "user 50%, system 50%" in lines[0]
+
+
+def test_watch_thread_notes_the_time_it_was_held_up(monkeypatch):
+    import time as real_time
+
+    jumps = iter([0.0, 5.0])  # the first wake-up reads the clock 5 s "late"
+    offset = [0.0]
+
+    def monotonic():
+        offset[0] += next(jumps, 0.0)
+        return real_time.perf_counter() + offset[0]
+
+    monkeypatch.setattr(stalls.time, "monotonic", monotonic)
+    with stalls.Watch(period_s=0.01) as w:
+        real_time.sleep(0.2)
+    assert len(w.stalls) == 1 and 5.0 <= w.held_up_s < 5.5
+    assert not w._thread.is_alive()
