@@ -25,7 +25,8 @@ def test_prefill_command_and_env(test_cfg):
     assert argv[argv.index("--host") + 1] == "127.0.0.2"
     assert argv[argv.index("--port") + 1] == str(s.port)
     kv = json.loads(argv[argv.index("--kv-transfer-config") + 1])
-    assert kv == {"kv_connector": "NixlConnector", "kv_role": "kv_producer", "kv_buffer_device": "cpu"}
+    assert kv == {"kv_connector": "NixlConnector", "kv_role": "kv_producer", "kv_buffer_device": "cpu",
+                  "kv_connector_extra_config": {"kv_lease_duration": 12}}
     env = launcher.server_env(test_cfg, s)
     assert env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == test_cfg.nodes["spark-01"].data_address
     assert env["VLLM_NIXL_SIDE_CHANNEL_PORT"] == str(s.side_channel_port)
