@@ -274,11 +274,12 @@ def _warnings(data: ReportData) -> list[str]:
 
 def _stall_warning(data: ReportData) -> list[str]:
     """Runs during which the benchmark's own process was held up (lab_utils.stalls)."""
-    hit = [(arch, p) for arch, result in data.sweeps.items() for p in result.points
-           if p.summary.get("held_up_s")]
+    results = [(arch, r) for arch, r in data.sweeps.items()]
+    results += [(f"{arch} (mixed workload)", r) for arch, r in data.mixed.items()]
+    hit = [(arch, p) for arch, result in results for p in result.points if p.summary.get("held_up_s")]
     if not hit:
         return []
-    runs = sum(len(result.points) for result in data.sweeps.values())
+    runs = sum(len(result.points) for _, result in results)
     total = sum(p.summary["held_up_s"] for _, p in hit)
     where = "; ".join(f"{arch} {p.mode} {p.value:g} #{p.repeat + 1}: {p.summary['held_up_s']:.1f} s"
                       for arch, p in hit[:6]) + ("; ..." if len(hit) > 6 else "")

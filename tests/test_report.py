@@ -117,7 +117,8 @@ def write_environment(cfg, *results: CheckResult) -> None:
 def write_replicated(cfg, data: dict, *, mixed: dict | None = None, **kw) -> None:
     write(cfg, "03", {"topology": "replicated", "policy": "round_robin",
                       "sweep": sweep("replicated", data, **kw),
-                      "mixed": sweep("replicated", mixed, mixed=True) if mixed else None})
+                      "mixed": sweep("replicated", mixed, mixed=True, held_up=kw.get("held_up"))
+                      if mixed else None})
 
 
 def write_disaggregated(cfg, data: dict, *, mixed: dict | None = None, ok: bool = True,
@@ -445,8 +446,9 @@ def test_runs_the_machine_stalled_in_are_named(test_cfg):
     write_replicated(test_cfg, {c: metrics(200 * c, 40, 10, 50) for c in LOADS})
     assert not any("stood still" in s for s in report.build_report(test_cfg).conclusions)
     write_replicated(test_cfg, {c: metrics(200 * c, 40, 10, 50) for c in LOADS},
-                     held_up={2: 6.5})
+                     held_up={2: 6.5}, mixed={2: metrics(100, 400, 10, 50)})
     (said,) = [s for s in report.build_report(test_cfg).conclusions if "stood still" in s]
-    runs = 2 * len(LOADS)
-    assert said.startswith(f"The machine running the benchmark stood still during 1 of {runs} "
-                           "measured runs, 6.5 s in all (replicated concurrency 2 #1: 6.5 s)")
+    runs = 2 * len(LOADS) + 1
+    assert said.startswith(f"The machine running the benchmark stood still during 2 of {runs} "
+                           "measured runs, 13.0 s in all (replicated concurrency 2 #1: 6.5 s; "
+                           "replicated (mixed workload) concurrency 2 #1: 6.5 s)")
