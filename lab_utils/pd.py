@@ -146,14 +146,14 @@ def _counters_after(client: httpx.Client, url: str, before: InstanceCounters,
     """The decode instance's counters once its stats include the request's transfer
     (stats reach /metrics shortly after the response). Time the machine stood still
     does not count against `deadline_s`."""
-    deadline = Deadline(deadline_s)
-    while True:
-        after = read_counters(fetch_metrics(url, client), require_nixl=True)
-        done = (after.nixl_transfer_count > before.nixl_transfer_count
-                and after.prompt_tokens > before.prompt_tokens)
-        if done or deadline.expired():
-            return after
-        deadline.sleep(0.1)
+    with Deadline(deadline_s) as deadline:
+        while True:
+            after = read_counters(fetch_metrics(url, client), require_nixl=True)
+            done = (after.nixl_transfer_count > before.nixl_transfer_count
+                    and after.prompt_tokens > before.prompt_tokens)
+            if done or deadline.expired():
+                return after
+            time.sleep(0.1)
 
 
 def _proof(ids: list[int], d: InstanceCounters, kv: KVShape, block_size: int, prefill_ms: float,

@@ -6,8 +6,8 @@ their first NIXL connection). A timer that runs out during such a stall fires th
 the process runs again, and reports a timeout that the thing it guarded did not cause.
 
 The lab's harness (reading counters, waiting for them to settle; never a measured figure)
-therefore uses a `Deadline` that does not count time the process overslept, and repeats an
-idempotent request that timed out (`fetch_metrics` does). The proxy logs the same kind of
+therefore uses a `Deadline` that does not count the time a `Watch` thread saw the process
+held up, and repeats an idempotent request that timed out (`fetch_metrics` does). The proxy logs the same kind of
 stall for the requests it carries (`lab_utils.proxy._report_stalls`).
 """
 
@@ -18,32 +18,6 @@ import time
 
 # A sleep that ends this much later than asked was a stall, not scheduling noise.
 HELD_UP_S = 1.0
-
-
-class Deadline:
-    """`seconds` of waiting, not counting the time `sleep` overslept by more than
-    `HELD_UP_S`; never more than `most_s` of wall time in all."""
-
-    def __init__(self, seconds: float, most_s: float | None = None):
-        self.seconds = seconds
-        self.most_s = most_s if most_s is not None else seconds + 120.0
-        self.start = time.monotonic()
-        self.held_up_s = 0.0
-
-    def sleep(self, seconds: float) -> None:
-        t0 = time.monotonic()
-        time.sleep(seconds)
-        late = time.monotonic() - t0 - seconds
-        if late > HELD_UP_S:
-            self.held_up_s += late
-
-    def waited(self) -> float:
-        """Seconds waited so far, stalls excluded."""
-        return time.monotonic() - self.start - self.held_up_s
-
-    def expired(self) -> bool:
-        wall = time.monotonic() - self.start
-        return wall > self.most_s or wall - self.held_up_s > self.seconds
 
 
 class Watch:
@@ -78,6 +52,41 @@ class Watch:
     def held_up_s(self) -> float:
         return sum(self.stalls)
 
+
+
+class Deadline:
+    """`seconds` of waiting, not counting the time this process was held up meanwhile
+    (seen by a `Watch` thread, whether it was sleeping or waiting for an answer); never
+    more than `most_s` of wall time in all. Use it as a context manager."""
+
+    def __init__(self, seconds: float, most_s: float | None = None, watch: Watch | None = None):
+        self.seconds = seconds
+        self.most_s = most_s if most_s is not None else seconds + 120.0
+        self.watch = watch or Watch()
+        self._own_watch = watch is None
+        self.start = time.monotonic()
+
+    def __enter__(self) -> Deadline:
+        if self._own_watch:
+            self.watch.__enter__()
+        self.start = time.monotonic()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._own_watch:
+            self.watch.__exit__(*exc)
+
+    @property
+    def held_up_s(self) -> float:
+        return self.watch.held_up_s
+
+    def waited(self) -> float:
+        """Seconds waited so far, stalls excluded."""
+        return time.monotonic() - self.start - self.held_up_s
+
+    def expired(self) -> bool:
+        wall = time.monotonic() - self.start
+        return wall > self.most_s or wall - self.held_up_s > self.seconds
 
 def _cpu_ticks() -> list[int]:
     """user, nice, system, idle, iowait, irq, softirq, steal: the `cpu` line of /proc/stat."""

@@ -101,13 +101,14 @@ def wait_for(predicate, timeout_s: float, what: str, interval_s: float = 0.25) -
     """Poll until `predicate()`; return the seconds it took, fail after `timeout_s`
     (time the machine stood still does not count: lab_utils.stalls)."""
     t0 = time.monotonic()
-    deadline = Deadline(timeout_s)
-    while True:
-        if predicate():
-            return time.monotonic() - t0
-        if deadline.expired():
-            pytest.fail(f"not within {timeout_s:.0f} s: {what} (held up {deadline.held_up_s:.1f} s)")
-        deadline.sleep(interval_s)
+    with Deadline(timeout_s) as deadline:
+        while True:
+            if predicate():
+                return time.monotonic() - t0
+            if deadline.expired():
+                pytest.fail(f"not within {timeout_s:.0f} s: {what} "
+                            f"(held up {deadline.held_up_s:.1f} s meanwhile)")
+            time.sleep(interval_s)
 
 
 def prompt_ids(n: int, seed: int) -> list[int]:
@@ -438,7 +439,7 @@ def test_decode_down_before_dispatch_fails_fast(fcfg, simcluster):
         usage.append(gauge(recs["prefill"].url, "vllm:kv_cache_usage_perc"))
         return usage[-1] > 0
 
-    wait_for(held, 5, "prefill's KV cache usage shows the held blocks")
+    wait_for(held, LEASE_S / 2, "prefill's KV cache usage shows the held blocks")
     wait_for(lambda: gauge(recs["prefill"].url, "vllm:kv_cache_usage_perc") == 0.0,
              LEASE_S + 15, f"prefill released the held KV blocks (lease {LEASE_S} s)")
     record_time(f"held KV blocks released (lease {LEASE_S} s)", time.monotonic() - t0,
