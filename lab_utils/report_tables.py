@@ -43,6 +43,13 @@ def _invalid_reason(result: BenchmarkResult, mode: str, value: float) -> str:
     return "; ".join(parts) or "marked invalid"
 
 
+def _stall_note(result: BenchmarkResult, mode: str, value: float) -> str:
+    """The repeats of a point during which the machine stood still (lab_utils.stalls)."""
+    held = [(p.repeat + 1, float(p.summary["held_up_s"])) for p in result.points
+            if p.mode == mode and p.value == value and p.summary.get("held_up_s")]
+    return "; ".join(f"repeat {rep}: the machine stood still {secs:.1f} s" for rep, secs in held)
+
+
 def _entry_valid(result: BenchmarkResult, entry: dict) -> bool:
     if "valid" in entry:
         return bool(entry["valid"])
@@ -80,6 +87,7 @@ def _row(arch: str, workload: str, result: BenchmarkResult, entry: dict) -> dict
     return {"architecture": arch, "workload": workload, "mode": mode, "value": value,
             "load": load_label(mode, value), "repeats": repeats, "valid": valid,
             "invalid_reason": None if valid else _invalid_reason(result, mode, value),
+            "stall_note": _stall_note(result, mode, value),
             **cells, "spread_pct": _spread_pct(cells, repeats)}
 
 
@@ -121,7 +129,8 @@ def _spread_text(row: pd.Series) -> str:
 
 def display_table(df: pd.DataFrame) -> pd.DataFrame:
     """The headline table for people: formatted numbers, invalid points as INVALID with
-    their reason, spread as (max-min)/median of the widest metric over the repeats."""
+    their reason, spread as (max-min)/median of the widest metric over the repeats; the
+    note names the repeats a machine stall fell in."""
     out = []
     for _, row in df.iterrows():
         rec = {"architecture": row["architecture"], "load": row["load"],
@@ -129,7 +138,8 @@ def display_table(df: pd.DataFrame) -> pd.DataFrame:
         for key, name in DISPLAY_COLUMNS.items():
             rec[name] = fmt_num(row[key]) if row["valid"] else "INVALID"
         rec["spread"] = _spread_text(row)
-        rec["note"] = row["invalid_reason"] if isinstance(row["invalid_reason"], str) else ""
+        notes = [row.get(k) for k in ("invalid_reason", "stall_note")]
+        rec["note"] = "; ".join(n for n in notes if isinstance(n, str) and n)
         out.append(rec)
     cols = ["architecture", "load", "valid", *DISPLAY_COLUMNS.values(), "spread", "note"]
     return pd.DataFrame(out, columns=cols)

@@ -452,3 +452,9 @@ def test_runs_the_machine_stalled_in_are_named(test_cfg):
     assert said.startswith(f"The machine running the benchmark stood still during 2 of {runs} "
                            "measured runs, 13.0 s in all (replicated concurrency 2 #1: 6.5 s; "
                            "replicated (mixed workload) concurrency 2 #1: 6.5 s)")
+    data = report.load_report_data(test_cfg)
+    for workload in ("standard", "mixed"):
+        shown = report.display_table(report.headline_table(data, workload))
+        noted = shown[shown["note"] != ""]
+        assert list(zip(noted["architecture"], noted["load"], noted["note"], strict=True)) == [
+            ("replicated", "concurrency 2", "repeat 1: the machine stood still 6.5 s")]
