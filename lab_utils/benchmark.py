@@ -20,6 +20,7 @@ from pydantic import BaseModel
 from lab_utils import stalls
 from lab_utils.config import WorkloadConfig
 from lab_utils.loadgen import RequestRecord, RequestSpec, run_point, run_sync
+from lab_utils.progress import log_progress
 
 PERCENTILES = (90, 99)
 HEADLINE = ("request_throughput", "output_throughput", "total_token_throughput", "request_goodput",
@@ -120,14 +121,17 @@ def sweep(url: str, model: str, make_requests, w: WorkloadConfig, *, mixed: bool
                     concurrency=int(value) if mode == "concurrency" else None,
                     rate=value if mode == "rate" else None, burstiness=w.burstiness,
                     duration_s=w.duration_s, timeout_s=w.request_timeout_s,
-                    show_progress=show_progress, desc=f"{mode} {value:g} #{rep + 1}"))
+                    show_progress=show_progress,
+                    desc=f"{'mixed ' if mixed else ''}{mode} {value:g} #{rep + 1}"))
             s = summarize(records, wall, w)
             s.update(mode=mode, value=value, repeat=rep, mixed=mixed,
                      held_up_s=round(watch.held_up_s, 2), stalls=len(watch.stalls))
             if watch.stalls:
-                print(f"note ({mode} {value:g}, repeat {rep + 1}): the machine stood still "
-                      f"{watch.held_up_s:.1f} s during this run (longest {max(watch.stalls):.1f} s); "
-                      "its latencies include that")
+                note = (f"note ({mode} {value:g}, repeat {rep + 1}): the machine stood still "
+                        f"{watch.held_up_s:.1f} s during this run (longest {max(watch.stalls):.1f} s); "
+                        "its latencies include that")
+                print(note)
+                log_progress(note)
             if not s["valid"]:
                 print(f"INVALID POINT ({mode} {value:g}, repeat {rep + 1}): {s['invalid_reason']}")
             summaries.append(s)

@@ -3,7 +3,9 @@
 Each notebook is executed by nbclient in a fresh kernel whose environment carries
 `LAB_CONFIG`, so `load_config()` inside it finds the same profile as the command line.
 Executed copies (with outputs) are written under the profile's results directory; the
-notebooks in the repository are never modified.
+notebooks in the repository are never modified. While a notebook runs, the lines its
+progress bars log (`lab_utils.progress`) are printed on the terminal, and a cell that
+runs for a long time without one is named every `HEARTBEAT_S` seconds.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -18,6 +21,7 @@ from lab_utils.atomic import atomic_write_text
 from lab_utils.config import REPO_ROOT, LabConfig
 from lab_utils.errors import LabError
 from lab_utils.launcher import stop_records
+from lab_utils.progress import PROGRESS_LOG_ENV
 from lab_utils.topology import running
 
 
@@ -28,6 +32,63 @@ def find_notebooks(notebooks_dir: str | os.PathLike | None = None, start: str | 
     return [p for p in found if (not start or p.name[:2] >= start) and (not stop or p.name[:2] <= stop)]
 
 
+HEARTBEAT_S = 60.0  # a cell silent for this long is named on the terminal
+
+
+def _minutes(secs: float) -> str:
+    return f"{int(secs // 60)} min {int(secs % 60):02d} s" if secs >= 60 else f"{secs:.0f} s"
+
+
+class _Relay:
+    """Prints the kernel's progress lines as they are logged, and which cell is still
+    running when nothing was printed for `HEARTBEAT_S` seconds."""
+
+    def __init__(self, log: Path, cells: int):
+        self.log, self.cells = log, cells
+        self.cell: tuple[int, str, float] | None = None  # index, first line, start time
+        self._offset, self._said = 0, time.monotonic()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="lab-progress", daemon=True)
+
+    def cell_started(self, cell, cell_index: int, **_) -> None:
+        if cell.cell_type == "code" and cell.source.strip():
+            first = next(line for line in cell.source.splitlines() if line.strip())
+            self.cell = (cell_index, first.strip()[:70], time.monotonic())
+
+    def _say(self, text: str) -> None:
+        print(f"  {text}", flush=True)
+        self._said = time.monotonic()
+
+    def _drain(self) -> None:
+        try:
+            with open(self.log, encoding="utf-8") as f:
+                f.seek(self._offset)
+                chunk = f.read()
+        except FileNotFoundError:
+            return
+        done = chunk[:chunk.rfind("\n") + 1]  # whole lines only; the rest is read next time
+        self._offset += len(done.encode("utf-8"))
+        for line in done.splitlines():
+            self._say(line)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.5):
+            self._drain()
+            now = time.monotonic()
+            if self.cell and now - self._said >= HEARTBEAT_S:
+                index, first, t0 = self.cell
+                self._say(f"cell {index + 1}/{self.cells} running for {_minutes(now - t0)}: {first}")
+
+    def __enter__(self) -> _Relay:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._drain()
+
+
 def _execute(path: Path, target: Path, timeout_per_cell: int) -> None:
     """Run one notebook in a fresh kernel; write the executed copy even when a cell fails."""
     import nbformat
@@ -36,14 +97,20 @@ def _execute(path: Path, target: Path, timeout_per_cell: int) -> None:
     from nbclient.exceptions import CellExecutionError
 
     nb = nbformat.read(path, as_version=4)
+    env_before = os.environ.get(PROGRESS_LOG_ENV)
     with tempfile.TemporaryDirectory(prefix="lab-kernel-") as tmp:
+        log = Path(tmp) / "progress.log"
+        os.environ[PROGRESS_LOG_ENV] = str(log)  # the kernel inherits this environment
         # IPC sockets in a private directory: the kernel is not reachable over TCP
         km = KernelManager(kernel_name="python3", transport="ipc",
                            connection_file=str(Path(tmp) / "kernel.json"))
+        relay = _Relay(log, len(nb.cells))
         client = NotebookClient(nb, km=km, timeout=timeout_per_cell, kernel_name="python3",
-                                resources={"metadata": {"path": str(path.parent)}})
+                                resources={"metadata": {"path": str(path.parent)}},
+                                on_cell_start=relay.cell_started)
         try:
-            client.execute()
+            with relay:
+                client.execute()
         except CellExecutionError as e:
             raise LabError(f"{path.name} failed (executed copy with the error: {target}):"
                            f"\n{e}") from None
@@ -51,6 +118,10 @@ def _execute(path: Path, target: Path, timeout_per_cell: int) -> None:
             nbformat.write(nb, target)
             if km.has_kernel:
                 km.shutdown_kernel(now=False)
+            if env_before is None:
+                os.environ.pop(PROGRESS_LOG_ENV, None)
+            else:
+                os.environ[PROGRESS_LOG_ENV] = env_before
 
 
 def _stop_leftovers(cfg: LabConfig, before: set[str], notebook: str) -> None:

@@ -141,3 +141,49 @@ def test_kv_buffer_device_auto_follows_notebook_02(test_cfg):
     forced = test_cfg.model_copy(update={"kv_transfer": test_cfg.kv_transfer.model_copy(
         update={"kv_buffer_device": "cpu"})})
     assert launcher.kv_buffer_device(forced) == "cpu"  # the config overrides 02
+
+
+def test_progress_bars_log_a_line_when_run_headless(tmp_path, monkeypatch):
+    import io
+
+    from lab_utils import progress
+
+    log = tmp_path / "progress.log"
+    monkeypatch.delenv(progress.PROGRESS_LOG_ENV, raising=False)
+    with progress.progress_bar(total=2, desc="quiet", file=io.StringIO()) as bar:
+        bar.update(2)
+    assert not log.exists()  # not headless: nothing logged
+    monkeypatch.setenv(progress.PROGRESS_LOG_ENV, str(log))
+    with progress.progress_bar(total=3, desc="concurrency 2 #1", unit="req", file=io.StringIO()) as bar:
+        bar.update(3)
+    with progress.progress_bar(total=2, desc="waiting", unit="instance", file=io.StringIO()) as bar:
+        bar.update(1)
+        bar.set_postfix_str("waiting: decode")
+    with progress.progress_bar(total=2, desc="off", disable=True) as bar:
+        bar.update(2)
+    assert log.read_text().splitlines() == ["concurrency 2 #1: 3/3 req in 0 s",
+                                            "waiting: 1/2 instance in 0 s (waiting: decode)"]
+
+
+def test_runner_prints_progress_and_names_a_long_cell(test_cfg, tmp_path, monkeypatch, capsys):
+    import nbformat
+    from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+    from lab_utils import runner
+
+    monkeypatch.setattr(runner, "HEARTBEAT_S", 1.0)
+    nbdir = tmp_path / "nbs"
+    nbdir.mkdir()
+    bars = ("from lab_utils.progress import progress_bar\n"
+            "for name in ('first', 'second'):\n"
+            "    with progress_bar(total=4, desc=name, unit='req') as bar:\n"
+            "        bar.update(4)")
+    nbformat.write(new_notebook(cells=[new_markdown_cell("# title"), new_code_cell(bars),
+                                       new_code_cell("import time\ntime.sleep(3.5)")]),
+                   nbdir / "00_Progress.ipynb")
+    runner.run_notebooks(test_cfg, notebooks_dir=nbdir)
+    out = capsys.readouterr().out.splitlines()
+    assert "  first: 4/4 req in 0 s" in out and "  second: 4/4 req in 0 s" in out
+    beats = [line for line in out if line.startswith("  cell 3/3 running for ")]
+    assert beats and all(line.endswith(": import time") for line in beats), out
+    assert os.environ.get("LAB_PROGRESS_LOG") is None
