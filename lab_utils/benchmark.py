@@ -104,6 +104,12 @@ def combine(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def _say(text: str) -> None:
+    """Printed in the notebook, and on the terminal when the notebooks run headless."""
+    print(text)
+    log_progress(text)
+
+
 def sweep(url: str, model: str, make_requests, w: WorkloadConfig, *, mixed: bool = False,
           show_progress: bool = True) -> BenchmarkResult:
     """Run the workload at every configured concurrency and rate, `w.repeats` times.
@@ -112,7 +118,7 @@ def sweep(url: str, model: str, make_requests, w: WorkloadConfig, *, mixed: bool
     plan = [("concurrency", c) for c in w.concurrency] + [("rate", r) for r in w.request_rates]
     points, combined = [], []
     for mode, value in plan:
-        summaries = []
+        summaries, label = [], f"{'mixed ' if mixed else ''}{mode} {value:g}"
         for rep in range(w.repeats):
             specs: list[RequestSpec] = make_requests(w.warmup + w.num_prompts, w.seed + 1000 * rep + int(value * 10))
             with stalls.Watch() as watch:
@@ -122,18 +128,16 @@ def sweep(url: str, model: str, make_requests, w: WorkloadConfig, *, mixed: bool
                     rate=value if mode == "rate" else None, burstiness=w.burstiness,
                     duration_s=w.duration_s, timeout_s=w.request_timeout_s,
                     show_progress=show_progress,
-                    desc=f"{'mixed ' if mixed else ''}{mode} {value:g} #{rep + 1}"))
+                    desc=f"{label} #{rep + 1}"))
             s = summarize(records, wall, w)
             s.update(mode=mode, value=value, repeat=rep, mixed=mixed,
                      held_up_s=round(watch.held_up_s, 2), stalls=len(watch.stalls))
             if watch.stalls:
-                note = (f"note ({mode} {value:g}, repeat {rep + 1}): the machine stood still "
-                        f"{watch.held_up_s:.1f} s during this run (longest {max(watch.stalls):.1f} s); "
-                        "its latencies include that")
-                print(note)
-                log_progress(note)
+                _say(f"note ({label}, repeat {rep + 1}): the machine stood still "
+                     f"{watch.held_up_s:.1f} s during this run (longest {max(watch.stalls):.1f} s); "
+                     "its latencies include that")
             if not s["valid"]:
-                print(f"INVALID POINT ({mode} {value:g}, repeat {rep + 1}): {s['invalid_reason']}")
+                _say(f"INVALID POINT ({label}, repeat {rep + 1}): {s['invalid_reason']}")
             summaries.append(s)
             points.append(BenchmarkPoint(mode=mode, value=value, repeat=rep, summary=s,
                                          requests=[r.as_dict() for r in records]))

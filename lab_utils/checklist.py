@@ -146,7 +146,8 @@ def run_checklist(cfg: LabConfig, checks: list[Check], nodes: dict[str, Node] | 
                   show_progress: bool = True) -> ChecklistReport:
     ctx = Context(cfg, nodes if nodes is not None else {n: get_node(cfg, n) for n in cfg.nodes})
     results: list[CheckResult] = []
-    with progress_bar(total=len(checks), desc="checks", disable=not show_progress) as bar:
+    with progress_bar(total=len(checks), desc="checklist", unit="check",
+                      disable=not show_progress) as bar:
         for check in checks:
             bar.set_postfix_str(check.__name__.removeprefix("check_"))
             try:
