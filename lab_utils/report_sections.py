@@ -110,7 +110,9 @@ def _table_blocks(table: pd.DataFrame) -> list[Block]:
               P("One row per architecture and load point: median over repeats. Spread is the "
                 "widest (max - min) / median over the repeats among the metrics shown. Invalid "
                 "points (too many failed requests) show INVALID with the reason and are left "
-                "out of plots and conclusions.")]
+                "out of plots and conclusions. The note also names the repeats during which "
+                "the machine running the benchmark stood still, and for how long: their "
+                "latencies include it.")]
     blocks.append(T(display_table(workload_rows(table, "standard"))))
     mixed = workload_rows(table, "mixed")
     if not mixed.empty:
