@@ -26,21 +26,20 @@ print(json.dumps(a.nbytes / best / 1e9))
 """
 
 _WEIGHT_BYTES = """
-import json, os, sys
-source, where, revision = sys.argv[1:4]
-if source == "hub":
-    from huggingface_hub import snapshot_download
-    where = snapshot_download(where, revision=revision or None, local_files_only=True)
 names = [n for n in os.listdir(where) if n.endswith(".safetensors")] or \\
         [n for n in os.listdir(where) if n.endswith(".bin")]
 print(json.dumps(sum(os.path.getsize(os.path.join(where, n)) for n in names)))
 """
 
 
-def _run(cfg: LabConfig, code: str, *args: str) -> float:
+def _run(cfg: LabConfig, code: str, in_model_dir: bool = False) -> float:
+    """Run `code` on the baseline node (in the model's directory if asked); its last line."""
+    from lab_utils.provision import run_in_model_dir
+
     name = cfg.topology.baseline.node
     node = get_node(cfg, name)
-    r = node.run([node.python, "-c", code, *args], timeout=300)
+    r = (run_in_model_dir(cfg, name, code, timeout=300) if in_model_dir
+         else node.run([node.python, "-c", code], timeout=300))
     if not r.ok:
         raise LabError(f"on {name}: {r.stderr.strip()[-300:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -59,6 +58,4 @@ def memory_bandwidth(cfg: LabConfig, environment: dict) -> tuple[float | None, s
 
 def weight_bytes(cfg: LabConfig) -> int:
     """Bytes of the model's weight files on the baseline node."""
-    name = cfg.topology.baseline.node
-    where = cfg.model.name if cfg.model.source == "hub" else cfg.model_path_on(name)
-    return int(_run(cfg, _WEIGHT_BYTES, cfg.model.source, where, cfg.model.revision or ""))
+    return int(_run(cfg, _WEIGHT_BYTES, in_model_dir=True))

@@ -15,7 +15,6 @@ import json
 from lab_utils.config import LabConfig
 from lab_utils.errors import LabError
 from lab_utils.kv import KVShape, kv_shape
-from lab_utils.nodes import get_node
 
 # The config.json fields that set the KV layout, as published with each model.
 REFERENCE_MODELS = {
@@ -27,15 +26,6 @@ REFERENCE_MODELS = {
                                  "torch_dtype": "bfloat16"},
 }
 
-_READ_CONFIG = """
-import json, os, sys
-source, where, revision = sys.argv[1:4]
-if source == "hub":
-    from huggingface_hub import snapshot_download
-    where = snapshot_download(where, revision=revision or None, local_files_only=True,
-                              allow_patterns=["config.json"])
-print(open(os.path.join(where, "config.json")).read())
-"""
 
 
 def block_size(cfg: LabConfig) -> int:
@@ -45,11 +35,10 @@ def block_size(cfg: LabConfig) -> int:
 
 def model_hf_config(cfg: LabConfig) -> dict:
     """The configured model's config.json, read on the prefill node where vLLM reads it."""
+    from lab_utils.provision import run_in_model_dir
+
     name = cfg.topology.disaggregated.prefill[0]
-    node = get_node(cfg, name)
-    where = cfg.model.name if cfg.model.source == "hub" else cfg.model_path_on(name)
-    r = node.run([node.python, "-c", _READ_CONFIG, cfg.model.source, where,
-                  cfg.model.revision or ""], timeout=120)
+    r = run_in_model_dir(cfg, name, 'print(open(os.path.join(where, "config.json")).read())')
     if not r.ok:
         raise LabError(f"cannot read {cfg.model.name}'s config.json on {name}: "
                        f"{r.stderr.strip()[-300:]}; run notebook 00 (it fetches the model)")

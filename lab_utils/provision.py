@@ -49,6 +49,26 @@ print(json.dumps(path))
 """
 
 
+# Sets `where` to the model's directory on the node: the hub cache's snapshot for a hub
+# model (nothing is downloaded), otherwise the configured path. Code that reads the model
+# there is appended to it.
+_LOCATE_MODEL = """
+import json, os, sys
+source, where, revision = sys.argv[1:4]
+if source == "hub":
+    from huggingface_hub import snapshot_download
+    where = snapshot_download(where, revision=revision or None, local_files_only=True)
+"""
+
+
+def run_in_model_dir(cfg: LabConfig, name: str, code: str, timeout: float = 120):
+    """Run Python `code` on node `name` with `where` set to the model's directory there."""
+    node = get_node(cfg, name)
+    where = cfg.model.name if cfg.model.source == "hub" else cfg.model_path_on(name)
+    return node.run([node.python, "-c", _LOCATE_MODEL + code, cfg.model.source, where,
+                     cfg.model.revision or ""], timeout=timeout)
+
+
 def package_files() -> list[Path]:
     return sorted(p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts)
 
