@@ -180,7 +180,7 @@ def _hub_snapshot(ctx: Context, name: str) -> str | None:
     r = ctx.run(name, [node.python, "-c", _HUB_SNAPSHOT, ctx.cfg.model.name,
                        ctx.cfg.model.revision or ""], timeout=120)
     if not r.ok:
-        raise LabError(f"node {name}: cannot look up the model cache: {r.stderr.strip()[-300:]}")
+        raise LabError(f"node {name}: cannot look up the model cache: {r.why}")
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 

@@ -41,7 +41,7 @@ def _run(cfg: LabConfig, code: str, in_model_dir: bool = False) -> float:
     r = (run_in_model_dir(cfg, name, code, timeout=300) if in_model_dir
          else node.run([node.python, "-c", code], timeout=300))
     if not r.ok:
-        raise LabError(f"on {name}: {r.stderr.strip()[-300:]}")
+        raise LabError(f"on {name}: {r.why}")
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 

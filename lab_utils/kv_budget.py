@@ -41,7 +41,7 @@ def model_hf_config(cfg: LabConfig) -> dict:
     r = run_in_model_dir(cfg, name, 'print(open(os.path.join(where, "config.json")).read())')
     if not r.ok:
         raise LabError(f"cannot read {cfg.model.name}'s config.json on {name}: "
-                       f"{r.stderr.strip()[-300:]}; run notebook 00 (it fetches the model)")
+                       f"{r.why}; run notebook 00 (it fetches the model)")
     return json.loads(r.stdout)
 
 

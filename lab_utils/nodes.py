@@ -36,6 +36,13 @@ class RunResult:
     def ok(self) -> bool:
         return self.code == 0
 
+    @property
+    def why(self) -> str:
+        """The last line of stderr (for a Python traceback, the exception), at most 300
+        characters; the exit code when the command printed nothing."""
+        lines = [line.strip() for line in self.stderr.splitlines() if line.strip()]
+        return lines[-1][-300:] if lines else f"exit code {self.code}"
+
 
 def state_file(cfg: LabConfig) -> StateFile:
     return StateFile(cfg.results_dir / "state.json")

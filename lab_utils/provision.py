@@ -85,7 +85,7 @@ def _write_remote(node: Node, path: str, text: str) -> None:
     code = "import sys, pathlib; pathlib.Path(sys.argv[1]).write_text(sys.stdin.read())"
     r = node.run([node.python, "-c", code, path], input=text)
     if not r.ok:
-        raise LabError(f"node {node.name}: cannot write {path}: {r.stderr.strip()[-300:]}")
+        raise LabError(f"node {node.name}: cannot write {path}: {r.why}")
 
 
 def missing_modules(node: Node, modules: list[str]) -> list[str]:
@@ -93,7 +93,7 @@ def missing_modules(node: Node, modules: list[str]) -> list[str]:
             "print(json.dumps([m for m in sys.argv[1:] if importlib.util.find_spec(m) is None]))")
     r = node.run([node.python, "-c", code, *modules], timeout=60)
     if not r.ok:
-        raise LabError(f"node {node.name}: cannot run {node.python}: {r.stderr.strip()[-300:]}"
+        raise LabError(f"node {node.name}: cannot run {node.python}: {r.why}"
                        " (set nodes.<name>.python to the node's interpreter)")
     return json.loads(r.stdout)
 
@@ -130,7 +130,7 @@ def model_snapshot(node: Node, path: str, full: bool) -> str | None:
     r = node.run([node.python, "-c", _SNAPSHOT_CODE, path, "1" if full else "0"],
                  timeout=600)
     if not r.ok:
-        raise LabError(f"node {node.name}: cannot inspect {path}: {r.stderr.strip()[-300:]}")
+        raise LabError(f"node {node.name}: cannot inspect {path}: {r.why}")
     return json.loads(r.stdout)
 
 

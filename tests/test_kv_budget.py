@@ -80,3 +80,31 @@ def test_environment_with_failures_is_refused_then_continued_knowingly(test_cfg,
     payload = require_environment(test_cfg)
     assert payload["continued_despite_failures"] and not payload["blessed"]
     assert "continuing on an environment with failed checks" in capsys.readouterr().out
+
+
+def test_hub_model_read_from_the_node_cache_without_downloading(test_cfg, tmp_path, monkeypatch):
+    """A hub model is read from the node's Hugging Face cache, never downloaded: its
+    config.json for the KV budget, its weight bytes for the roofline; a model missing
+    from the cache is an error naming the exception and notebook 00."""
+    import json
+
+    from lab_utils import hardware
+
+    repo = tmp_path / "hub" / "models--org--tiny"
+    snapshot = repo / "snapshots" / ("a" * 40)
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text(json.dumps(LLAMA_8B))
+    (snapshot / "model.safetensors").write_bytes(b"\0" * 1234)
+    (snapshot / "tokenizer.json").write_text("{}")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("a" * 40)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    hub = test_cfg.model_copy(update={"model": test_cfg.model.model_copy(
+        update={"name": "org/tiny", "source": "hub"})})
+    assert kv_budget.model_hf_config(hub) == LLAMA_8B
+    assert hardware.weight_bytes(hub) == 1234
+    missing = hub.model_copy(update={"model": hub.model.model_copy(update={"name": "org/absent"})})
+    with pytest.raises(LabError, match="cannot read org/absent's config.json on spark-01: "
+                       r"huggingface_hub.errors.LocalEntryNotFoundError: .*; run notebook 00"):
+        kv_budget.model_hf_config(missing)
