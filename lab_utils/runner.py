@@ -13,11 +13,11 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 from lab_utils.atomic import atomic_write_text
+from lab_utils.background import Background
 from lab_utils.config import REPO_ROOT, LabConfig
 from lab_utils.errors import LabError
 from lab_utils.launcher import stop_records
@@ -39,16 +39,15 @@ def _minutes(secs: float) -> str:
     return f"{int(secs // 60)} min {int(secs % 60):02d} s" if secs >= 60 else f"{secs:.0f} s"
 
 
-class _Relay:
+class _Relay(Background):
     """Prints the kernel's progress lines as they are logged, and which cell is still
     running when nothing was printed for `HEARTBEAT_S` seconds."""
 
     def __init__(self, log: Path, cells: int):
+        super().__init__("lab-progress")
         self.log, self.cells = log, cells
         self.cell: tuple[int, str, float] | None = None  # index, first line, start time
         self._offset, self._said = 0, time.monotonic()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="lab-progress", daemon=True)
 
     def cell_started(self, cell, cell_index: int, **_) -> None:
         if cell.cell_type == "code" and cell.source.strip():
@@ -79,14 +78,9 @@ class _Relay:
                 index, first, t0 = self.cell
                 self._say(f"cell {index + 1}/{self.cells} running for {_minutes(now - t0)}: {first}")
 
-    def __enter__(self) -> _Relay:
-        self._thread.start()
-        return self
-
     def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
-        self._drain()
+        super().__exit__(*exc)
+        self._drain()  # the lines logged after the last look
 
 
 def _execute(path: Path, target: Path, timeout_per_cell: int) -> None:

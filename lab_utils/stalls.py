@@ -13,23 +13,23 @@ stall for the requests it carries (`lab_utils.proxy._report_stalls`).
 
 from __future__ import annotations
 
-import threading
 import time
+
+from lab_utils.background import Background
 
 # A sleep that ends this much later than asked was a stall, not scheduling noise.
 HELD_UP_S = 1.0
 
 
-class Watch:
+class Watch(Background):
     """While in the `with` block, a thread notes each time this process was held up
     (woke more than `HELD_UP_S` late from a `period_s` sleep). A measurement made across
     a stall includes it; the benchmark records what this saw next to each run."""
 
     def __init__(self, period_s: float = 0.1):
+        super().__init__("stall-watch")
         self.period_s = period_s
         self.stalls: list[float] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="stall-watch", daemon=True)
 
     def _run(self) -> None:
         while True:
@@ -39,14 +39,6 @@ class Watch:
             late = time.monotonic() - t0 - self.period_s
             if late > HELD_UP_S:
                 self.stalls.append(late)
-
-    def __enter__(self) -> Watch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
 
     @property
     def held_up_s(self) -> float:

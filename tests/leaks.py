@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
-import threading
 from pathlib import Path
+
+from lab_utils.background import Background
 
 
 def cmdline_hits(secret: str) -> list[str]:
@@ -43,15 +44,14 @@ def file_hits(secret: str, *roots: Path, skip: tuple[str, ...] = ()) -> tuple[li
     return hits, scanned
 
 
-class CmdlineWatch:
+class CmdlineWatch(Background):
     """Samples every process's command line in a thread while a `with` block runs."""
 
     def __init__(self, secret: str, interval_s: float = 0.5):
+        super().__init__("cmdline-watch")
         self.secret, self.interval_s = secret, interval_s
         self.hits: set[str] = set()
         self.samples = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -59,10 +59,3 @@ class CmdlineWatch:
             self.samples += 1
             self._stop.wait(self.interval_s)
 
-    def __enter__(self) -> CmdlineWatch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
