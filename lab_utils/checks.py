@@ -32,8 +32,9 @@ def check_ssh(ctx: Context) -> list[CheckResult]:
             r = ctx.run(name, ["true"], timeout=ssh.connect_timeout_s + 20)
         except LabError as e:
             ctx.unreachable[name] = "SSH failed (see the ssh check)"
-            out.append(CheckResult("ssh", name, "fail", f"cannot reach {where}", evidence=str(e),
-                                   fix=_ssh_fix(str(e), where)))
+            seen, fix = _ssh_fix(str(e), where)
+            out.append(CheckResult("ssh", name, "fail", f"cannot reach {where}", evidence=seen,
+                                   fix=fix))
             continue
         if not r.ok:
             ctx.unreachable[name] = "commands fail there (see the ssh check)"
@@ -48,14 +49,19 @@ def check_ssh(ctx: Context) -> list[CheckResult]:
     return out
 
 
-def _ssh_fix(error: str, where: str) -> str:
+def _ssh_fix(error: str, where: str) -> tuple[str, str]:
+    """(what was seen, the fix) for an SSH failure; a changed host key's error carries
+    its own fix, which is then not repeated as evidence."""
+    if "ssh-keygen -R" in error and "If the node" in error:
+        at = error.index("If the node")
+        return error[:at].strip(), error[at:]
     if "ssh-keygen -R" in error:
-        return error[error.index("If the node"):] if "If the node" in error else error
+        return error, error
     if "host key" in error.lower():
-        return (f"ssh to {where} once to check and record its host key in known_hosts, or set "
-                "ssh.accept_new_host_key: true in the config")
-    return (f"check that {where} is up and the SSH user/key are right: "
-            f"`ssh {where.rsplit(':', 1)[0]} true` must work without a password")
+        return error, (f"ssh to {where} once to check and record its host key in known_hosts, "
+                       "or set ssh.accept_new_host_key: true in the config")
+    return error, (f"check that {where} is up and the SSH user/key are right: "
+                   f"`ssh {where.rsplit(':', 1)[0]} true` must work without a password")
 
 
 def check_code(ctx: Context) -> list[CheckResult]:

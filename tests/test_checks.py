@@ -89,6 +89,15 @@ def test_recorded_failure_cases(spark_cfg, scenario):
     assert report.failed == any(s == "fail" for s, _ in GOLDEN[scenario].values())
 
 
+def test_changed_host_key_says_what_was_seen_and_the_fix_once(spark_cfg):
+    got = _by_key(run_checks(spark_cfg, replay_nodes(spark_cfg, "host_key_changed"),
+                             show_progress=False))[("ssh", "spark-02")]
+    assert got.evidence == ("node spark-02 (lab@192.168.1.12:22): the host key CHANGED since "
+                            "it was recorded in ~/.ssh/known_hosts.")
+    assert got.fix.startswith("If the node was reinstalled, remove the old key with "
+                              "`ssh-keygen -R '192.168.1.12' -f ~/.ssh/known_hosts`")
+
+
 def test_replayed_commands_are_the_recorded_ones(spark_cfg):
     nodes = replay_nodes(spark_cfg)
     run_checks(spark_cfg, nodes, show_progress=False)
