@@ -6,6 +6,8 @@ is broken), the node's LAN address for HTTP, and for prefill/decode the NixlConn
 with the side channel on the node's data-plane address and its own port. Secrets reach
 the process through its environment, never its command line. `start_instance` refuses a
 port already taken (naming the holder) and reuses an instance that is already running;
+each instance gets its own TMPDIR (its ZMQ sockets and rendezvous files), removed when it
+is stopped;
 `wait_ready` polls `/health` with a progress bar while checking the process is alive,
 and on death raises with the log tail and the fix for any known failure in it.
 """
@@ -158,13 +160,18 @@ def start_instance(cfg: LabConfig, spec: InstanceSpec) -> tuple[ProcessRecord, b
         node.ensure_port_free(node_cfg.data_address, spec.side_channel_port,
                               f"the NIXL side channel of {spec.name}")
     ensure_model_on(cfg, spec.node)
-    rec = node.start_detached(
-        spec.name, server_command(cfg, spec), env=server_env(cfg, spec),
-        log_path=_log_path(cfg, spec), kind="vllm", port=spec.port,
-        url=instance_url(cfg, spec),
-        extra={"topology": spec.topology, "role": spec.role,
-               "side_channel_port": spec.side_channel_port},
-    )
+    tmp = node.private_tmp(spec.name)  # removed when the instance is stopped
+    try:
+        rec = node.start_detached(
+            spec.name, server_command(cfg, spec), env={"TMPDIR": tmp, **server_env(cfg, spec)},
+            log_path=_log_path(cfg, spec), kind="vllm", port=spec.port,
+            url=instance_url(cfg, spec),
+            extra={"topology": spec.topology, "role": spec.role,
+                   "side_channel_port": spec.side_channel_port, "tmpdir": tmp},
+        )
+    except BaseException:
+        node.remove_private_tmp(tmp)
+        raise
     return rec, True
 
 

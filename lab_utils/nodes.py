@@ -10,6 +10,7 @@ the config.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -25,6 +26,7 @@ from lab_utils.config import LabConfig, NodeConfig
 from lab_utils.errors import LabError, PortInUseError
 from lab_utils.state import ProcessRecord, StateFile
 
+PRIVATE_TMP_PREFIX = "spark-lab-"  # Node.private_tmp's directories, and only those, are removed
 
 @dataclass
 class RunResult:
@@ -96,10 +98,27 @@ class Node(ABC):
         return rec
 
     def stop(self, rec: ProcessRecord, grace_s: float = 10.0) -> bool:
-        """Stop the record's process group (TERM, then KILL) and forget it."""
+        """Stop the record's process group (TERM, then KILL), remove its private temporary
+        directory if it has one, and forget it."""
         ran = self._stop_group(rec, grace_s)
         self.state.remove(rec.name)
+        self.remove_private_tmp(rec.extra.get("tmpdir"))
         return ran
+
+    def private_tmp(self, name: str) -> str:
+        """A new temporary directory on this node for one process (its TMPDIR): what the
+        process leaves there (vLLM's ZMQ sockets, its rendezvous files) goes when it stops.
+        A short path under the node's /tmp, so socket paths stay within the 107-byte limit."""
+        r = self.run(["mktemp", "-d", "-t", f"{PRIVATE_TMP_PREFIX}{name}.XXXXXX"])
+        if not r.ok:
+            raise LabError(f"node {self.name}: cannot create a temporary directory: {r.why}")
+        return r.stdout.strip()
+
+    def remove_private_tmp(self, path: str | None) -> None:
+        if not path or not Path(path).name.startswith(PRIVATE_TMP_PREFIX):
+            return  # only what private_tmp made
+        with contextlib.suppress(LabError):  # unreachable now: it is small, under its /tmp
+            self.run(["rm", "-rf", "--", path], timeout=60)
 
     def ensure_port_free(self, address: str, port: int, what: str) -> None:
         report = self.port_report(address, port)

@@ -83,6 +83,24 @@ def test_detached_process_group_stopped_with_children(node, test_cfg, tmp_path):
     assert node.stop(rec, grace_s=1.0) is False  # already gone: nothing to do
 
 
+def test_private_tmp_is_the_process_tempdir_and_goes_when_it_stops(node, tmp_path, monkeypatch):
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # mktemp -t: the node's TMPDIR, else /tmp
+    tmp = node.private_tmp("prefill-0")
+    assert Path(tmp).parent == tmp_path and Path(tmp).name.startswith("spark-lab-prefill-0.")
+    code = ("import tempfile, time; f = tempfile.NamedTemporaryFile(delete=False); "
+            "print(f.name, flush=True); time.sleep(600)")
+    rec = node.start_detached("tmpuser", [sys.executable, "-c", code], env={"TMPDIR": tmp},
+                              log_path=str(tmp_path / "t.log"), extra={"tmpdir": tmp})
+    assert wait_for(lambda: node.log_tail(rec).strip())
+    assert Path(node.log_tail(rec).strip()).parent == Path(tmp)  # the process wrote there
+    assert node.stop(rec, grace_s=1.0) is True
+    assert not Path(tmp).exists()
+    keep = tmp_path / "not-ours"
+    keep.mkdir()
+    node.remove_private_tmp(str(keep))  # only what private_tmp made is ever removed
+    assert keep.is_dir()
+
+
 def test_recycled_pid_is_not_ours(node, tmp_path):
     rec = node.start_detached("sleeper", [sys.executable, "-c", "import time; time.sleep(600)"],
                               log_path=str(tmp_path / "s.log"))

@@ -5,7 +5,11 @@ the report with its conclusions, nothing left running, wall time per notebook pr
 from __future__ import annotations
 
 import json
+import os
+import stat
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +17,7 @@ from lab_utils.results import RESULTS, load_results
 
 from conftest import make_profile_data, show, write_profile
 
+TMP_ADDED: list[str] = []  # what the series added to the temporary directory
 SERIES_SHIFT = 3000  # ports apart from the other tests' profiles (+1000, +2000)
 
 pytestmark = [pytest.mark.slow, pytest.mark.series]
@@ -33,7 +38,9 @@ def series(tmp_path_factory, request):
     data["kv_transfer"]["probe_port"] += SERIES_SHIFT
     cfg = write_profile(root, data)
     t0 = time.monotonic()
+    tmp_before = set(os.listdir(tempfile.gettempdir()))
     executed = run_notebooks(cfg)
+    TMP_ADDED[:] = sorted(set(os.listdir(tempfile.gettempdir())) - tmp_before)
     times = json.loads((cfg.results_dir / "executed" / "times.json").read_text())
     line = f"[series] 00-05 in {time.monotonic() - t0:.0f} s: " + ", ".join(
         f"{name[:2]} {t:.0f} s" for name, t in times.items())
@@ -83,3 +90,8 @@ def test_nothing_left_running(series):
 
     cfg, _ = series
     assert running(cfg) == []
+    # vLLM's ZMQ sockets and rendezvous files went with the instances' private TMPDIRs
+    tmp = Path(tempfile.gettempdir())
+    left = [n for n in TMP_ADDED if n.startswith(("vllm_dist_", "spark-lab-"))
+            or ((tmp / n).exists() and stat.S_ISSOCK((tmp / n).lstat().st_mode))]
+    assert left == [], f"the series left these in {tmp}: {left}"
