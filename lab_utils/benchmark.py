@@ -79,6 +79,8 @@ def summarize(records: list[RequestRecord], wall_s: float, w: WorkloadConfig) ->
     out.update(_stats("ttft", [r.ttft_ms for r in ok]))
     out.update(_stats("tpot", [r.tpot_ms for r in ok if r.tpot_ms is not None]))
     out.update(_stats("itl", [x for r in ok for x in r.itl_ms]))
+    gaps = sum(len(r.itl_ms) for r in ok)
+    out["itl_read_together_fraction"] = sum(r.read_together for r in ok) / gaps if gaps else None
     out.update(_stats("e2el", [r.e2el_ms for r in ok]))
     lags = [(r.sent_s - r.scheduled_s) * 1000.0 for r in records]
     out["p99_send_lag_ms"] = float(np.percentile(lags, 99)) if lags else None
@@ -102,6 +104,16 @@ def combine(summaries: list[dict[str, Any]]) -> dict[str, Any]:
             out[f"{key}_min"], out[f"{key}_max"] = min(vals), max(vals)
             out[f"{key}_spread"] = max(vals) - min(vals)
     return out
+
+
+READ_TOGETHER_NOTE = 0.10
+
+
+def read_together_share(summary: dict[str, Any]) -> float | None:
+    """The share of a run's inter-token gaps that were between tokens the load generator
+    got in one read, when it is at least `READ_TOGETHER_NOTE`; else None."""
+    share = summary.get("itl_read_together_fraction")
+    return share if share is not None and share >= READ_TOGETHER_NOTE else None
 
 
 def _say(text: str) -> None:
@@ -136,6 +148,11 @@ def sweep(url: str, model: str, make_requests, w: WorkloadConfig, *, mixed: bool
                 _say(f"note ({label}, repeat {rep + 1}): the machine stood still "
                      f"{watch.held_up_s:.1f} s during this run (longest {max(watch.stalls):.1f} s); "
                      "its latencies include that")
+            if read_together_share(s):
+                _say(f"note ({label}, repeat {rep + 1}): {read_together_share(s):.0%} of the tokens "
+                     "after the first reached the load generator in the same read as the one before "
+                     "(an ITL of 0 ms): it read late, starved of CPU, or they were sent together; "
+                     "this run's ITL is not the decode step")
             if not s["valid"]:
                 _say(f"INVALID POINT ({label}, repeat {rep + 1}): {s['invalid_reason']}")
             summaries.append(s)

@@ -3,8 +3,9 @@
 Streams OpenAI completions (or chat completions) over HTTP and times each request with
 `time.perf_counter()` from the moment it is on the wire: TTFT (to the first token), the inter-token latencies, TPOT
 ((end-to-end - TTFT) / (output tokens - 1), as `vllm bench serve` defines it),
-end-to-end latency, the token counts the server reports in its usage, and the scheduled
-and actual send times (their difference is the generator's own lag). Two modes: a fixed
+end-to-end latency, the token counts the server reports in its usage, the scheduled
+and actual send times (their difference is the generator's own lag), and how many
+tokens reached it in the same read as the token before (`read_together`). Two modes: a fixed
 number of requests in flight (`concurrency`) or arrivals at a Poisson `rate` (with a
 gamma `burstiness`; 1.0 is Poisson). Warm-up requests run first and are not recorded. A
 failed request is recorded with its error; it never stops the run.
@@ -42,6 +43,9 @@ class RequestRecord:
     sent_s: float = -1.0  # when it was sent, same clock (-1: never sent)
     ttft_ms: float | None = None
     itl_ms: list[float] = field(default_factory=list)
+    # tokens that came out of the same socket read as the token before them: their
+    # inter-token gap is the client's parsing time, not the server's (see TokenReader)
+    read_together: int = 0
     e2el_ms: float | None = None
     tpot_ms: float | None = None
     prompt_tokens: int | None = None  # from the server's usage
@@ -80,44 +84,61 @@ def trace_config() -> aiohttp.TraceConfig:
     return tc
 
 
+class TokenReader:
+    """Parses a completions stream (server-sent events) into `rec` as it is read: the
+    first token's time is the TTFT, each later token adds an inter-token gap.
+
+    Every token is stamped when the read that brought it returned. A read that brings
+    several tokens means they waited in the client's socket (the client was late to read,
+    e.g. starved of CPU) or were sent together; the gaps between them then say nothing
+    about decoding, and `rec.read_together` counts them."""
+
+    def __init__(self, rec: RequestRecord, t0: float):
+        self.rec, self.last, self.buf = rec, t0, b""
+
+    def feed(self, chunk: bytes, now: float) -> None:
+        rec, tokens = self.rec, 0
+        self.buf += chunk
+        while b"\n\n" in self.buf:
+            event, self.buf = self.buf.split(b"\n\n", 1)
+            data = event.removeprefix(b"data: ").strip()
+            if not data or data == b"[DONE]":
+                continue
+            msg = json.loads(data)
+            if "error" in msg:
+                raise RuntimeError(f"error event: {json.dumps(msg['error'])[:300]}")
+            if msg.get("usage"):
+                rec.prompt_tokens = msg["usage"].get("prompt_tokens")
+                rec.completion_tokens = msg["usage"].get("completion_tokens")
+            choices = msg.get("choices") or []
+            if not choices:
+                continue
+            c = choices[0]
+            if not (c.get("text") or (c.get("delta") or {}).get("content") or c.get("token_ids")):
+                continue
+            if rec.ttft_ms is None:
+                rec.ttft_ms = (now - self.last) * 1000.0
+            else:
+                rec.itl_ms.append((now - self.last) * 1000.0)
+                rec.read_together += tokens > 0
+            tokens += 1
+            self.last = now
+
+
 async def send_one(session: aiohttp.ClientSession, url: str, body: dict,
                    rec: RequestRecord, t_zero: float) -> RequestRecord:
     """Send one streaming request and fill `rec` in; errors are recorded, not raised.
     The session must carry `trace_config()`."""
     rec.sent_s = time.perf_counter() - t_zero
     stamp = {"sent": time.perf_counter()}
-    buf = b""
     try:
         async with session.post(url, json=body, trace_request_ctx=stamp) as resp:
-            t0 = last = stamp["sent"]
             if resp.status != 200:
                 rec.error = f"HTTP {resp.status}: {(await resp.text())[:300]}"
                 return rec
+            reader = TokenReader(rec, stamp["sent"])
             async for chunk in resp.content.iter_any():
-                buf += chunk
-                while b"\n\n" in buf:
-                    event, buf = buf.split(b"\n\n", 1)
-                    data = event.removeprefix(b"data: ").strip()
-                    if not data or data == b"[DONE]":
-                        continue
-                    msg = json.loads(data)
-                    if "error" in msg:
-                        raise RuntimeError(f"error event: {json.dumps(msg['error'])[:300]}")
-                    if msg.get("usage"):
-                        rec.prompt_tokens = msg["usage"].get("prompt_tokens")
-                        rec.completion_tokens = msg["usage"].get("completion_tokens")
-                    choices = msg.get("choices") or []
-                    if not choices:
-                        continue
-                    c = choices[0]
-                    if not (c.get("text") or (c.get("delta") or {}).get("content") or c.get("token_ids")):
-                        continue
-                    now = time.perf_counter()
-                    if rec.ttft_ms is None:
-                        rec.ttft_ms = (now - t0) * 1000.0
-                    else:
-                        rec.itl_ms.append((now - last) * 1000.0)
-                    last = now
+                reader.feed(chunk, time.perf_counter())
         rec.e2el_ms = (time.perf_counter() - stamp["sent"]) * 1000.0
         if rec.ttft_ms is None:
             rec.error = "stream ended without a token"

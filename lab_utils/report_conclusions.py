@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from lab_utils.benchmark import READ_TOGETHER_NOTE, BenchmarkResult, read_together_share
 from lab_utils.report_data import (
     ARCHITECTURES,
     METRIC_BY_KEY,
@@ -258,6 +259,7 @@ def _warnings(data: ReportData) -> list[str]:
                    "(README, 'What the rehearsal can and cannot show'). The disaggregated "
                    "numbers here say how the mechanics behave on this box, not on a Spark.")
     out += _stall_warning(data)
+    out += _read_together_warning(data)
     base = data.sweeps.get("baseline")
     for arch, result in data.sweeps.items():
         if base is None or arch == "baseline":
@@ -272,17 +274,42 @@ def _warnings(data: ReportData) -> list[str]:
     return out
 
 
+def _runs(data: ReportData) -> list[tuple[str, BenchmarkResult]]:
+    """Every measured sweep, named as the report's sentences name them."""
+    return ([(arch, r) for arch, r in data.sweeps.items()]
+            + [(f"{arch} (mixed workload)", r) for arch, r in data.mixed.items()])
+
+
+def _listed(hit: list, say) -> str:
+    return "; ".join(f"{arch} {p.mode} {p.value:g} #{p.repeat + 1}: {say(p)}"
+                     for arch, p in hit[:6]) + ("; ..." if len(hit) > 6 else "")
+
+
+def _read_together_warning(data: ReportData) -> list[str]:
+    """Runs in which the load generator got many tokens in one read (benchmark.sweep)."""
+    results = _runs(data)
+    hit = [(arch, p) for arch, result in results for p in result.points
+           if read_together_share(p.summary)]
+    if not hit:
+        return []
+    runs = sum(len(result.points) for _, result in results)
+    where = _listed(hit, lambda p: f"{read_together_share(p.summary):.0%}")
+    return [f"In {len(hit)} of {runs} measured runs, at least {READ_TOGETHER_NOTE:.0%} of the "
+            f"tokens after the first reached the load generator in the same read as the token "
+            f"before ({where}). Their inter-token gaps are recorded as 0 ms, so these runs' ITL "
+            "figures say when the client read the tokens, not how fast they were decoded: the "
+            "client was late to read (starved of CPU) or the tokens were sent together."]
+
+
 def _stall_warning(data: ReportData) -> list[str]:
     """Runs during which the benchmark's own process was held up (lab_utils.stalls)."""
-    results = [(arch, r) for arch, r in data.sweeps.items()]
-    results += [(f"{arch} (mixed workload)", r) for arch, r in data.mixed.items()]
+    results = _runs(data)
     hit = [(arch, p) for arch, result in results for p in result.points if p.summary.get("held_up_s")]
     if not hit:
         return []
     runs = sum(len(result.points) for _, result in results)
     total = sum(p.summary["held_up_s"] for _, p in hit)
-    where = "; ".join(f"{arch} {p.mode} {p.value:g} #{p.repeat + 1}: {p.summary['held_up_s']:.1f} s"
-                      for arch, p in hit[:6]) + ("; ..." if len(hit) > 6 else "")
+    where = _listed(hit, lambda p: f"{p.summary['held_up_s']:.1f} s")
     return [f"The machine running the benchmark stood still during {len(hit)} of {runs} measured "
             f"runs, {total:.1f} s in all ({where}). Latencies measured across a stall include "
             "it; the runs are in the numbers as measured."]

@@ -112,7 +112,9 @@ def _table_blocks(table: pd.DataFrame) -> list[Block]:
                 "points (too many failed requests) show INVALID with the reason and are left "
                 "out of plots and conclusions. The note also names the repeats during which "
                 "the machine running the benchmark stood still, and for how long: their "
-                "latencies include it.")]
+                "latencies include it; and those in which many tokens reached the load "
+                "generator in one read with the token before (\"read together\"): their "
+                "inter-token gaps count as 0 ms, so ITL there is not the decode step.")]
     blocks.append(T(display_table(workload_rows(table, "standard"))))
     mixed = workload_rows(table, "mixed")
     if not mixed.empty:

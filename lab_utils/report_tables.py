@@ -12,7 +12,7 @@ from typing import Any
 
 import pandas as pd
 
-from lab_utils.benchmark import BenchmarkResult
+from lab_utils.benchmark import BenchmarkResult, read_together_share
 from lab_utils.report_data import (
     ARCHITECTURES,
     METRICS,
@@ -43,11 +43,22 @@ def _invalid_reason(result: BenchmarkResult, mode: str, value: float) -> str:
     return "; ".join(parts) or "marked invalid"
 
 
-def _stall_note(result: BenchmarkResult, mode: str, value: float) -> str:
-    """The repeats of a point during which the machine stood still (lab_utils.stalls)."""
-    held = [(p.repeat + 1, float(p.summary["held_up_s"])) for p in result.points
-            if p.mode == mode and p.value == value and p.summary.get("held_up_s")]
-    return "; ".join(f"repeat {rep}: the machine stood still {secs:.1f} s" for rep, secs in held)
+def _repeat_note(result: BenchmarkResult, mode: str, value: float) -> str:
+    """The repeats of a point whose latencies include more than the serving: the machine
+    stood still (lab_utils.stalls), or the load generator got many tokens in one read
+    (`benchmark.read_together_share`)."""
+    notes = []
+    for p in result.points:
+        if p.mode != mode or p.value != value:
+            continue
+        said = []
+        if p.summary.get("held_up_s"):
+            said.append(f"the machine stood still {float(p.summary['held_up_s']):.1f} s")
+        if read_together_share(p.summary):
+            said.append(f"{read_together_share(p.summary):.0%} of tokens read together")
+        if said:
+            notes.append(f"repeat {p.repeat + 1}: {', '.join(said)}")
+    return "; ".join(notes)
 
 
 def _entry_valid(result: BenchmarkResult, entry: dict) -> bool:
@@ -87,7 +98,7 @@ def _row(arch: str, workload: str, result: BenchmarkResult, entry: dict) -> dict
     return {"architecture": arch, "workload": workload, "mode": mode, "value": value,
             "load": load_label(mode, value), "repeats": repeats, "valid": valid,
             "invalid_reason": None if valid else _invalid_reason(result, mode, value),
-            "stall_note": _stall_note(result, mode, value),
+            "repeat_note": _repeat_note(result, mode, value),
             **cells, "spread_pct": _spread_pct(cells, repeats)}
 
 
@@ -130,7 +141,7 @@ def _spread_text(row: pd.Series) -> str:
 def display_table(df: pd.DataFrame) -> pd.DataFrame:
     """The headline table for people: formatted numbers, invalid points as INVALID with
     their reason, spread as (max-min)/median of the widest metric over the repeats; the
-    note names the repeats a machine stall fell in."""
+    note names the repeats a machine stall fell in or whose tokens were read together."""
     out = []
     for _, row in df.iterrows():
         rec = {"architecture": row["architecture"], "load": row["load"],
@@ -138,7 +149,7 @@ def display_table(df: pd.DataFrame) -> pd.DataFrame:
         for key, name in DISPLAY_COLUMNS.items():
             rec[name] = fmt_num(row[key]) if row["valid"] else "INVALID"
         rec["spread"] = _spread_text(row)
-        notes = [row.get(k) for k in ("invalid_reason", "stall_note")]
+        notes = [row.get(k) for k in ("invalid_reason", "repeat_note")]
         rec["note"] = "; ".join(n for n in notes if isinstance(n, str) and n)
         out.append(rec)
     cols = ["architecture", "load", "valid", *DISPLAY_COLUMNS.values(), "spread", "note"]

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from lab_utils.benchmark import combine, summarize
+from lab_utils.benchmark import combine, read_together_share, summarize
 from lab_utils.config import WorkloadConfig
-from lab_utils.loadgen import RequestSpec, arrival_offsets, run_point
+from lab_utils.loadgen import RequestRecord, RequestSpec, TokenReader, arrival_offsets, run_point
 from lab_utils.proctools import stop_group
 from lab_utils.stub_server import spawn_until_up
 
@@ -141,6 +141,38 @@ def test_combine_reports_median_and_spread():
     assert c["median_ttft_ms"] == 11 and c["median_ttft_ms_spread"] == 4
     assert c["output_throughput_min"] == 100 and c["valid"] and c["repeats"] == 3
     assert not combine(runs + [{"valid": False, "median_ttft_ms": 1}])["valid"]
+
+
+def sse(msg: dict) -> bytes:
+    return b"data: " + json.dumps(msg).encode() + b"\n\n"
+
+
+def test_tokens_that_arrive_in_one_read_are_counted_as_read_together():
+    rec = RequestRecord(0, 5, 4)
+    reader = TokenReader(rec, 10.0)  # sent at t = 10 s
+    reader.feed(sse({"choices": [{"text": "a"}]}), 10.040)
+    # one token, an event without text (not a token), and the first part of the next
+    third = sse({"choices": [{"text": "c"}]})
+    reader.feed(sse({"choices": [{"text": "b"}]}) + sse({"choices": [{"text": ""}]}) + third[:9], 10.055)
+    reader.feed(third[9:] + sse({"choices": [{"text": "d"}]}), 10.070)  # c completes; d came with it
+    reader.feed(sse({"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 4}})
+                + b"data: [DONE]\n\n", 10.071)
+    assert rec.ttft_ms == pytest.approx(40.0)
+    assert rec.itl_ms == pytest.approx([15.0, 15.0, 0.0]) and rec.read_together == 1
+    assert (rec.prompt_tokens, rec.completion_tokens) == (5, 4)
+    with pytest.raises(RuntimeError, match="error event"):
+        reader.feed(sse({"error": {"message": "decode died"}}), 10.08)
+
+    rec.e2el_ms, rec.tpot_ms = 71.0, 10.3
+    from lab_utils.serving import describe
+    assert "ITL  median 15.00 ms, max 15.00 ms (3 gaps; 1 of them 0 ms: tokens the client read" in describe(rec)
+    steady = RequestRecord(1, 5, 4, ttft_ms=40.0, itl_ms=[15.0, 15.0, 15.0], e2el_ms=85.0, tpot_ms=15.0,
+                           prompt_tokens=5, completion_tokens=4)
+    s = summarize([rec, steady], 1.0, WorkloadConfig())
+    assert s["itl_read_together_fraction"] == pytest.approx(1 / 6)
+    assert read_together_share(s) == pytest.approx(1 / 6)
+    assert summarize([steady], 1.0, WorkloadConfig())["itl_read_together_fraction"] == 0.0
+    assert read_together_share(summarize([steady], 1.0, WorkloadConfig())) is None
 
 
 def test_workload_prompts_are_exact_seeded_and_mixed():

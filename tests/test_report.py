@@ -45,7 +45,8 @@ def metrics(out_tps: float, ttft: float, itl: float, itl_p99: float) -> dict[str
 def sweep(arch: str, per_load: dict[float, dict[str, float]], *, repeats: int = 1,
           jitter: float = 0.0, invalid: tuple[float, ...] = (), mixed: bool = False,
           rates: dict[float, dict[str, float]] | None = None,
-          held_up: dict[float, float] | None = None) -> dict:
+          held_up: dict[float, float] | None = None,
+          read_together: dict[float, float] | None = None) -> dict:
     """A BenchmarkResult dump made the way `benchmark.sweep` makes one: per-repeat
     summaries (values scaled by 1 - jitter .. 1 + jitter), combined with `combine`."""
     points, combined = [], []
@@ -59,7 +60,8 @@ def sweep(arch: str, per_load: dict[float, dict[str, float]], *, repeats: int = 
             s = {k: values[k] * f for k in HEADLINE}
             s.update(valid=not bad, invalid_reason=FAILED if bad else None, mode=mode,
                      value=float(load), repeat=rep, mixed=mixed,
-                     held_up_s=(held_up or {}).get(load, 0.0) if rep == 0 else 0.0)
+                     held_up_s=(held_up or {}).get(load, 0.0) if rep == 0 else 0.0,
+                     itl_read_together_fraction=(read_together or {}).get(load, 0.0) if rep == 0 else 0.0)
             summaries.append(s)
             points.append(BenchmarkPoint(mode=mode, value=load, repeat=rep, summary=s,
                                          requests=[]))
@@ -458,3 +460,22 @@ def test_runs_the_machine_stalled_in_are_named(test_cfg):
         noted = shown[shown["note"] != ""]
         assert list(zip(noted["architecture"], noted["load"], noted["note"], strict=True)) == [
             ("replicated", "concurrency 2", "repeat 1: the machine stood still 6.5 s")]
+
+
+def test_runs_whose_tokens_were_read_together_are_named(test_cfg):
+    write_baseline(test_cfg, read_together={1: 0.05})  # under the 10% that earns a note
+    write_replicated(test_cfg, {c: metrics(200 * c, 40, 10, 50) for c in LOADS})
+    assert not any("same read" in s for s in report.build_report(test_cfg).conclusions)
+    write_replicated(test_cfg, {c: metrics(200 * c, 40, 10, 50) for c in LOADS},
+                     held_up={4: 3.0}, read_together={2: 0.1, 4: 0.45})
+    (said,) = [s for s in report.build_report(test_cfg).conclusions if "same read" in s]
+    assert said.startswith(f"In 2 of {2 * len(LOADS)} measured runs, at least 10% of the tokens "
+                           "after the first reached the load generator in the same read as the "
+                           "token before (replicated concurrency 2 #1: 10%; replicated "
+                           "concurrency 4 #1: 45%).")
+    shown = report.display_table(report.headline_table(report.load_report_data(test_cfg), "standard"))
+    noted = shown[shown["note"] != ""]
+    assert list(zip(noted["architecture"], noted["load"], noted["note"], strict=True)) == [
+        ("replicated", "concurrency 2", "repeat 1: 10% of tokens read together"),
+        ("replicated", "concurrency 4",
+         "repeat 1: the machine stood still 3.0 s, 45% of tokens read together")]
