@@ -352,14 +352,31 @@ def create_app(settings: ProxySettings) -> FastAPI:
     for path in ("/v1/completions", "/v1/chat/completions"):
         app.add_route(path, functools.partial(handle, path=path), methods=["POST"])
 
-    @app.get("/v1/models")
-    async def models() -> Response:
+    async def ask_front(method: str, path: str, body: dict | None = None) -> Response:
+        """A side request (model list, tokenizer) to the first backend of the front role,
+        outside the routing and the counts."""
         url = front.urls[0]
         try:
-            async with front.clients[url].get("/v1/models") as r:
+            async with front.clients[url].request(method, path, json=body) as r:
                 return Response(await r.read(), status_code=r.status, media_type="application/json")
         except UPSTREAM_ERRORS as e:
             return _upstream_error(e, url, front.role).response()
+
+    @app.get("/v1/models")
+    async def models() -> Response:
+        return await ask_front("GET", "/v1/models")
+
+    async def tokenizer(request: Request, *, path: str) -> Response:
+        try:
+            body = await read_json(request)
+        except ProxyError as e:
+            return e.response()
+        return await ask_front("POST", path, body)
+
+    # the served model's tokenizer, so a client of the proxy (the bench command) can
+    # build exact-length prompts without a local copy of the model
+    for path in ("/tokenize", "/detokenize"):
+        app.add_route(path, functools.partial(tokenizer, path=path), methods=["POST"])
 
     @app.get("/health")
     async def health() -> JSONResponse:

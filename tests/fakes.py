@@ -119,4 +119,9 @@ class FakeBackend:
         async def models():
             return JSONResponse({"data": [{"id": "fake", "owned_by": fake.name}]})
 
+        @app.post("/tokenize")
+        async def tokenize(request: Request):  # one token per character
+            body = await request.json()
+            return JSONResponse({"tokens": [ord(c) for c in body["prompt"]], "from": fake.name})
+
         return app

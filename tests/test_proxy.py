@@ -235,6 +235,9 @@ def test_health_models_and_metrics(backends):
         h = httpx.get(f"{p.url}/health")
         assert h.status_code == 200 and set(h.json()["backends"].values()) == {"ok"}
         assert httpx.get(f"{p.url}/v1/models").json()["data"][0]["owned_by"] == "b1"
+        tok = httpx.post(f"{p.url}/tokenize", json={"model": "m", "prompt": "hi"})
+        assert tok.status_code == 200 and tok.json() == {"tokens": [104, 105], "from": "b1"}
+        assert httpx.post(f"{p.url}/tokenize", content=b"{").status_code == 400
         httpx.post(f"{p.url}/v1/completions", json=body(), timeout=10)
         m = httpx.get(f"{p.url}/metrics").text
     assert "proxy_prefill_seconds_count 1.0" in m and "proxy_decode_ttfb_seconds_count 1.0" in m
