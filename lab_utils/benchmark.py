@@ -150,9 +150,9 @@ def sweep(url: str, model: str, make_requests, w: WorkloadConfig, *, mixed: bool
                      "its latencies include that")
             if read_together_share(s):
                 _say(f"note ({label}, repeat {rep + 1}): {read_together_share(s):.0%} of the tokens "
-                     "after the first reached the load generator in the same read as the one before "
-                     "(an ITL of 0 ms): it read late, starved of CPU, or they were sent together; "
-                     "this run's ITL is not the decode step")
+                     "came in one read with the token before (ITL 0 ms): the load generator read "
+                     "late or they were sent together; the report will not compare this point on "
+                     "ITL and TPOT")
             if not s["valid"]:
                 _say(f"INVALID POINT ({label}, repeat {rep + 1}): {s['invalid_reason']}")
             summaries.append(s)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import pandas as pd
 
@@ -36,6 +37,9 @@ PAIRS = (("disaggregated", "replicated"), ("disaggregated", "baseline"),
 REFERENCE_NAMES = {"replicated": "replicated serving (the same two nodes)",
                    "baseline": "the single-instance baseline (half the hardware)"}
 THROUGHPUT_KEYS = ("request_throughput", "output_throughput")
+# Timed between tokens: not compared at a point where either side's load generator got
+# many tokens in one read (their gaps are 0 ms there; benchmark.read_together_share).
+PER_TOKEN_KEYS = ("median_itl_ms", "p99_itl_ms", "median_tpot_ms")
 
 
 @dataclass(frozen=True)
@@ -127,26 +131,59 @@ def _finding_sentence(workload: str, m: Metric, load: str, names: tuple[str, str
             f"{shown[loser]}), beyond the run-to-run spread ({basis}).")
 
 
-def compare(table: pd.DataFrame, noise_floor: float = NOISE_FLOOR) -> list[Finding]:
-    """Every pair in PAIRS, on every metric, at every valid load point both measured."""
+def _pairs(table: pd.DataFrame):
+    """(workload, subject row, reference row) for every pair in PAIRS at every valid load
+    point both measured."""
     if table.empty:
-        return []
+        return
     ok = table[table["valid"]]
-    findings = []
     for (workload, _mode, _value), group in ok.groupby(["workload", "mode", "value"],
                                                        sort=False):
         rows = {r["architecture"]: r for _, r in group.iterrows()}
         for subject, reference in PAIRS:
-            if subject not in rows or reference not in rows:
+            if subject in rows and reference in rows:
+                yield str(workload), rows[subject], rows[reference]
+
+
+def _read_together(row: pd.Series) -> bool:
+    return bool(row.get("read_together", False))
+
+
+def compare(table: pd.DataFrame, noise_floor: float = NOISE_FLOOR) -> list[Finding]:
+    """Every pair in PAIRS, on every metric, at every valid load point both measured;
+    the per-token metrics only where neither side's tokens were read together."""
+    findings = []
+    for workload, a, b in _pairs(table):
+        for m in METRICS:
+            if m.key in PER_TOKEN_KEYS and (_read_together(a) or _read_together(b)):
                 continue
-            for m in METRICS:
-                a, b = rows[subject], rows[reference]
-                if math.isfinite(a[m.key]) and math.isfinite(b[m.key]):
-                    findings.append(_finding(str(workload), m, a, b, noise_floor))
+            if math.isfinite(a[m.key]) and math.isfinite(b[m.key]):
+                findings.append(_finding(workload, m, a, b, noise_floor))
     return findings
 
 
-def _loads(fs: list[Finding]) -> str:
+def _not_compared_per_token(table: pd.DataFrame) -> list[str]:
+    """The pairs left out of the ITL and TPOT comparisons by `compare`, in one sentence."""
+    left: dict[tuple[str, str, str], list[_Load]] = {}
+    for workload, a, b in _pairs(table):
+        if _read_together(a) or _read_together(b):
+            key = (workload, a["architecture"], b["architecture"])
+            left.setdefault(key, []).append(_Load(a["mode"], float(a["value"])))
+    if not left:
+        return []
+    where = "; ".join(f"{WORKLOADS[w].lower()}{subject} vs {reference} at {_loads(loads)}"
+                      for (w, subject, reference), loads in left.items())
+    labels = join_words([METRIC_BY_KEY[k].label for k in PER_TOKEN_KEYS])
+    return [f"Not compared on {labels} where the load generator got many tokens in one read "
+            f"on either side (the headline table's notes name the runs): {where}."]
+
+
+class _Load(NamedTuple):
+    mode: str
+    value: float
+
+
+def _loads(fs: list[Finding] | list[_Load]) -> str:
     """"concurrency 1, 2 and 4" (and "rate 2 and 4 req/s" for rate points)."""
     parts = []
     for mode, unit in (("concurrency", ""), ("rate", " req/s")):
@@ -332,6 +369,7 @@ def conclusions(data: ReportData, table: pd.DataFrame | None = None,
         sentences.append(THROUGHPUT_NOTE)
     if excluded:
         sentences.append("Excluded from the conclusions as invalid: " + "; ".join(excluded) + ".")
+    sentences += _not_compared_per_token(table)
     sentences.append(_spread_sentence(table, noise_floor))
     return Conclusions(sentences, _summaries(findings), findings, excluded)
 

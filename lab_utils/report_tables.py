@@ -99,6 +99,8 @@ def _row(arch: str, workload: str, result: BenchmarkResult, entry: dict) -> dict
             "load": load_label(mode, value), "repeats": repeats, "valid": valid,
             "invalid_reason": None if valid else _invalid_reason(result, mode, value),
             "repeat_note": _repeat_note(result, mode, value),
+            "read_together": any(read_together_share(p.summary) for p in result.points
+                                 if p.mode == mode and p.value == value),
             **cells, "spread_pct": _spread_pct(cells, repeats)}
 
 

@@ -473,6 +473,16 @@ def test_runs_whose_tokens_were_read_together_are_named(test_cfg):
                            "after the first reached the load generator in the same read as the "
                            "token before (replicated concurrency 2 #1: 10%; replicated "
                            "concurrency 4 #1: 45%).")
+    built = report.build_report(test_cfg)
+    (left,) = [s for s in built.conclusions if s.startswith("Not compared on")]
+    assert left == ("Not compared on ITL p50, ITL p99 and TPOT p50 where the load generator got "
+                    "many tokens in one read on either side (the headline table's notes name the "
+                    "runs): replicated vs baseline at concurrency 2 and 4.")
+    per_token = {"median_itl_ms", "p99_itl_ms", "median_tpot_ms"}
+    compared = {(f.value, f.metric) for f in report.conclusions(report.load_report_data(test_cfg)).findings}
+    assert {m for v, m in compared if v == 1} >= per_token  # 5% at concurrency 1: compared
+    assert not {m for v, m in compared if v in (2, 4)} & per_token
+    assert {m for v, m in compared if v in (2, 4)} >= {"median_ttft_ms", "output_throughput"}
     shown = report.display_table(report.headline_table(report.load_report_data(test_cfg), "standard"))
     noted = shown[shown["note"] != ""]
     assert list(zip(noted["architecture"], noted["load"], noted["note"], strict=True)) == [
