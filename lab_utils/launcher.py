@@ -140,10 +140,12 @@ def healthy(url: str, timeout: float = 2.0) -> bool:
 
 
 def alive_record(node: Node, name: str) -> ProcessRecord | None:
-    """The record of `name` on `node` if its process still runs (a dead one is dropped)."""
+    """The record of `name` on `node` if its process still runs (a dead one is dropped,
+    with its private temporary directory)."""
     existing = node.state.get(name)
     if existing is not None and not node.is_alive(existing):
         node.state.remove(name)
+        node.remove_private_tmp(existing.extra.get("tmpdir"))
         return None
     return existing
 

@@ -6,16 +6,20 @@ nothing that needs the real engine may silently drop out.
 
 A canary Hugging Face token is in the environment of the whole run (every process a test
 starts inherits it); the security tests look for it where a secret must never appear.
+At the end of the run, no process's private temporary directory may be left behind.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import tempfile
+from pathlib import Path
 
 import pytest
 
 from lab_utils.config import DEFAULT_PROFILE, LabConfig
+from lab_utils.nodes import PRIVATE_TMP_PREFIX
 
 PORT_SHIFT = 1000  # keep tests off the ports of a lab the user may have running
 CANARY_HF_TOKEN = "hf_canaryLabTestToken7c41e0d9b2"
@@ -23,6 +27,18 @@ CANARY_HF_TOKEN = "hf_canaryLabTestToken7c41e0d9b2"
 
 def pytest_configure(config):
     os.environ["HF_TOKEN"] = CANARY_HF_TOKEN
+
+
+@pytest.fixture(scope="session", autouse=True)
+def private_tmps_removed():
+    """Every process the lab starts with a private TMPDIR (`Node.private_tmp`: the vLLM
+    instances) has it removed when it is stopped or found dead; checked after everything
+    else in the session has been torn down."""
+    tmp = Path(tempfile.gettempdir())
+    before = {p.name for p in tmp.glob(f"{PRIVATE_TMP_PREFIX}*")}
+    yield
+    left = sorted({p.name for p in tmp.glob(f"{PRIVATE_TMP_PREFIX}*")} - before)
+    assert not left, f"the run left these private temporary directories in {tmp}: {left}"
 
 
 def make_profile_data(results_root: str) -> dict:

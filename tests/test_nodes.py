@@ -95,6 +95,15 @@ def test_private_tmp_is_the_process_tempdir_and_goes_when_it_stops(node, tmp_pat
     assert Path(node.log_tail(rec).strip()).parent == Path(tmp)  # the process wrote there
     assert node.stop(rec, grace_s=1.0) is True
     assert not Path(tmp).exists()
+    # a process that died on its own: its record is dropped when next looked up, and the
+    # directory with it (a killed vLLM instance left one behind before)
+    from lab_utils.launcher import alive_record
+    tmp = node.private_tmp("decode-0")
+    rec = node.start_detached("dies", [sys.executable, "-c", "pass"], env={"TMPDIR": tmp},
+                              log_path=str(tmp_path / "d.log"), extra={"tmpdir": tmp})
+    assert wait_for(lambda: not node.is_alive(rec))
+    assert Path(tmp).is_dir() and alive_record(node, "dies") is None
+    assert not Path(tmp).exists() and node.state.get("dies") is None
     keep = tmp_path / "not-ours"
     keep.mkdir()
     node.remove_private_tmp(str(keep))  # only what private_tmp made is ever removed
