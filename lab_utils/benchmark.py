@@ -139,8 +139,7 @@ def sweep(url: str, model: str, make_requests, w: WorkloadConfig, *, mixed: bool
                     concurrency=int(value) if mode == "concurrency" else None,
                     rate=value if mode == "rate" else None, burstiness=w.burstiness,
                     duration_s=w.duration_s, timeout_s=w.request_timeout_s,
-                    show_progress=show_progress,
-                    desc=f"{label} #{rep + 1}"))
+                    show_progress=show_progress, desc=f"{label} #{rep + 1}"))
             s = summarize(records, wall, w)
             s.update(mode=mode, value=value, repeat=rep, mixed=mixed,
                      held_up_s=round(watch.held_up_s, 2), stalls=len(watch.stalls))
@@ -148,8 +147,8 @@ def sweep(url: str, model: str, make_requests, w: WorkloadConfig, *, mixed: bool
                 _say(f"note ({label}, repeat {rep + 1}): the machine stood still "
                      f"{watch.held_up_s:.1f} s during this run (longest {max(watch.stalls):.1f} s); "
                      "its latencies include that")
-            if read_together_share(s):
-                _say(f"note ({label}, repeat {rep + 1}): {read_together_share(s):.0%} of the tokens "
+            if share := read_together_share(s):
+                _say(f"note ({label}, repeat {rep + 1}): {share:.0%} of the tokens "
                      "came in one read with the token before (ITL 0 ms): the load generator read "
                      "late or they were sent together; the report will not compare this point on "
                      "ITL and TPOT")

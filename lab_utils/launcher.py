@@ -144,8 +144,7 @@ def alive_record(node: Node, name: str) -> ProcessRecord | None:
     with its private temporary directory)."""
     existing = node.state.get(name)
     if existing is not None and not node.is_alive(existing):
-        node.state.remove(name)
-        node.remove_private_tmp(existing.extra.get("tmpdir"))
+        node.forget(existing)
         return None
     return existing
 

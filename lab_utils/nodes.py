@@ -101,9 +101,14 @@ class Node(ABC):
         """Stop the record's process group (TERM, then KILL), remove its private temporary
         directory if it has one, and forget it."""
         ran = self._stop_group(rec, grace_s)
+        self.forget(rec)
+        return ran
+
+    def forget(self, rec: ProcessRecord) -> None:
+        """Drop the record of a process that is stopped or dead, with its private
+        temporary directory if it has one."""
         self.state.remove(rec.name)
         self.remove_private_tmp(rec.extra.get("tmpdir"))
-        return ran
 
     def private_tmp(self, name: str) -> str:
         """A new temporary directory on this node for one process (its TMPDIR): what the

@@ -54,8 +54,8 @@ def _repeat_note(result: BenchmarkResult, mode: str, value: float) -> str:
         said = []
         if p.summary.get("held_up_s"):
             said.append(f"the machine stood still {float(p.summary['held_up_s']):.1f} s")
-        if read_together_share(p.summary):
-            said.append(f"{read_together_share(p.summary):.0%} of tokens read together")
+        if share := read_together_share(p.summary):
+            said.append(f"{share:.0%} of tokens read together")
         if said:
             notes.append(f"repeat {p.repeat + 1}: {', '.join(said)}")
     return "; ".join(notes)
