@@ -17,7 +17,7 @@ from lab_utils.errors import LabError
 
 
 def _cmd_serve(args) -> int:
-    from lab_utils.topology import serve
+    from lab_utils.serve.topology import serve
 
     cfg = load_config(args.config)
     for rec in serve(cfg, args.topology, with_proxy=not args.no_proxy):
@@ -27,7 +27,7 @@ def _cmd_serve(args) -> int:
 
 
 def _cmd_proxy(args) -> int:
-    from lab_utils.proxy import run
+    from lab_utils.serve.proxy import run
 
     run(load_config(args.config), args.mode)
     return 0
@@ -38,9 +38,9 @@ def _floats(text: str | None) -> list[float] | None:
 
 
 def _cmd_bench(args) -> int:
-    from lab_utils.benchmark import sweep
+    from lab_utils.measure.benchmark import sweep
+    from lab_utils.measure.workload import build_requests, local_tokenizer, server_tokenizer
     from lab_utils.results import write_envelope
-    from lab_utils.workload import build_requests, local_tokenizer, server_tokenizer
 
     cfg = load_config(args.config)
     overrides = {k: v for k, v in {
@@ -72,9 +72,9 @@ def _cmd_bench(args) -> int:
 
 
 def _cmd_status(args) -> int:
-    from lab_utils.launcher import healthy
-    from lab_utils.nodes import get_node
-    from lab_utils.topology import running
+    from lab_utils.cluster import get_node
+    from lab_utils.serve.launcher import healthy
+    from lab_utils.serve.topology import running
 
     cfg = load_config(args.config)
     recs = running(cfg)
@@ -88,7 +88,7 @@ def _cmd_status(args) -> int:
 
 
 def _cmd_cleanup(args) -> int:
-    from lab_utils.topology import cleanup
+    from lab_utils.serve.topology import cleanup
 
     cfg = load_config(args.config)
     stopped = cleanup(cfg)
@@ -98,7 +98,7 @@ def _cmd_cleanup(args) -> int:
 
 
 def _cmd_deploy(args) -> int:
-    from lab_utils.provision import deploy
+    from lab_utils.cluster.provision import deploy
 
     for line in deploy(load_config(args.config), force=args.force):
         print(line)
@@ -106,7 +106,7 @@ def _cmd_deploy(args) -> int:
 
 
 def _cmd_model(args) -> int:
-    from lab_utils.provision import model_fetch
+    from lab_utils.cluster.provision import model_fetch
 
     cfg = load_config(args.config)
     for node, snap in model_fetch(cfg).items():
@@ -115,7 +115,7 @@ def _cmd_model(args) -> int:
 
 
 def _cmd_tiny_model(args) -> int:
-    from lab_utils.tiny_model import fingerprint, generate
+    from lab_utils.cluster.tiny_model import fingerprint, generate
 
     out = generate(args.out_dir, seed=args.seed, force=args.force)
     print(f"tiny model in {out} (sha256 {fingerprint(out)[:16]})")
@@ -123,7 +123,7 @@ def _cmd_tiny_model(args) -> int:
 
 
 def _cmd_demo(args) -> int:
-    from lab_utils.demo import run_demo
+    from lab_utils.serve.demo import run_demo
 
     proofs = run_demo(load_config(args.config), n_prompts=args.prompts, max_tokens=args.max_tokens)
     return 0 if all(p.ok for p in proofs) else 1
@@ -141,7 +141,7 @@ def _cmd_check(args) -> int:
 
 
 def _cmd_report(args) -> int:
-    from lab_utils.report import build_report
+    from lab_utils.report.render import build_report
 
     paths = build_report(load_config(args.config))
     for sentence in paths.conclusions:

@@ -24,7 +24,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
-from lab_utils.errors import ConfigError
+from lab_utils.errors import ConfigError, LabError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_PROFILE = REPO_ROOT / "configs" / "local-cpu.json"
@@ -537,3 +537,15 @@ def _redact(value: Any) -> Any:
         out["extra_env"] = {k: "<redacted>" if _SECRET_ENV.search(k) else v
                             for k, v in out["extra_env"].items()}
     return out
+
+
+def read_secret_file(cfg: LabConfig, path: str | None, what: str) -> str | None:
+    if not path:
+        return None
+    p = cfg.resolve_path(path)
+    try:
+        if p.stat().st_mode & 0o077:
+            raise LabError(f"{what} file {p} is readable by others: run `chmod 600 {p}`")
+        return p.read_text().strip()
+    except FileNotFoundError:
+        raise LabError(f"{what} file {p} (named in the config) does not exist") from None

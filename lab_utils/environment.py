@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lab_utils.checklist import ChecklistReport
+from lab_utils.checks.frame import ChecklistReport
 from lab_utils.config import LabConfig
 from lab_utils.errors import LabError
 from lab_utils.results import load_results, write_results

@@ -20,10 +20,10 @@ from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
-from lab_utils.atomic import atomic_write_text
 from lab_utils.config import LabConfig
 from lab_utils.errors import LabError, ResultsMissingError
-from lab_utils.nodefacts import dist_version, python_facts
+from lab_utils.on_node.facts import dist_version, python_facts
+from lab_utils.util.atomic import atomic_write_text
 
 SCHEMA_VERSION = 1
 

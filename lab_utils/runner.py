@@ -4,7 +4,7 @@ Each notebook is executed by nbclient in a fresh kernel whose environment carrie
 `LAB_CONFIG`, so `load_config()` inside it finds the same profile as the command line.
 Executed copies (with outputs) are written under the profile's results directory; the
 notebooks in the repository are never modified. While a notebook runs, the lines its
-progress bars log (`lab_utils.progress`) are printed on the terminal, and a cell that
+progress bars log (`lab_utils.util.progress`) are printed on the terminal, and a cell that
 runs for a long time without one is named every `HEARTBEAT_S` seconds.
 """
 
@@ -16,13 +16,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from lab_utils.atomic import atomic_write_text
-from lab_utils.background import Background
 from lab_utils.config import REPO_ROOT, LabConfig
 from lab_utils.errors import LabError
-from lab_utils.launcher import stop_records
-from lab_utils.progress import PROGRESS_LOG_ENV
-from lab_utils.topology import running
+from lab_utils.serve.launcher import stop_records
+from lab_utils.serve.topology import running
+from lab_utils.util.atomic import atomic_write_text
+from lab_utils.util.background import Background
+from lab_utils.util.progress import PROGRESS_LOG_ENV
 
 
 def find_notebooks(notebooks_dir: str | os.PathLike | None = None, start: str | None = None,

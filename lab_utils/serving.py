@@ -14,17 +14,17 @@ import atexit
 import random
 from dataclasses import dataclass
 
-from lab_utils.benchmark import BenchmarkResult, sweep
+from lab_utils.cluster.state import ProcessRecord
 from lab_utils.config import LabConfig
 from lab_utils.errors import LabError
-from lab_utils.kv import kv_shape
-from lab_utils.kv_budget import model_hf_config
-from lab_utils.launcher import stop_records
-from lab_utils.loadgen import RequestRecord, RequestSpec, run_point, run_sync
-from lab_utils.prompts import exact_prompt
-from lab_utils.state import ProcessRecord
-from lab_utils.topology import PROXY, serve, urls
-from lab_utils.workload import build_requests, server_tokenizer
+from lab_utils.kv.budget import model_hf_config
+from lab_utils.kv.shapes import kv_shape
+from lab_utils.measure.benchmark import BenchmarkResult, sweep
+from lab_utils.measure.loadgen import RequestRecord, RequestSpec, run_point, run_sync
+from lab_utils.measure.prompts import exact_prompt
+from lab_utils.measure.workload import build_requests, server_tokenizer
+from lab_utils.serve.launcher import stop_records
+from lab_utils.serve.topology import PROXY, serve, urls
 
 REFERENCE_LENGTHS = (48, 96, 160, 224)  # the prompts whose greedy output 01 records
 REFERENCE_TOKENS = 16
@@ -76,7 +76,7 @@ class ServingSession:
         return stopped
 
     def _running(self) -> list[ProcessRecord]:
-        from lab_utils.topology import running
+        from lab_utils.serve.topology import running
 
         return running(self.cfg)
 
@@ -151,7 +151,7 @@ def reference_outputs(cfg: LabConfig, served: Served) -> dict:
     time through the proxy: what notebook 04's prefill/decode output must equal."""
     import httpx
 
-    from lab_utils.pd import complete
+    from lab_utils.serve.pd import complete
 
     tokenize, _ = tokenizer_of(served, cfg)
     seed = random.SystemRandom().randrange(2**31)
@@ -165,7 +165,7 @@ def reference_outputs(cfg: LabConfig, served: Served) -> dict:
 
 def prove_transfer(cfg: LabConfig, served: Served, reference: dict) -> list:
     """Notebook 01's reference prompts through the P/D proxy with counter deltas."""
-    from lab_utils.pd import prove_via_proxy
+    from lab_utils.serve.pd import prove_via_proxy
 
     kv = kv_shape(model_hf_config(cfg), cfg.model.dtype)
     return prove_via_proxy(reference["prompts"], reference["tokens"], model=cfg.model.name,
@@ -176,7 +176,7 @@ def prove_transfer(cfg: LabConfig, served: Served, reference: dict) -> list:
 
 def roofline(cfg: LabConfig, environment: dict) -> dict:
     """Decode's ceiling per stream: memory bandwidth / bytes of weights read per token."""
-    from lab_utils import hardware
+    from lab_utils.measure import roofline as hardware
 
     bw, source = hardware.memory_bandwidth(cfg, environment)
     weights = hardware.weight_bytes(cfg)

@@ -11,18 +11,16 @@ At the end of the run, no process's private temporary directory may be left behi
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 from pathlib import Path
 
 import pytest
 
-from lab_utils.config import DEFAULT_PROFILE, LabConfig
-from lab_utils.nodes import PRIVATE_TMP_PREFIX
+from lab_utils.cluster.nodes import PRIVATE_TMP_PREFIX
+from lab_utils.config import LabConfig
 
-PORT_SHIFT = 1000  # keep tests off the ports of a lab the user may have running
-CANARY_HF_TOKEN = "hf_canaryLabTestToken7c41e0d9b2"
+from support.profiles import CANARY_HF_TOKEN, make_profile_data, write_profile
 
 
 def pytest_configure(config):
@@ -39,41 +37,6 @@ def private_tmps_removed():
     yield
     left = sorted({p.name for p in tmp.glob(f"{PRIVATE_TMP_PREFIX}*")} - before)
     assert not left, f"the run left these private temporary directories in {tmp}: {left}"
-
-
-def make_profile_data(results_root: str) -> dict:
-    data = json.loads(DEFAULT_PROFILE.read_text())
-    data["profile"] = "test-local-cpu"
-    data["results_root"] = results_root
-    for role in ("baseline", "replica", "prefill", "decode"):
-        s = data["vllm"][role]
-        s["port"] += PORT_SHIFT
-        if s.get("side_channel_port"):
-            s["side_channel_port"] += PORT_SHIFT
-    data["proxy"]["port"] += PORT_SHIFT
-    data["kv_transfer"]["probe_port"] += PORT_SHIFT
-    return data
-
-
-def write_profile(tmp_dir, data: dict) -> LabConfig:
-    path = tmp_dir / "profile.json"
-    path.write_text(json.dumps(data, indent=2))
-    from lab_utils.config import load_config
-
-    return load_config(path)
-
-
-def show(request, line: str) -> None:
-    """Put `line` in pytest's output even when the test passes (measured figures for the
-    record): through the terminal reporter, with output capture suspended, since capture
-    would swallow it otherwise."""
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    capman = request.config.pluginmanager.get_plugin("capturemanager")
-    if reporter is None or capman is None:
-        print(line)
-        return
-    with capman.global_and_fixture_disabled():
-        reporter.write_line("\n" + line)
 
 
 @pytest.fixture
@@ -101,7 +64,7 @@ class Rehearsal:
         """Ensure all instances run (start what is missing); return role -> URL."""
         import time
 
-        from lab_utils.topology import serve
+        from lab_utils.serve.topology import serve
 
         t0 = time.monotonic()
         records = serve(self.cfg, *self.TOPOLOGIES, show_progress=False)
@@ -111,14 +74,14 @@ class Rehearsal:
         return {r.extra["role"]: r.url for r in records}
 
     def records(self):
-        from lab_utils.topology import running
+        from lab_utils.serve.topology import running
 
         return running(self.cfg)
 
 
 @pytest.fixture(scope="session")
 def rehearsal(engine_cfg):
-    from lab_utils.topology import cleanup
+    from lab_utils.serve.topology import cleanup
 
     r = Rehearsal(engine_cfg)
     yield r
@@ -141,36 +104,18 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def simcluster():
-    """The simulated three-node cluster (tests/simcluster.py), up for the session."""
-    import simcluster as sc
+    """The simulated three-node cluster (tests/support/simcluster.py), up for the session."""
+    from support import simcluster as sc
 
     reason = sc.unavailable_reason()
     if reason:
         pytest.skip(f"the simulated cluster cannot be built here: {reason}")
     sc.up()
     yield sc
-    from lab_utils.ssh import SSHNode
+    from lab_utils.cluster.ssh import SSHNode
 
     SSHNode.close_all()
     sc.down()
-
-
-def simcluster_profile(tmp_dir, name: str, kv_extra: dict | None = None, **proxy) -> LabConfig:
-    """configs/simcluster.json with its results under `tmp_dir`, the canary token in an
-    hf_token_file (so the instances get it the way a real run does), `proxy` settings and
-    `kv_extra` for kv_transfer.extra_config."""
-    from simcluster import CONFIG
-
-    data = json.loads(CONFIG.read_text())
-    data["profile"] = name
-    data["results_root"] = str(tmp_dir / "results")
-    token = tmp_dir / "hf_token"
-    token.write_text(CANARY_HF_TOKEN + "\n")
-    token.chmod(0o600)
-    data["hf_token_file"] = str(token)
-    data["proxy"].update(proxy)
-    data["kv_transfer"].setdefault("extra_config", {}).update(kv_extra or {})
-    return write_profile(tmp_dir, data)
 
 
 @pytest.hookimpl(hookwrapper=True)

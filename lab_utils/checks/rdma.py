@@ -1,0 +1,207 @@
+"""RDMA checks of the serving nodes: the data plane's devices (state, MTU, negotiated
+speed, both rails), UCX's transports, and the RDMA bandwidth of the link.
+
+They parse the same commands an engineer would type on a DGX Spark (`nvidia-smi`,
+`ibdev2netdev`, `ibv_devinfo`, `ethtool`, `ucx_info -d`, `ib_write_bw`), with the parsers
+in `lab_utils.checks.parsers`, tested on outputs recorded on GB10 machines. On the CPU profile
+they say not-applicable, with the reason.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+from lab_utils.checks import parsers
+from lab_utils.checks.frame import CheckResult, Context
+
+GOOD_MTU = 4096  # RoCE's largest; needs the netdev at MTU 9000
+LINK_FRACTION_WARN = 0.8
+
+
+# ----- RDMA ---------------------------------------------------------------------------
+
+
+def uses_rdma(ctx: Context, name: str) -> bool:
+    return bool(ctx.cfg.nodes[name].data_netdev) and ctx.cfg.vllm.device == "cuda"
+
+
+def _rails_key(ibdev: str) -> str:
+    """Devices of one physical port share their `s<slot>f<function>` ending (a Spark's
+    port is two PCIe halves: rocep1s0f1 and roceP2p1s0f1)."""
+    found = re.search(r"s\d+f\d+$", ibdev)
+    return found.group(0) if found else ibdev
+
+
+def configured_devices(ctx: Context, name: str) -> tuple[list[dict], list[dict], list[str]]:
+    """(configured devices as ibdev2netdev rows, all rows, entries not found)."""
+    rows = parsers.ibdev2netdev(ctx.run(name, ["ibdev2netdev"]).stdout)
+    chosen, unknown = [], []
+    for entry in (ctx.cfg.nodes[name].data_netdev or "").split(","):
+        dev, _, port = entry.strip().partition(":")
+        match = [r for r in rows if dev in (r["ibdev"], r["netdev"])
+                 and (not port or str(r["port"]) == port)]
+        (chosen.extend(match) if match else unknown.append(entry.strip()))
+    return chosen, rows, unknown
+
+
+def _rdma_nodes(ctx: Context, check: str) -> tuple[list[str], list[CheckResult]]:
+    def why_not(n: str) -> str | None:
+        if uses_rdma(ctx, n):
+            return None
+        why = ("no data_netdev configured" if ctx.cfg.nodes[n].data_netdev is None
+               else "vllm.device is 'cpu'")
+        return f"{why}: NIXL runs over TCP/loopback here"
+
+    return ctx.split(check, ctx.serving(), why_not)
+
+
+def check_rdma(ctx: Context) -> list[CheckResult]:
+    names, out = _rdma_nodes(ctx, "rdma")
+    for name in names:
+        chosen, rows, unknown = configured_devices(ctx, name)
+        listing = "; ".join(f"{r['ibdev']} port {r['port']} => {r['netdev']} ({r['state']})"
+                            for r in rows)
+        if unknown or not chosen:
+            out.append(CheckResult(
+                "rdma", name, "fail", f"data_netdev {', '.join(unknown) or '(empty)'} not found",
+                evidence=listing or "ibdev2netdev printed nothing",
+                fix=f"set nodes.{name}.data_netdev to the Up devices of the cabled port "
+                    "(ibdev2netdev), as device:port"))
+            continue
+        down = [r for r in chosen if r["state"] != "Up"]
+        if down:
+            up = ",".join(f"{r['ibdev']}:{r['port']}" for r in rows if r["state"] == "Up")
+            other = f'; the Up devices here are "{up}" (data_netdev)' if up else ""
+            out.append(CheckResult(
+                "rdma", name, "fail", f"{', '.join(r['ibdev'] for r in down)} down",
+                evidence=listing, fix=f"check the cable and which port it is in; on {name}: "
+                                      f"`sudo ip link set {down[0]['netdev']} up`{other}"))
+        else:
+            out.append(CheckResult("rdma", name, "pass",
+                                   ", ".join(f"{r['ibdev']} => {r['netdev']} Up" for r in chosen)))
+        out += [_rails(ctx, name, chosen, rows), _mtu(ctx, name, chosen), _speed(ctx, name, chosen)]
+    return out
+
+
+def _rails(ctx: Context, name: str, chosen: list[dict], rows: list[dict]) -> CheckResult:
+    keys = {_rails_key(r["ibdev"]) for r in chosen}
+    rails = [r for r in rows if _rails_key(r["ibdev"]) in keys]
+    up = [r for r in rails if r["state"] == "Up"]
+    unused = [r for r in up if r not in chosen]
+    seen = ", ".join(f"{r['ibdev']} ({r['state']})" for r in rails)
+    both = ",".join(f"{r['ibdev']}:{r['port']}" for r in up)
+    if len(up) < len(rails):
+        return CheckResult("rails", name, "warn", f"{len(up)} of {len(rails)} rails up" + (
+                           ": at most half the port's rate" if up else ""), evidence=seen,
+                           fix=f"bring up {', '.join(r['netdev'] for r in rails if r not in up)} "
+                               f"(`sudo ip link set <netdev> up`, check the cable)")
+    if unused:
+        return CheckResult("rails", name, "warn", "one rail configured, the other unused",
+                           evidence=seen, fix=f'set nodes.{name}.data_netdev to "{both}"')
+    return CheckResult("rails", name, "pass", f"{len(up)} rails up and configured", evidence=seen)
+
+
+def _mtu(ctx: Context, name: str, chosen: list[dict]) -> CheckResult:
+    info = parsers.ibv_devinfo(ctx.run(name, ["ibv_devinfo"]).stdout)
+    low = []
+    seen = []
+    for r in chosen:
+        port = info.get(r["ibdev"], {}).get("ports", {}).get(int(r["port"]), {})
+        link = parsers.ip_link(ctx.run(name, ["ip", "link", "show", r["netdev"]]).stdout)
+        mtu = link.get(r["netdev"], {}).get("mtu")
+        seen.append(f"{r['ibdev']} active_mtu {port.get('active_mtu')}, {r['netdev']} mtu {mtu}")
+        if (port.get("active_mtu") or 0) < GOOD_MTU or (mtu or 0) < 9000:
+            low.append(r["netdev"])
+    if low:
+        cmds = "; ".join(f"`sudo ip link set dev {n} mtu 9000`" for n in low)
+        return CheckResult("mtu", name, "warn", "RoCE MTU below 4096", evidence="; ".join(seen),
+                           fix=f"on {name}: {cmds} (persist it in netplan; the peer needs the same)")
+    return CheckResult("mtu", name, "pass", "RoCE MTU 4096 (netdev MTU 9000)",
+                       evidence="; ".join(seen))
+
+
+def _speed(ctx: Context, name: str, chosen: list[dict]) -> CheckResult:
+    expected = ctx.cfg.nodes[name].data_link_gbps
+    speeds = {r["netdev"]: parsers.ethtool_speed_mbps(ctx.run(name, ["ethtool", r["netdev"]]).stdout)
+              for r in chosen}
+    seen = ", ".join(f"{n} {s / 1000:g} Gb/s" if s else f"{n} unknown" for n, s in speeds.items())
+    if expected is None:
+        return CheckResult("link_speed", name, "pass", seen,
+                           evidence="data_link_gbps not set: not compared")
+    slow = [n for n, s in speeds.items() if not s or s / 1000 < expected]
+    if slow:
+        return CheckResult("link_speed", name, "warn",
+                           f"negotiated below the expected {expected:g} Gb/s", evidence=seen,
+                           fix=f"set the switch port (or peer) to {expected:g}G and re-seat the "
+                               f"cable; `sudo ethtool {slow[0]}` must show Speed "
+                               f"{int(expected * 1000)}Mb/s")
+    return CheckResult("link_speed", name, "pass", seen)
+
+
+def check_ucx(ctx: Context) -> list[CheckResult]:
+    names, out = _rdma_nodes(ctx, "ucx")
+    for name in names:
+        r = ctx.run(name, ["ucx_info", "-d"])
+        if not r.ok:
+            out.append(CheckResult("ucx", name, "warn", "ucx_info not available",
+                                   evidence=r.stderr.strip()[-200:],
+                                   fix="install UCX's tools (ucx_info) to see the transports; "
+                                       "notebook 02's probe shows what NIXL achieves"))
+            continue
+        transports = {t for t, _ in parsers.ucx_info_transports(r.stdout)}
+        rdma = sorted(t for t in transports if t.startswith(("rc_", "dc_", "ud_")))
+        seen = ", ".join(sorted(transports))
+        if rdma:
+            out.append(CheckResult("ucx", name, "pass", f"RDMA transports {', '.join(rdma)}",
+                                   evidence=seen))
+        else:
+            out.append(CheckResult("ucx", name, "fail", "UCX has no RDMA transport", evidence=seen,
+                                   fix="install a UCX built with rdma-core/mlx5 (DOCA-OFED), or "
+                                       "the nixl wheel's own; check /dev/infiniband exists"))
+    return out
+
+
+def rdma_bandwidth(ctx: Context, target: str, initiator: str) -> CheckResult:
+    cfg = ctx.cfg
+    dev = configured_devices(ctx, initiator)[0][0]
+    tdev = configured_devices(ctx, target)[0][0]
+    port, addr = str(cfg.kv_transfer.probe_port), cfg.nodes[target].data_address
+    node = ctx.node(target)
+    node.ensure_port_free(addr, cfg.kv_transfer.probe_port, "the link check")
+    rec = node.start_detached(f"check-ibbw-{target}", ["ib_write_bw", "-d", tdev["ibdev"],
+                              "-p", port], log_path=f"{cfg.log_dir_on(target)}/check-ibbw.log",
+                              kind="check")
+    try:
+        time.sleep(1.0)
+        r = ctx.run(initiator, ["ib_write_bw", "-d", dev["ibdev"], "-p", port, addr], timeout=120)
+    finally:
+        node.stop(rec, grace_s=2)
+    where = f"{initiator} -> {target}"
+    if not r.ok:
+        return CheckResult("link", where, "fail", "ib_write_bw failed", evidence=r.stderr[-300:],
+                           fix="install perftest on both nodes and check the data-plane "
+                               "addresses ping (`ping -c 3 " + addr + "`)")
+    bw = parsers.ib_write_bw(r.stdout)
+    stat = parsers.ibstat(ctx.run(initiator, ["ibstat"]).stdout)
+    rate = stat.get(dev["ibdev"], {}).get("ports", {}).get(1, {}).get("rate")
+    seen = f"ib_write_bw on {dev['ibdev']}: {bw['bw_avg_Gbps']:.1f} Gb/s (MTU {bw.get('mtu')})"
+    return link_verdict(where, bw["bw_avg_Gbps"], rate, seen)
+
+
+def link_verdict(where: str, gbps: float, rate: float | None, seen: str) -> CheckResult:
+    """Pass when the link moves at least 80% of the rate it reports."""
+    data = {"measured_gbps": gbps, "reported_gbps": rate}
+    if not rate:
+        return CheckResult("link", where, "pass", f"{gbps:.1f} Gb/s", evidence=seen +
+                           "; no reported rate to compare with", data=data)
+    frac = gbps / rate
+    seen += f"; the device reports {rate:g} Gb/s"
+    if frac < LINK_FRACTION_WARN:
+        return CheckResult("link", where, "warn", f"moves {frac:.0%} of its reported {rate:g} Gb/s",
+                           evidence=seen,
+                           fix="a link that reports full rate and moves a fraction: check MTU "
+                               "9000 on both ends, the cable, PCIe errors (`dmesg`), and that "
+                               "both rails are used (data_netdev)", data=data)
+    return CheckResult("link", where, "pass", f"{frac:.0%} of the reported {rate:g} Gb/s",
+                       evidence=seen, data=data)

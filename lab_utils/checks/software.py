@@ -1,0 +1,265 @@
+"""Software checks that hold on every profile: SSH, deployed code, Python and package
+versions, the model on every serving node, clock skew, the HF token, known failures in logs.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from lab_utils.checks.frame import CheckResult, Context
+from lab_utils.cluster import provision
+from lab_utils.errors import LabError
+from lab_utils.known_failures import match_failures
+
+
+def check_ssh(ctx: Context) -> list[CheckResult]:
+    out = []
+    for name, node_cfg in ctx.cfg.nodes.items():
+        if node_cfg.connection == "local":
+            out.append(CheckResult("ssh", name, "n/a", "local node: no SSH needed"))
+            continue
+        ssh = node_cfg.ssh
+        where = f"{ssh.user + '@' if ssh.user else ''}{ssh.host}:{ssh.port}"
+        try:
+            r = ctx.run(name, ["true"], timeout=ssh.connect_timeout_s + 20)
+        except LabError as e:
+            ctx.unreachable[name] = "SSH failed (see the ssh check)"
+            seen, fix = _ssh_fix(str(e), where)
+            out.append(CheckResult("ssh", name, "fail", f"cannot reach {where}", evidence=seen,
+                                   fix=fix))
+            continue
+        if not r.ok:
+            ctx.unreachable[name] = "commands fail there (see the ssh check)"
+            out.append(CheckResult("ssh", name, "fail", f"`true` failed on {where}",
+                                   evidence=r.stderr.strip()[-300:],
+                                   fix=f"log in with `ssh -p {ssh.port} {where.rsplit(':', 1)[0]}` "
+                                       "and fix the shell start-up error shown"))
+            continue
+        policy = "accept-new" if ssh.accept_new_host_key else "known_hosts only"
+        out.append(CheckResult("ssh", name, "pass", f"connected to {where}",
+                               evidence=f"host key verified ({policy})"))
+    return out
+
+
+def _ssh_fix(error: str, where: str) -> tuple[str, str]:
+    """(what was seen, the fix) for an SSH failure; a changed host key's error carries
+    its own fix, which is then not repeated as evidence."""
+    if "ssh-keygen -R" in error and "If the node" in error:
+        at = error.index("If the node")
+        return error[:at].strip(), error[at:]
+    if "ssh-keygen -R" in error:
+        return error, error
+    if "host key" in error.lower():
+        return error, (f"ssh to {where} once to check and record its host key in known_hosts, "
+                       "or set ssh.accept_new_host_key: true in the config")
+    return error, (f"check that {where} is up and the SSH user/key are right: "
+                   f"`ssh {where.rsplit(':', 1)[0]} true` must work without a password")
+
+
+def check_code(ctx: Context) -> list[CheckResult]:
+    digest = provision.code_digest()
+    out = []
+    names, skipped = ctx.split("code", list(ctx.cfg.nodes))
+    for name in names:
+        node_cfg = ctx.cfg.nodes[name]
+        if node_cfg.connection == "local":
+            out.append(CheckResult("code", name, "n/a", "local node: runs this checkout"))
+            continue
+        r = ctx.run(name, ["cat", f"{node_cfg.workdir}/lab_utils/.deployed"])
+        have = r.stdout.strip() if r.ok else None
+        if have == digest:
+            out.append(CheckResult("code", name, "pass", f"lab_utils {digest[:12]} deployed"))
+        else:
+            seen = f"node has {have[:12]}" if have else "never deployed"
+            out.append(CheckResult(
+                "code", name, "warn", f"lab code on the node is not current ({seen})",
+                evidence=f"here {digest[:12]}; {seen}",
+                fix=f"python -m lab_utils deploy --config {ctx.cfg.source_name}"))
+    return skipped + out
+
+
+def _needs(ctx: Context, name: str) -> list[str]:
+    roles = ctx.cfg.nodes[name].roles
+    return (["vllm", "torch", "nixl"] if "serving" in roles else []) + (
+        ["huggingface_hub"] if "serving" in roles and ctx.cfg.model.source == "hub" else [])
+
+
+def check_python(ctx: Context) -> list[CheckResult]:
+    out = []
+    names, skipped = ctx.split("python", list(ctx.cfg.nodes))
+    facts = {}
+    for name in names:
+        f = facts[name] = ctx.facts(name, "python")
+        missing = [k for k in _needs(ctx, name) if not f.get(k)]
+        seen = ", ".join(f"{k} {f[k]}" for k in ("python", "vllm", "torch", "nixl") if f.get(k))
+        if f.get("torch"):
+            seen += f" (torch CUDA {f['torch_cuda'] or 'none: CPU build'})"
+        if missing:
+            out.append(CheckResult(
+                "python", name, "fail", f"{', '.join(missing)} missing in {f['executable']}",
+                evidence=seen, fix=_install_fix(ctx, name, missing)))
+        else:
+            out.append(CheckResult("python", name, "pass", seen, evidence=f["executable"]))
+    serving = [n for n in names if "serving" in ctx.cfg.nodes[n].roles]
+    if len(serving) > 1:
+        out.append(_same_versions(facts, serving))
+    return skipped + out
+
+
+def _install_fix(ctx: Context, name: str, missing: list[str]) -> str:
+    py = ctx.nodes[name].python
+    if ctx.cfg.vllm.device == "cpu":
+        return f"on {name}: `{py} -m pip install -r requirements-rehearsal.txt` (see README)"
+    return (f"on {name}: install the CUDA 13 builds into {py}'s environment as in the README "
+            f"section 'Serving nodes (DGX Spark)'; missing: {', '.join(missing)}")
+
+
+def _same_versions(facts: dict, serving: list[str]) -> CheckResult:
+    differ = []
+    for key in ("vllm", "torch", "torch_cuda", "nixl"):
+        values = {n: facts[n].get(key) for n in serving}
+        if len(set(values.values())) > 1:
+            differ.append(f"{key}: " + ", ".join(f"{n} {v}" for n, v in values.items()))
+    if differ:
+        return CheckResult("versions_match", "cluster", "fail",
+                           "serving nodes run different software", evidence="; ".join(differ),
+                           fix="install the same vLLM, torch and nixl versions on every serving "
+                               "node (NIXL's handshake refuses mismatched vLLM versions)")
+    v = facts[serving[0]]
+    return CheckResult("versions_match", "cluster", "pass",
+                       f"same vllm {v.get('vllm')}, torch {v.get('torch')}, nixl {v.get('nixl')} "
+                       f"on {', '.join(serving)}")
+
+
+def check_model(ctx: Context) -> list[CheckResult]:
+    cfg = ctx.cfg
+    names, skipped = ctx.split("model", ctx.serving())
+    snaps: dict[str, str | None] = {}
+    for name in names:
+        where = cfg.model_path_on(name)
+        snaps[name] = (_hub_snapshot(ctx, name) if cfg.model.source == "hub"
+                       else provision.model_snapshot(ctx.node(name), where, full=False))
+    out = []
+    fetch = f"python -m lab_utils model fetch --config {cfg.source_name}"
+    for name, snap in snaps.items():
+        if snap is None:
+            out.append(CheckResult("model", name, "fail", f"{cfg.model.name} not found on the node",
+                                   evidence=f"looked in {cfg.model_path_on(name)}", fix=fetch))
+    present = {n: s for n, s in snaps.items() if s}
+    if len(set(present.values())) > 1:
+        out.append(CheckResult(
+            "model", "cluster", "fail", "serving nodes hold different snapshots of the model",
+            evidence=", ".join(f"{n} {s[:12]}" for n, s in present.items()),
+            fix=f"pin model.revision in the config, then {fetch}"))
+    elif present and len(present) == len(snaps):
+        snap = next(iter(present.values()))
+        what = ("hub snapshot" if cfg.model.source == "hub"
+                else "same files (digest of names and sizes)")
+        out.append(CheckResult("model", "cluster", "pass",
+                               f"{cfg.model.name}: {what} {snap[:12]} on {', '.join(present)}"))
+    return skipped + out
+
+
+_HUB_SNAPSHOT = """
+import json, sys, os
+from huggingface_hub import snapshot_download
+try:
+    p = snapshot_download(sys.argv[1], revision=sys.argv[2] or None, local_files_only=True)
+    print(json.dumps(os.path.basename(p)))
+except Exception:
+    print(json.dumps(None))
+"""
+
+
+def _hub_snapshot(ctx: Context, name: str) -> str | None:
+    import json
+
+    node = ctx.node(name)
+    r = ctx.run(name, [node.python, "-c", _HUB_SNAPSHOT, ctx.cfg.model.name,
+                       ctx.cfg.model.revision or ""], timeout=120)
+    if not r.ok:
+        raise LabError(f"node {name}: cannot look up the model cache: {r.why}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def check_clock(ctx: Context) -> list[CheckResult]:
+    out = []
+    names, skipped = ctx.split("clock", list(ctx.cfg.nodes))
+    for name in names:
+        if ctx.cfg.nodes[name].connection == "local":
+            out.append(CheckResult("clock", name, "n/a", "local node: this machine's clock"))
+            continue
+        before = time.time()
+        remote = ctx.facts(name, "clock")["time"]
+        after = time.time()
+        skew = remote - (before + after) / 2
+        seen = f"{skew:+.3f} s against this machine (round trip {after - before:.3f} s)"
+        if abs(skew) > max(1.0, after - before):
+            out.append(CheckResult("clock", name, "warn", f"clock off by {skew:+.1f} s",
+                                   evidence=seen, fix=f"on {name}: `sudo timedatectl set-ntp true` "
+                                                      "(and the same here), then re-check"))
+        else:
+            out.append(CheckResult("clock", name, "pass", seen))
+    return skipped + out
+
+
+GATED_PREFIXES = ("meta-llama/", "mistralai/", "google/gemma")
+
+
+def check_hf_token(ctx: Context) -> list[CheckResult]:
+    cfg = ctx.cfg
+    if cfg.model.source != "hub":
+        return [CheckResult("hf_token", "cluster", "n/a",
+                            f"model source is {cfg.model.source!r}: no download")]
+    gated = cfg.model.name.startswith(GATED_PREFIXES)
+    if cfg.hf_token_file:
+        p = cfg.resolve_path(cfg.hf_token_file)
+        if not p.exists():
+            return [CheckResult("hf_token", "cluster", "fail", f"token file {p} does not exist",
+                                fix=f"write the token to {p} and `chmod 600 {p}`")]
+        mode = p.stat().st_mode & 0o777
+        if mode & 0o077:
+            return [CheckResult("hf_token", "cluster", "warn", f"token file {p} is mode {mode:o}",
+                                fix=f"chmod 600 {p}")]
+        size = len(p.read_text().strip())
+        return [CheckResult("hf_token", "cluster", "pass" if size else "fail",
+                            f"token file {p} present, mode 600, {size} characters (not shown)",
+                            fix=None if size else f"write the token into {p}")]
+    if os.environ.get("HF_TOKEN"):
+        return [CheckResult("hf_token", "cluster", "pass",
+                            "HF_TOKEN set in this environment (value not shown)")]
+    if gated:
+        return [CheckResult("hf_token", "cluster", "fail", f"{cfg.model.name} is gated; no token",
+                            fix="accept the licence on huggingface.co, save a read token to a "
+                                "file, `chmod 600` it and name it in hf_token_file")]
+    return [CheckResult("hf_token", "cluster", "pass",
+                        f"no token configured; {cfg.model.name} is not a known gated model")]
+
+
+def check_logs(ctx: Context) -> list[CheckResult]:
+    out = []
+    names, skipped = ctx.split("logs", list(ctx.cfg.nodes))
+    seen = set()
+    for name in names:
+        log_dir = ctx.cfg.log_dir_on(name)
+        place = (ctx.cfg.nodes[name].machine(name), log_dir)
+        if place in seen:
+            out.append(CheckResult("logs", name, "n/a", f"{log_dir} already read for another node"))
+            continue
+        seen.add(place)
+        tails = ctx.facts(name, "logs", log_dir)
+        if not tails:
+            out.append(CheckResult("logs", name, "n/a", f"no lab logs yet in {log_dir}"))
+            continue
+        found = [(path, f) for path, text in tails.items()
+                 for f in match_failures(text, include_warnings=False)]
+        for path, failure in found:
+            out.append(CheckResult("logs", name, "fail", f"{failure.name} in {path}",
+                                   evidence=failure.explanation, fix=failure.fix))
+        if not found:
+            out.append(CheckResult("logs", name, "pass",
+                                   f"no known failure in {len(tails)} log(s) under {log_dir}"))
+    return skipped + out
+
+

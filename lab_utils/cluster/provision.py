@@ -1,0 +1,190 @@
+"""Getting the lab's code and the model onto the nodes.
+
+`deploy` copies the package (the version on the notebook host) into each SSH node's
+workdir when the node's copy differs (a digest of the files is kept beside it), then
+checks that the node's Python has what its roles need and says what to install where.
+`model_fetch` makes the configured model present on every serving node: the generated
+tiny model is built here and copied; a hub model is downloaded on each node (the token,
+if any, goes through the process environment on stdin, never argv); a `path` model must
+already be there. Either way every node must end up with the same snapshot.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from lab_utils.cluster.cluster import get_node
+from lab_utils.cluster.nodes import Node
+from lab_utils.config import REPO_ROOT, LabConfig, read_secret_file
+from lab_utils.errors import LabError
+
+PACKAGE = REPO_ROOT / "lab_utils"
+ROLE_MODULES = {
+    "serving": ["vllm", "nixl", "torch", "httpx"],
+    "controller": ["fastapi", "uvicorn", "httpx", "pydantic"],
+}
+INSTALL_HINT = {
+    "serving": "the serving engine (README: 'Installing on the DGX Spark nodes')",
+    "controller": "the lab's requirements (`pip install -r requirements.txt`)",
+}
+# Names and sizes of a model directory's files, plus a full hash when asked: run on nodes.
+_SNAPSHOT_CODE = """
+import hashlib, json, sys, pathlib
+root, full = pathlib.Path(sys.argv[1]), sys.argv[2] == "1"
+if not (root / "config.json").is_file():
+    print(json.dumps(None)); sys.exit(0)
+h = hashlib.sha256()
+for f in sorted(p for p in root.rglob("*") if p.is_file() and ".cache" not in p.parts):
+    h.update(f.relative_to(root).as_posix().encode())
+    h.update(f.read_bytes() if full else str(f.stat().st_size).encode())
+print(json.dumps(h.hexdigest()))
+"""
+_HUB_FETCH_CODE = """
+import json, sys
+from huggingface_hub import snapshot_download
+path = snapshot_download(sys.argv[1], revision=sys.argv[2] or None)
+print(json.dumps(path))
+"""
+
+
+# Sets `where` to the model's directory on the node: the hub cache's snapshot for a hub
+# model (nothing is downloaded), otherwise the configured path. Code that reads the model
+# there is appended to it.
+_LOCATE_MODEL = """
+import json, os, sys
+source, where, revision = sys.argv[1:4]
+if source == "hub":
+    from huggingface_hub import snapshot_download
+    where = snapshot_download(where, revision=revision or None, local_files_only=True)
+"""
+
+
+def run_in_model_dir(cfg: LabConfig, name: str, code: str, timeout: float = 120):
+    """Run Python `code` on node `name` with `where` set to the model's directory there."""
+    node = get_node(cfg, name)
+    where = cfg.model.name if cfg.model.source == "hub" else cfg.model_path_on(name)
+    return node.run([node.python, "-c", _LOCATE_MODEL + code, cfg.model.source, where,
+                     cfg.model.revision or ""], timeout=timeout)
+
+
+def package_files() -> list[Path]:
+    return sorted(p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def code_digest() -> str:
+    h = hashlib.sha256()
+    for f in package_files():
+        h.update(f.relative_to(PACKAGE).as_posix().encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def _write_remote(node: Node, path: str, text: str) -> None:
+    code = "import sys, pathlib; pathlib.Path(sys.argv[1]).write_text(sys.stdin.read())"
+    r = node.run([node.python, "-c", code, path], input=text)
+    if not r.ok:
+        raise LabError(f"node {node.name}: cannot write {path}: {r.why}")
+
+
+def missing_modules(node: Node, modules: list[str]) -> list[str]:
+    code = ("import importlib.util, json, sys; "
+            "print(json.dumps([m for m in sys.argv[1:] if importlib.util.find_spec(m) is None]))")
+    r = node.run([node.python, "-c", code, *modules], timeout=60)
+    if not r.ok:
+        raise LabError(f"node {node.name}: cannot run {node.python}: {r.why}"
+                       " (set nodes.<name>.python to the node's interpreter)")
+    return json.loads(r.stdout)
+
+
+def deploy_node(cfg: LabConfig, name: str, force: bool = False) -> str:
+    """Bring one node's copy of the lab up to date; return what was done."""
+    node = get_node(cfg, name)
+    problems = []
+    for role in node.cfg.roles:
+        missing = missing_modules(node, ROLE_MODULES[role])
+        if missing:
+            problems.append(f"node {name} ({role}): {node.python} lacks {', '.join(missing)}; "
+                            f"install {INSTALL_HINT[role]} into that environment")
+    if problems:
+        raise LabError("\n".join(problems))
+    if node.cfg.connection == "local":
+        return f"{name}: local, runs the code in this checkout"
+    digest = code_digest()
+    stamp = f"{node.cfg.workdir}/lab_utils/.deployed"
+    current = node.run(["cat", stamp])
+    if not force and current.ok and current.stdout.strip() == digest:
+        return f"{name}: up to date ({digest[:12]})"
+    for f in package_files():
+        node.put_file(f, f"{node.cfg.workdir}/lab_utils/{f.relative_to(PACKAGE).as_posix()}")
+    _write_remote(node, stamp, digest)
+    return f"{name}: deployed lab_utils {digest[:12]} to {node.cfg.workdir}"
+
+
+def deploy(cfg: LabConfig, nodes: list[str] | None = None, force: bool = False) -> list[str]:
+    return [deploy_node(cfg, n, force) for n in (list(cfg.nodes) if nodes is None else nodes)]
+
+
+def model_snapshot(node: Node, path: str, full: bool) -> str | None:
+    r = node.run([node.python, "-c", _SNAPSHOT_CODE, path, "1" if full else "0"],
+                 timeout=600)
+    if not r.ok:
+        raise LabError(f"node {node.name}: cannot inspect {path}: {r.why}")
+    return json.loads(r.stdout)
+
+
+def _copy_dir(node: Node, local: Path, remote: str) -> None:
+    partial = f"{remote}.partial"
+    node.run(["rm", "-rf", partial])
+    for f in sorted(p for p in local.rglob("*") if p.is_file()):
+        node.put_file(f, f"{partial}/{f.relative_to(local).as_posix()}")
+    r = node.run(["sh", "-c", 'rm -rf "$1" && mv "$2" "$1"', "sh", remote, partial])
+    if not r.ok:
+        raise LabError(f"node {node.name}: cannot move the model into {remote}: {r.stderr.strip()}")
+
+
+def ensure_model_on(cfg: LabConfig, name: str) -> str:
+    """Make the model present on one node; return its snapshot id."""
+    node = get_node(cfg, name)
+    where = cfg.model_path_on(name)
+    if cfg.model.source == "tiny":
+        from lab_utils.cluster import tiny_model
+
+        local = tiny_model.generate(cfg.model_path, seed=cfg.model.tiny_seed)
+        want = tiny_model.fingerprint(local)
+        if node.cfg.connection == "local":  # `where` is the model just generated here
+            return want
+        if model_snapshot(node, where, full=True) != want:
+            _copy_dir(node, local, where)
+        have = model_snapshot(node, where, full=True)
+        if have != want:
+            raise LabError(f"node {name}: the tiny model at {where} differs from this host's")
+        return have
+    if cfg.model.source == "hub":
+
+        token = read_secret_file(cfg, cfg.hf_token_file, "HF token") or os.environ.get("HF_TOKEN")
+        r = node.run([node.python, "-c", _HUB_FETCH_CODE, cfg.model.name,
+                      cfg.model.revision or ""], env={"HF_TOKEN": token} if token else None,
+                     timeout=7200)
+        if not r.ok:
+            raise LabError(f"node {name}: downloading {cfg.model.name} failed:\n"
+                           f"{r.stderr.strip()[-800:]}")
+        where = json.loads(r.stdout.strip().splitlines()[-1])
+    snap = model_snapshot(node, where, full=False)
+    if snap is None:
+        raise LabError(f"model not found on node {name}: {where}/config.json is missing; "
+                       "run `python -m lab_utils model fetch` or fix model.path in the config")
+    return snap
+
+
+def model_fetch(cfg: LabConfig, nodes: list[str] | None = None) -> dict[str, str]:
+    """The model on every serving node, checked to be the same snapshot everywhere."""
+    targets = nodes if nodes is not None else [n for n, c in cfg.nodes.items() if "serving" in c.roles]
+    snaps = {n: ensure_model_on(cfg, n) for n in targets}
+    if len(set(snaps.values())) > 1:
+        detail = ", ".join(f"{n}: {s[:12]}" for n, s in snaps.items())
+        raise LabError(f"the model differs between nodes ({detail}); pin model.revision and "
+                       "fetch again")
+    return snaps

@@ -1,0 +1,213 @@
+"""Nodes reached over SSH (paramiko), with the same interface as the local node.
+
+One connection per host, opened on first use and reused, with keep-alive and a connect
+timeout. Host keys are checked against known_hosts; an unknown key is accepted only when
+the config opts in (`accept_new_host_key`, like OpenSSH's accept-new) and a changed key
+is always refused, with the command that fixes it. The user's `~/.ssh/config` supplies
+host name, user, port and identity files. Commands are passed as argument lists, each
+argument quoted; environment variables (secrets included) travel on the channel's stdin
+and are exported by a small shell wrapper, so they never appear on a command line.
+Process facts (alive, stop by group, port holders) are decided on the node by
+`lab_utils.on_node.proctools`, whose source is sent over stdin, so they work before any deploy.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import shlex
+import time
+from pathlib import Path
+
+import paramiko
+
+from lab_utils.cluster.nodes import Node, RunResult
+from lab_utils.cluster.state import ProcessRecord, StateFile
+from lab_utils.config import NodeConfig
+from lab_utils.errors import LabError
+from lab_utils.on_node import proctools
+
+# Reads NAME=VALUE lines from stdin up to an empty line, exports them, runs the command.
+_ENV_THEN_EXEC = 'while IFS= read -r kv && [ -n "$kv" ]; do export "$kv"; done; exec "$@"'
+# Same, then starts the command detached in its own session (so its PID is its process
+# group), output appended to a log file, and prints the PID.
+_ENV_THEN_DETACH = (
+    'while IFS= read -r kv && [ -n "$kv" ]; do export "$kv"; done; '
+    'cd "${1:-$HOME}" || exit 97; log="$2"; shift 2; mkdir -p "$(dirname "$log")"; '
+    'setsid "$@" >>"$log" 2>&1 </dev/null & echo "$!"'
+)
+
+
+class _AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
+    """Accept and remember a host key never seen before (changed keys still fail)."""
+
+    def __init__(self, known_hosts: Path):
+        self.known_hosts = known_hosts
+
+    def missing_host_key(self, client, hostname, key):
+        client.get_host_keys().add(hostname, key.get_name(), key)
+        self.known_hosts.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.known_hosts, "a") as f:
+            f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+
+
+def _env_lines(env: dict[str, str]) -> str:
+    for k, v in env.items():
+        if "\n" in v or "\n" in k or "=" in k or not k:
+            raise LabError(f"environment variable {k!r}: names without '=' and values "
+                           "without newlines only")
+    return "".join(f"{k}={v}\n" for k, v in env.items()) + "\n"
+
+
+class SSHNode(Node):
+    """A node reached over SSH; see the module docstring."""
+
+    _clients: dict[tuple, paramiko.SSHClient] = {}
+
+    def __init__(self, name: str, node_cfg: NodeConfig, state: StateFile):
+        super().__init__(name, node_cfg, state)
+        if node_cfg.ssh is None or not node_cfg.python:
+            raise LabError(f"node {name}: an SSH node needs `ssh` and `python` in the config")
+        self.ssh = node_cfg.ssh
+
+    # ----- connection -----------------------------------------------------------------
+    def _resolved(self) -> dict:
+        """Host, port, user, key files and known_hosts after ~/.ssh/config."""
+        found: dict = {}
+        user_cfg = Path("~/.ssh/config").expanduser()
+        if user_cfg.exists():
+            found = paramiko.SSHConfig.from_path(str(user_cfg)).lookup(self.ssh.host)
+        keys = [self.ssh.key_file] if self.ssh.key_file else found.get("identityfile", [])
+        known = self.ssh.known_hosts or (found.get("userknownhostsfile") or "").split(" ")[0]
+        return {
+            "hostname": found.get("hostname", self.ssh.host),
+            "port": self.ssh.port if self.ssh.port != 22 else int(found.get("port", 22)),
+            "username": self.ssh.user or found.get("user") or os.environ.get("USER", "root"),
+            "key_filename": [str(Path(k).expanduser()) for k in keys] or None,
+            "known_hosts": Path(known or "~/.ssh/known_hosts").expanduser(),
+        }
+
+    def _client(self) -> paramiko.SSHClient:
+        r = self._resolved()
+        key = (r["hostname"], r["port"], r["username"], str(r["known_hosts"]),
+               self.ssh.accept_new_host_key, tuple(r["key_filename"] or ()))
+        client = self._clients.get(key)
+        transport = client.get_transport() if client else None
+        if transport is not None and transport.is_active():
+            return client
+        client = paramiko.SSHClient()
+        if r["known_hosts"].exists():
+            client.load_host_keys(str(r["known_hosts"]))
+        client.set_missing_host_key_policy(
+            _AcceptNewPolicy(r["known_hosts"]) if self.ssh.accept_new_host_key
+            else paramiko.RejectPolicy())
+        where = f"{r['username']}@{r['hostname']}:{r['port']}"
+        entry = r["hostname"] if r["port"] == 22 else f"[{r['hostname']}]:{r['port']}"
+        try:
+            client.connect(r["hostname"], port=r["port"], username=r["username"],
+                           key_filename=r["key_filename"], timeout=self.ssh.connect_timeout_s,
+                           banner_timeout=self.ssh.connect_timeout_s,
+                           auth_timeout=self.ssh.connect_timeout_s,
+                           look_for_keys=r["key_filename"] is None, allow_agent=True)
+        except paramiko.BadHostKeyException:
+            raise LabError(
+                f"node {self.name} ({where}): the host key CHANGED since it was recorded in "
+                f"{r['known_hosts']}. If the node was reinstalled, remove the old key with "
+                f"`ssh-keygen -R '{entry}' -f {r['known_hosts']}` and connect once with "
+                "`ssh` to check and record the new one; otherwise treat it as an attack."
+            ) from None
+        except paramiko.SSHException as e:
+            if "not found in known_hosts" in str(e):
+                raise LabError(
+                    f"node {self.name} ({where}): host key unknown (not in {r['known_hosts']}). "
+                    f"Run `ssh -p {r['port']} {r['username']}@{r['hostname']}` once and check "
+                    "the fingerprint, or set ssh.accept_new_host_key: true in the config."
+                ) from None
+            raise LabError(f"node {self.name} ({where}): SSH failed: {e}") from None
+        except (TimeoutError, OSError) as e:
+            raise LabError(f"node {self.name} ({where}): cannot connect: {e}") from None
+        client.get_transport().set_keepalive(15)
+        self._clients[key] = client
+        return client
+
+    @classmethod
+    def close_all(cls) -> None:
+        for client in cls._clients.values():
+            client.close()
+        cls._clients.clear()
+
+    # ----- Node interface -------------------------------------------------------------
+    def _exec(self, command: str, stdin_text: str, timeout: float) -> RunResult:
+        chan = self._client().get_transport().open_session(timeout=self.ssh.connect_timeout_s)
+        try:
+            chan.settimeout(0.2)
+            chan.exec_command(command)
+            chan.sendall(stdin_text.encode())
+            chan.shutdown_write()
+            out, err = bytearray(), bytearray()
+            deadline = time.monotonic() + timeout
+            while True:
+                drained = False
+                while chan.recv_ready():
+                    out += chan.recv(65536)
+                    drained = True
+                while chan.recv_stderr_ready():
+                    err += chan.recv_stderr(65536)
+                    drained = True
+                if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
+                    break
+                if time.monotonic() > deadline:
+                    raise LabError(f"command on node {self.name} timed out after {timeout:.0f} s: "
+                                   f"{command[:200]}")
+                if not drained:
+                    time.sleep(0.01)
+            return RunResult(chan.recv_exit_status(), out.decode(errors="replace"),
+                             err.decode(errors="replace"))
+        finally:
+            chan.close()
+
+    def run(self, argv, *, timeout=60.0, env=None, input=None) -> RunResult:
+        command = "sh -c " + shlex.quote(_ENV_THEN_EXEC) + " sh " + shlex.join(argv)
+        return self._exec(command, _env_lines(env or {}) + (input or ""), timeout)
+
+    def _sftp(self) -> paramiko.SFTPClient:
+        return self._client().open_sftp()
+
+    def put_file(self, local, remote) -> None:
+        r = self.run(["mkdir", "-p", str(Path(remote).parent)])
+        if not r.ok:
+            raise LabError(f"node {self.name}: cannot create {Path(remote).parent}: {r.stderr.strip()}")
+        with self._sftp() as sftp:
+            sftp.put(str(local), str(remote))
+            sftp.chmod(str(remote), os.stat(local).st_mode & 0o777)
+
+    def _proctools(self, *args: str) -> str:
+        source = inspect.getsource(proctools)
+        r = self.run([self.python, "-", *args], input=source, timeout=60)
+        if not r.ok:
+            raise LabError(f"node {self.name}: process check failed: {r.stderr.strip()[-500:]}")
+        return r.stdout.strip()
+
+    def _spawn(self, argv, env, log_path, cwd):
+        command = ("sh -c " + shlex.quote(_ENV_THEN_DETACH) + " sh "
+                   + shlex.join([cwd or self.cfg.workdir or "", log_path, *argv]))
+        r = self._exec(command, _env_lines(env), 30)
+        if not r.ok or not r.stdout.strip().isdigit():
+            raise LabError(f"node {self.name}: could not start {argv[0]}: {r.stderr.strip()}")
+        pid = int(r.stdout.strip())
+        return pid, int(self._proctools("ticks", str(pid)))
+
+    def is_alive(self, rec: ProcessRecord) -> bool:
+        return self._proctools("alive", str(rec.pid), str(rec.start_ticks)) == "true"
+
+    def log_tail(self, rec: ProcessRecord, lines: int = 40) -> str:
+        r = self.run(["tail", "-n", str(lines), rec.log_path])
+        return r.stdout if r.ok else f"(no log at {rec.log_path} on {self.name})"
+
+    def _stop_group(self, rec: ProcessRecord, grace_s: float) -> bool:
+        return self._proctools("stop", str(rec.pgid), str(rec.start_ticks), str(grace_s)) == "true"
+
+    def port_report(self, address: str, port: int) -> dict:
+        import json
+
+        return json.loads(self._proctools("port", address, str(port)))

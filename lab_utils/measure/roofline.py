@@ -1,0 +1,61 @@
+"""Hardware figures for the decode roofline: memory bandwidth and the bytes of weights.
+
+Decode reads every weight once per step, so one stream cannot go faster than memory
+bandwidth / weight bytes tokens per second. On a GB10 the bandwidth is the published
+273 GB/s (DESIGN section 8); on a CPU node it is measured there (a streaming read of a
+large array, best of a few); elsewhere it is unknown and the roofline is not drawn.
+"""
+
+from __future__ import annotations
+
+import json
+
+from lab_utils.cluster import get_node
+from lab_utils.config import LabConfig
+from lab_utils.errors import LabError
+
+GB10_BANDWIDTH_GBPS = 273.0
+
+_READ_BANDWIDTH = """
+import json, time
+import numpy as np
+a = np.ones(64 * 2**20, dtype=np.float64)  # 512 MiB
+best = min((lambda t0: (a.sum(), time.perf_counter() - t0)[1])(time.perf_counter())
+           for _ in range(5))
+print(json.dumps(a.nbytes / best / 1e9))
+"""
+
+_WEIGHT_BYTES = """
+names = [n for n in os.listdir(where) if n.endswith(".safetensors")] or \\
+        [n for n in os.listdir(where) if n.endswith(".bin")]
+print(json.dumps(sum(os.path.getsize(os.path.join(where, n)) for n in names)))
+"""
+
+
+def _run(cfg: LabConfig, code: str, in_model_dir: bool = False) -> float:
+    """Run `code` on the baseline node (in the model's directory if asked); its last line."""
+    from lab_utils.cluster.provision import run_in_model_dir
+
+    name = cfg.topology.baseline.node
+    node = get_node(cfg, name)
+    r = (run_in_model_dir(cfg, name, code, timeout=300) if in_model_dir
+         else node.run([node.python, "-c", code], timeout=300))
+    if not r.ok:
+        raise LabError(f"on {name}: {r.why}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def memory_bandwidth(cfg: LabConfig, environment: dict) -> tuple[float | None, str]:
+    """(GB/s, where the figure comes from) for the baseline node."""
+    if cfg.vllm.device == "cuda":
+        gpus = [c["summary"] for c in environment.get("checks", []) if c["check"] == "gpu"]
+        if gpus and all("GB10" in g for g in gpus):
+            return GB10_BANDWIDTH_GBPS, "GB10 LPDDR5x, published figure"
+        return None, "unknown for this GPU"
+    bw = _run(cfg, _READ_BANDWIDTH)
+    return bw, f"measured on {cfg.topology.baseline.node}: streaming read of 512 MiB, best of 5"
+
+
+def weight_bytes(cfg: LabConfig) -> int:
+    """Bytes of the model's weight files on the baseline node."""
+    return int(_run(cfg, _WEIGHT_BYTES, in_model_dir=True))

@@ -1,0 +1,153 @@
+"""What the benchmark report reads: the results of notebooks 00-04, loaded from the
+profile's results directory into one `ReportData`, with the benchmark sweeps of 01, 03 and
+04 parsed per architecture (standard and mixed long/short workload). Only notebook 01 is
+required; a missing or broken optional file is recorded with the notebook to run. Also
+the vocabulary the other report modules share: the architectures, the metrics compared,
+and a few formatting helpers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pydantic import ValidationError
+
+from lab_utils.config import LabConfig
+from lab_utils.errors import ResultsMissingError
+from lab_utils.measure.benchmark import BenchmarkResult
+from lab_utils.results import RESULTS, ResultsEnvelope, load_results
+
+ARCHITECTURES = ("baseline", "replicated", "disaggregated")
+ARCH_NOTEBOOK = {"baseline": "01", "replicated": "03", "disaggregated": "04"}
+OPTIONAL_NOTEBOOKS = ("00", "02", "03", "04")
+PER_STREAM = "decode_tokens_per_s_per_stream"
+
+
+@dataclass(frozen=True)
+class Metric:
+    key: str
+    label: str
+    unit: str
+    higher_is_better: bool
+
+
+METRICS = (
+    Metric("request_throughput", "request throughput", "req/s", True),
+    Metric("output_throughput", "output throughput", "tok/s", True),
+    Metric("median_ttft_ms", "TTFT p50", "ms", False),
+    Metric("p99_ttft_ms", "TTFT p99", "ms", False),
+    Metric("median_itl_ms", "ITL p50", "ms", False),
+    Metric("p99_itl_ms", "ITL p99", "ms", False),
+    Metric("median_tpot_ms", "TPOT p50", "ms", False),
+)
+METRIC_BY_KEY = {m.key: m for m in METRICS}
+
+
+@dataclass
+class ReportData:
+    """Everything the report reads: the envelopes found, what is missing and why, and the
+    parsed sweeps per architecture (standard and mixed long/short workload)."""
+
+    profile: str
+    device: str
+    results_dir: Path
+    envelopes: dict[str, ResultsEnvelope]
+    missing: dict[str, str]
+    sweeps: dict[str, BenchmarkResult]
+    mixed: dict[str, BenchmarkResult]
+
+    def payload(self, notebook: str) -> dict[str, Any]:
+        env = self.envelopes.get(notebook)
+        return env.payload if env else {}
+
+
+def _benchmark(payload: dict, key: str, notebook: str, required: bool) -> BenchmarkResult | None:
+    raw = payload.get(key)
+    if raw is None and not required:
+        return None
+    spec = RESULTS[notebook]
+    try:
+        return BenchmarkResult.model_validate(raw)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(map(str, first["loc"])) or "(top level)"
+        raise ResultsMissingError(
+            f"{spec.file_name}: payload[{key!r}] is not a benchmark sweep ({where}: "
+            f"{first['msg']}); re-run notebooks/{spec.notebook_file}") from None
+
+
+def load_report_data(cfg: LabConfig) -> ReportData:
+    """Load every results file; 01 is required (ResultsMissingError names the notebook),
+    the others are optional and recorded in `missing` with the notebook to run."""
+    envelopes = {"01": load_results(cfg, "01")}
+    missing: dict[str, str] = {}
+    for nb in OPTIONAL_NOTEBOOKS:
+        try:
+            envelopes[nb] = load_results(cfg, nb)
+        except ResultsMissingError as e:
+            missing[nb] = str(e)
+    data = ReportData(cfg.profile, cfg.vllm.device, cfg.results_dir,
+                      dict(sorted(envelopes.items())), missing, {}, {})
+    for arch, nb in ARCH_NOTEBOOK.items():
+        if nb in data.envelopes:
+            _add_sweeps(data, arch, nb)
+    return data
+
+
+def _add_sweeps(data: ReportData, arch: str, nb: str) -> None:
+    payload = data.envelopes[nb].payload
+    try:
+        sweep = _benchmark(payload, "sweep", nb, required=True)
+        mixed = _benchmark(payload, "mixed", nb, required=False)
+    except ResultsMissingError as e:
+        if nb == "01":
+            raise
+        del data.envelopes[nb]
+        data.missing[nb] = str(e)
+        return
+    data.sweeps[arch] = sweep
+    if mixed is not None:
+        data.mixed[arch] = mixed
+
+
+def run_hint(notebook: str) -> str:
+    spec = RESULTS[notebook]
+    return (f"run notebooks/{spec.notebook_file} "
+            f"(or `python -m lab_utils run --from {notebook} --to {notebook}`)")
+
+
+def join_words(items: list[str]) -> str:
+    """"a", "a and b", "a, b and c"."""
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def load_label(mode: str, value: float) -> str:
+    return f"concurrency {value:g}" if mode == "concurrency" else f"rate {value:g} req/s"
+
+
+def is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def num_or_nan(value: Any) -> float:
+    return float(value) if is_number(value) else math.nan
+
+
+def fmt_num(value: Any) -> str:
+    """A number for people: thousands separated, 3 significant figures for small values."""
+    if value is None or isinstance(value, bool):
+        return "" if value is None else str(value)
+    if not isinstance(value, (int, float, np.number)):
+        return str(value)
+    v = float(value)
+    if not math.isfinite(v):
+        return "–"
+    if v.is_integer() and abs(v) >= 1:
+        return f"{v:,.0f}"
+    if abs(v) >= 100:
+        return f"{v:,.1f}"
+    return f"{v:.2f}" if abs(v) >= 1 else f"{v:.3g}"

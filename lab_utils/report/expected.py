@@ -1,0 +1,155 @@
+"""Expected figures for a cluster of two DGX Sparks beside the ones this run measured:
+memory bandwidth (01's roofline record), decode tokens/s of one stream (01's sweep), NIXL
+DRAM-to-DRAM bandwidth (02's probe) and the data-plane link (00's link check). A real
+(cuda) run more than FAR_OFF times away from a figure is flagged, so a misconfigured
+cluster shows before its comparisons are trusted; the CPU rehearsal compares nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import pandas as pd
+
+from lab_utils.report.data import PER_STREAM, ReportData, fmt_num, is_number, num_or_nan
+from lab_utils.report.tables import checks, kv_table, points_table, probe_rows
+
+FAR_OFF = 2.0  # a measured figure this many times above or below the expected one is flagged
+
+# Expected figures for a two-Spark cluster, from public sources collected in DESIGN.md
+# section 8. Verify them on the cluster; the report flags a real run more than FAR_OFF away.
+EXPECTED_TWO_SPARK: dict[str, Any] = {
+    "source": "DESIGN.md section 8 (public figures for GB10 / DGX Spark; verify on the cluster)",
+    "memory_bandwidth_GBps": 273.0,  # GB10 unified LPDDR5x
+    "decode_tokens_per_s_per_stream": 17.0,  # 273 GB/s / 16 GB: an 8B model in bf16
+    "decode_weight_bytes": 16e9,
+    "nixl_dram_GBps": (11.0, 13.0),  # NIXL DRAM to DRAM over the ConnectX-7 link
+    "link_Gbps_per_rail": (92.0, 97.0),  # ib_write_bw per PCIe x4 half of the ConnectX-7
+}
+
+
+class Measured(NamedTuple):
+    """A figure of this run: its value (None: not measured), where it comes from, and why
+    it cannot be compared with the expected one (None: it can)."""
+
+    value: float | None
+    source: str
+    not_comparable: str | None = None
+
+
+def measured_nixl_dram_GBps(payload02: dict) -> Measured:
+    """02's probe: the largest DRAM READ (what NixlConnector does); without probe rows,
+    the largest prompt's measured KV transfer."""
+    reads = [r for r in probe_rows(payload02) if r.get("seg_type") == "DRAM"
+             and r.get("op") == "READ" and is_number(r.get("bytes"))
+             and is_number(r.get("bandwidth_GBps"))]
+    if reads:
+        top = max(reads, key=lambda r: r["bytes"])
+        source = f"02's NIXL probe, DRAM READ of {fmt_num(top['bytes'])} bytes"
+        if top.get("checksum_ok") is False:
+            source += " (its checksum did not match)"
+        return Measured(float(top["bandwidth_GBps"]), source)
+    kv = kv_table(payload02).dropna(subset=["kv_bytes", "measured_ms"])
+    kv = kv[kv["measured_ms"] > 0]
+    if kv.empty:
+        return Measured(None, "not measured (no 02 probe DRAM READ rows or measured transfers)")
+    top = kv.iloc[-1]
+    return Measured(top["kv_bytes"] / top["measured_ms"] / 1e6,
+                    f"02's KV transfer of {top['prompt_tokens']:g} prompt tokens "
+                    "(includes latency)")
+
+
+def measured_link_Gbps(payload00: dict) -> Measured:
+    """00's data-plane link check: ib_write_bw on one rail (RDMA), or one TCP stream,
+    which says nothing about a rail's RDMA bandwidth."""
+    links = [c for c in checks(payload00) if c.get("check") == "link"]
+    measured = [c for c in links if is_number((c.get("data") or {}).get("measured_gbps"))]
+    if not measured:
+        if not links:
+            return Measured(None, "not recorded by 00")
+        c = links[0]
+        return Measured(None, f"not measured (00's link check: {c.get('status')}, "
+                              f"{c.get('summary')})")
+    worst = min(measured, key=lambda c: c["data"]["measured_gbps"])
+    gbps = float(worst["data"]["measured_gbps"])
+    if worst["data"].get("method") == "tcp":
+        return Measured(gbps, f"00's link check, {worst.get('node')}, one TCP stream",
+                        "one TCP stream, not ib_write_bw over RDMA")
+    return Measured(gbps, f"00's link check, {worst.get('node')}, ib_write_bw on one rail")
+
+
+def measured_decode_per_stream(table: pd.DataFrame) -> Measured:
+    """Decode tokens/s of one stream: 1000 / TPOT p50 at the baseline's lowest concurrency."""
+    if table.empty:
+        return Measured(None, "not measured")
+    rows = table[(table["architecture"] == "baseline") & (table["workload"] == "standard")
+                 & (table["mode"] == "concurrency") & table["valid"]].dropna(subset=[PER_STREAM])
+    if rows.empty:
+        return Measured(None, "no valid baseline concurrency point")
+    row = rows.sort_values("value").iloc[0]
+    return Measured(float(row[PER_STREAM]), f"01, 1000 / TPOT p50 at {row['load']}")
+
+
+def _ratio(measured: float | None, expected: float | tuple[float, float]) -> float | None:
+    if measured is None or not math.isfinite(measured):
+        return None
+    lo, hi = expected if isinstance(expected, tuple) else (expected, expected)
+    if lo <= measured <= hi:
+        return 1.0
+    return measured / (lo if measured < lo else hi)
+
+
+def _verdict(m: Measured, expected: float | tuple[float, float]) -> str:
+    ratio = _ratio(m.value, expected)
+    if ratio is None:
+        return "not measured"
+    if m.not_comparable:
+        return f"not comparable ({m.not_comparable})"
+    if ratio > FAR_OFF or ratio < 1 / FAR_OFF:
+        way = f"{ratio:.1f}x above" if ratio > 1 else f"{1 / ratio:.1f}x below"
+        return f"WARNING: {way} the expected figure"
+    return f"ok (within {FAR_OFF:g}x)"
+
+
+def _expected_decode(data: ReportData) -> tuple[float, str]:
+    e = EXPECTED_TWO_SPARK
+    bw = e["memory_bandwidth_GBps"]
+    weights = (data.payload("01").get("roofline") or {}).get("weight_bytes")
+    if isinstance(weights, (int, float)) and weights > 0:
+        return bw * 1e9 / weights, f"{bw:g} GB/s / {weights / 1e9:.1f} GB of weights (this model)"
+    return (e["decode_tokens_per_s_per_stream"],
+            f"{bw:g} GB/s / {e['decode_weight_bytes'] / 1e9:g} GB (an 8B model in bf16)")
+
+
+def _show(v: float | tuple[float, float]) -> str:
+    return f"{fmt_num(v[0])}-{fmt_num(v[1])}" if isinstance(v, tuple) else fmt_num(v)
+
+
+def expected_figures(data: ReportData, table: pd.DataFrame | None = None) -> pd.DataFrame:
+    """DESIGN section 8's figures for two Sparks beside this run's (real cluster only)."""
+    table = points_table(data) if table is None else table
+    e = EXPECTED_TWO_SPARK
+    bw = (data.payload("01").get("roofline") or {}).get("memory_bandwidth_GBps")
+    dec_exp, dec_basis = _expected_decode(data)
+    rows = [
+        ("memory bandwidth (GB/s)", e["memory_bandwidth_GBps"], "GB10 LPDDR5x",
+         Measured(num_or_nan(bw) if bw is not None else None, "01's roofline record")),
+        ("decode tokens/s per stream", dec_exp, dec_basis, measured_decode_per_stream(table)),
+        ("NIXL DRAM-to-DRAM (GB/s)", e["nixl_dram_GBps"], "nixlbench over ConnectX-7",
+         measured_nixl_dram_GBps(data.payload("02"))),
+        ("link per rail (Gb/s)", e["link_Gbps_per_rail"], "ib_write_bw, one PCIe x4 half",
+         measured_link_Gbps(data.payload("00"))),
+    ]
+    comparable = data.device == "cuda"
+    out = []
+    for name, expected, basis, measured in rows:
+        rec = {"figure": name, "expected (two Sparks)": _show(expected), "basis": basis}
+        if comparable:
+            rec.update({"this run": fmt_num(measured.value) if measured.value is not None
+                        else "–", "measured from": measured.source,
+                        "verdict": _verdict(measured, expected)})
+        else:
+            rec["this run"] = "not comparable (CPU rehearsal)"
+        out.append(rec)
+    return pd.DataFrame(out)

@@ -1,0 +1,221 @@
+"""The report's plots, drawn with matplotlib's Agg canvas (pyplot is never touched, so a
+notebook keeps its own backend): throughput, TTFT and ITL against load per architecture,
+KV transfer time against prompt length, decode tokens/s per stream against the
+memory-bandwidth roofline, and ITL p99 under the mixed long/short workload. Error bars
+span the repeats; an invalid point is a gap in its line and a cross on the x axis, never a
+value. `write_plots` writes them as plots/*.png and removes the ones not drawn this time.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from lab_utils.report.data import ARCHITECTURES, PER_STREAM, ReportData, fmt_num
+from lab_utils.report.tables import kv_table, workload_rows
+from lab_utils.util.atomic import atomic_write_bytes
+
+COLORS = {"baseline": "tab:blue", "replicated": "tab:orange", "disaggregated": "tab:green"}
+PLOT_NAMES = ("throughput", "ttft", "itl", "kv_transfer", "roofline", "mixed_itl")
+
+
+@dataclass(frozen=True)
+class Plot:
+    name: str
+    title: str
+    caption: str
+    png: bytes
+
+
+def _png(fig: Figure) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    return buf.getvalue()
+
+
+def _figure(nrows: int, ncols: int, title: str) -> tuple[Figure, np.ndarray]:
+    fig = Figure(figsize=(7.6 * ncols, 3.6 * nrows + 0.4), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(nrows, ncols, squeeze=False)
+    fig.suptitle(title)
+    return fig, axes
+
+
+def _legend(ax) -> None:
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+
+
+def _setup_x(ax, mode: str, values: list[float]) -> None:
+    values = sorted(set(values))
+    if values and values[0] > 0 and values[-1] / values[0] >= 8:
+        ax.set_xscale("log", base=2)
+    ax.set_xticks(values, [f"{v:g}" for v in values])
+    ax.minorticks_off()
+    ax.set_xlabel("concurrency (requests in flight)" if mode == "concurrency"
+                  else "request rate (req/s)")
+    ax.grid(True, alpha=0.3)
+
+
+def plot_values(rows: pd.DataFrame, key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """x, y and the y error bars of one series; invalid points are NaN (a gap, no value)."""
+    rows = rows.sort_values("value")
+    valid = rows["valid"].to_numpy(bool)
+    x = rows["value"].to_numpy(float)
+    y = np.where(valid, rows[key].to_numpy(float), np.nan)
+    spread = valid & (rows["repeats"].to_numpy() > 1)
+    lo = np.where(spread, rows[f"{key}_min"].to_numpy(float), y)
+    hi = np.where(spread, rows[f"{key}_max"].to_numpy(float), y)
+    err = np.nan_to_num(np.vstack([y - lo, hi - y]), nan=0.0).clip(min=0)
+    return x, y, err
+
+
+def _draw_arch(ax, rows: pd.DataFrame, arch: str, series: list[tuple[str, str, str]]) -> None:
+    for key, style, suffix in series:
+        x, y, err = plot_values(rows, key)
+        ax.errorbar(x, y, yerr=err, fmt=style, color=COLORS[arch], capsize=3,
+                    label=f"{arch}{suffix}")
+    bad = rows.loc[~rows["valid"], "value"].to_numpy(float)
+    if len(bad):
+        ax.scatter(bad, np.full(len(bad), 0.03), transform=ax.get_xaxis_transform(),
+                   marker="x", s=90, linewidths=2.5, color=COLORS[arch], zorder=5,
+                   clip_on=False, label=f"{arch}: invalid, no value")
+
+
+def _metric_plot(table: pd.DataFrame, name: str, title: str, panels: list[tuple[str, list]],
+                 archs: tuple[str, ...] = ARCHITECTURES) -> Plot | None:
+    table = table[table["architecture"].isin(archs)] if not table.empty else table
+    if table.empty:
+        return None
+    modes = [m for m in ("concurrency", "rate") if (table["mode"] == m).any()]
+    fig, axes = _figure(len(panels), len(modes), title)
+    for c, mode in enumerate(modes):
+        part = table[table["mode"] == mode]
+        for r, (ylabel, series) in enumerate(panels):
+            ax = axes[r][c]
+            for arch in archs:
+                rows = part[part["architecture"] == arch]
+                if not rows.empty:
+                    _draw_arch(ax, rows, arch, series)
+            _setup_x(ax, mode, list(part["value"]))
+            ax.set_ylabel(ylabel)
+            ax.set_ylim(bottom=0)
+            _legend(ax)
+    return Plot(name, title, _invalid_caption(table), _png(fig))
+
+
+def _invalid_caption(table: pd.DataFrame) -> str:
+    bad = table[~table["valid"]]
+    text = ("Error bars: min-max over repeats (none with one repeat). Invalid points are never "
+            "drawn as values: the line has a gap there and a cross on the x axis marks the load.")
+    if bad.empty:
+        return text + " No point here is invalid."
+    names = [f"{r['architecture']} at {r['load']}" for _, r in bad.iterrows()]
+    return text + " Invalid here: " + ", ".join(names) + "."
+
+
+def _roofline_plot(data: ReportData, table: pd.DataFrame) -> Plot | None:
+    rows = table[(table["workload"] == "standard") & (table["mode"] == "concurrency")]
+    if rows.empty:
+        return None
+    fig, axes = _figure(1, 1, "Decode tokens/s per stream vs concurrency")
+    ax = axes[0][0]
+    for arch in ARCHITECTURES:
+        part = rows[rows["architecture"] == arch]
+        if not part.empty:
+            _draw_arch(ax, part, arch, [(PER_STREAM, "-o", "")])
+    roof = roofline_limit(data)
+    if roof is not None:
+        ax.axhline(roof, color="black", linestyle=":",
+                   label=f"memory-bandwidth roofline ({fmt_num(roof)} tok/s)")
+    else:
+        ax.text(0.5, 0.95, "roofline unknown for this hardware", transform=ax.transAxes,
+                ha="center", va="top", fontsize="small")
+    _setup_x(ax, "concurrency", list(rows["value"]))
+    ax.set_ylabel("tokens/s per stream (1000 / TPOT p50)")
+    ax.set_ylim(bottom=0)
+    _legend(ax)
+    return Plot("roofline", "Decode tokens/s per stream vs the memory-bandwidth roofline",
+                roofline_text(data) + " " + _invalid_caption(rows), _png(fig))
+
+
+def roofline_limit(data: ReportData) -> float | None:
+    v = (data.payload("01").get("roofline") or {}).get("max_tokens_per_s_per_stream")
+    return float(v) if isinstance(v, (int, float)) and v > 0 else None
+
+
+def roofline_text(data: ReportData) -> str:
+    roof = roofline_limit(data)
+    if roof is None:
+        return ("The memory-bandwidth roofline is unknown for this hardware (notebook 01 "
+                "recorded no memory bandwidth or weight size), so the curve is shown alone.")
+    return (f"Roofline (dotted line): at most {fmt_num(roof)} tokens/s per stream, memory "
+            "bandwidth / bytes read per decode step (every weight once per step). Batching "
+            "shares that read among streams, so per-stream speed falls slowly while the total "
+            "grows.")
+
+
+def _kv_plot(payload02: dict) -> Plot | None:
+    kv = kv_table(payload02)
+    if kv.empty:
+        return None
+    fig, axes = _figure(1, 1, "KV transfer time vs prompt length")
+    ax = axes[0][0]
+    ax.plot(kv["prompt_tokens"], kv["predicted_ms"], "-o", label="predicted")
+    meas = kv.dropna(subset=["measured_ms"])
+    ax.plot(meas["prompt_tokens"], meas["measured_ms"], "s", markersize=8, label="measured")
+    ax.set_xlabel("prompt tokens")
+    ax.set_ylabel("transfer time (ms)")
+    ax.set_ylim(bottom=0)
+    ax.grid(True, alpha=0.3)
+    _legend(ax)
+    unmeasured = len(kv) - len(meas)
+    caption = ("Predicted: bytes moved (whole blocks) / probe bandwidth + latency. Measured: "
+               "the transfer in notebook 02.")
+    if unmeasured:
+        caption += f" {unmeasured} prompt length(s) have no measurement and show no square."
+    return Plot("kv_transfer", "KV transfer: predicted vs measured", caption, _png(fig))
+
+
+def render_plots(data: ReportData, table: pd.DataFrame) -> list[Plot]:
+    """Every plot the data allows, as PNG bytes (nothing written)."""
+    if table.empty:
+        return []
+    std, mixed = workload_rows(table, "standard"), workload_rows(table, "mixed")
+    plots = [
+        _metric_plot(std, "throughput", "Throughput vs load",
+                     [("output tokens/s", [("output_throughput", "-o", "")]),
+                      ("requests/s", [("request_throughput", "-o", "")])]),
+        _metric_plot(std, "ttft", "TTFT p50 (solid) and p99 (dashed) vs load",
+                     [("TTFT (ms)", [("median_ttft_ms", "-o", " p50"),
+                                     ("p99_ttft_ms", "--s", " p99")])]),
+        _metric_plot(std, "itl", "ITL p50 (solid) and p99 (dashed) vs load",
+                     [("ITL (ms)", [("median_itl_ms", "-o", " p50"),
+                                    ("p99_itl_ms", "--s", " p99")])]),
+        _kv_plot(data.payload("02")),
+        _roofline_plot(data, table),
+        _metric_plot(mixed, "mixed_itl", "Mixed long/short workload: ITL p99 vs load",
+                     [("ITL p99 (ms)", [("p99_itl_ms", "-o", "")])],
+                     archs=("replicated", "disaggregated")),
+    ]
+    return [p for p in plots if p is not None]
+
+
+def write_plots(plots_dir: Path, plots: list[Plot]) -> list[Path]:
+    """Write plots/*.png; a known plot not drawn this time is removed, not left stale."""
+    paths = []
+    for p in plots:
+        path = plots_dir / f"{p.name}.png"
+        atomic_write_bytes(path, p.png)
+        paths.append(path)
+    drawn = {p.name for p in plots}
+    for name in PLOT_NAMES:
+        if name not in drawn:
+            (plots_dir / f"{name}.png").unlink(missing_ok=True)
+    return paths
+

@@ -1,0 +1,138 @@
+"""The benchmark report of notebook 05: `build_report(cfg)` reads the results of notebooks
+00-04 from the profile's results directory and writes `report.html` (self-contained: plots
+embedded as data URIs), `report.md` (plots linked) and `plots/*.png`, atomically. Only
+notebook 01 is required; what is missing is named with the notebook to run. The work is
+split by what it does: `report_data` (loading), `report_tables` (pandas tables),
+`report_conclusions` (who wins what, beyond the spread), `report_expected` (figures for
+two DGX Sparks), `report_plots` (matplotlib) and `report_sections` (the document); this
+module renders the document and re-exports the names notebooks and tests use.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from lab_utils.config import LabConfig
+from lab_utils.report.conclusions import NOISE_FLOOR, Conclusions, Finding, compare, conclusions
+from lab_utils.report.data import METRICS, ReportData, fmt_num, load_report_data, run_hint
+from lab_utils.report.expected import EXPECTED_TWO_SPARK, expected_figures
+from lab_utils.report.plots import PLOT_NAMES, Plot, plot_values, render_plots, write_plots
+from lab_utils.report.sections import Block, report_blocks
+from lab_utils.report.tables import display_table, headline_table, kv_table, points_table
+from lab_utils.results import RESULTS
+from lab_utils.util.atomic import atomic_write_text
+
+__all__ = [
+    "EXPECTED_TWO_SPARK", "METRICS", "NOISE_FLOOR", "PLOT_NAMES", "RESULTS", "Conclusions",
+    "Finding", "Plot", "ReportData", "ReportPaths", "build_report", "compare", "conclusions",
+    "display_table", "expected_figures", "fmt_num", "headline_table", "kv_table",
+    "load_report_data", "plot_values", "points_table", "render_html", "render_markdown",
+    "render_plots", "report_blocks", "run_hint",
+]
+
+
+@dataclass
+class ReportPaths:
+    html: Path
+    md: Path
+    plots: list[Path]
+    conclusions: list[str]
+    findings: list[Finding] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)  # notebooks whose results are absent
+
+
+CSS = """
+body { font-family: system-ui, sans-serif; max-width: 1200px; margin: 2em auto;
+       padding: 0 1em; color: #222; line-height: 1.45; }
+table { border-collapse: collapse; margin: 1em 0; font-size: 0.85em; }
+th, td { border: 1px solid #ccc; padding: 0.25em 0.5em; text-align: left;
+         vertical-align: top; }
+th { background: #f2f2f2; }
+.warn { background: #fff4e5; border-left: 4px solid #e67e00; padding: 0.5em 1em; }
+figure { margin: 1em 0; }
+figure img { max-width: 100%; border: 1px solid #ddd; }
+figcaption { font-size: 0.9em; color: #555; }
+"""
+
+
+def _html_block(b: Block) -> str:
+    if b.kind == "h":
+        return f"<h{b.level}>{html.escape(b.text)}</h{b.level}>"
+    if b.kind in ("p", "warn"):
+        cls = ' class="warn"' if b.kind == "warn" else ""
+        return f"<p{cls}>{html.escape(b.text)}</p>"
+    if b.kind == "ul":
+        return "<ul>" + "".join(f"<li>{html.escape(i)}</li>" for i in b.items) + "</ul>"
+    if b.kind == "table":
+        assert b.df is not None
+        return b.df.to_html(index=False, escape=True, na_rep="–", border=0)
+    assert b.plot is not None
+    src = "data:image/png;base64," + base64.b64encode(b.plot.png).decode("ascii")
+    return (f'<figure><img src="{src}" alt="{html.escape(b.plot.title)}">'
+            f"<figcaption>{html.escape(b.plot.caption)}</figcaption></figure>")
+
+
+def render_html(blocks: list[Block], title: str) -> str:
+    body = "\n".join(_html_block(b) for b in blocks)
+    return (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+            f"<title>{html.escape(title)}</title>\n<style>{CSS}</style>\n</head>\n"
+            f"<body>\n{body}\n</body>\n</html>\n")
+
+
+def _md_cell(v: Any) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "–"
+    return str(v).replace("|", "\\|").replace("\n", " ")
+
+
+def md_table(df: pd.DataFrame) -> str:
+    lines = ["| " + " | ".join(_md_cell(c) for c in df.columns) + " |",
+             "|" + "---|" * len(df.columns)]
+    lines += ["| " + " | ".join(_md_cell(v) for v in row) + " |"
+              for row in df.itertuples(index=False)]
+    return "\n".join(lines)
+
+
+def _md_block(b: Block) -> str:
+    if b.kind == "h":
+        return "#" * b.level + " " + b.text
+    if b.kind == "p":
+        return b.text
+    if b.kind == "warn":
+        return f"> **Warning:** {b.text}"
+    if b.kind == "ul":
+        return "\n".join(f"- {i}" for i in b.items)
+    if b.kind == "table":
+        assert b.df is not None
+        return md_table(b.df) if not b.df.empty else "(empty)"
+    assert b.plot is not None
+    return f"![{b.plot.title}](plots/{b.plot.name}.png)\n\n*{b.plot.caption}*"
+
+
+def render_markdown(blocks: list[Block]) -> str:
+    return "\n\n".join(_md_block(b) for b in blocks) + "\n"
+
+
+def build_report(cfg: LabConfig, noise_floor: float = NOISE_FLOOR) -> ReportPaths:
+    """Read the results of 00-04, write report.html, report.md and plots/*.png in
+    cfg.results_dir. Raises ResultsMissingError (naming notebook 01) without a baseline."""
+    data = load_report_data(cfg)
+    table = points_table(data)
+    concl = conclusions(data, table, noise_floor)
+    plots = render_plots(data, table)
+    out = cfg.results_dir
+    plot_paths = write_plots(out / "plots", plots)
+    blocks = report_blocks(data, table, concl, plots)
+    atomic_write_text(out / "report.md", render_markdown(blocks))
+    atomic_write_text(out / "report.html",
+                      render_html(blocks, f"Benchmark report: {cfg.profile}"))
+    return ReportPaths(html=out / "report.html", md=out / "report.md", plots=plot_paths,
+                       conclusions=concl.sentences, findings=concl.findings,
+                       missing=sorted(data.missing))

@@ -1,0 +1,306 @@
+"""The report as a document: a list of `Block`s (heading, paragraph, warning, list, table,
+plot) that `lab_utils.report.render` renders the same way to HTML and to Markdown. The sections,
+in order: what was run and what is missing, the conclusions, the headline tables, the
+plots, the comparison at every load point, the expected figures for two Sparks, one
+section per notebook 00-04 with what it recorded, what each results file holds, and what
+production systems add beyond this lab.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+import pandas as pd
+
+from lab_utils.measure.benchmark import BenchmarkResult
+from lab_utils.report.conclusions import Conclusions
+from lab_utils.report.data import ReportData, fmt_num, is_number, run_hint
+from lab_utils.report.expected import EXPECTED_TWO_SPARK, expected_figures
+from lab_utils.report.plots import Plot, roofline_text
+from lab_utils.report.tables import (
+    checks_table,
+    display_table,
+    key_value_table,
+    kv_table,
+    probe_rows,
+    scalar_table,
+    workload_rows,
+)
+from lab_utils.results import RESULTS
+
+FILE_MEANINGS = {
+    "00": "the bring-up checklist on every node: SSH, GPU, CUDA, vLLM build, NIXL and UCX, "
+          "RDMA devices and link rate, MTU, ports, model presence, disk, clock skew",
+    "01": "one vLLM instance behind the proxy: one request timed in detail, the load sweep "
+          "(per-request records, per-point summaries in `vllm bench serve` field names, "
+          "median and spread over repeats) and the inputs of the decode roofline",
+    "02": "KV bytes per token of the model, the NIXL probe (bandwidth and latency per size), "
+          "predicted vs measured transfer time per prompt length, the kv_buffer_device choice",
+    "03": "one instance per node behind the proxy's router, the same sweep as 01",
+    "04": "prefill and decode instances joined by NixlConnector, the same sweep, and the proof "
+          "that the KV cache really moved (decode-side counters, greedy output equal to 01's)",
+}
+
+
+@dataclass
+class Block:
+    """One piece of the report, rendered the same way to HTML and to Markdown."""
+
+    kind: str  # h | p | warn | ul | table | img
+    text: str = ""
+    level: int = 2
+    items: list[str] = field(default_factory=list)
+    df: pd.DataFrame | None = None
+    plot: Plot | None = None
+
+
+def H(text: str, level: int = 2) -> Block:
+    return Block("h", text, level)
+
+
+def P(text: str) -> Block:
+    return Block("p", text)
+
+
+def W(text: str) -> Block:
+    return Block("warn", text)
+
+
+def UL(items: list[str]) -> Block:
+    return Block("ul", items=list(items))
+
+
+def T(df: pd.DataFrame) -> Block:
+    return Block("table", df=df)
+
+
+def _intro(data: ReportData) -> list[Block]:
+    now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    model = data.sweeps["baseline"].model
+    return [H(f"Benchmark report: profile {data.profile}", 1),
+            P(f"Written {now} from the results in {data.results_dir}. Model: {model}. "
+              f"Engine device: {data.device}."),
+            P("Architectures: baseline (one vLLM instance, notebook 01), replicated (one "
+              "instance per node behind the proxy's router, 03) and disaggregated (prefill and "
+              "decode instances joined by NIXL, 04). All three are measured by the same load "
+              "generator through the same proxy, with vLLM bench serve's metric names.")]
+
+
+def _missing_blocks(data: ReportData) -> list[Block]:
+    if not data.missing:
+        return [P("Every notebook's results were found.")]
+    items = [f"Notebook {nb}: {msg}" for nb, msg in sorted(data.missing.items())]
+    return [H("Missing results"),
+            W("This report shows only what exists. To complete it: "
+              + "; ".join(f"{run_hint(nb)}" for nb in sorted(data.missing)) + "."),
+            UL(items)]
+
+
+def _conclusion_blocks(concl: Conclusions) -> list[Block]:
+    blocks = [H("Conclusions"), P("Computed from the numbers below; nothing here is assumed."),
+              UL(concl.headline)]
+    if concl.by_metric:
+        blocks += [H("By metric", 3), UL(concl.by_metric)]
+    return blocks
+
+
+def _table_blocks(table: pd.DataFrame) -> list[Block]:
+    blocks = [H("Headline table"),
+              P("One row per architecture and load point: median over repeats. Spread is the "
+                "widest (max - min) / median over the repeats among the metrics shown. Invalid "
+                "points (too many failed requests) show INVALID with the reason and are left "
+                "out of plots and conclusions. The note also names the repeats during which "
+                "the machine running the benchmark stood still, and for how long: their "
+                "latencies include it; and those in which many tokens reached the load "
+                "generator in one read with the token before (\"read together\"): their "
+                "inter-token gaps count as 0 ms, so ITL there is not the decode step.")]
+    blocks.append(T(display_table(workload_rows(table, "standard"))))
+    mixed = workload_rows(table, "mixed")
+    if not mixed.empty:
+        blocks += [H("Mixed long/short workload", 3),
+                   P("Long prompts interleaved with short ones: the case where a long prefill "
+                     "can stall other requests' decode steps."), T(display_table(mixed))]
+    return blocks
+
+
+def _plot_blocks(plots: list[Plot]) -> list[Block]:
+    blocks = [H("Plots"),
+              P("Invalid points are not plotted as values: each line has a gap at an invalid "
+                "point and a cross on the x axis marks it.")]
+    for p in plots:
+        blocks += [H(p.title, 3), Block("img", plot=p)]
+    names = {p.name for p in plots}
+    if "kv_transfer" not in names:
+        blocks.append(P(f"No KV transfer plot: {run_hint('02')}."))
+    if "mixed_itl" not in names:
+        blocks.append(P("No mixed long/short workload plot: neither 03 nor 04 recorded a mixed "
+                        "sweep (set workload.mixed_long_len and re-run them)."))
+    return blocks
+
+
+def _comparison_blocks(concl: Conclusions) -> list[Block]:
+    if not concl.findings:
+        return [H("Comparison at every load point"),
+                P("No two architectures share a valid load point yet.")]
+    df = concl.table()
+    for col in ("subject_value", "reference_value", "difference_pct"):
+        df[col] = df[col].map(fmt_num)
+    df["winner"] = df["winner"].fillna("no difference")
+    df["beyond_spread"] = df["beyond_spread"].map({True: "yes", False: "no"})
+    df = df.rename(columns={"label": "metric", "subject_value": "subject value",
+                            "reference_value": "reference value", "difference_pct": "difference %",
+                            "beyond_spread": "beyond spread"})
+    return [H("Comparison at every load point"),
+            P("Difference: the better value's advantage in % of the worse one. It counts only "
+              "beyond the run-to-run spread (basis column)."), T(df)]
+
+
+def _expected_blocks(data: ReportData, table: pd.DataFrame) -> list[Block]:
+    df = expected_figures(data, table)
+    blocks = [H("Expected figures for two DGX Sparks"),
+              P(f"Source: {EXPECTED_TWO_SPARK['source']}.")]
+    if data.device != "cuda":
+        blocks.append(P("This is the CPU rehearsal: its numbers are not comparable with a "
+                        "Spark's, so none are compared."))
+    else:
+        bad = df[df["verdict"].str.startswith("WARNING")]
+        for _, r in bad.iterrows():
+            why = r["verdict"].removeprefix("WARNING: ")
+            blocks.append(W(f"{r['figure']}: this run {r['this run']} vs expected "
+                            f"{r['expected (two Sparks)']}: {why}; check the hardware "
+                            "(notebook 00) before trusting the comparison."))
+    return blocks + [T(df)]
+
+
+def _nb00_blocks(data: ReportData) -> list[Block]:
+    env = data.envelopes["00"]
+    p = env.payload
+    tally = ", ".join(f"{n} {status}" for status, n in (p.get("counts") or {}).items())
+    if p.get("blessed"):
+        verdict = P(f"Written {env.timestamp}. Blessed: no check failed ({tally}).")
+    elif p.get("continued_despite_failures"):
+        verdict = W(f"Written {env.timestamp}. Not blessed ({tally}): the later notebooks ran "
+                    "despite the failed checks, as chosen in notebook 00, so their numbers may "
+                    "reflect them.")
+    else:
+        verdict = W(f"Written {env.timestamp}. Not blessed ({tally}): fix the failed checks "
+                    f"and {run_hint('00')}.")
+    return [verdict, T(checks_table(p))]
+
+
+def _nb01_blocks(data: ReportData) -> list[Block]:
+    p = data.payload("01")
+    blocks = [P(_sweep_text(data.sweeps["baseline"]))]
+    if isinstance(p.get("single_request"), dict):
+        blocks += [H("Single request", 3), T(key_value_table(p["single_request"]))]
+    blocks += [H("Roofline", 3), P(roofline_text(data)),
+               T(key_value_table(p.get("roofline") or {}))]
+    return blocks
+
+
+def _sweep_text(sweep: BenchmarkResult) -> str:
+    """Where a sweep was sent and with what workload."""
+    return f"Target {sweep.target}; {_workload_text(sweep.workload)}."
+
+
+def _workload_text(w: dict) -> str:
+    parts = [f"input {w.get('input_len')} tokens", f"output {w.get('output_len')} tokens",
+             f"{w.get('num_prompts')} prompts per point", f"{w.get('repeats', 1)} repeat(s)",
+             f"concurrency {w.get('concurrency')}"]
+    if w.get("request_rates"):
+        parts.append(f"request rates {w.get('request_rates')}")
+    return ", ".join(parts)
+
+
+def _nb02_blocks(data: ReportData) -> list[Block]:
+    p = data.payload("02")
+    blocks = []
+    per_token, block_size = p.get("kv_per_token_bytes"), p.get("block_size")
+    if is_number(per_token):
+        model = f" of {p['model']}" if p.get("model") else ""
+        moved = (f", moved in blocks of {fmt_num(block_size)} tokens"
+                 if is_number(block_size) else "")
+        blocks.append(P(f"KV cache per token{model}: {fmt_num(per_token)} bytes "
+                        f"({per_token / 1024:.1f} KiB){moved}."))
+    rec = p.get("recommendation") or {}
+    if rec:
+        blocks.append(P(f"Recommended kv_buffer_device: {rec.get('kv_buffer_device')} "
+                        f"({rec.get('reason', 'no reason recorded')})."))
+    kv = kv_table(p)
+    if not kv.empty:
+        blocks += [H("Predicted vs measured transfer time", 3), T(kv.map(fmt_num))]
+    rows = probe_rows(p)
+    if rows:
+        blocks += [H("NIXL probe", 3), T(scalar_table(rows))]
+    return blocks
+
+
+def _nb03_blocks(data: ReportData) -> list[Block]:
+    policy = data.payload("03").get("policy", "not recorded")
+    mixed = "measured" if "replicated" in data.mixed else "not measured"
+    return [P(f"Routing policy: {policy}. {_sweep_text(data.sweeps['replicated'])} Mixed "
+              f"workload: {mixed}.")]
+
+
+def _nb04_blocks(data: ReportData) -> list[Block]:
+    p = data.payload("04")
+    blocks = [P(f"kv_buffer_device: {p.get('kv_buffer_device', 'not recorded')}. "
+                f"{_sweep_text(data.sweeps['disaggregated'])}")]
+    proof = p.get("proof") if isinstance(p.get("proof"), dict) else None
+    if proof is None:
+        return blocks + [W("No proof that the KV cache moved was recorded.")]
+    prompts = [r for r in proof.get("prompts") or [] if isinstance(r, dict)]
+    equal = sum(1 for r in prompts if r.get("tokens_equal"))
+    verdict = "passed" if proof.get("ok") else "FAILED"
+    text = (f"Proof that the KV cache moved: {verdict}. Greedy output equal to the baseline "
+            f"for {equal} of {len(prompts)} prompts.")
+    blocks.append(P(text) if proof.get("ok") else W(text))
+    return blocks + ([T(scalar_table(prompts))] if prompts else [])
+
+
+def _files_blocks(data: ReportData) -> list[Block]:
+    rows = []
+    for nb, spec in RESULTS.items():
+        env = data.envelopes.get(nb)
+        status = f"found, written {env.timestamp}" if env else "missing"
+        rows.append({"file": spec.file_name, "notebook": spec.notebook_file,
+                     "holds": FILE_MEANINGS.get(nb, ""), "status": status})
+    rows += [{"file": "report.html / report.md", "notebook": "05_Benchmark_Report.ipynb",
+              "holds": "this report (HTML with embedded plots; Markdown linking plots/)",
+              "status": "written"},
+             {"file": "plots/*.png", "notebook": "05_Benchmark_Report.ipynb",
+              "holds": "the plots above", "status": "written"}]
+    return [H("What each result file means"),
+            P("Every results file is one envelope: schema version, kind, notebook, UTC "
+              "timestamp, profile, config snapshot (no secrets), software versions, hardware "
+              "facts and the notebook's payload. The previous version of a file is kept under "
+              "history/ when it is rewritten."), T(pd.DataFrame(rows))]
+
+
+def _beyond_blocks() -> list[Block]:
+    return [H("Beyond this lab"),
+            P("Production systems add what this lab leaves out: KV-aware routing (send a "
+              "request where its prefix is already cached), prefill and decode pools that "
+              "scale on their own load, service discovery instead of a static config, and "
+              "fault handling for lost transfers. Next reading: vLLM's disaggregated prefill "
+              "and KV connector docs, NIXL's documentation, and llm-d or NVIDIA Dynamo for "
+              "orchestrated disaggregated serving.")]
+
+
+def report_blocks(data: ReportData, table: pd.DataFrame, concl: Conclusions,
+                  plots: list[Plot]) -> list[Block]:
+    """The whole report as a list of blocks."""
+    blocks = _intro(data) + _missing_blocks(data) + _conclusion_blocks(concl)
+    blocks += _table_blocks(table) + _plot_blocks(plots)
+    blocks += _comparison_blocks(concl) + _expected_blocks(data, table)
+    sections = [("00", "environment checklist", _nb00_blocks),
+                ("01", "single-instance baseline", _nb01_blocks),
+                ("02", "KV cache transfer", _nb02_blocks),
+                ("03", "replicated serving", _nb03_blocks),
+                ("04", "disaggregated serving", _nb04_blocks)]
+    for nb, title, make in sections:
+        found = nb in data.envelopes  # a broken sweep's envelope is dropped when loading
+        blocks += [H(f"Notebook {nb}: {title}"),
+                   *(make(data) if found else [P(f"Not run: {run_hint(nb)}.")])]
+    return blocks + _files_blocks(data) + _beyond_blocks()

@@ -1,0 +1,209 @@
+"""The report's pandas tables. `points_table` is the one everything else is computed from:
+one row per architecture, workload and load point, raw numbers (median and min-max over
+the repeats, NaN where absent), invalid points kept with their reason. `display_table`
+formats it for people; the others turn the payloads of notebooks 00 and 02 (checks, KV
+transfer times, NIXL probe rows) and nested records into tables.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pandas as pd
+
+from lab_utils.measure.benchmark import BenchmarkResult, read_together_share
+from lab_utils.report.data import (
+    ARCHITECTURES,
+    METRICS,
+    PER_STREAM,
+    ReportData,
+    fmt_num,
+    join_words,
+    load_label,
+    num_or_nan,
+)
+
+DISPLAY_COLUMNS = {"request_throughput": "req/s", "output_throughput": "output tok/s",
+                   "median_ttft_ms": "TTFT p50 ms", "p99_ttft_ms": "TTFT p99 ms",
+                   "median_itl_ms": "ITL p50 ms", "p99_itl_ms": "ITL p99 ms",
+                   "median_tpot_ms": "TPOT p50 ms"}
+CHECK_COLUMNS = ["check", "node", "status", "summary", "fix"]
+
+
+def _invalid_reason(result: BenchmarkResult, mode: str, value: float) -> str:
+    """The reasons the repeats of a point were invalid, each once with its repeats."""
+    reasons: dict[str, list[str]] = {}
+    for p in result.points:
+        if p.mode == mode and p.value == value and not p.summary.get("valid", True):
+            why = p.summary.get("invalid_reason") or "marked invalid"
+            reasons.setdefault(why, []).append(str(p.repeat + 1))
+    parts = [f"repeat{'s' if len(reps) > 1 else ''} {join_words(reps)}: {why}"
+             for why, reps in reasons.items()]
+    return "; ".join(parts) or "marked invalid"
+
+
+def _repeat_note(result: BenchmarkResult, mode: str, value: float) -> str:
+    """The repeats of a point whose latencies include more than the serving: the machine
+    stood still (lab_utils.measure.stalls), or the load generator got many tokens in one read
+    (`benchmark.read_together_share`)."""
+    notes = []
+    for p in result.points:
+        if p.mode != mode or p.value != value:
+            continue
+        said = []
+        if p.summary.get("held_up_s"):
+            said.append(f"the machine stood still {float(p.summary['held_up_s']):.1f} s")
+        if share := read_together_share(p.summary):
+            said.append(f"{share:.0%} of tokens read together")
+        if said:
+            notes.append(f"repeat {p.repeat + 1}: {', '.join(said)}")
+    return "; ".join(notes)
+
+
+def _entry_valid(result: BenchmarkResult, entry: dict) -> bool:
+    if "valid" in entry:
+        return bool(entry["valid"])
+    return all(p.summary.get("valid", True) for p in result.points
+               if p.mode == entry.get("mode") and p.value == entry.get("value"))
+
+
+def _metric_cells(entry: dict) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for m in METRICS:
+        v = num_or_nan(entry.get(m.key))
+        out[m.key] = v
+        out[f"{m.key}_min"] = num_or_nan(entry.get(f"{m.key}_min", v))
+        out[f"{m.key}_max"] = num_or_nan(entry.get(f"{m.key}_max", v))
+    tpot = out["median_tpot_ms"], out["median_tpot_ms_max"], out["median_tpot_ms_min"]
+    rates = [1000.0 / t if t > 0 else math.nan for t in tpot]
+    out[PER_STREAM], out[f"{PER_STREAM}_min"], out[f"{PER_STREAM}_max"] = rates
+    return out
+
+
+def _spread_pct(cells: dict[str, float], repeats: int) -> float:
+    if repeats < 2:
+        return math.nan
+    spreads = [(cells[f"{m.key}_max"] - cells[f"{m.key}_min"]) / abs(cells[m.key]) * 100
+               for m in METRICS if cells[m.key]]
+    spreads = [s for s in spreads if math.isfinite(s)]
+    return max(spreads) if spreads else math.nan
+
+
+def _row(arch: str, workload: str, result: BenchmarkResult, entry: dict) -> dict[str, Any]:
+    mode, value = str(entry.get("mode", "concurrency")), float(entry.get("value", 0))
+    valid = _entry_valid(result, entry)
+    repeats = int(entry.get("repeats", 1))
+    cells = _metric_cells(entry)
+    return {"architecture": arch, "workload": workload, "mode": mode, "value": value,
+            "load": load_label(mode, value), "repeats": repeats, "valid": valid,
+            "invalid_reason": None if valid else _invalid_reason(result, mode, value),
+            "repeat_note": _repeat_note(result, mode, value),
+            "read_together": any(read_together_share(p.summary) for p in result.points
+                                 if p.mode == mode and p.value == value),
+            **cells, "spread_pct": _spread_pct(cells, repeats)}
+
+
+def points_table(data: ReportData) -> pd.DataFrame:
+    """Every architecture x workload x load point, one row, raw numbers (NaN where absent)."""
+    rows = [_row(arch, workload, result, entry)
+            for workload, results in (("standard", data.sweeps), ("mixed", data.mixed))
+            for arch, result in results.items() for entry in result.combined]
+    df = pd.DataFrame(rows)
+    if df.empty:
+        return df
+    order = {"arch": {a: i for i, a in enumerate(ARCHITECTURES)},
+             "mode": {"concurrency": 0, "rate": 1}, "workload": {"standard": 0, "mixed": 1}}
+    keys = (df["workload"].map(order["workload"]), df["mode"].map(order["mode"]).fillna(2),
+            df["value"], df["architecture"].map(order["arch"]))
+    df = df.assign(_k0=keys[0], _k1=keys[1], _k2=keys[2], _k3=keys[3])
+    df = df.sort_values(["_k0", "_k1", "_k2", "_k3"]).drop(columns=["_k0", "_k1", "_k2", "_k3"])
+    return df.reset_index(drop=True)
+
+
+def workload_rows(table: pd.DataFrame, workload: str) -> pd.DataFrame:
+    """The rows of one workload ("standard" or "mixed") of a points table."""
+    return table if table.empty else table[table["workload"] == workload]
+
+
+def headline_table(data: ReportData, workload: str = "standard") -> pd.DataFrame:
+    """The points of one workload ("standard" or "mixed"), raw numbers."""
+    return workload_rows(points_table(data), workload).reset_index(drop=True)
+
+
+def _spread_text(row: pd.Series) -> str:
+    if not row["valid"]:
+        return "–"
+    if row["repeats"] < 2:
+        return "unknown (1 repeat)"
+    pct = row["spread_pct"]
+    return f"{pct:.1f}% ({row['repeats']} repeats)" if math.isfinite(pct) else "–"
+
+
+def display_table(df: pd.DataFrame) -> pd.DataFrame:
+    """The headline table for people: formatted numbers, invalid points as INVALID with
+    their reason, spread as (max-min)/median of the widest metric over the repeats; the
+    note names the repeats a machine stall fell in or whose tokens were read together."""
+    out = []
+    for _, row in df.iterrows():
+        rec = {"architecture": row["architecture"], "load": row["load"],
+               "valid": "yes" if row["valid"] else "INVALID"}
+        for key, name in DISPLAY_COLUMNS.items():
+            rec[name] = fmt_num(row[key]) if row["valid"] else "INVALID"
+        rec["spread"] = _spread_text(row)
+        notes = [row.get(k) for k in ("invalid_reason", "repeat_note")]
+        rec["note"] = "; ".join(n for n in notes if isinstance(n, str) and n)
+        out.append(rec)
+    cols = ["architecture", "load", "valid", *DISPLAY_COLUMNS.values(), "spread", "note"]
+    return pd.DataFrame(out, columns=cols)
+
+
+def kv_table(payload02: dict) -> pd.DataFrame:
+    """Notebook 02's predicted vs measured KV transfer time per prompt length."""
+    cols = ["prompt_tokens", "kv_bytes", "predicted_ms", "measured_ms"]
+    rows = [{c: num_or_nan(r.get(c)) for c in cols}
+            for r in payload02.get("predicted_vs_measured") or [] if isinstance(r, dict)]
+    df = pd.DataFrame(rows, columns=cols)
+    df["measured_over_predicted"] = df["measured_ms"] / df["predicted_ms"]
+    return df.sort_values("prompt_tokens").reset_index(drop=True)
+
+
+def probe_rows(payload02: dict) -> list[dict]:
+    """Notebook 02's NIXL probe rows (one per memory type, operation and size)."""
+    return [r for r in (payload02.get("probe") or {}).get("rows") or [] if isinstance(r, dict)]
+
+
+def checks(payload00: dict) -> list[dict]:
+    """Notebook 00's check results (one per check and node)."""
+    return [c for c in payload00.get("checks") or [] if isinstance(c, dict)]
+
+
+def checks_table(payload00: dict) -> pd.DataFrame:
+    """Notebook 00's checklist: what each check found on each node, and the fix."""
+    rows = [{c: r.get(c) or "" for c in CHECK_COLUMNS} for r in checks(payload00)]
+    return pd.DataFrame(rows, columns=CHECK_COLUMNS)
+
+
+def scalar_table(rows: list[dict], limit: int = 50) -> pd.DataFrame:
+    """A list of records as a table of its scalar fields (nested values summarised)."""
+    def cell(v: Any) -> Any:
+        if isinstance(v, (dict, list)):
+            return f"({len(v)} entries)"
+        return fmt_num(v)
+    return pd.DataFrame([{k: cell(v) for k, v in r.items()} for r in rows[:limit]
+                         if isinstance(r, dict)])
+
+
+def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = f"({len(v)} entries)" if isinstance(v, list) else v
+    return out
+
+
+def key_value_table(d: dict) -> pd.DataFrame:
+    return pd.DataFrame([{"field": k, "value": fmt_num(v)} for k, v in _flatten(d).items()],
+                        columns=["field", "value"])

@@ -1,0 +1,217 @@
+"""Start, watch and stop vLLM instances on the nodes.
+
+`server_command` and `server_env` build what an instance runs with: the OpenAI API
+server module (it works for both the CUDA and the CPU build, whose `vllm` console script
+is broken), the node's LAN address for HTTP, and for prefill/decode the NixlConnector
+with the side channel on the node's data-plane address and its own port. Secrets reach
+the process through its environment, never its command line. `start_instance` refuses a
+port already taken (naming the holder) and reuses an instance that is already running;
+each instance gets its own TMPDIR (its ZMQ sockets and rendezvous files), removed when it
+is stopped;
+`wait_ready` polls `/health` with a progress bar while checking the process is alive,
+and on death raises with the log tail and the fix for any known failure in it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+
+from lab_utils.cluster import Node, get_node
+from lab_utils.cluster.provision import ensure_model_on
+from lab_utils.cluster.state import ProcessRecord
+from lab_utils.config import InstanceSpec, LabConfig, read_secret_file
+from lab_utils.errors import ProcessFailedError
+from lab_utils.util.progress import progress_bar
+
+API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+KV_ROLES = {"prefill": "kv_producer", "decode": "kv_consumer"}
+
+
+def instance_url(cfg: LabConfig, spec: InstanceSpec) -> str:
+    return f"http://{cfg.nodes[spec.node].lan_address}:{spec.port}"
+
+
+def kv_buffer_device(cfg: LabConfig) -> str:
+    """The configured kv_buffer_device; for "auto", notebook 02's recommendation (measured
+    on this profile) when it exists, else "cpu"."""
+    if cfg.kv_transfer.kv_buffer_device != "auto":
+        return cfg.kv_transfer.kv_buffer_device
+    path = cfg.results_dir / "kv_transfer_metrics.json"
+    try:
+        return json.loads(path.read_text())["payload"]["recommendation"]["kv_buffer_device"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return "cpu"
+
+
+def kv_transfer_config(cfg: LabConfig, spec: InstanceSpec) -> dict | None:
+    role = KV_ROLES.get(spec.role)
+    if role is None:
+        return None
+    out = {
+        "kv_connector": cfg.kv_transfer.connector,
+        "kv_role": role,
+        "kv_buffer_device": kv_buffer_device(cfg),
+    }
+    if cfg.kv_transfer.extra_config:
+        out["kv_connector_extra_config"] = cfg.kv_transfer.extra_config
+    return out
+
+
+def server_command(cfg: LabConfig, spec: InstanceSpec) -> list[str]:
+    node = cfg.nodes[spec.node]
+    s = spec.settings
+    argv = [
+        get_node(cfg, spec.node).python, "-m", API_SERVER_MODULE,
+        "--model", cfg.model_path_on(spec.node),
+        "--served-model-name", cfg.model.name,
+        "--host", node.lan_address,
+        "--port", str(spec.port),
+        "--max-model-len", str(s.max_model_len or cfg.vllm.max_model_len),
+        "--dtype", cfg.model.dtype,
+        "--seed", str(cfg.vllm.seed),
+    ]
+    if cfg.model.revision:
+        argv += ["--revision", cfg.model.revision]
+    if cfg.vllm.block_size:
+        argv += ["--block-size", str(cfg.vllm.block_size)]
+    if cfg.vllm.device == "cuda" and s.gpu_memory_utilization:
+        argv += ["--gpu-memory-utilization", str(s.gpu_memory_utilization)]
+    if cfg.vllm.enforce_eager:
+        argv.append("--enforce-eager")
+    kv = kv_transfer_config(cfg, spec)
+    if kv:
+        argv += ["--kv-transfer-config", json.dumps(kv, separators=(",", ":"))]
+    return argv + list(cfg.vllm.extra_args) + list(s.extra_args)
+
+
+def server_env(cfg: LabConfig, spec: InstanceSpec) -> dict[str, str]:
+    node = cfg.nodes[spec.node]
+    s = spec.settings
+    env = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "PYTHONUNBUFFERED": "1"}
+    if cfg.model.source in ("tiny", "path"):
+        env["HF_HUB_OFFLINE"] = "1"
+    if cfg.vllm.device == "cpu":
+        if s.cpu_kvcache_space_gib:
+            env["VLLM_CPU_KVCACHE_SPACE"] = str(s.cpu_kvcache_space_gib)
+        bind = s.cpu_threads_bind
+        if isinstance(bind, dict):
+            bind = bind.get(spec.node)
+        if bind:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = bind
+    if spec.role in KV_ROLES:
+        env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = node.data_address
+        env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(spec.side_channel_port)
+        if cfg.kv_transfer.ucx_tls:
+            env["UCX_TLS"] = cfg.kv_transfer.ucx_tls
+        if node.data_netdev:
+            env["UCX_NET_DEVICES"] = node.data_netdev
+    env.update(cfg.vllm.extra_env)
+    env.update(s.extra_env)
+    token = read_secret_file(cfg, cfg.hf_token_file, "HF token")
+    if token and cfg.model.source == "hub":
+        env["HF_TOKEN"] = token
+    return env
+
+
+def _log_path(cfg: LabConfig, spec: InstanceSpec) -> str:
+    return f"{cfg.log_dir_on(spec.node)}/{spec.name}.log"
+
+
+def healthy(url: str, timeout: float = 2.0) -> bool:
+    try:
+        return httpx.get(f"{url}/health", timeout=timeout).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def alive_record(node: Node, name: str) -> ProcessRecord | None:
+    """The record of `name` on `node` if its process still runs (a dead one is dropped,
+    with its private temporary directory)."""
+    existing = node.state.get(name)
+    if existing is not None and not node.is_alive(existing):
+        node.forget(existing)
+        return None
+    return existing
+
+
+def start_instance(cfg: LabConfig, spec: InstanceSpec) -> tuple[ProcessRecord, bool]:
+    """Start one instance; return (record, started_now). A running one is reused."""
+    node = get_node(cfg, spec.node)
+    existing = alive_record(node, spec.name)
+    if existing is not None:
+        return existing, False
+    node_cfg = cfg.nodes[spec.node]
+    node.ensure_port_free(node_cfg.lan_address, spec.port, f"vLLM instance {spec.name}")
+    if spec.side_channel_port is not None:
+        node.ensure_port_free(node_cfg.data_address, spec.side_channel_port,
+                              f"the NIXL side channel of {spec.name}")
+    ensure_model_on(cfg, spec.node)
+    tmp = node.private_tmp(spec.name)  # removed when the instance is stopped
+    try:
+        rec = node.start_detached(
+            spec.name, server_command(cfg, spec), env={"TMPDIR": tmp, **server_env(cfg, spec)},
+            log_path=_log_path(cfg, spec), kind="vllm", port=spec.port,
+            url=instance_url(cfg, spec),
+            extra={"topology": spec.topology, "role": spec.role,
+                   "side_channel_port": spec.side_channel_port, "tmpdir": tmp},
+        )
+    except BaseException:
+        node.remove_private_tmp(tmp)
+        raise
+    return rec, True
+
+
+def _failure(node: Node, rec: ProcessRecord, why: str) -> ProcessFailedError:
+    from lab_utils import known_failures
+
+    tail = node.log_tail(rec, 40)
+    full = node.log_tail(rec, 400)
+    fix = known_failures.explain(full)
+    msg = f"{rec.kind} process {rec.name} on node {rec.node} {why}.\nLog: {rec.log_path}\n--- last lines ---\n{tail}"
+    if fix:
+        msg += f"\n--- known failure ---\n{fix}"
+    return ProcessFailedError(msg)
+
+
+def wait_ready(cfg: LabConfig, records: list[ProcessRecord], timeout: float | None = None,
+               show_progress: bool = True) -> dict[str, float]:
+    """Poll every instance's /health until all answer; return seconds to ready per name."""
+    timeout = timeout or cfg.vllm.startup_timeout_s
+    t0 = time.monotonic()
+    pending = {r.name: r for r in records}
+    ready: dict[str, float] = {}
+    nodes = {r.node: get_node(cfg, r.node) for r in records}
+    with progress_bar(total=len(records), desc="waiting for vLLM /health", unit="instance",
+                      disable=not show_progress) as bar:
+        while pending:
+            for name, rec in list(pending.items()):
+                node = nodes[rec.node]
+                if healthy(rec.url):
+                    ready[name] = time.monotonic() - t0
+                    del pending[name]
+                    bar.update(1)
+                elif not node.is_alive(rec):
+                    raise _failure(node, rec, "exited before it became ready")
+            if pending and time.monotonic() - t0 > timeout:
+                rec = next(iter(pending.values()))
+                raise _failure(nodes[rec.node], rec,
+                               f"was not ready after {timeout:.0f} s (vllm.startup_timeout_s)")
+            if pending:
+                bar.set_postfix_str(f"{time.monotonic() - t0:.0f} s, waiting: {', '.join(pending)}")
+                time.sleep(1.0)
+    return ready
+
+
+def stop_records(cfg: LabConfig, records: list[ProcessRecord]) -> list[str]:
+    """Stop each record's process group; return the names that were running."""
+    stopped = []
+    for rec in records:
+        if rec.node not in cfg.nodes:
+            continue
+        node = get_node(cfg, rec.node)
+        if node.stop(rec, cfg.vllm.stop_grace_s):
+            stopped.append(rec.name)
+    return stopped

@@ -1,0 +1,251 @@
+"""The SSH node against real sshd on loopback: run, copy, detached start and stop, quoting,
+host-key policy, ~/.ssh/config, secrets; then deploy + serve of the disaggregated
+topology with every serving node reached over SSH, passing the proof of transfer."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from lab_utils.cluster import get_node, state_file
+from lab_utils.cluster.ssh import SSHNode
+from lab_utils.errors import LabError
+from lab_utils.on_node import proctools
+
+from support.profiles import PORT_SHIFT, make_profile_data, write_profile
+from support.sshd_server import LoopbackSSHD
+
+CANARY = "hf_canary_ssh_7f3a9c"
+
+
+@pytest.fixture(scope="session")
+def sshds(tmp_path_factory):
+    """One sshd per simulated serving node, on that node's loopback address."""
+    root = tmp_path_factory.mktemp("sshd")
+    servers = {name: LoopbackSSHD(root / name, address=addr).start()
+               for name, addr in (("spark-01", "127.0.0.2"), ("spark-02", "127.0.0.3"))}
+    known = root / "known_hosts"
+    known.write_text("".join(s.known_hosts_line() + "\n" for s in servers.values()))
+    yield servers, known
+    SSHNode.close_all()
+    for s in servers.values():
+        s.stop()
+
+
+def ssh_profile(root: Path, servers: dict, known: Path, **ssh_overrides) -> dict:
+    data = make_profile_data(str(root / "results"))
+    data["profile"] = "test-ssh"
+    data["model"]["node_path"] = str(root / "node-models" / "tiny-llama")
+    for name, server in servers.items():
+        node = data["nodes"][name]
+        node.update(connection="ssh", python=sys.executable, workdir=str(root / name))
+        node["ssh"] = {"host": server.host, "port": server.port, "user": server.user,
+                       "key_file": str(server.client_key), "known_hosts": str(known),
+                       **ssh_overrides}
+    for role in ("baseline", "replica", "prefill", "decode"):  # off the engine tests' ports
+        s = data["vllm"][role]
+        s["port"] += PORT_SHIFT
+        if s.get("side_channel_port"):
+            s["side_channel_port"] += PORT_SHIFT
+    return data
+
+
+@pytest.fixture(scope="session")
+def ssh_cfg(sshds, tmp_path_factory):
+    servers, known = sshds
+    root = tmp_path_factory.mktemp("ssh-profile")
+    return write_profile(root, ssh_profile(root, servers, known))
+
+
+@pytest.fixture
+def node(ssh_cfg) -> SSHNode:
+    n = get_node(ssh_cfg, "spark-01")
+    assert isinstance(n, SSHNode)
+    return n
+
+
+def test_run_drains_both_streams(node):
+    big = "import sys; sys.stdout.write('o' * 2_000_000); sys.stderr.write('e' * 2_000_000); sys.exit(4)"
+    r = node.run([sys.executable, "-c", big], timeout=60)
+    assert (r.code, len(r.stdout), len(r.stderr)) == (4, 2_000_000, 2_000_000)
+
+
+def test_hostile_arguments_arrive_literally(node, tmp_path):
+    marker = tmp_path / "pwned"
+    hostile = [f"; touch {marker}", "$(id)", "`id`", "a b", "it's", 'say "hi"', "line\nbreak", "*"]
+    r = node.run([sys.executable, "-c", "import sys, json; print(json.dumps(sys.argv[1:]))", *hostile])
+    assert r.ok, r.stderr
+    assert json.loads(r.stdout) == hostile
+    assert not marker.exists()
+
+
+def test_run_timeout_is_bounded(node):
+    t0 = time.monotonic()
+    with pytest.raises(LabError, match="timed out"):
+        node.run(["sleep", "30"], timeout=1)
+    assert time.monotonic() - t0 < 5
+
+
+def test_copy_file(node, tmp_path):
+    src = tmp_path / "script.sh"
+    src.write_text("#!/bin/sh\necho copied\n")
+    src.chmod(0o750)
+    dest = f"{node.cfg.workdir}/sub dir/script.sh"
+    node.put_file(src, dest)
+    assert Path(dest).read_text() == src.read_text()
+    assert Path(dest).stat().st_mode & 0o777 == 0o750
+    assert node.run([dest]).stdout.strip() == "copied"
+
+
+def test_detached_start_and_stop_leave_nothing(node, ssh_cfg):
+    digest = hashlib.sha256(CANARY.encode()).hexdigest()  # the program knows only the hash
+    code = ("import hashlib, os, subprocess, sys, time\n"
+            "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+            "token = os.environ.get('HF_TOKEN', '').encode()\n"
+            f"print('token set:', hashlib.sha256(token).hexdigest() == {digest!r}, flush=True)\n"
+            "time.sleep(600)\n")
+    log = f"{node.cfg.workdir}/logs/family.log"
+    rec = node.start_detached("family", [sys.executable, "-c", code], log_path=log,
+                              env={"HF_TOKEN": CANARY})
+    try:
+        assert rec.pgid == rec.pid and state_file(ssh_cfg).get("family") == rec
+        t_end = time.monotonic() + 15
+        while "token set" not in node.log_tail(rec) and time.monotonic() < t_end:
+            time.sleep(0.1)
+        assert "token set: True" in node.log_tail(rec)  # the secret arrived...
+        assert node.is_alive(rec) and len(proctools.group_members(rec.pgid)) == 2
+        for pid in Path("/proc").iterdir():  # ...but is on no command line on the node
+            if pid.name.isdigit():
+                with contextlib.suppress(OSError):
+                    cmdline = (pid / "cmdline").read_bytes()
+                    assert CANARY.encode() not in cmdline, pid
+        assert CANARY not in Path(log).read_text()
+        assert CANARY not in state_file(ssh_cfg).path.read_text()
+    finally:
+        assert node.stop(rec, grace_s=2) is True
+    assert proctools.group_members(rec.pgid) == []
+    assert not node.is_alive(rec)
+
+
+def test_port_holder_reported_over_ssh(node, sshds):
+    servers, _ = sshds
+    report = node.port_report("127.0.0.2", servers["spark-01"].port)
+    assert not report["free"] and any("sshd" in h for h in report["holders"])
+
+
+def test_unknown_host_key_refused_unless_opted_in(sshds, tmp_path):
+    servers, _ = sshds
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    cfg = write_profile(tmp_path, ssh_profile(tmp_path, servers, empty))
+    with pytest.raises(LabError, match="host key unknown") as e:
+        get_node(cfg, "spark-01").run(["true"])
+    assert "accept_new_host_key" in str(e.value)
+
+    cfg = write_profile(tmp_path, ssh_profile(tmp_path, servers, empty, accept_new_host_key=True))
+    assert get_node(cfg, "spark-01").run(["echo", "ok"]).stdout.strip() == "ok"
+    assert servers["spark-01"].host_public_key_line().split()[1] in empty.read_text()
+
+
+def test_changed_host_key_refused_with_fix(sshds, tmp_path):
+    servers, _ = sshds
+    other = LoopbackSSHD(tmp_path / "other", address="127.0.0.2")  # keys only, never started
+    s = servers["spark-01"]
+    wrong = tmp_path / "known_hosts"
+    wrong.write_text(f"[{s.host}]:{s.port} {other.host_public_key_line()}\n")
+    for accept_new in (False, True):  # opting in to new keys never accepts a changed one
+        cfg = write_profile(tmp_path, ssh_profile(tmp_path, servers, wrong,
+                                                  accept_new_host_key=accept_new))
+        with pytest.raises(LabError, match="CHANGED") as e:
+            get_node(cfg, "spark-01").run(["true"])
+        assert "ssh-keygen -R" in str(e.value)
+
+
+def test_user_ssh_config_is_honoured(sshds, tmp_path, monkeypatch):
+    servers, known = sshds
+    s = servers["spark-02"]
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "config").write_text(s.ssh_config_block("spark-two", known_hosts=known))
+    monkeypatch.setenv("HOME", str(home))
+    data = ssh_profile(tmp_path, servers, known)
+    data["nodes"]["spark-02"]["ssh"] = {"host": "spark-two"}  # everything else from ~/.ssh/config
+    cfg = write_profile(tmp_path, data)
+    assert get_node(cfg, "spark-02").run(["echo", "via alias"]).stdout.strip() == "via alias"
+
+
+@pytest.mark.slow
+@pytest.mark.stops_rehearsal
+def test_deploy_then_serve_over_ssh_proves_transfer(ssh_cfg, engine_cfg, tmp_path):
+    from lab_utils.cluster.provision import code_digest
+    from lab_utils.kv.shapes import kv_shape_from_dir
+    from lab_utils.measure.prompts import fresh_prompts, load_tokenizer
+    from lab_utils.serve.pd import prove_transfer
+    from lab_utils.serve.topology import cleanup, serve
+
+    cleanup(engine_cfg)  # two cores: do not run the local rehearsal beside this one
+    p = subprocess.run([sys.executable, "-m", "lab_utils", "deploy", "--config", str(ssh_cfg.source)],
+                       capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "spark-01: deployed lab_utils" in p.stdout
+    for name in ("spark-01", "spark-02"):
+        stamp = Path(ssh_cfg.nodes[name].workdir) / "lab_utils" / ".deployed"
+        assert stamp.read_text() == code_digest()
+    try:
+        records = serve(ssh_cfg, "baseline", "disaggregated", show_progress=False)
+        for rec in records:
+            assert rec.log_path.startswith(ssh_cfg.nodes[rec.node].workdir)
+            assert ssh_cfg.model_path_on(rec.node) == ssh_cfg.model.node_path
+            assert CANARY not in Path(f"/proc/{rec.pid}/cmdline").read_text()
+        urls = {r.extra["role"]: r.url for r in records}
+        kv = kv_shape_from_dir(ssh_cfg.model_path_on("spark-02"), ssh_cfg.model.dtype)
+        prompts, _ = fresh_prompts(load_tokenizer(ssh_cfg.model_path_on("spark-01")), [20, 64, 150, 300])
+        proofs = prove_transfer(prompts, model=ssh_cfg.model.name, prefill_url=urls["prefill"],
+                                decode_url=urls["decode"], baseline_url=urls["baseline"],
+                                kv=kv, max_tokens=16)
+        for ids, proof in zip(prompts, proofs, strict=True):
+            assert proof.external_kv_transfer == len(ids) and proof.local_compute == 0, proof
+            assert proof.nixl_bytes == kv.transfer_bytes(len(ids), proof.block_size), proof
+            assert proof.tokens_match and len(set(proof.pd_tokens)) > 1, proof
+    finally:
+        p = subprocess.run([sys.executable, "-m", "lab_utils", "cleanup", "--config",
+                            str(ssh_cfg.source)], capture_output=True, text=True, timeout=120,
+                           cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    for rec in records:
+        assert proctools.group_members(rec.pgid) == [], f"{rec.name} left processes"
+    assert os.path.exists(records[0].log_path)
+
+
+def test_deploy_copies_when_stale_and_names_missing_packages(sshds, tmp_path):
+    from lab_utils.cluster.provision import code_digest, deploy
+
+    servers, known = sshds
+    cfg = write_profile(tmp_path, ssh_profile(tmp_path, servers, known))
+    first = deploy(cfg, ["spark-01"])
+    assert first[0].startswith("spark-01: deployed lab_utils")
+    copied = Path(cfg.nodes["spark-01"].workdir) / "lab_utils"
+    assert (copied / "config.py").read_bytes() == (Path(__file__).parents[2] / "lab_utils" / "config.py").read_bytes()
+    assert deploy(cfg, ["spark-01"])[0].startswith("spark-01: up to date")
+    (copied / ".deployed").write_text("stale")
+    assert "deployed" in deploy(cfg, ["spark-01"])[0]
+    assert (copied / ".deployed").read_text() == code_digest()
+
+    bare = tmp_path / "bare-venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+    data = ssh_profile(tmp_path, servers, known)
+    data["nodes"]["spark-02"]["python"] = str(bare / "bin" / "python")
+    cfg = write_profile(tmp_path, data)
+    with pytest.raises(LabError) as e:
+        deploy(cfg, ["spark-02"])
+    msg = str(e.value)
+    assert "spark-02 (serving)" in msg and "vllm" in msg and "nixl" in msg
+    assert str(bare / "bin" / "python") in msg and "install" in msg

@@ -1,0 +1,110 @@
+"""Notebook 02's arithmetic and notebook 00's verdict, on hand-computed values."""
+
+from __future__ import annotations
+
+import pytest
+
+from lab_utils.checks.frame import ChecklistReport, CheckResult
+from lab_utils.environment import record_environment, require_environment
+from lab_utils.errors import LabError
+from lab_utils.kv import budget as kv_budget
+from lab_utils.kv.shapes import kv_shape
+
+LLAMA_8B = kv_budget.REFERENCE_MODELS["meta-llama/Llama-3.1-8B"]
+
+
+def test_reference_models_match_published_sizes():
+    assert kv_shape(LLAMA_8B).bytes_per_token == 128 * 1024
+    assert kv_shape(kv_budget.REFERENCE_MODELS["meta-llama/Llama-3.1-70B"]).bytes_per_token == 320 * 1024
+
+
+def test_descriptor_is_one_block_of_one_layer():
+    # Llama-3.1-8B, block 16: 16 tokens x 8 KV heads x 128 x 2 bytes = 32 KiB per K (or V)
+    assert kv_budget.descriptor_bytes(kv_shape(LLAMA_8B), 16) == 32 * 1024
+    # tiny model, block 32: 32 x 2 x 64 x 2 = 8 KiB; 2 x 4 layers of them = one block's KV
+    tiny = kv_shape({"hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2,
+                     "head_dim": 64, "num_hidden_layers": 4})
+    assert kv_budget.descriptor_bytes(tiny, 32) * 2 * 4 == tiny.transfer_bytes(32, 32)
+
+
+def test_prompt_lengths_and_block_size(test_cfg):
+    assert kv_budget.prompt_lengths(test_cfg) == [128, 256, 512, 1024, 2048]
+    assert kv_budget.block_size(test_cfg) == 32
+
+
+def test_predicted_vs_measured():
+    shape = kv_shape(LLAMA_8B)
+    rows = [{"seg_type": "DRAM", "op": "READ", "bytes": 16 * 2**20, "bandwidth_GBps": 10.0,
+             "median_us": 2000.0, "p99_us": 2500.0},
+            {"seg_type": "DRAM", "op": "READ", "bytes": 32 * 2**20, "bandwidth_GBps": 5.0,
+             "median_us": 6711.0, "p99_us": 7000.0},
+            {"seg_type": "DRAM", "op": "WRITE", "bytes": 16 * 2**20, "bandwidth_GBps": 99.0,
+             "median_us": 1.0, "p99_us": 1.0}]
+    out = kv_budget.predicted_vs_measured(shape, [128, 256, 512], 16, rows)
+    assert [r["kv_bytes"] for r in out] == [16 * 2**20, 32 * 2**20, 64 * 2**20]
+    # predicted at the best READ bandwidth (10 GB/s), never the WRITE row's
+    assert out[0]["predicted_ms"] == pytest.approx(16 * 2**20 / 10e9 * 1e3)
+    assert out[1]["measured_ms"] == pytest.approx(6.711)
+    assert out[2]["measured_ms"] is None  # not probed
+
+
+def test_recommendation_uses_measured_bandwidths(test_cfg):
+    rows = [{"seg_type": "DRAM", "op": "READ", "bandwidth_GBps": 3.0}]
+    rec = kv_budget.recommend(test_cfg, rows)
+    assert rec["kv_buffer_device"] == "cpu" and rec["dram_GBps"] == 3.0 and rec["vram_GBps"] is None
+
+
+def test_link_rate_from_the_checklist():
+    env = {"checks": [{"check": "link", "data": {"measured_gbps": 92.5, "reported_gbps": 100}}]}
+    assert kv_budget.link_rate(env) == 100
+    assert kv_budget.link_rate({"checks": []}) is None
+
+
+def _report(status: str) -> ChecklistReport:
+    return ChecklistReport([CheckResult("python", "spark-01", "pass", "ok"),
+                            CheckResult("cuda_build", "spark-02", status, "torch cu129",
+                                        fix="install cu130" if status != "pass" else None)])
+
+
+def test_environment_blessed(test_cfg):
+    record_environment(test_cfg, _report("pass"))
+    assert require_environment(test_cfg)["blessed"] is True
+
+
+def test_environment_with_failures_is_refused_then_continued_knowingly(test_cfg, capsys):
+    with pytest.raises(LabError, match="cuda_build on spark-02: torch cu129 .fix: install cu130"):
+        record_environment(test_cfg, _report("fail"))
+    with pytest.raises(LabError, match="fix them and re-run"):
+        require_environment(test_cfg)  # recorded, not blessed, no consent
+    record_environment(test_cfg, _report("fail"), continue_despite_failures=True)
+    payload = require_environment(test_cfg)
+    assert payload["continued_despite_failures"] and not payload["blessed"]
+    assert "continuing on an environment with failed checks" in capsys.readouterr().out
+
+
+def test_hub_model_read_from_the_node_cache_without_downloading(test_cfg, tmp_path, monkeypatch):
+    """A hub model is read from the node's Hugging Face cache, never downloaded: its
+    config.json for the KV budget, its weight bytes for the roofline; a model missing
+    from the cache is an error naming the exception and notebook 00."""
+    import json
+
+    from lab_utils.measure import roofline as hardware
+
+    repo = tmp_path / "hub" / "models--org--tiny"
+    snapshot = repo / "snapshots" / ("a" * 40)
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text(json.dumps(LLAMA_8B))
+    (snapshot / "model.safetensors").write_bytes(b"\0" * 1234)
+    (snapshot / "tokenizer.json").write_text("{}")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("a" * 40)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    hub = test_cfg.model_copy(update={"model": test_cfg.model.model_copy(
+        update={"name": "org/tiny", "source": "hub"})})
+    assert kv_budget.model_hf_config(hub) == LLAMA_8B
+    assert hardware.weight_bytes(hub) == 1234
+    missing = hub.model_copy(update={"model": hub.model.model_copy(update={"name": "org/absent"})})
+    with pytest.raises(LabError, match="cannot read org/absent's config.json on spark-01: "
+                       r"huggingface_hub.errors.LocalEntryNotFoundError: .*; run notebook 00"):
+        kv_budget.model_hf_config(missing)

@@ -1,0 +1,491 @@
+"""Tests of lab_utils.report.render on synthetic results written through lab_utils.results: the
+conclusions say what the numbers say (disaggregation losing throughput while winning ITL
+p99, differences inside the spread reported as none, invalid points excluded and named),
+the report builds with notebooks 02-04 missing, the expected Spark figures are compared
+only on a real (cuda) profile and are read from the payloads notebooks 00 and 02 write
+(00's link check, ib_write_bw or one TCP stream; 02's largest DRAM READ in the NIXL
+probe), and report.html renders in headless Chromium with every plot loaded.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+
+import pytest
+
+from lab_utils.checks.frame import ChecklistReport, CheckResult
+from lab_utils.checks.rdma import link_verdict
+from lab_utils.errors import ResultsMissingError
+from lab_utils.kv.probe import apply_limits, summarize
+from lab_utils.measure.benchmark import HEADLINE, BenchmarkPoint, BenchmarkResult, combine
+from lab_utils.report import render as report
+from lab_utils.results import write_results
+
+from support.profiles import make_profile_data, write_profile
+
+LOADS = (1, 2, 4)
+FAILED = "12 of 24 requests failed (50%, allowed 0%); first errors: ['HTTP 503']"
+
+
+def metrics(out_tps: float, ttft: float, itl: float, itl_p99: float) -> dict[str, float]:
+    """A point's headline metrics, consistent enough for the report."""
+    return {"request_throughput": out_tps / 32, "output_throughput": out_tps,
+            "total_token_throughput": out_tps * 5, "request_goodput": out_tps / 32,
+            "median_ttft_ms": ttft, "p99_ttft_ms": ttft * 2, "median_tpot_ms": itl,
+            "p99_tpot_ms": itl * 1.5, "median_itl_ms": itl, "p99_itl_ms": itl_p99,
+            "median_e2el_ms": ttft + 31 * itl, "p99_e2el_ms": 2 * (ttft + 31 * itl)}
+
+
+def sweep(arch: str, per_load: dict[float, dict[str, float]], *, repeats: int = 1,
+          jitter: float = 0.0, invalid: tuple[float, ...] = (), mixed: bool = False,
+          rates: dict[float, dict[str, float]] | None = None,
+          held_up: dict[float, float] | None = None,
+          read_together: dict[float, float] | None = None) -> dict:
+    """A BenchmarkResult dump made the way `benchmark.sweep` makes one: per-repeat
+    summaries (values scaled by 1 - jitter .. 1 + jitter), combined with `combine`."""
+    points, combined = [], []
+    plan = [("concurrency", k, v) for k, v in per_load.items()]
+    plan += [("rate", k, v) for k, v in (rates or {}).items()]
+    for mode, load, values in plan:
+        summaries = []
+        for rep in range(repeats):
+            f = 1 + (jitter * (2 * rep / (repeats - 1) - 1) if repeats > 1 else 0.0)
+            bad = load in invalid
+            s = {k: values[k] * f for k in HEADLINE}
+            s.update(valid=not bad, invalid_reason=FAILED if bad else None, mode=mode,
+                     value=float(load), repeat=rep, mixed=mixed,
+                     held_up_s=(held_up or {}).get(load, 0.0) if rep == 0 else 0.0,
+                     itl_read_together_fraction=(read_together or {}).get(load, 0.0) if rep == 0 else 0.0)
+            summaries.append(s)
+            points.append(BenchmarkPoint(mode=mode, value=load, repeat=rep, summary=s,
+                                         requests=[]))
+        combined.append({"mode": mode, "value": float(load), "mixed": mixed,
+                         **combine(summaries)})
+    workload = {"input_len": 128, "output_len": 32, "num_prompts": 24, "repeats": repeats,
+                "concurrency": list(per_load), "mixed": mixed}
+    return BenchmarkResult(target=f"http://127.0.0.4:9000/{arch}", model="tiny-llama",
+                           workload=workload, points=points, combined=combined).model_dump()
+
+
+def write(cfg, notebook: str, payload: dict) -> None:
+    write_results(cfg, notebook, payload, software={}, hardware={})
+
+
+def write_baseline(cfg, *, roofline: dict | None = None, **kw) -> None:
+    data = {c: metrics(100 * c, 50, 10, 30) for c in LOADS}
+    write(cfg, "01", {"topology": "baseline", "sweep": sweep("baseline", data, **kw),
+                      "single_request": {"ttft_ms": 40.0, "tpot_ms": 9.5, "tokens": 32},
+                      "mixed": None, "future_key": {"ignored": True},
+                      "roofline": roofline or {"memory_bandwidth_GBps": None,
+                                               "weight_bytes": None,
+                                               "max_tokens_per_s_per_stream": None}})
+
+
+def probe_row(seg: str, op: str, nbytes: int, gbytes_per_s: float) -> dict:
+    """A NIXL probe row as `nixl_probe` makes one: 5 transfers at `gbytes_per_s`."""
+    times = [nbytes / (gbytes_per_s * 1e9)] * 5
+    row = {"seg_type": seg, "op": op, "bytes": nbytes, **summarize(times, nbytes),
+           "checksum_ok": True}
+    apply_limits([row], same_machine=False, memcpy_GBps={}, link_rate_gbps=200.0)
+    return row
+
+
+def write_kv(cfg) -> None:
+    """Notebook 02's payload; the probe's largest DRAM READ moves 1.6 GB/s."""
+    rows = [{"prompt_tokens": n, "kv_bytes": n * 16384, "predicted_ms": n * 0.01,
+             "measured_ms": None if n == 2048 else n * 0.012} for n in (128, 512, 2048)]
+    probe = [probe_row("DRAM", "READ", 1 << 20, 0.9), probe_row("DRAM", "WRITE", 1 << 20, 0.8),
+             probe_row("DRAM", "READ", 64 << 20, 1.6), probe_row("DRAM", "WRITE", 64 << 20, 2.5),
+             probe_row("VRAM", "READ", 64 << 20, 9.0)]
+    write(cfg, "02", {"model": "tiny-llama", "kv_per_token_bytes": 16384, "block_size": 16,
+                      "predicted_vs_measured": rows,
+                      "recommendation": {"kv_buffer_device": "cpu", "reason": "DRAM is faster"},
+                      "probe": {"rows": probe, "notes": [], "same_machine": False}})
+
+
+def write_environment(cfg, *results: CheckResult) -> None:
+    """Notebook 00's payload, as `environment.record_environment` writes it."""
+    checklist = ChecklistReport([CheckResult("ssh", "spark-a", "pass", "reachable"), *results])
+    write(cfg, "00", {"blessed": not checklist.failed, "continued_despite_failures": False,
+                      "counts": checklist.counts, "checks": checklist.to_dict()["results"]})
+
+
+def write_replicated(cfg, data: dict, *, mixed: dict | None = None, **kw) -> None:
+    write(cfg, "03", {"topology": "replicated", "policy": "round_robin",
+                      "sweep": sweep("replicated", data, **kw),
+                      "mixed": sweep("replicated", mixed, mixed=True, held_up=kw.get("held_up"))
+                      if mixed else None})
+
+
+def write_disaggregated(cfg, data: dict, *, mixed: dict | None = None, ok: bool = True,
+                        **kw) -> None:
+    prompts = [{"prompt_tokens": 64, "external_kv_transfer": 64, "nixl_bytes": 262144,
+                "expected_bytes": 262144, "nixl_xfer_ms": 10.0, "tokens_equal": ok}]
+    write(cfg, "04", {"topology": "disaggregated", "kv_buffer_device": "cpu",
+                      "sweep": sweep("disaggregated", data, **kw),
+                      "mixed": sweep("disaggregated", mixed, mixed=True) if mixed else None,
+                      "proof": {"ok": ok, "prompts": prompts}})
+
+
+def write_loses_throughput_wins_itl(cfg) -> None:
+    """Disaggregation: 30% less output throughput than replicated at every load, 40% lower
+    ITL p99, and a much lower ITL p99 under the mixed long/short workload."""
+    write_baseline(cfg)
+    write_kv(cfg)
+    rep = {c: metrics(200 * c, 40, 10, 50) for c in LOADS}
+    dis = {c: metrics(140 * c, 60, 9, 30) for c in LOADS}
+    write_replicated(cfg, rep, mixed={c: metrics(150 * c, 80, 12, 400) for c in LOADS})
+    write_disaggregated(cfg, dis, mixed={c: metrics(120 * c, 90, 10, 40) for c in LOADS})
+
+
+def finding(findings, metric: str, load: float, subject="disaggregated",
+            reference="replicated", workload="standard"):
+    (f,) = [f for f in findings if f.metric == metric and f.value == load
+            and f.subject == subject and f.reference == reference and f.workload == workload]
+    return f
+
+
+# ----- conclusions -----------------------------------------------------------------------
+
+
+def test_disaggregation_loses_throughput_wins_itl_p99(test_cfg):
+    write_loses_throughput_wins_itl(test_cfg)
+    paths = report.build_report(test_cfg)
+    text = "\n".join(paths.conclusions)
+    assert ("Disaggregation lost on output throughput to replicated serving (the same two "
+            "nodes) at concurrency 1, 2 and 4 (replicated up to 42.9% higher).") in text
+    assert ("Disaggregation won on ITL p99 against replicated serving (the same two nodes) at "
+            "concurrency 1, 2 and 4 (up to 40.0% lower).") in paths.conclusions
+    assert ("Output throughput (higher is better), disaggregated vs replicated: replicated "
+            "better at concurrency 1, 2 and 4 (by 42.9%).") in paths.conclusions
+    assert sum("does not raise throughput" in s for s in paths.conclusions) == 1
+    assert "Mixed long/short workload, disaggregation won on ITL p99" in text
+    f = finding(paths.findings, "output_throughput", 4)
+    assert (f.winner, f.beyond_spread, round(f.difference_pct, 1)) == ("replicated", True, 42.9)
+    assert "one repeat, spread unknown: 5% noise floor" in f.basis
+    f = finding(paths.findings, "p99_itl_ms", 2)
+    assert (f.winner, round(f.difference_pct, 1)) == ("disaggregated", 40.0)
+    assert "unknown spread" in text and paths.missing == ["00"]
+    names = sorted(p.name for p in paths.plots)
+    assert names == sorted(f"{n}.png" for n in report.PLOT_NAMES)
+    assert all(p.read_bytes().startswith(b"\x89PNG") for p in paths.plots)
+    print("\n".join(paths.conclusions[:8]))
+
+
+def test_invalid_point_shown_and_excluded(test_cfg):
+    write_baseline(test_cfg)
+    write_replicated(test_cfg, {c: metrics(200 * c, 40, 10, 50) for c in LOADS})
+    write_disaggregated(test_cfg, {c: metrics(140 * c, 60, 9, 30) for c in LOADS}, invalid=(4,))
+    paths = report.build_report(test_cfg)
+    data = report.load_report_data(test_cfg)
+    shown = report.display_table(report.headline_table(data))
+    row = shown[(shown["architecture"] == "disaggregated") & (shown["load"] == "concurrency 4")]
+    assert row["valid"].item() == "INVALID" and row["output tok/s"].item() == "INVALID"
+    assert FAILED in row["note"].item()
+    assert not any(f.value == 4 and "disaggregated" in (f.subject, f.reference)
+                   for f in paths.findings)
+    assert any(f.value == 4 and f.subject == "replicated" for f in paths.findings)
+    (excluded,) = [s for s in paths.conclusions if s.startswith("Excluded")]
+    assert "disaggregated at concurrency 4" in excluded and "12 of 24 requests failed" in excluded
+    assert not any("concurrency 4" in s for s in paths.conclusions
+                   if "isaggregat" in s and not s.startswith("Excluded"))
+    page = paths.html.read_text()
+    assert "INVALID" in page and html.escape(FAILED) in page
+    x, y, _ = report.plot_values(report.headline_table(data).query(
+        "architecture == 'disaggregated'"), "output_throughput")
+    assert list(x) == [1, 2, 4] and y[2] != y[2]  # NaN: a gap, never a value
+
+
+def test_differences_inside_spread_are_no_difference(test_cfg):
+    write_baseline(test_cfg, repeats=3, jitter=0.1)
+    write_replicated(test_cfg, {c: metrics(200 * c, 40, 10, 50) for c in LOADS},
+                     repeats=3, jitter=0.1)
+    # 8% less throughput, but every repeat range (+-10%) overlaps: no difference
+    write_disaggregated(test_cfg, {c: metrics(184 * c, 40, 10, 50) for c in LOADS},
+                        repeats=3, jitter=0.1)
+    concl = report.conclusions(report.load_report_data(test_cfg))
+    f = finding(concl.findings, "output_throughput", 2)
+    assert f.winner is None and not f.beyond_spread and round(f.difference_pct, 1) == 8.7
+    assert "ranges over 3 and 3 repeats overlap" in f.basis
+    assert "no difference between disaggregated" in f.sentence
+    assert ("Output throughput (higher is better), disaggregated vs replicated: no difference "
+            "at concurrency 1, 2 and 4.") in concl.sentences
+    assert any("won on no metric" in s for s in concl.sentences)
+    assert any("measured 3 times" in s for s in concl.sentences)
+    # Replicated vs baseline at concurrency 4: 800 vs 400 tok/s, ranges far apart.
+    f = finding(concl.findings, "output_throughput", 4, "replicated", "baseline")
+    assert f.winner == "replicated" and "do not overlap" in f.basis
+
+
+def test_one_repeat_uses_noise_floor(test_cfg):
+    write_baseline(test_cfg)
+    write_replicated(test_cfg, {c: metrics(200 * c, 40, 10, 50) for c in LOADS})
+    write_disaggregated(test_cfg, {c: metrics(196 * c, 40, 10.3, 50) for c in LOADS})
+    concl = report.conclusions(report.load_report_data(test_cfg))
+    for key in ("output_throughput", "median_itl_ms"):
+        f = finding(concl.findings, key, 1)
+        assert f.winner is None and "5% noise floor" in f.sentence
+
+
+def test_missing_notebooks_are_named(test_cfg):
+    write_baseline(test_cfg)
+    paths = report.build_report(test_cfg)
+    assert paths.missing == ["00", "02", "03", "04"]
+    for page in (paths.html.read_text(), paths.md.read_text()):
+        for nb in ("02_KV_Cache_Transfer", "03_Replicated_Serving", "04_Disaggregated_Serving"):
+            assert f"run notebooks/{nb}.ipynb" in page
+    assert any("No disaggregated results" in s for s in paths.conclusions)
+    assert {p.name for p in paths.plots} == {"throughput.png", "ttft.png", "itl.png",
+                                             "roofline.png"}
+    assert "roofline is unknown for this hardware" in paths.md.read_text()
+
+
+def test_stale_plots_removed_and_md_links_plots(test_cfg):
+    write_loses_throughput_wins_itl(test_cfg)
+    report.build_report(test_cfg)
+    for nb in ("02", "03", "04"):
+        (test_cfg.results_dir / report.RESULTS[nb].file_name).unlink()
+    paths = report.build_report(test_cfg)
+    on_disk = sorted(p.name for p in (test_cfg.results_dir / "plots").glob("*.png"))
+    assert on_disk == sorted(p.name for p in paths.plots)
+    md = paths.md.read_text()
+    assert all(f"](plots/{p.name})" in md for p in paths.plots)
+
+
+def test_rate_points_are_labelled_and_compared(test_cfg):
+    rates = {r: metrics(80 * r, 45, 11, 35) for r in (2.0, 4.0)}
+    write_baseline(test_cfg, rates=rates)
+    faster = {r: metrics(150 * r, 45, 11, 35) for r in (2.0, 4.0)}
+    write_replicated(test_cfg, {c: metrics(200 * c, 40, 10, 50) for c in LOADS}, rates=faster)
+    paths = report.build_report(test_cfg)
+    table = report.headline_table(report.load_report_data(test_cfg))
+    assert list(table["load"])[-4:] == ["rate 2 req/s", "rate 2 req/s", "rate 4 req/s",
+                                        "rate 4 req/s"]
+    assert ("Output throughput (higher is better), replicated vs baseline: replicated better "
+            "at concurrency 1, 2 and 4 and at rate 2 and 4 req/s (by 87.5-100.0%).") \
+        in paths.conclusions
+
+
+def test_failed_proof_is_a_warning(test_cfg):
+    write_baseline(test_cfg)
+    write_disaggregated(test_cfg, {c: metrics(140 * c, 60, 9, 30) for c in LOADS}, ok=False)
+    paths = report.build_report(test_cfg)
+    assert paths.conclusions[0].startswith("Notebook 04's proof that the KV cache really moved "
+                                           "did not pass")
+    assert paths.conclusions[1].startswith("CPU rehearsal: each prefill or decode instance")
+    assert "No replicated results" in paths.conclusions[2]
+    assert "Disaggregation won on ITL p50 against the single-instance baseline" in \
+        "\n".join(paths.conclusions)
+    assert "> **Warning:** Proof that the KV cache moved: FAILED" in paths.md.read_text()
+
+
+def test_empty_sweep_still_builds(test_cfg):
+    empty = BenchmarkResult(target="t", model="tiny-llama", workload={}, points=[], combined=[])
+    write(test_cfg, "01", {"topology": "baseline", "sweep": empty.model_dump(), "mixed": None})
+    paths = report.build_report(test_cfg)
+    assert paths.plots == [] and paths.html.exists()
+    assert any(s.startswith("Run-to-run spread: points measured once") for s in paths.conclusions)
+
+
+def test_baseline_missing_raises(test_cfg):
+    with pytest.raises(ResultsMissingError, match="01_Local_Inference_Baseline"):
+        report.build_report(test_cfg)
+
+
+def test_broken_optional_sweep_reported_as_missing(test_cfg):
+    write_baseline(test_cfg)
+    write(test_cfg, "03", {"topology": "replicated", "sweep": {"points": "nonsense"}})
+    paths = report.build_report(test_cfg)
+    assert "03" in paths.missing
+    assert "not a benchmark sweep" in paths.md.read_text()
+
+
+# ----- expected figures ------------------------------------------------------------------
+
+
+def cuda_cfg(tmp_path):
+    data = make_profile_data(str(tmp_path / "results"))
+    data["vllm"]["device"] = "cuda"
+    return write_profile(tmp_path, data)
+
+
+def link_row(cfg) -> dict:
+    df = report.expected_figures(report.load_report_data(cfg)).set_index("figure")
+    return df.loc["link per rail (Gb/s)"].to_dict()
+
+
+def test_expected_figures_not_comparable_on_cpu(test_cfg):
+    write_baseline(test_cfg)
+    data = report.load_report_data(test_cfg)
+    df = report.expected_figures(data)
+    assert set(df["this run"]) == {"not comparable (CPU rehearsal)"}
+    assert "not comparable" in report.build_report(test_cfg).md.read_text()
+
+
+def test_expected_figures_warn_when_far_off_on_cuda(tmp_path):
+    cfg = cuda_cfg(tmp_path)
+    roof = {"memory_bandwidth_GBps": 273.0, "weight_bytes": 16_000_000_000,
+            "max_tokens_per_s_per_stream": 17.06}
+    write_baseline(cfg, roofline=roof)  # TPOT 10 ms at concurrency 1: 100 tok/s per stream
+    write_kv(cfg)  # 512 tokens x 16 KiB in 6.1 ms: 1.4 GB/s; the probe's 64 MiB READ: 1.6 GB/s
+    df = report.expected_figures(report.load_report_data(cfg)).set_index("figure")
+    assert df.loc["memory bandwidth (GB/s)", "verdict"].startswith("ok")
+    assert df.loc["decode tokens/s per stream", "verdict"] == \
+        "WARNING: 5.9x above the expected figure"
+    nixl = df.loc["NIXL DRAM-to-DRAM (GB/s)"]
+    assert nixl["verdict"] == "WARNING: 6.9x below the expected figure"
+    assert (nixl["this run"], nixl["measured from"]) == \
+        ("1.60", "02's NIXL probe, DRAM READ of 67,108,864 bytes")
+    assert df.loc["link per rail (Gb/s)", "verdict"] == "not measured"
+    assert df.loc["link per rail (Gb/s)", "measured from"] == "not recorded by 00"
+    md = report.build_report(cfg).md.read_text()
+    assert "> **Warning:** decode tokens/s per stream" in md
+    assert "at most 17.06 tokens/s" in md
+    assert "KV cache per token of tiny-llama: 16,384 bytes (16.0 KiB), moved in blocks of 16" in md
+
+
+def test_expected_link_from_rdma_check(tmp_path):
+    cfg = cuda_cfg(tmp_path)
+    write_baseline(cfg)
+    # ib_write_bw on one rail at 40 of the 100 Gb/s it reports: a warn in 00
+    write_environment(cfg, link_verdict("spark-b -> spark-a", 40.0, 100.0,
+                                        "ib_write_bw on rocep1s0f1: 40.0 Gb/s"))
+    row = link_row(cfg)
+    assert (row["this run"], row["verdict"]) == ("40", "WARNING: 2.3x below the expected figure")
+    assert row["measured from"] == "00's link check, spark-b -> spark-a, ib_write_bw on one rail"
+    md = report.build_report(cfg).md.read_text()
+    assert "Blessed: no check failed (1 pass, 1 warn, 0 fail, 0 n/a)." in md
+    assert "| link | spark-b -> spark-a | warn | moves 40% of its reported 100 Gb/s |" in md
+    write_environment(cfg, link_verdict("spark-b -> spark-a", 94.5, 100.0, "ib_write_bw"))
+    assert link_row(cfg)["verdict"] == "ok (within 2x)"
+
+
+def test_expected_link_over_tcp_not_compared(tmp_path):
+    cfg = cuda_cfg(tmp_path)
+    write_baseline(cfg)
+    tcp = CheckResult("link", "spark-b -> spark-a", "pass", "9.4 Gb/s over the data plane",
+                      data={"measured_gbps": 9.4, "reported_gbps": None, "method": "tcp"})
+    write_environment(cfg, tcp)
+    row = link_row(cfg)
+    assert (row["this run"], row["verdict"]) == \
+        ("9.40", "not comparable (one TCP stream, not ib_write_bw over RDMA)")
+    write_environment(cfg, CheckResult("link", "cluster", "n/a", "prefill and decode share "
+                                       "one node: no link between them"))
+    row = link_row(cfg)
+    assert (row["this run"], row["verdict"]) == ("–", "not measured")
+    assert "prefill and decode share one node" in row["measured from"]
+
+
+# ----- rendering in a real browser -------------------------------------------------------
+
+CHECK_SCRIPT = """
+<img id="broken-control" alt="control" src="data:image/png;base64,AAAA">
+<script>
+window.addEventListener("load", () => {
+  const imgs = Array.from(document.images);
+  const ok = imgs.filter(i => i.complete && i.naturalWidth > 0).map(i => i.alt);
+  const broken = imgs.filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.alt);
+  const out = document.createElement("pre");
+  out.id = "img-check";
+  out.textContent = JSON.stringify({ok: ok, broken: broken});
+  document.body.appendChild(out);
+});
+</script>
+"""
+
+
+def chromium_or_skip() -> str:
+    exe = shutil.which("chromium")
+    if exe is None:
+        msg = ("chromium not found: install it with `bash tests/ensure_sysdeps.sh` as root "
+               "(Debian package chromium)")
+        if os.environ.get("LAB_STRICT"):
+            pytest.fail(msg)
+        pytest.skip(msg)
+    return exe
+
+
+def run_chromium(exe: str, profile_dir, *args: str) -> subprocess.CompletedProcess:
+    cmd = [exe, "--headless", "--disable-gpu", "--no-sandbox", "--no-first-run",
+           "--disable-dev-shm-usage", "--hide-scrollbars", f"--user-data-dir={profile_dir}",
+           *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+
+
+@pytest.mark.slow
+def test_report_html_renders_in_chromium(test_cfg, tmp_path):
+    exe = chromium_or_skip()
+    write_loses_throughput_wins_itl(test_cfg)
+    paths = report.build_report(test_cfg)
+    page = paths.html.read_text()
+    assert 'src="plots/' not in page and page.count('src="data:image/png;base64,') == 6
+    # A copy with a checker (and one deliberately broken image, to prove the check can fail).
+    check = tmp_path / "check.html"
+    check.write_text(page.replace("</body>", CHECK_SCRIPT + "</body>"))
+    t0 = time.monotonic()
+    dom = run_chromium(exe, tmp_path / "chromium", "--virtual-time-budget=10000",
+                       "--dump-dom", check.as_uri())
+    found = re.search(r'<pre id="img-check">(.*?)</pre>', dom.stdout, re.S)
+    assert found, f"no image check in the DOM (exit {dom.returncode}): {dom.stderr[-2000:]}"
+    result = json.loads(html.unescape(found.group(1)))
+    assert result["broken"] == ["control"]
+    assert len(result["ok"]) == len(paths.plots) == 6
+    shot = paths.html.with_name("report.png")
+    run_chromium(exe, tmp_path / "chromium", f"--screenshot={shot}", "--window-size=1280,2400",
+                 paths.html.as_uri())
+    assert shot.read_bytes().startswith(b"\x89PNG") and shot.stat().st_size > 10_000
+    print(f"\nchromium: DOM check and screenshot in {time.monotonic() - t0:.1f} s; {shot}")
+
+
+def test_runs_the_machine_stalled_in_are_named(test_cfg):
+    write_baseline(test_cfg)
+    write_replicated(test_cfg, {c: metrics(200 * c, 40, 10, 50) for c in LOADS})
+    assert not any("stood still" in s for s in report.build_report(test_cfg).conclusions)
+    write_replicated(test_cfg, {c: metrics(200 * c, 40, 10, 50) for c in LOADS},
+                     held_up={2: 6.5}, mixed={2: metrics(100, 400, 10, 50)})
+    (said,) = [s for s in report.build_report(test_cfg).conclusions if "stood still" in s]
+    runs = 2 * len(LOADS) + 1
+    assert said.startswith(f"The machine running the benchmark stood still during 2 of {runs} "
+                           "measured runs, 13.0 s in all (replicated concurrency 2 #1: 6.5 s; "
+                           "replicated (mixed workload) concurrency 2 #1: 6.5 s)")
+    data = report.load_report_data(test_cfg)
+    for workload in ("standard", "mixed"):
+        shown = report.display_table(report.headline_table(data, workload))
+        noted = shown[shown["note"] != ""]
+        assert list(zip(noted["architecture"], noted["load"], noted["note"], strict=True)) == [
+            ("replicated", "concurrency 2", "repeat 1: the machine stood still 6.5 s")]
+
+
+def test_runs_whose_tokens_were_read_together_are_named(test_cfg):
+    write_baseline(test_cfg, read_together={1: 0.05})  # under the 10% that earns a note
+    write_replicated(test_cfg, {c: metrics(200 * c, 40, 10, 50) for c in LOADS})
+    assert not any("same read" in s for s in report.build_report(test_cfg).conclusions)
+    write_replicated(test_cfg, {c: metrics(200 * c, 40, 10, 50) for c in LOADS},
+                     held_up={4: 3.0}, read_together={2: 0.1, 4: 0.45})
+    (said,) = [s for s in report.build_report(test_cfg).conclusions if "same read" in s]
+    assert said.startswith(f"In 2 of {2 * len(LOADS)} measured runs, at least 10% of the tokens "
+                           "after the first reached the load generator in the same read as the "
+                           "token before (replicated concurrency 2 #1: 10%; replicated "
+                           "concurrency 4 #1: 45%).")
+    built = report.build_report(test_cfg)
+    (left,) = [s for s in built.conclusions if s.startswith("Not compared on")]
+    assert left == ("Not compared on ITL p50, ITL p99 and TPOT p50 where the load generator got "
+                    "many tokens in one read on either side (the headline table's notes name the "
+                    "runs): replicated vs baseline at concurrency 2 and 4.")
+    per_token = {"median_itl_ms", "p99_itl_ms", "median_tpot_ms"}
+    compared = {(f.value, f.metric) for f in report.conclusions(report.load_report_data(test_cfg)).findings}
+    assert {m for v, m in compared if v == 1} >= per_token  # 5% at concurrency 1: compared
+    assert not {m for v, m in compared if v in (2, 4)} & per_token
+    assert {m for v, m in compared if v in (2, 4)} >= {"median_ttft_ms", "output_throughput"}
+    shown = report.display_table(report.headline_table(report.load_report_data(test_cfg), "standard"))
+    noted = shown[shown["note"] != ""]
+    assert list(zip(noted["architecture"], noted["load"], noted["note"], strict=True)) == [
+        ("replicated", "concurrency 2", "repeat 1: 10% of tokens read together"),
+        ("replicated", "concurrency 4",
+         "repeat 1: the machine stood still 3.0 s, 45% of tokens read together")]

@@ -1,0 +1,217 @@
+"""Real engines: the proof of transfer on the CPU rehearsal, and the CLI's serve/cleanup.
+
+These start real vLLM instances (CPU build) with NixlConnector and move KV over NIXL.
+They are slow (an instance takes 15-90 s to start here) and CI runs them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from lab_utils.kv.shapes import kv_shape_from_dir
+from lab_utils.measure.prompts import fresh_prompts, load_tokenizer
+from lab_utils.on_node import proctools
+from lab_utils.serve.pd import complete, prove_transfer
+
+pytestmark = pytest.mark.slow
+
+LENGTHS = [20, 33, 64, 90, 128, 200, 257, 400]  # 1 to 13 blocks of 32, partial and full
+MAX_TOKENS = 24
+
+
+def test_rehearsal_torch_is_cpu_build():
+    import torch
+
+    assert torch.version.cuda is None, f"rehearsal env has a CUDA torch: {torch.__version__}"
+
+
+def test_tiny_model_same_seed_same_bytes(tmp_path):
+    from lab_utils.cluster.tiny_model import fingerprint, generate
+
+    a = fingerprint(generate(tmp_path / "a", seed=0))
+    b = fingerprint(generate(tmp_path / "b", seed=0))
+    c = fingerprint(generate(tmp_path / "c", seed=1))
+    assert a == b and a != c
+    cfg = json.loads((tmp_path / "a" / "config.json").read_text())
+    assert cfg["architectures"] == ["LlamaForCausalLM"] and cfg["num_key_value_heads"] == 2
+    assert "chat_template" in json.loads((tmp_path / "a" / "tokenizer_config.json").read_text())
+
+
+def test_proof_of_transfer(rehearsal, engine_cfg):
+    urls = rehearsal.up()
+    cfg = engine_cfg
+    tok = load_tokenizer(cfg.model_path)
+    kv = kv_shape_from_dir(cfg.model_path, cfg.model.dtype)
+    assert kv.bytes_per_token == 2 * 4 * 2 * 64 * 2
+    prompts, seed = fresh_prompts(tok, LENGTHS)
+    proofs = prove_transfer(prompts, model=cfg.model.name, prefill_url=urls["prefill"],
+                            decode_url=urls["decode"], baseline_url=urls["baseline"],
+                            kv=kv, max_tokens=MAX_TOKENS)
+    report = "\n".join(json.dumps({k: v for k, v in p.as_dict().items()
+                                   if k not in ("pd_tokens", "baseline_tokens")}) for p in proofs)
+    print(f"\nprompt seed {seed}\n{report}")
+    for ids, p in zip(prompts, proofs, strict=True):
+        assert p.prompt_tokens == len(ids)
+        assert p.external_kv_transfer == len(ids), f"not all prompt tokens came over NIXL: {p}"
+        assert p.local_compute == 0 and p.local_cache_hit == 0, p
+        assert p.nixl_transfers >= 1
+        assert p.nixl_bytes == kv.transfer_bytes(len(ids), p.block_size), p
+        assert len(p.pd_tokens) == MAX_TOKENS
+        assert p.pd_tokens == p.baseline_tokens, f"P/D output differs from baseline: {p}"
+        assert len(set(p.pd_tokens)) > 1, "output is one repeated token: the model is too flat"
+    assert len({tuple(p.pd_tokens) for p in proofs}) == len(proofs), "prompts gave equal outputs"
+    assert proofs[0].block_size == cfg.vllm.block_size
+
+    # The model is context-sensitive: changing only the first token changes the output,
+    # so equal outputs above mean the transferred KV was right, not that the model ignores it.
+    base = prompts[3]
+    changed = [(base[0] + 1) % 256 + 3] + base[1:]
+    assert changed != base
+    proof_changed = prove_transfer([changed], model=cfg.model.name, prefill_url=urls["prefill"],
+                                   decode_url=urls["decode"], baseline_url=urls["baseline"],
+                                   kv=kv, max_tokens=MAX_TOKENS)[0]
+    assert proof_changed.tokens_match and proof_changed.external_kv_transfer == len(changed)
+    assert proof_changed.pd_tokens != proofs[3].pd_tokens
+
+
+def test_serve_starts_the_proxy_and_no_duplicates(rehearsal, engine_cfg):
+    rehearsal.up()
+    before = {r.name: r.pid for r in rehearsal.records()}
+    cli = [sys.executable, "-m", "lab_utils", "serve", "--topology", "disaggregated",
+           "--config", str(engine_cfg.source)]
+    for _ in range(2):
+        p = subprocess.run(cli, capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stderr
+    after = {r.name: r.pid for r in rehearsal.records()}
+    assert set(after) == set(before) | {"proxy"}  # one proxy, even after two serves
+    assert {k: after[k] for k in before} == before  # instances reused, not restarted
+    proxy = next(r for r in rehearsal.records() if r.name == "proxy")
+    assert proxy.url == f"http://127.0.0.4:{engine_cfg.proxy.port}"
+    health = httpx.get(f"{proxy.url}/health", timeout=10).json()
+    assert health["mode"] == "disaggregated" and set(health["backends"].values()) == {"ok"}
+    with httpx.Client(timeout=60) as c:
+        r = c.post(f"{proxy.url}/v1/completions", json={
+            "model": engine_cfg.model.name, "prompt": [7, 8, 9, 10], "max_tokens": 4,
+            "temperature": 0, "ignore_eos": True})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
+
+
+def test_port_in_use_names_holder(rehearsal, engine_cfg):
+    """A port the config assigns, held by something else: refused, naming port, node, PID."""
+    from lab_utils.errors import PortInUseError
+    from lab_utils.serve.launcher import start_instance
+
+    rehearsal.up()
+    spec = engine_cfg.instances("replicated")[0]
+    address = engine_cfg.nodes[spec.node].lan_address
+    with socket_held(address, spec.port), pytest.raises(PortInUseError) as e:
+        start_instance(engine_cfg, spec)
+    msg = str(e.value)
+    assert f"port {spec.port}" in msg and spec.node in msg
+    assert f"PID {os.getpid()}" in msg
+
+
+@pytest.mark.stops_rehearsal
+def test_cleanup_from_another_directory(rehearsal, engine_cfg, tmp_path):
+    urls = rehearsal.up()
+    records = rehearsal.records()
+    assert {r.extra["role"] for r in records} >= {"baseline", "prefill", "decode"}
+    with httpx.Client(timeout=60) as c:  # the instances really serve before we stop them
+        assert complete(c, urls["baseline"], engine_cfg.model.name, [5, 6, 7], 2)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for _ in range(2):  # safe twice
+        p = subprocess.run([sys.executable, "-m", "lab_utils", "cleanup", "--config",
+                            str(engine_cfg.source)], cwd=elsewhere, capture_output=True,
+                           text=True, timeout=120)
+        assert p.returncode == 0, p.stderr
+    for rec in records:
+        assert not proctools.is_alive(rec.pid, rec.start_ticks), f"{rec.name} still runs"
+        assert proctools.group_members(rec.pgid) == [], f"{rec.name} left processes behind"
+    assert rehearsal.records() == []
+
+
+class socket_held:
+    """Listen on (address, port) for the duration of a `with` block."""
+
+    def __init__(self, address: str, port: int):
+        import socket
+
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind((address, port))
+        self.sock.listen()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.sock.close()
+
+
+@pytest.mark.stops_rehearsal
+def test_demo_from_scratch_proves_transfer_and_leaves_nothing(engine_cfg, tmp_path):
+    """`make lab`'s job on a fresh profile: the model does not exist yet."""
+    from lab_utils.serve.topology import cleanup
+
+    from support.profiles import make_profile_data, write_profile
+
+    cleanup(engine_cfg)  # two cores: not beside the shared instances
+    data = make_profile_data(str(tmp_path / "results"))
+    data["model"]["path"] = str(tmp_path / "fresh-model")
+    cfg = write_profile(tmp_path, data)
+    p = subprocess.run([sys.executable, "-m", "lab_utils", "demo", "--prompts", "2", "--config",
+                        str(cfg.source)], capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    assert "every prompt token came over NIXL, bytes as predicted, and the output equals" in p.stdout
+    assert (tmp_path / "fresh-model" / "config.json").exists()
+    state = json.loads((cfg.results_dir / "state.json").read_text())
+    assert state["processes"] == []
+
+
+@pytest.mark.stops_rehearsal
+def test_handshake_timeout_fails_the_request_and_warm_up_recovers(engine_cfg, tmp_path):
+    """vLLM waits 5 s for the prefill's side channel. Freeze the prefill's engine core
+    (which serves the side channel) during the first decode: that request fails, the
+    instances survive, and the warm-up `serve` relies on gets through once it answers."""
+    import signal
+
+    from lab_utils.errors import LabError
+    from lab_utils.serve.launcher import start_instance, wait_ready
+    from lab_utils.serve.pd import decode, prefill, warm_up
+    from lab_utils.serve.topology import cleanup
+
+    from support.profiles import make_profile_data, write_profile
+
+    cleanup(engine_cfg)  # two cores: not beside the shared instances
+    cfg = write_profile(tmp_path, make_profile_data(str(tmp_path / "results")))
+    recs = [start_instance(cfg, s)[0] for s in cfg.instances("disaggregated")]
+    try:
+        wait_ready(cfg, recs, show_progress=False)
+        pre, dec = recs
+        cores = [p for p in proctools.group_members(pre.pgid)
+                 if b"EngineCore" in Path(f"/proc/{p}/cmdline").read_bytes()]
+        assert cores, "prefill engine core process not found"
+        ids = list(range(200, 240))
+        with httpx.Client(timeout=120) as c:
+            params = prefill(c, pre.url, cfg.model.name, ids)
+            for p in cores:
+                os.kill(p, signal.SIGSTOP)
+            try:
+                with pytest.raises(LabError, match="500"):
+                    decode(c, dec.url, cfg.model.name, ids, 4, params)
+            finally:
+                for p in cores:
+                    os.kill(p, signal.SIGCONT)
+        assert warm_up(pre.url, dec.url, cfg.model.name) >= 1
+        assert all(proctools.is_alive(r.pid, r.start_ticks) for r in recs)
+    finally:
+        cleanup(cfg)
+    assert all(proctools.group_members(r.pgid) == [] for r in recs)

@@ -1,0 +1,189 @@
+"""The vLLM launcher without starting vLLM: command line, environment, secrets, readiness
+failures reported with the log tail and the known fix; and the notebook runner."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+
+from lab_utils.cluster import get_node
+from lab_utils.errors import LabError, ProcessFailedError
+from lab_utils.serve import launcher
+
+
+def spec(cfg, topology, role):
+    return next(s for s in cfg.instances(topology) if s.role == role)
+
+
+def test_prefill_command_and_env(test_cfg):
+    s = spec(test_cfg, "disaggregated", "prefill")
+    argv = launcher.server_command(test_cfg, s)
+    assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert argv[argv.index("--host") + 1] == "127.0.0.2"
+    assert argv[argv.index("--port") + 1] == str(s.port)
+    kv = json.loads(argv[argv.index("--kv-transfer-config") + 1])
+    assert kv == {"kv_connector": "NixlConnector", "kv_role": "kv_producer", "kv_buffer_device": "cpu",
+                  "kv_connector_extra_config": {"kv_lease_duration": 12}}
+    env = launcher.server_env(test_cfg, s)
+    assert env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == test_cfg.nodes["spark-01"].data_address
+    assert env["VLLM_NIXL_SIDE_CHANNEL_PORT"] == str(s.side_channel_port)
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "1" and env["VLLM_CPU_OMP_THREADS_BIND"] == "0"
+    assert env["HF_HUB_OFFLINE"] == "1"
+
+
+def test_decode_is_consumer_and_baseline_has_no_connector(test_cfg):
+    d = launcher.server_command(test_cfg, spec(test_cfg, "disaggregated", "decode"))
+    assert json.loads(d[d.index("--kv-transfer-config") + 1])["kv_role"] == "kv_consumer"
+    b = spec(test_cfg, "baseline", "baseline")
+    assert "--kv-transfer-config" not in launcher.server_command(test_cfg, b)
+    assert "VLLM_NIXL_SIDE_CHANNEL_HOST" not in launcher.server_env(test_cfg, b)
+
+
+def test_per_node_thread_binding_for_replicas(test_cfg):
+    envs = [launcher.server_env(test_cfg, s) for s in test_cfg.instances("replicated")]
+    assert [e["VLLM_CPU_OMP_THREADS_BIND"] for e in envs] == ["0", "1"]
+
+
+def test_cuda_profile_command(tmp_path):
+    from lab_utils.config import REPO_ROOT, load_config
+
+    cfg = load_config(REPO_ROOT / "environment_config.json.example")
+    s = spec(cfg, "disaggregated", "decode")
+    argv = launcher.server_command(cfg, s)
+    assert argv[0] == cfg.nodes["spark-02"].python
+    assert argv[argv.index("--gpu-memory-utilization") + 1] == "0.6"
+    env = launcher.server_env(cfg, s)
+    assert env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "192.168.100.11"
+    assert env["UCX_NET_DEVICES"] == "rocep1s0f1:1,roceP2p1s0f1:1"
+    assert "VLLM_CPU_KVCACHE_SPACE" not in env
+
+
+def test_hf_token_only_in_environment(tmp_path):
+    from support.profiles import make_profile_data, write_profile
+
+    token = tmp_path / "hf_token"
+    token.write_text("hf_canary_123\n")
+    token.chmod(0o600)
+    data = make_profile_data(str(tmp_path / "results"))
+    data["model"].update(source="hub", name="org/model", path=None)
+    data["hf_token_file"] = str(token)
+    cfg = write_profile(tmp_path, data)
+    s = spec(cfg, "baseline", "baseline")
+    assert "hf_canary_123" not in " ".join(launcher.server_command(cfg, s))
+    assert launcher.server_env(cfg, s)["HF_TOKEN"] == "hf_canary_123"
+    assert "hf_canary_123" not in json.dumps(cfg.snapshot())
+    token.chmod(0o644)
+    with pytest.raises(LabError, match="chmod 600"):
+        launcher.server_env(cfg, s)
+
+
+def test_death_during_startup_reports_log_tail_and_fix(test_cfg, tmp_path):
+    node = get_node(test_cfg, "spark-01")
+    crash = ("import sys; print('starting'); "
+             "print(\"OSError: [Errno 98] error while attempting to bind on address "
+             "('127.0.0.2', 9100): address already in use\", file=sys.stderr); sys.exit(1)")
+    rec = node.start_detached("crasher", [sys.executable, "-c", crash],
+                              log_path=str(tmp_path / "crash.log"), url="http://127.0.0.2:9")
+    with pytest.raises(ProcessFailedError) as e:
+        launcher.wait_ready(test_cfg, [rec], timeout=30, show_progress=False)
+    msg = str(e.value)
+    assert "crasher" in msg and "exited before it became ready" in msg
+    assert "address already in use" in msg  # the log tail
+    assert "known failure" in msg and "free port" in msg  # the fix
+
+
+def test_not_ready_in_time_is_reported(test_cfg, tmp_path):
+    node = get_node(test_cfg, "spark-01")
+    rec = node.start_detached("sleeper", [sys.executable, "-c", "import time; time.sleep(60)"],
+                              log_path=str(tmp_path / "s.log"), url="http://127.0.0.2:9")
+    try:
+        with pytest.raises(ProcessFailedError, match="not ready after 2 s"):
+            launcher.wait_ready(test_cfg, [rec], timeout=2, show_progress=False)
+    finally:
+        node.stop(rec, 1.0)
+
+
+def test_run_executes_notebooks_with_lab_config(test_cfg, tmp_path):
+    import nbformat
+    from nbformat.v4 import new_code_cell, new_notebook
+
+    from lab_utils.runner import run_notebooks
+
+    nbdir = tmp_path / "nbs"
+    nbdir.mkdir()
+    out = tmp_path / "seen.json"
+    cell = ("import json, os\nfrom lab_utils import load_config\ncfg = load_config()\n"
+            f"json.dump({{'env': os.environ['LAB_CONFIG'], 'profile': cfg.profile}}, open({str(out)!r}, 'w'))")
+    nbformat.write(new_notebook(cells=[new_code_cell(cell)]), nbdir / "00_Probe.ipynb")
+    nbformat.write(new_notebook(cells=[new_code_cell("raise SystemExit('not selected')")]),
+                   nbdir / "05_Other.ipynb")
+    env_before = os.environ.get("LAB_CONFIG")
+    written = run_notebooks(test_cfg, start="00", stop="01", notebooks_dir=nbdir)
+    assert [p.name for p in written] == ["00_Probe.ipynb"]
+    assert written[0].parent == test_cfg.results_dir / "executed"
+    assert json.loads(out.read_text()) == {"env": str(test_cfg.source), "profile": "test-local-cpu"}
+    assert os.environ.get("LAB_CONFIG") == env_before
+    assert nbformat.read(nbdir / "00_Probe.ipynb", as_version=4).cells[0].outputs == []
+
+
+def test_kv_buffer_device_auto_follows_notebook_02(test_cfg):
+    from lab_utils.results import write_results
+
+    assert test_cfg.kv_transfer.kv_buffer_device == "auto"
+    assert launcher.kv_buffer_device(test_cfg) == "cpu"  # 02 not run yet: the safe default
+    write_results(test_cfg, "02", {"recommendation": {"kv_buffer_device": "cuda", "reason": "x"}})
+    assert launcher.kv_buffer_device(test_cfg) == "cuda"
+    spec = test_cfg.instances("disaggregated")[0]
+    assert launcher.kv_transfer_config(test_cfg, spec)["kv_buffer_device"] == "cuda"
+    forced = test_cfg.model_copy(update={"kv_transfer": test_cfg.kv_transfer.model_copy(
+        update={"kv_buffer_device": "cpu"})})
+    assert launcher.kv_buffer_device(forced) == "cpu"  # the config overrides 02
+
+
+def test_progress_bars_log_a_line_when_run_headless(tmp_path, monkeypatch):
+    import io
+
+    from lab_utils.util import progress
+
+    log = tmp_path / "progress.log"
+    monkeypatch.delenv(progress.PROGRESS_LOG_ENV, raising=False)
+    with progress.progress_bar(total=2, desc="quiet", file=io.StringIO()) as bar:
+        bar.update(2)
+    assert not log.exists()  # not headless: nothing logged
+    monkeypatch.setenv(progress.PROGRESS_LOG_ENV, str(log))
+    with progress.progress_bar(total=3, desc="concurrency 2 #1", unit="req", file=io.StringIO()) as bar:
+        bar.update(3)
+    with progress.progress_bar(total=2, desc="waiting", unit="instance", file=io.StringIO()) as bar:
+        bar.update(1)
+        bar.set_postfix_str("waiting: decode")
+    with progress.progress_bar(total=2, desc="off", disable=True) as bar:
+        bar.update(2)
+    assert log.read_text().splitlines() == ["concurrency 2 #1: 3/3 req in 0 s",
+                                            "waiting: 1/2 instance in 0 s (waiting: decode)"]
+
+
+def test_runner_prints_progress_and_names_a_long_cell(test_cfg, tmp_path, monkeypatch, capsys):
+    import nbformat
+    from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+    from lab_utils import runner
+
+    monkeypatch.setattr(runner, "HEARTBEAT_S", 1.0)
+    nbdir = tmp_path / "nbs"
+    nbdir.mkdir()
+    bars = ("from lab_utils.util.progress import progress_bar\n"
+            "for name in ('first', 'second'):\n"
+            "    with progress_bar(total=4, desc=name, unit='req') as bar:\n"
+            "        bar.update(4)")
+    nbformat.write(new_notebook(cells=[new_markdown_cell("# title"), new_code_cell(bars),
+                                       new_code_cell("import time\ntime.sleep(3.5)")]),
+                   nbdir / "00_Progress.ipynb")
+    runner.run_notebooks(test_cfg, notebooks_dir=nbdir)
+    out = capsys.readouterr().out.splitlines()
+    assert "  first: 4/4 req in 0 s" in out and "  second: 4/4 req in 0 s" in out
+    beats = [line for line in out if line.startswith("  cell 3/3 running for ")]
+    assert beats and all(line.endswith(": import time") for line in beats), out
+    assert os.environ.get("LAB_PROGRESS_LOG") is None

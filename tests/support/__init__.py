@@ -1,0 +1,1 @@
+"""Test helpers: a private sshd, the simulated cluster, recorded nodes, fakes, leak scans."""

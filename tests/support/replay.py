@@ -1,0 +1,163 @@
+"""Nodes that replay command outputs recorded on DGX Spark (GB10) machines.
+
+`ReplayNode` answers the commands the checklist runs from the verbatim recordings in
+`fixtures/dgx-spark-recorded/` (see SOURCES.md there), so `check` runs end to end on a
+two-Spark profile without the hardware. A scenario picks which recording answers which
+command: `SCENARIOS["recorded"]` is the pair as the recordings show it, the others swap
+in the recorded failure cases. Answers to the lab's own probes (`nodefacts`) are built
+from recordings where one exists (package versions) and are otherwise plain values
+(a clock, free disk, a listener that accepts), stated as such below.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import time
+from pathlib import Path
+
+from lab_utils.checks import parsers
+from lab_utils.cluster import Node, RunResult, provision
+from lab_utils.errors import LabError
+
+REC = Path(__file__).resolve().parents[1] / "fixtures" / "dgx-spark-recorded"
+PROFILE = Path(__file__).resolve().parents[1] / "fixtures" / "two-spark-recorded.json"
+
+
+def rec(name: str) -> str:
+    return (REC / name).read_text()
+
+
+def python_facts(kind: str) -> dict:
+    """The `nodefacts python` answer, from recorded `pip show vllm` and torch outputs.
+    nixl's version appears in no recording: "not-recorded" stands for "installed"."""
+    vllm = parsers.pip_show_version(rec("pip-show-vllm.grep-Version.gb10-pair.notebook-formatted.txt"))
+    if kind == "cu129":
+        env = parsers.collect_env(rec("vllm-collect_env.gb10.torch-cu129.excerpt.txt"))
+        torch, cuda = env["torch_version"], env["cuda_used_to_build"]
+    else:
+        text = rec("torch-cuda-config.gb10.notebook-script.txt")
+        torch = re.search(r"PyTorch version: (\S+)", text)[1]
+        cuda = re.search(r"CUDA version: (\S+)", text)[1]
+    return {"python": "3.12.3", "executable": "/home/lab/spark-disagg-lab/.venv/bin/python",
+            "vllm": vllm, "torch": torch, "torch_cuda": cuda, "nixl": "not-recorded",
+            "huggingface_hub": "not-recorded"}
+
+
+# Which recording answers which command, for the pair as recorded.
+RECORDED = {
+    "nvidia-smi": "nvidia-smi.gb10.txt",
+    "nvidia-smi --query-gpu=name,driver_version --format=csv":
+        "nvidia-smi-query-gpu.name-driver_version.csv.gb10.txt",
+    "nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader": "",
+    "ibdev2netdev": "ibdev2netdev.gb10.one-cable-port1.txt",
+    "ibv_devinfo": "ibv_devinfo.gb10.mtu9000-on-enp1s0f0-f1.txt",
+    "ip link show enp1s0f1np1": "ip-link-show.enp1s0f1np1.gb10.mtu9000.txt",
+    "ip link show enP2p1s0f1np1": "ip-link-show.gb10.mtu1500.txt",
+    "ethtool enp1s0f1np1": "ethtool.grep-Speed.enp1s0f1np1.gb10.via-switch.200G.txt",
+    "ethtool enP2p1s0f1np1": "ethtool.grep-Speed.enP2p1s0f1np1.gb10.via-switch.200G.txt",
+    "ucx_info -d": "ucx_info-d.grep-mlx5-Transport.gb10.txt",
+    "ibstat": "ibstat.gb10.txt",
+    "ib_write_bw -d rocep1s0f1 -p 5800 192.168.100.10": "ib_write_bw.gb10-pair.client.mtu1024.link2.txt",
+    "cat /proc/meminfo": "proc-meminfo.head-20.gb10.txt",
+}
+
+# Recorded failure cases, as changes to RECORDED (and to the lab-probe answers).
+SCENARIOS: dict[str, dict] = {
+    "recorded": {},
+    "mtu1500": {"ibv_devinfo": "ibv_devinfo.gb10.mtu1500.txt",
+                "ip link show enp1s0f1np1": "ip-link-show.gb10.mtu1500.txt"},
+    "switch_100g": {"ethtool enp1s0f1np1": "ethtool.grep-Speed.enp1s0f1np1.gb10.via-switch.before-fix.txt",
+                    "ethtool enP2p1s0f1np1":
+                        "ethtool.grep-Speed.enP2p1s0f1np1.gb10.via-switch.before-fix.txt"},
+    "cable_in_port0": {"ibdev2netdev": "ibdev2netdev.gb10.one-cable-port0.spark-5c2d.txt"},
+    "leftover_gpu_processes": {
+        "nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader":
+            "nvidia-smi-query-compute-apps.gb10.abridged.txt"},
+    "torch_cu129": {"python": "cu129"},
+    "nixl_err_backend": {"logs": "nixl-err-backend.gb10.vllm-0.15.1.excerpt.txt"},
+    "host_key_changed": {"ssh_error": "spark-02"},
+}
+
+
+class ReplayNode(Node):
+    """A node whose commands are answered from recordings (nothing is executed)."""
+
+    _pids = itertools.count(40000)
+
+    def __init__(self, name, node_cfg, state, scenario: str = "recorded", snapshot: str = "a1b2c3"):
+        super().__init__(name, node_cfg, state)
+        self.changes = SCENARIOS[scenario]
+        self.answers = {**RECORDED, **{k: v for k, v in self.changes.items() if " " in k or
+                                       k in RECORDED}}
+        self.snapshot = snapshot
+        self.commands: list[str] = []
+        self.alive: set[int] = set()
+
+    def run(self, argv, *, timeout=60.0, env=None, input=None) -> RunResult:
+        self.commands.append(" ".join(argv))
+        if self.changes.get("ssh_error") == self.name:
+            raise LabError(f"node {self.name} (lab@{self.cfg.ssh.host}:22): the host key CHANGED "
+                           "since it was recorded in ~/.ssh/known_hosts. If the node was "
+                           f"reinstalled, remove the old key with `ssh-keygen -R "
+                           f"'{self.cfg.ssh.host}' -f ~/.ssh/known_hosts` and connect once.")
+        if argv[:2] == [self.python, "-"]:
+            return RunResult(0, json.dumps(self._facts(argv[2:])) + "\n", "")
+        if argv[:2] == [self.python, "-c"] and "snapshot_download" in argv[2]:
+            return RunResult(0, json.dumps(self.snapshot) + "\n", "")
+        key = " ".join(argv)
+        if argv[0] == "true" or argv[:2] == ["rm", "-f"]:
+            return RunResult(0, "", "")
+        if argv[0] == "cat" and argv[1].endswith("/lab_utils/.deployed"):
+            return RunResult(0, provision.code_digest() + "\n", "")
+        if key in self.answers:
+            name = self.answers[key]
+            return RunResult(0, rec(name) if name else "", "")
+        return RunResult(127, "", f"sh: 1: {argv[0]}: not found (no recording answers `{key}`)")
+
+    def _facts(self, args: list[str]):
+        cmd = args[0]
+        if cmd == "python":
+            return python_facts(self.changes.get("python", "cu130"))
+        if cmd == "clock":
+            return {"time": time.time()}
+        if cmd == "disk":  # no df recording: a plain value well above the thresholds
+            return {p: {"free": 500 * 1024**3, "total": 3700 * 1024**3, "checked": p} for p in args[1:]}
+        if cmd == "logs":
+            log = self.changes.get("logs") if self.name == "spark-02" else None
+            return {f"{args[1]}/decode-0.log": rec(log)} if log else {}
+        if cmd == "connect":  # the listener is answered below; every port accepts
+            return {t: {"ok": True, "ms": 0.2, "error": None} for t in args[2:]}
+        raise AssertionError(f"unexpected nodefacts command {args}")
+
+    def put_file(self, local, remote) -> None:
+        raise AssertionError("the checklist copies no files")
+
+    def _spawn(self, argv, env, log_path, cwd):
+        pid = next(self._pids)
+        self.alive.add(pid)
+        return pid, 1
+
+    def is_alive(self, rec) -> bool:
+        return rec.pid in self.alive
+
+    def log_tail(self, rec, lines=40) -> str:
+        if "listen" in rec.argv:
+            return json.dumps({"ready": True, "bound": len(rec.argv) - 5, "failed": []}) + "\n"
+        return ""
+
+    def _stop_group(self, rec, grace_s) -> bool:
+        self.alive.discard(rec.pid)
+        return True
+
+    def port_report(self, address, port) -> dict:
+        return {"free": True, "holders": []}
+
+
+def replay_nodes(cfg, scenario: str = "recorded", snapshots: dict | None = None) -> dict:
+    from lab_utils.cluster import state_file
+
+    state = state_file(cfg)
+    return {n: ReplayNode(n, c, state, scenario, (snapshots or {}).get(n, "a1b2c3"))
+            for n, c in cfg.nodes.items()}

@@ -1,0 +1,97 @@
+"""The whole notebook series, headless, on the CPU rehearsal: run once per session (as
+`make lab` does), then checked: every results file valid, the proof of transfer in 04,
+the report with its conclusions, nothing left running, wall time per notebook printed."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from lab_utils.results import RESULTS, load_results
+
+from support.profiles import make_profile_data, show, write_profile
+
+TMP_ADDED: list[str] = []  # what the series added to the temporary directory
+SERIES_SHIFT = 3000  # ports apart from the other tests' profiles (+1000, +2000)
+
+pytestmark = [pytest.mark.slow, pytest.mark.series]
+
+
+@pytest.fixture(scope="module")
+def series(tmp_path_factory, request):
+    from lab_utils.runner import run_notebooks
+
+    root = tmp_path_factory.mktemp("series")
+    data = make_profile_data(str(root / "results"))
+    data["profile"] = "test-series"
+    for role in ("baseline", "replica", "prefill", "decode"):
+        data["vllm"][role]["port"] += SERIES_SHIFT
+        if data["vllm"][role].get("side_channel_port"):
+            data["vllm"][role]["side_channel_port"] += SERIES_SHIFT
+    data["proxy"]["port"] += SERIES_SHIFT
+    data["kv_transfer"]["probe_port"] += SERIES_SHIFT
+    cfg = write_profile(root, data)
+    t0 = time.monotonic()
+    tmp_before = set(os.listdir(tempfile.gettempdir()))
+    executed = run_notebooks(cfg)
+    TMP_ADDED[:] = sorted(set(os.listdir(tempfile.gettempdir())) - tmp_before)
+    times = json.loads((cfg.results_dir / "executed" / "times.json").read_text())
+    line = f"[series] 00-05 in {time.monotonic() - t0:.0f} s: " + ", ".join(
+        f"{name[:2]} {t:.0f} s" for name, t in times.items())
+    show(request, line)
+    return cfg, executed
+
+
+def test_every_notebook_ran(series):
+    cfg, executed = series
+    assert [p.name[:2] for p in executed] == ["00", "01", "02", "03", "04", "05"]
+    times = json.loads((cfg.results_dir / "executed" / "times.json").read_text())
+    assert set(times) == {p.name for p in executed} and all(t > 0 for t in times.values())
+
+
+def test_results_are_valid(series):
+    cfg, _ = series
+    for notebook in RESULTS:
+        envelope = load_results(cfg, notebook)  # validates the envelope and the profile
+        assert envelope.payload, notebook
+    assert load_results(cfg, "00").payload["blessed"]
+    for notebook in ("01", "03", "04"):
+        sweep = load_results(cfg, notebook).payload["sweep"]
+        assert sweep["combined"] and all(c["valid"] for c in sweep["combined"]), notebook
+
+
+def test_proof_of_transfer(series):
+    cfg, _ = series
+    proof = load_results(cfg, "04").payload["proof"]
+    assert proof["ok"] and len(proof["prompts"]) >= 3
+    for p in proof["prompts"]:
+        assert p["external_kv_transfer"] == p["prompt_tokens"] and p["local_compute"] == 0
+        assert p["nixl_bytes"] == p["expected_bytes"] > 0
+        assert p["tokens_equal"] is True
+
+
+def test_report_with_conclusions(series):
+    cfg, _ = series
+    html = (cfg.results_dir / "report.html").read_text()
+    md = (cfg.results_dir / "report.md").read_text()
+    assert "data:image/png;base64," in html
+    assert "Conclusions" in md and ("lost" in md or "won" in md or "no difference" in md)
+    assert len(list((cfg.results_dir / "plots").glob("*.png"))) >= 4
+
+
+def test_nothing_left_running(series):
+    from lab_utils.serve.topology import running
+
+    cfg, _ = series
+    assert running(cfg) == []
+    # vLLM's ZMQ sockets and rendezvous files went with the instances' private TMPDIRs
+    tmp = Path(tempfile.gettempdir())
+    left = [n for n in TMP_ADDED if n.startswith(("vllm_dist_", "spark-lab-"))
+            or ((tmp / n).exists() and stat.S_ISSOCK((tmp / n).lstat().st_mode))]
+    assert left == [], f"the series left these in {tmp}: {left}"
