@@ -141,7 +141,7 @@ def _cmd_check(args) -> int:
 
 
 def _cmd_report(args) -> int:
-    from lab_utils.report.render import build_report
+    from lab_utils.report import build_report
 
     paths = build_report(load_config(args.config))
     for sentence in paths.conclusions:

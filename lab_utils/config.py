@@ -26,7 +26,8 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from lab_utils.errors import ConfigError, LabError
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+PACKAGE_DIR = Path(__file__).resolve().parent
+REPO_ROOT = PACKAGE_DIR.parent  # the checkout, when lab_utils is used from one (editable install)
 DEFAULT_PROFILE = REPO_ROOT / "configs" / "local-cpu.json"
 USER_CONFIG = REPO_ROOT / "environment_config.json"
 EXAMPLE_NAME = "environment_config.json.example"
@@ -227,9 +228,10 @@ class LabConfig(_Strict):
             return str(self._source)
 
     def resolve_path(self, value: str | os.PathLike) -> Path:
-        """A path from the config: `~` expanded, relative paths against the repo root."""
+        """A path from the config: `~` expanded, relative paths against the checkout (the
+        current directory when lab_utils is installed without one)."""
         p = Path(value).expanduser()
-        return p if p.is_absolute() else REPO_ROOT / p
+        return p if p.is_absolute() else (REPO_ROOT if in_checkout() else Path.cwd()) / p
 
     @property
     def results_dir(self) -> Path:
@@ -474,6 +476,22 @@ def _describe(err: dict) -> str:
     return f"{where}: {shown} is invalid: {msg}" + (f"; {fix}" if fix else "")
 
 
+def in_checkout() -> bool:
+    """Whether lab_utils runs from the lab's checkout (not from a wheel without one)."""
+    return (REPO_ROOT / "pyproject.toml").is_file() and (REPO_ROOT / "notebooks").is_dir()
+
+
+def checkout_path(*parts: str) -> Path:
+    """A path in the lab's checkout (notebooks, shipped profiles); a clear error when
+    lab_utils was installed from a wheel, which carries the package and nothing around it."""
+    if not in_checkout():
+        raise LabError(
+            f"{'/'.join(parts)} is part of the lab's checkout, but lab_utils is installed at "
+            f"{PACKAGE_DIR} without one (from a wheel): clone the lab and install it with "
+            "`pip install -e .` in the clone, or name a config with --config F / $LAB_CONFIG")
+    return REPO_ROOT.joinpath(*parts)
+
+
 def find_config_path(explicit: str | os.PathLike | None = None) -> Path:
     """`--config F`, else `$LAB_CONFIG`, else environment_config.json, else local-cpu."""
     if explicit:
@@ -483,7 +501,7 @@ def find_config_path(explicit: str | os.PathLike | None = None) -> Path:
         return Path(env).expanduser().resolve()
     if USER_CONFIG.exists():
         return USER_CONFIG
-    return DEFAULT_PROFILE
+    return checkout_path("configs", DEFAULT_PROFILE.name)
 
 
 def parse_config(data: Any, source: str = "<config>") -> LabConfig:

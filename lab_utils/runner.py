@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from lab_utils.config import REPO_ROOT, LabConfig
+from lab_utils.config import LabConfig, checkout_path
 from lab_utils.errors import LabError
 from lab_utils.serve.launcher import stop_records
 from lab_utils.serve.topology import running
@@ -27,7 +27,7 @@ from lab_utils.util.progress import PROGRESS_LOG_ENV
 
 def find_notebooks(notebooks_dir: str | os.PathLike | None = None, start: str | None = None,
                    stop: str | None = None) -> list[Path]:
-    folder = Path(notebooks_dir) if notebooks_dir else REPO_ROOT / "notebooks"
+    folder = Path(notebooks_dir) if notebooks_dir else checkout_path("notebooks")
     found = sorted(p for p in folder.glob("[0-9][0-9]_*.ipynb"))
     return [p for p in found if (not start or p.name[:2] >= start) and (not stop or p.name[:2] <= stop)]
 

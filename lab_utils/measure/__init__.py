@@ -1,0 +1,17 @@
+"""Measuring: one ruler for every architecture the lab compares.
+
+- `loadgen`: the load generator (streamed OpenAI completions; TTFT, ITL, TPOT, latency
+  per request, the tokens the client read together).
+- `workload`: the benchmark's prompts, seeded, with an exact number of tokens.
+- `prompts`: prompts of an exact token count from the served model's own tokenizer.
+- `benchmark`: a sweep over load points, its summaries in `vllm bench serve`'s field names
+  (`BenchmarkResult`).
+- `roofline`: decode's memory-bandwidth ceiling per stream (bandwidth, weight bytes).
+- `stalls`: waiting in the harness when the machine itself stands still.
+"""
+
+from lab_utils.measure.benchmark import BenchmarkResult, summarize, sweep
+from lab_utils.measure.loadgen import RequestRecord, RequestSpec, run_point, run_sync
+
+__all__ = ["BenchmarkResult", "RequestRecord", "RequestSpec", "run_point", "run_sync",
+           "summarize", "sweep"]

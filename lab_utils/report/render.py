@@ -1,11 +1,7 @@
-"""The benchmark report of notebook 05: `build_report(cfg)` reads the results of notebooks
-00-04 from the profile's results directory and writes `report.html` (self-contained: plots
-embedded as data URIs), `report.md` (plots linked) and `plots/*.png`, atomically. Only
-notebook 01 is required; what is missing is named with the notebook to run. The work is
-split by what it does: `report_data` (loading), `report_tables` (pandas tables),
-`report_conclusions` (who wins what, beyond the spread), `report_expected` (figures for
-two DGX Sparks), `report_plots` (matplotlib) and `report_sections` (the document); this
-module renders the document and re-exports the names notebooks and tests use.
+"""Rendering the report: `build_report(cfg)` reads the results of notebooks 00-04 from the
+profile's results directory and writes `report.html` (self-contained: plots embedded as
+data URIs), `report.md` (plots linked) and `plots/*.png`, atomically. Only notebook 01 is
+required; what is missing is named with the notebook to run.
 """
 
 from __future__ import annotations
@@ -20,22 +16,12 @@ from typing import Any
 import pandas as pd
 
 from lab_utils.config import LabConfig
-from lab_utils.report.conclusions import NOISE_FLOOR, Conclusions, Finding, compare, conclusions
-from lab_utils.report.data import METRICS, ReportData, fmt_num, load_report_data, run_hint
-from lab_utils.report.expected import EXPECTED_TWO_SPARK, expected_figures
-from lab_utils.report.plots import PLOT_NAMES, Plot, plot_values, render_plots, write_plots
+from lab_utils.report.conclusions import NOISE_FLOOR, Finding, conclusions
+from lab_utils.report.data import load_report_data
+from lab_utils.report.plots import render_plots, write_plots
 from lab_utils.report.sections import Block, report_blocks
-from lab_utils.report.tables import display_table, headline_table, kv_table, points_table
-from lab_utils.results import RESULTS
+from lab_utils.report.tables import points_table
 from lab_utils.util.atomic import atomic_write_text
-
-__all__ = [
-    "EXPECTED_TWO_SPARK", "METRICS", "NOISE_FLOOR", "PLOT_NAMES", "RESULTS", "Conclusions",
-    "Finding", "Plot", "ReportData", "ReportPaths", "build_report", "compare", "conclusions",
-    "display_table", "expected_figures", "fmt_num", "headline_table", "kv_table",
-    "load_report_data", "plot_values", "points_table", "render_html", "render_markdown",
-    "render_plots", "report_blocks", "run_hint",
-]
 
 
 @dataclass

@@ -1,0 +1,20 @@
+"""Serving: the vLLM instances a topology needs, the lab's proxy in front of them, and
+prefill/decode by hand.
+
+- `launcher`: one vLLM instance's command line and environment, started on its node,
+  watched until healthy, stopped by process group.
+- `topology`: the sets of instances notebooks 01, 03 and 04 stand up (baseline,
+  replicated, disaggregated), with the proxy; what is running; cleanup.
+- `proxy`: the lab's HTTP front door (replicated and P/D modes), one for every architecture.
+- `pd`: prefill then decode by hand, and the proof that the KV cache really moved.
+- `metrics`: a vLLM instance's Prometheus `/metrics`, parsed into the lab's counters.
+- `demo`: the short end-to-end run behind `python -m lab_utils demo`.
+
+The proxy's web stack (fastapi, aiohttp) is imported only by `serve.proxy`.
+"""
+
+from lab_utils.serve.launcher import healthy, start_instance, stop_records, wait_ready
+from lab_utils.serve.topology import PROXY, cleanup, running, serve, urls
+
+__all__ = ["PROXY", "cleanup", "healthy", "running", "serve", "start_instance", "stop_records",
+           "urls", "wait_ready"]

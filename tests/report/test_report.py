@@ -1,4 +1,4 @@
-"""Tests of lab_utils.report.render on synthetic results written through lab_utils.results: the
+"""Tests of lab_utils.report on synthetic results written through lab_utils.results: the
 conclusions say what the numbers say (disaggregation losing throughput while winning ITL
 p99, differences inside the spread reported as none, invalid points excluded and named),
 the report builds with notebooks 02-04 missing, the expected Spark figures are compared
@@ -19,13 +19,13 @@ import time
 
 import pytest
 
+from lab_utils import report
 from lab_utils.checks.frame import ChecklistReport, CheckResult
 from lab_utils.checks.rdma import link_verdict
 from lab_utils.errors import ResultsMissingError
 from lab_utils.kv.probe import apply_limits, summarize
 from lab_utils.measure.benchmark import HEADLINE, BenchmarkPoint, BenchmarkResult, combine
-from lab_utils.report import render as report
-from lab_utils.results import write_results
+from lab_utils.results import RESULTS, write_results
 
 from support.profiles import make_profile_data, write_profile
 
@@ -250,7 +250,7 @@ def test_stale_plots_removed_and_md_links_plots(test_cfg):
     write_loses_throughput_wins_itl(test_cfg)
     report.build_report(test_cfg)
     for nb in ("02", "03", "04"):
-        (test_cfg.results_dir / report.RESULTS[nb].file_name).unlink()
+        (test_cfg.results_dir / RESULTS[nb].file_name).unlink()
     paths = report.build_report(test_cfg)
     on_disk = sorted(p.name for p in (test_cfg.results_dir / "plots").glob("*.png"))
     assert on_disk == sorted(p.name for p in paths.plots)

@@ -1,0 +1,180 @@
+"""The package's shape, read from its source with `ast`: no import circles, no import
+that climbs back up the layers, code sent to the nodes imports only what it may, and the
+notebooks and the CLI come in through the subpackages' front doors."""
+
+from __future__ import annotations
+
+import ast
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "lab_utils"
+
+# Lower layers never import higher ones; parts on one layer do not import each other.
+LAYERS = [
+    {"errors", "known_failures", "util", "on_node"},
+    {"config"},
+    {"cluster"},
+    {"measure", "kv"},
+    {"serve"},
+    {"checks", "bench"},
+    {"results"},
+    {"report", "environment", "serving"},
+    {"runner"},
+    {"cli"},
+    {"__main__"},
+]
+LAYER = {part: n for n, parts in enumerate(LAYERS) for part in parts}
+# Sent as source over SSH before anything is deployed: the standard library only.
+SENT_AS_SOURCE = ["lab_utils.on_node.proctools", "lab_utils.on_node.facts"]
+FRONT_DOOR_USERS = ["lab_utils.cli"]
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts}
+
+
+MODULES = _modules()
+
+
+def _targets(node: ast.AST) -> list[str]:
+    """The modules an import statement names (a `from X import y` that names a submodule
+    counts as importing the submodule)."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+        subs = [f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in MODULES]
+        return subs or [node.module]
+    return []
+
+
+def imports_of(name: str, *, every: bool = False) -> set[str]:
+    """lab_utils modules that `name` imports, at any depth of its code (lazy ones too);
+    `every`: all top-level module names, lab_utils or not."""
+    tree = ast.parse(MODULES[name].read_text())
+    found = set()
+    for node in ast.walk(tree):
+        for target in _targets(node):
+            if every:
+                found.add(target.split(".")[0])
+            elif target.startswith("lab_utils.") or target == "lab_utils":
+                found.add(target)
+    return found
+
+
+def _part(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def _graph() -> dict[str, set[str]]:
+    return {m: {t for t in imports_of(m) if t in MODULES and t != m} for m in MODULES}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_every_part_has_a_layer():
+    parts = {_part(m) for m in MODULES} - {""}
+    assert parts <= set(LAYER), f"give these a layer in LAYERS: {sorted(parts - set(LAYER))}"
+
+
+def test_no_import_circles():
+    assert _cycles(_graph()) == []
+
+
+def test_no_import_climbs_up():
+    bad = []
+    for module, targets in _graph().items():
+        here = _part(module)
+        for target in targets:
+            there = _part(target)
+            if here and there and here != there and LAYER[there] >= LAYER[here]:
+                bad.append(f"{module} -> {target}")
+    assert bad == []
+
+
+def test_package_modules_do_not_import_their_own_front_door():
+    bad = [f"{m} -> {t}" for m, targets in _graph().items() for t in targets
+           if MODULES[m].name != "__init__.py" and t == m.rsplit(".", 1)[0]
+           and MODULES[t].name == "__init__.py"]
+    assert bad == []
+
+
+@pytest.mark.parametrize("module", SENT_AS_SOURCE)
+def test_code_sent_to_nodes_is_standard_library_only(module):
+    outside = {m for m in imports_of(module, every=True)
+               if m not in sys.stdlib_module_names and m != "__future__"}
+    assert outside == set()
+
+
+def test_node_side_code_imports_only_node_side_code():
+    for module in (m for m in MODULES if _part(m) == "on_node"):
+        assert {t for t in imports_of(module) if _part(t) != "on_node"} == set(), module
+
+
+def _front_door_violations(targets: set[str]) -> list[str]:
+    packages = {_module_name(p.parent / "__init__.py") for p in PACKAGE.glob("*/__init__.py")}
+    return sorted(t for t in targets if t.rsplit(".", 1)[0] in packages)
+
+
+@pytest.mark.parametrize("module", FRONT_DOOR_USERS)
+def test_cli_imports_front_doors(module):
+    assert _front_door_violations(imports_of(module)) == []
+
+
+@pytest.mark.parametrize("notebook", sorted((ROOT / "notebooks").glob("*.ipynb")),
+                         ids=lambda p: p.stem[:2])
+def test_notebooks_import_front_doors(notebook):
+    cells = json.loads(notebook.read_text())["cells"]
+    code = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+    code = "\n".join(line for line in code.splitlines() if not line.lstrip().startswith(("%", "!")))
+    targets = set()
+    for node in ast.walk(ast.parse(code)):
+        targets |= {t for t in _targets(node) if t.startswith("lab_utils")}
+    assert targets, "the notebook imports nothing from lab_utils"
+    assert _front_door_violations(targets) == []
+
+
+def test_the_checker_sees_a_circle_and_a_climb():
+    """The checks above can fail: a made-up graph with a circle and an upward import."""
+    assert _cycles({"a": {"b"}, "b": {"a"}, "c": set()}) == [["a", "b"]]
+    assert LAYER["cluster"] < LAYER["serve"]  # so serve -> cluster is allowed, not the reverse
