@@ -26,6 +26,7 @@ import httpx
 
 from lab_utils.bench.stub_server import spawn_until_up
 from lab_utils.on_node.proctools import stop_group
+from lab_utils.serve.protocol import decode_request, prefill_request, transfer_params
 
 HOST = "127.0.0.7"
 PROMPT = {"model": "m", "prompt": [1, 2, 3], "max_tokens": 3, "stream": True}
@@ -50,9 +51,8 @@ def _serve(role: str, port: int, mode: str, backend: str) -> None:
 async def _one(client: httpx.AsyncClient, url: str, direct_pd: bool) -> float:
     t0 = time.perf_counter()
     if direct_pd:  # the protocol without a proxy: prefill, then decode with its params
-        pre = await client.post(url, json={**PROMPT, "stream": False, "max_tokens": 1,
-                                           "kv_transfer_params": {"do_remote_decode": True}})
-        body = {**PROMPT, "kv_transfer_params": pre.json()["kv_transfer_params"]}
+        pre = await client.post(url, json=prefill_request(PROMPT))
+        body = decode_request(PROMPT, transfer_params(pre.json()))
     else:
         body = PROMPT
     async with client.stream("POST", url, json=body) as r:

@@ -1,14 +1,14 @@
 """Pure parsers for the text that diagnostic commands print on DGX Spark (GB10) nodes.
 
-The environment checklist runs `nvidia-smi`, `ibdev2netdev`, `ibv_devinfo`, `ip`, `ethtool`,
-`free`, `ucx_info`, `nixlbench`, `ib_write_bw`, `iperf3`, `ping`, `pip show` and vLLM's
-`collect_env` on the nodes and hands their stdout here: text in, plain dicts, lists and
-numbers out, no subprocesses. The formats follow real GB10 output (the recordings in
-tests/fixtures/dgx-spark-recorded/), including its oddities: `Not Supported` / `[N/A]` GPU
-memory, RDMA `active_mtu` 1024 under an IP MTU of 1500, and perftest's "MB" meaning MiB.
-Unparseable input gives empty results or None, never an exception, so the checklist can
-report "could not read" instead of crashing. `recommend_kv_buffer_device` turns nixlbench
-DRAM and VRAM bandwidths into the `kv_buffer_device` advice notebook 02 prints.
+The environment checklist runs `nvidia-smi`, `ibdev2netdev`, `ibv_devinfo`, `ibstat`, `ip`,
+`ethtool`, `/proc/meminfo`, `ucx_info` and `ib_write_bw` on the nodes and hands their stdout
+here: text in, plain dicts, lists and numbers out, no subprocesses. The formats follow real
+GB10 output (the recordings in tests/fixtures/dgx-spark-recorded/), including its oddities:
+`Not Supported` / `[N/A]` GPU memory, RDMA `active_mtu` 1024 under an IP MTU of 1500, and
+perftest's "MB" meaning MiB. Unparseable input gives empty results or None, never an
+exception, so the checklist can report "could not read" instead of crashing.
+`recommend_kv_buffer_device` turns measured DRAM and VRAM transfer bandwidths into the
+`kv_buffer_device` advice (`kv.budget.recommend`).
 """
 
 from __future__ import annotations
@@ -37,11 +37,6 @@ def _number(value: str | None) -> float | None:
     return float(m.group(1)) if m else None
 
 
-def csv_number(value: str | None) -> float | None:
-    """The number in an `nvidia-smi --format=csv` value ("3.74 W" -> 3.74, "[N/A]" -> None)."""
-    return _number(_na(value) if value is not None else None)
-
-
 def _slug(label: str) -> str:
     return re.sub(r"[^0-9a-z]+", "_", label.strip().lower()).strip("_")
 
@@ -61,9 +56,9 @@ def nvidia_smi_csv(text: str, fields: str | list[str] | None = None) -> list[dic
     """Rows of `nvidia-smi --query-gpu=<fields> --format=csv[,noheader][,nounits]`.
 
     Keys are the query field names ("memory.total", the printed " [MiB]" unit dropped);
-    values stay strings as printed ("3.74 W") with N/A and Not Supported mapped to None
-    (see `csv_number`). Without `fields` the first line is the header; with `fields` (the
-    list passed to --query-gpu) a header line is skipped if present, so noheader works.
+    values stay strings as printed ("3.74 W") with N/A and Not Supported mapped to None.
+    Without `fields` the first line is the header; with `fields` (the list passed to
+    --query-gpu) a header line is skipped if present, so noheader works.
     """
     lines = [ln for ln in text.splitlines() if ln.strip()]
     if not lines:
@@ -179,11 +174,6 @@ def nvidia_smi_summary(text: str) -> dict[str, Any]:
 # --------------------------------------------------------------------------- CUDA builds
 
 
-def nvcc_cuda_version(text: str) -> str | None:
-    """CUDA release from `nvcc --version` ("Cuda compilation tools, release 13.0, ..." -> "13.0")."""
-    return _search(r"release\s+(\d+\.\d+)", text)
-
-
 def cuda_major_of_build(version_string: str | None) -> int | None:
     """CUDA major version named by a wheel's local tag, from `pip show` / `torch.__version__`.
 
@@ -195,46 +185,6 @@ def cuda_major_of_build(version_string: str | None) -> int | None:
         return None
     m = re.search(r"\+cu(\d{2,3})\b", version_string)
     return int(m.group(1)[:-1]) if m else None
-
-
-def pip_show_version(text: str) -> str | None:
-    """The "Version:" field of `pip show <pkg>` (also found inside a wrapped line such as
-    "  spark-01: Version: 0.13.0+cu130 (CUDA 13 build)"; the first one wins)."""
-    return _search(r"(?:^|\s)Version:\s*(\S+)", text)
-
-
-_COLLECT_ENV_KEYS = {
-    "pytorch version": "torch_version",
-    "cuda used to build pytorch": "cuda_used_to_build",
-    "is cuda available": "cuda_available",
-    "cuda runtime version": "cuda_runtime_version",
-    "gpu models and configuration": "gpu_models",
-    "nvidia driver version": "driver_version",
-    "vllm version": "vllm_version",
-    "python version": "python_version",
-    "os": "os",
-}
-_COLLECT_ENV_LINE = re.compile(r"^(?P<label>[A-Za-z][^:]*?)\s+:\s?(?P<value>.*)$")
-
-
-def collect_env(text: str) -> dict[str, str | None]:
-    """The "Label : value" lines of vLLM's `python collect_env.py` (also `vllm collect-env`).
-
-    Well-known labels get short keys ("torch_version", "cuda_used_to_build" e.g. "12.9",
-    "cuda_available", "cuda_runtime_version", "gpu_models", "driver_version",
-    "vllm_version", "python_version", "os"); other labels are slugged ("Is debug build" ->
-    "is_debug_build"). "N/A" and "Could not collect" become None.
-    """
-    info: dict[str, str | None] = {}
-    for line in text.splitlines():
-        m = _COLLECT_ENV_LINE.match(line)
-        if not m:
-            continue
-        label = m["label"].strip()
-        key = _COLLECT_ENV_KEYS.get(label.lower(), _slug(label))
-        value = m["value"].strip()
-        info.setdefault(key, None if value in NA_VALUES or value == "Could not collect" else value)
-    return info
 
 
 # --------------------------------------------------------------------------- RDMA devices
@@ -281,12 +231,6 @@ def ibv_devinfo(text: str) -> dict[str, dict[str, Any]]:
         elif device is not None:
             (port if port is not None else device)[key] = _devinfo_value(key, value)
     return devices
-
-
-def ibv_devices(text: str) -> list[dict[str, str]]:
-    """`ibv_devices`: [{"device", "node_guid"}] (the header and "------" lines skipped)."""
-    pattern = re.compile(r"^\s*(\S+)\s+([0-9a-fA-F]{16})\s*$")
-    return [{"device": m[1], "node_guid": m[2]} for m in map(pattern.match, text.splitlines()) if m]
 
 
 def _rate(value: str) -> int | float | None:
@@ -374,21 +318,6 @@ def ip_link(text: str) -> dict[str, dict[str, Any]]:
     return links
 
 
-def ip_addr(text: str) -> dict[str, dict[str, Any]]:
-    """`ip addr show [<if>]`: the `ip_link` fields plus "inet" and "inet6", lists of
-    "address/prefix" strings in printed order."""
-    addrs = {}
-    for name, (entry, body) in _ip_interfaces(text).items():
-        entry.update(inet=[], inet6=[])
-        for line in body:
-            _apply_link_line(entry, line)
-            m = re.match(r"^(inet6?)\s+(\S+)", line)
-            if m:
-                entry[m[1]].append(m[2])
-        addrs[name] = entry
-    return addrs
-
-
 def ethtool_speed_mbps(text: str) -> int | None:
     """Link speed from `ethtool <if>` (or `| grep Speed`): "Speed: 200000Mb/s" -> 200000;
     "Speed: Unknown!" or no Speed line -> None."""
@@ -409,40 +338,7 @@ def proc_meminfo(text: str) -> dict[str, int]:
     return info
 
 
-_FREE_UNITS = {"": 1024, "B": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4, "P": 1024**5}
-
-
-def _free_bytes(token: str) -> int | None:
-    m = re.match(r"^(\d+(?:\.\d+)?)([BKMGTP]?)i?$", token)
-    if not m:
-        return None
-    return int(float(m[1]) * _FREE_UNITS[m[2]])
-
-
-def free_output(text: str) -> dict[str, int | None]:
-    """`free` (KiB numbers) or `free -h` ("119Gi", "3.6Mi", "0B"): sizes in bytes.
-
-    Keys come from the header ("total", "used", "free", "shared", "buff_cache",
-    "available"; older procps: "buffers", "cached") plus "swap_total", "swap_used",
-    "swap_free" (None when there is no Swap line). `free -h` values are rounded by free.
-    """
-    lines = text.splitlines()
-    header_idx = next((i for i, ln in enumerate(lines) if "total" in ln.split()), None)
-    if header_idx is None:
-        return {}
-    keys = [_slug(h) for h in lines[header_idx].split()]
-    out: dict[str, int | None] = {"swap_total": None, "swap_used": None, "swap_free": None}
-    for line in lines[header_idx + 1 :]:
-        label, *tokens = line.split() or [""]
-        values = [_free_bytes(t) for t in tokens]
-        if label == "Mem:":
-            out.update(zip(keys, values, strict=False))
-        elif label == "Swap:":
-            out.update(zip(("swap_total", "swap_used", "swap_free"), values, strict=False))
-    return out
-
-
-# --------------------------------------------------------------------------- UCX / NIXL
+# --------------------------------------------------------------------------- UCX
 
 
 def ucx_info_transports(text: str) -> list[tuple[str, str | None]]:
@@ -466,91 +362,7 @@ def ucx_info_transports(text: str) -> list[tuple[str, str | None]]:
     return pairs
 
 
-def ucx_info_memory_types(text: str) -> dict[str, set[str]]:
-    """Memory types the UCX memory domains handle, from `ucx_info -d` lines such as
-    "#         memory types: host (access,reg,cache), rdma (alloc,cache)".
-
-    Returns {memory type: capabilities merged over all domains}, e.g. {"host": {...},
-    "rdma": {...}}; a CUDA-enabled UCX also lists "cuda" (and "cuda-managed").
-    """
-    types: dict[str, set[str]] = {}
-    for line in text.splitlines():
-        m = re.search(r"memory types:\s*(.*)$", line)
-        if not m:
-            continue
-        for name, caps in re.findall(r"([\w-]+)\s*\(([^)]*)\)", m[1]):
-            types.setdefault(name, set()).update(filter(None, caps.split(",")))
-    return types
-
-
-_NIXLBENCH_COLUMNS = {
-    "block size (b)": "block_size",
-    "batch size": "batch_size",
-    "b/w (gb/sec)": "bw_GBps",
-    "b/w (gib/sec)": "bw_GiBps",
-    "b/w (mib/sec)": "bw_MiBps",
-    "avg lat. (us)": "avg_lat_us",
-    "avg prep (us)": "avg_prep_us",
-    "p99 prep (us)": "p99_prep_us",
-    "avg post (us)": "avg_post_us",
-    "p99 post (us)": "p99_post_us",
-    "avg tx (us)": "avg_tx_us",
-    "p99 tx (us)": "p99_tx_us",
-}
-
-
-def _nixlbench_config(lines: list[str]) -> dict[str, str]:
-    config = {}
-    pattern = re.compile(r"^(?P<label>[^(:]+?)\s*(?:\(--(?P<flag>\w+)[^)]*\))?\s*:\s(?P<value>.*)$")
-    inside = False
-    for line in lines:
-        if line.startswith("NIXLBench Configuration"):
-            inside = True
-        elif inside and line.startswith("---"):
-            break
-        elif inside and (m := pattern.match(line)):
-            config[m["flag"] or _slug(m["label"])] = m["value"].strip()
-    return config
-
-
-def _nixlbench_row(keys: list[str], line: str) -> dict[str, float | int] | None:
-    cells = line.split()
-    if len(cells) != len(keys) or not all(_NUMBER.match(c) for c in cells):
-        return None
-    row: dict[str, float | int] = {}
-    for key, cell in zip(keys, cells, strict=True):
-        row[key] = int(cell) if key in ("block_size", "batch_size") else float(cell)
-    return row
-
-
-def nixlbench(text: str) -> dict[str, Any]:
-    """The initiator's output of `nixlbench` (stdout and stderr).
-
-    Returns {"config", "rows", "peak_bw_GBps"}: config maps each "--flag" of the
-    configuration block to its printed value ("initiator_seg_type": "VRAM", "device_list":
-    "rocep1s0f0"; lines without a flag get a slug such as "etcd_endpoint"); rows are
-    {"block_size", "batch_size", "bw_GBps", "avg_lat_us", "avg_prep_us", "p99_prep_us",
-    "avg_post_us", "p99_post_us", "avg_tx_us", "p99_tx_us"} (GB = 1e9 bytes; unknown
-    columns get slugged keys); peak_bw_GBps is the highest bw_GBps or None without rows.
-    """
-    lines = text.splitlines()
-    rows: list[dict[str, float | int]] = []
-    keys: list[str] | None = None
-    for line in lines:
-        if line.startswith("Block Size"):
-            labels = re.split(r"\s{2,}", line.strip())
-            keys = [_NIXLBENCH_COLUMNS.get(lb.lower(), _slug(lb)) for lb in labels]
-        elif keys and (row := _nixlbench_row(keys, line)):
-            rows.append(row)
-    bws = [r["bw_GBps"] for r in rows if "bw_GBps" in r]
-    return {
-        "config": _nixlbench_config(lines),
-        "rows": rows,
-        "peak_bw_GBps": max(bws) if bws else None,
-    }
-
-
-# --------------------------------------------------------------------------- link tests
+# --------------------------------------------------------------------------- link test
 
 
 def _ib_write_bw_rows(text: str) -> tuple[str | None, list[dict[str, float]]]:
@@ -601,49 +413,6 @@ def ib_write_bw(text: str) -> dict[str, Any]:
         "rows": rows,
         "bw_avg_MBps": avg_mb,
         "bw_avg_Gbps": avg_gb,
-    }
-
-
-_BITRATE_SCALE = {"": 1e-9, "K": 1e-6, "M": 1e-3, "G": 1.0, "T": 1e3}
-
-
-def iperf3_gbps(text: str) -> dict[str, float | None]:
-    """Summary of an `iperf3 -c` client run: {"sender": Gb/s, "receiver": Gb/s}.
-
-    With -P N the [SUM] lines are used; otherwise the single stream's lines (several
-    streams without a SUM line are added up). None when a line is missing.
-    """
-    pattern = re.compile(
-        r"^\[\s*(SUM|\d+)\].*?([\d.]+)\s+([KMGT]?)bits/sec.*\b(sender|receiver)\s*$"
-    )
-    found: dict[str, dict[str, float]] = {"sender": {}, "receiver": {}}
-    for m in map(pattern.match, text.splitlines()):
-        if m:
-            streams = found[m[4]]
-            streams[m[1]] = streams.get(m[1], 0.0) + float(m[2]) * _BITRATE_SCALE[m[3]]
-    result: dict[str, float | None] = {}
-    for role, streams in found.items():
-        if "SUM" in streams:
-            result[role] = streams["SUM"]
-        else:
-            result[role] = sum(streams.values()) if streams else None
-    return result
-
-
-def ping(text: str) -> dict[str, Any]:
-    """Statistics of `ping -c N host` (iputils or busybox): {"transmitted", "received",
-    "errors", "loss_pct", "rtt_avg_ms"}; rtt_avg_ms is None when nothing came back, all
-    fields None when there is no statistics block."""
-    counts = re.search(r"(\d+) packets transmitted, (\d+) (?:packets )?received", text)
-    errors = re.search(r"\+(\d+) errors", text)
-    loss = re.search(r"([\d.]+)% packet loss", text)
-    rtt = _search(r"(?:rtt|round-trip) min/avg/max\S* = [\d.]+/([\d.]+)/", text)
-    return {
-        "transmitted": int(counts[1]) if counts else None,
-        "received": int(counts[2]) if counts else None,
-        "errors": int(errors[1]) if errors else (0 if counts else None),
-        "loss_pct": float(loss[1]) if loss else None,
-        "rtt_avg_ms": float(rtt) if rtt else None,
     }
 
 

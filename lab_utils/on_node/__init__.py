@@ -2,7 +2,11 @@
 
 - `proctools`: process and port facts read from /proc, and stopping a process group.
 - `facts`: what the checklist gathers on each node (versions, devices, addresses).
+- `nixl_agent`: one side of the NIXL transfer probe (`python -m lab_utils.on_node.nixl_agent`),
+  started by `lab_utils.kv.probe` on each serving node from the deployed copy of the lab;
+  it needs numpy, nixl and torch there.
 
-Both are sent as source over SSH before anything is deployed, so they import only the
-standard library (a test checks it). They are also imported here, for local nodes.
+`proctools` and `facts` are sent as source over SSH before anything is deployed, so they
+import only the standard library; nothing here imports lab_utils outside this folder
+(tests/test_layout.py checks both). They are imported here too, for local nodes.
 """

@@ -1,12 +1,12 @@
 """Prefill/decode by hand, and the proof that the KV cache really moved.
 
-The disaggregated protocol in three HTTP calls: ask a prefill instance for one token
-with `kv_transfer_params: {"do_remote_decode": true}`; it keeps the prompt's KV blocks
-and answers with where they are; send the original request with those parameters to a
-decode instance, which pulls the blocks over NIXL and generates. `prove_transfer` does
-this for each prompt, one at a time, reading the decode instance's counters before and
-after, so each request's deltas show where its prompt tokens came from and how many
-bytes NIXL moved, and compares the greedy tokens with a baseline instance's.
+The disaggregated protocol in three HTTP calls (the bodies come from `serve.protocol`):
+ask a prefill instance for one token with `kv_transfer_params: {"do_remote_decode": true}`;
+it keeps the prompt's KV blocks and answers with where they are; send the original request
+with those parameters to a decode instance, which pulls the blocks over NIXL and generates.
+`prove_transfer` does this for each prompt, one at a time, reading the decode instance's
+counters before and after, so each request's deltas show where its prompt tokens came from
+and how many bytes NIXL moved, and compares the greedy tokens with a baseline instance's.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from lab_utils.errors import LabError
 from lab_utils.kv.shapes import KVShape
 from lab_utils.measure.stalls import Deadline
 from lab_utils.serve.metrics import InstanceCounters, MetricsSnapshot, fetch_metrics, read_counters
+from lab_utils.serve.protocol import decode_request, prefill_request, transfer_params
 
 
 def _post(client: httpx.Client, url: str, body: dict) -> dict:
@@ -52,12 +53,8 @@ def complete(client: httpx.Client, url: str, model: str, prompt_ids: list[int],
 
 def prefill(client: httpx.Client, url: str, model: str, prompt_ids: list[int]) -> dict:
     """Run the prompt on a prefill instance; return its `kv_transfer_params`."""
-    body = completion_body(model, prompt_ids, 1)
-    body["kv_transfer_params"] = {"do_remote_decode": True, "do_remote_prefill": False,
-                                  "remote_engine_id": None, "remote_block_ids": None,
-                                  "remote_host": None, "remote_port": None}
-    out = _post(client, url, body)
-    params = out.get("kv_transfer_params")
+    body = prefill_request(completion_body(model, prompt_ids, 1))
+    params = transfer_params(_post(client, url, body))
     if not params:
         raise LabError(
             f"prefill instance {url} returned no kv_transfer_params: it is probably not "
@@ -68,8 +65,7 @@ def prefill(client: httpx.Client, url: str, model: str, prompt_ids: list[int]) -
 
 def decode(client: httpx.Client, url: str, model: str, prompt_ids: list[int], max_tokens: int,
            kv_params: dict) -> list[int]:
-    body = completion_body(model, prompt_ids, max_tokens)
-    body["kv_transfer_params"] = kv_params
+    body = decode_request(completion_body(model, prompt_ids, max_tokens), kv_params)
     return _post(client, url, body)["choices"][0]["token_ids"]
 
 

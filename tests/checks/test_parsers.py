@@ -1,4 +1,5 @@
-"""Tests for lab_utils.checks.parsers on the recorded DGX Spark (GB10) outputs.
+"""Tests for lab_utils.checks.parsers (and tests/support/parsers_extra.py) on the recorded
+DGX Spark (GB10) outputs.
 
 Every golden value below was read off a recording in tests/fixtures/dgx-spark-recorded/
 (sources in its SOURCES.md); the few hand-written snippets are marked as such and only
@@ -13,6 +14,8 @@ from pathlib import Path
 import pytest
 
 from lab_utils.checks import parsers
+
+from support import parsers_extra as extra
 
 RECORDED = Path(__file__).resolve().parents[1] / "fixtures" / "dgx-spark-recorded"
 CX7 = ("rocep1s0f0", "rocep1s0f1", "roceP2p1s0f0", "roceP2p1s0f1")
@@ -112,9 +115,6 @@ def test_nvidia_smi_csv_memory_is_na_on_gb10() -> None:
         "temperature.gpu": "39",
         "power.draw": "3.74 W",
     }
-    assert parsers.csv_number(row["power.draw"]) == 3.74
-    assert parsers.csv_number(row["memory.total"]) is None
-    assert parsers.csv_number("[Not Supported]") is None
 
 
 def test_nvidia_smi_csv_driver_version() -> None:
@@ -151,24 +151,20 @@ def test_nvidia_smi_compute_apps_with_header_and_na() -> None:
 
 
 # --------------------------------------------------------------------------- CUDA builds
-
-
-def test_nvcc_cuda_version() -> None:
-    assert parsers.nvcc_cuda_version(recorded("nvcc-version.gb10.txt")) == "13.0"
-    assert parsers.nvcc_cuda_version("sh: nvcc: not found\n") is None
+# (pip show and collect_env are read by tests/support/parsers_extra.py, for ReplayNode)
 
 
 def test_pip_show_version_in_notebook_formatted_and_raw_output() -> None:
     text = recorded("pip-show-vllm.grep-Version.gb10-pair.notebook-formatted.txt")
-    assert parsers.pip_show_version(text) == "0.13.0+cu130"
-    assert parsers.pip_show_version("Name: vllm\nVersion: 0.13.0+cu130\nSummary: x\n") == (
+    assert extra.pip_show_version(text) == "0.13.0+cu130"
+    assert extra.pip_show_version("Name: vllm\nVersion: 0.13.0+cu130\nSummary: x\n") == (
         "0.13.0+cu130"
     )
-    assert parsers.pip_show_version("WARNING: Package(s) not found: vllm\n") is None
+    assert extra.pip_show_version("WARNING: Package(s) not found: vllm\n") is None
 
 
 def test_collect_env_shows_a_cu129_torch_on_gb10() -> None:
-    env = parsers.collect_env(recorded("vllm-collect_env.gb10.torch-cu129.excerpt.txt"))
+    env = extra.collect_env(recorded("vllm-collect_env.gb10.torch-cu129.excerpt.txt"))
     assert env["torch_version"] == "2.9.1+cu129"
     assert env["cuda_used_to_build"] == "12.9"
     assert env["cuda_available"] == "True"
@@ -188,7 +184,7 @@ def _torch_version_from_notebook_script() -> str:
     ("version", "major"),
     [
         (
-            parsers.pip_show_version(
+            extra.pip_show_version(
                 recorded("pip-show-vllm.grep-Version.gb10-pair.notebook-formatted.txt")
             ),
             13,
@@ -257,14 +253,6 @@ def test_ibv_devinfo_active_mtu(name: str, active_mtu: dict[str, int]) -> None:
         )
 
 
-def test_ibv_devices_agree_with_ibv_devinfo_guids() -> None:
-    devices = parsers.ibv_devices(recorded("ibv_devices.gb10.txt"))
-    assert [d["device"] for d in devices] == list(CX7)
-    devinfo = parsers.ibv_devinfo(recorded("ibv_devinfo.gb10.mtu1500.txt"))
-    for d in devices:
-        assert devinfo[d["device"]]["node_guid"].replace(":", "") == d["node_guid"]
-
-
 def test_ibstat_rate_is_100_per_pcie_half() -> None:
     cas = parsers.ibstat(recorded("ibstat.gb10.txt"))
     assert sorted(cas) == sorted(CX7)
@@ -316,22 +304,6 @@ def test_ip_link_show_one_interface(name: str, ifname: str, index: int, mac: str
     }
 
 
-def test_ip_addr_show() -> None:
-    addrs = parsers.ip_addr(recorded("ip-addr-show.gb10.txt"))
-    inet = {ifname: addrs[ifname]["inet"] for ifname in CX7_NETDEVS}
-    assert inet == {
-        "enp1s0f0np0": ["192.168.100.11/24"],
-        "enp1s0f1np1": ["192.168.200.13/24"],
-        "enP2p1s0f0np0": ["192.168.100.15/24"],
-        "enP2p1s0f1np1": ["192.168.200.17/24"],
-    }
-    assert addrs["enp1s0f0np0"]["inet6"] == ["fe80::32c5:99ff:fe3e:6a13/64"]
-    assert addrs["enP7s7"]["inet"] == []
-    assert addrs["lo"]["inet"] == ["127.0.0.1/8"]
-    assert len(addrs["wlP9s9"]["inet6"]) == 4
-    assert addrs["enp1s0f0np0"]["mtu"] == 1500
-
-
 def test_ibdev2netdev_netdevs_exist_in_ip_link() -> None:
     links = parsers.ip_link(recorded("ip-link-show.gb10.mtu1500.txt"))
     mapping = parsers.ibdev2netdev(recorded("ibdev2netdev.gb10.three-spark-ring.all-up.txt"))
@@ -370,34 +342,6 @@ def test_proc_meminfo() -> None:
     assert info["SwapTotal"] == 0
 
 
-@pytest.mark.parametrize(
-    ("name", "total", "used", "available", "swap_total"),
-    [
-        ("free-h.gb10.txt", 119 * GIB, 12 * GIB, 107 * GIB, 0),
-        ("free-h.gb10.spark-3bee.busy.txt", 121 * GIB, 94 * GIB, 27 * GIB, None),
-        (
-            "free.kB.gb10.spark-7d19.txt",
-            125513720 * KIB,
-            5088412 * KIB,
-            120425308 * KIB,
-            16777212 * KIB,
-        ),
-    ],
-)
-def test_free_output(
-    name: str, total: int, used: int, available: int, swap_total: int | None
-) -> None:
-    mem = parsers.free_output(recorded(name))
-    assert (mem["total"], mem["used"], mem["available"]) == (total, used, available)
-    assert mem["swap_total"] == swap_total
-
-
-def test_free_h_fractional_units() -> None:
-    mem = parsers.free_output(recorded("free-h.gb10.txt"))
-    assert mem["shared"] == int(3.6 * MIB)
-    assert mem["buff_cache"] == 42 * GIB
-
-
 # --------------------------------------------------------------------------- UCX
 
 
@@ -419,7 +363,6 @@ def test_ucx_info_transports_memory_grep_pairs_memory_devices() -> None:
     assert ("posix", "memory") in pairs
     assert ("rc_mlx5", None) in pairs
     assert not any(t.startswith("cuda") for t, _ in pairs)  # head -40 ended before them
-    assert set(parsers.ucx_info_memory_types(text)) == {"host", "rdma"}
 
 
 def test_ucx_info_transports_pairs_device_with_transport_above() -> None:
@@ -445,16 +388,7 @@ def test_ucx_info_transports_pairs_device_with_transport_above() -> None:
     ]
 
 
-def test_ucx_info_memory_types_from_md_excerpt() -> None:
-    types = parsers.ucx_info_memory_types(recorded("ucx_info-d.grep-md-reg_mem-alloc.gb10.txt"))
-    assert types == {
-        "host": {"access", "alloc", "cache", "reg", "reg_nonblock"},
-        "rdma": {"alloc", "cache"},
-    }
-    assert "cuda" not in types
-
-
-# --------------------------------------------------------------------------- NIXL
+# --------------------------------------------------------------------------- nixlbench (tests/support)
 
 # file -> (seg type, device_list, rows, peak GB/s)
 NIXLBENCH = {
@@ -468,7 +402,7 @@ NIXLBENCH = {
 @pytest.mark.parametrize("name", sorted(NIXLBENCH))
 def test_nixlbench_recordings(name: str) -> None:
     seg_type, device_list, n_rows, peak = NIXLBENCH[name]
-    result = parsers.nixlbench(recorded(name))
+    result = extra.nixlbench(recorded(name))
     assert result["config"]["initiator_seg_type"] == seg_type
     assert result["config"]["target_seg_type"] == seg_type
     assert result["config"]["device_list"] == device_list
@@ -485,7 +419,7 @@ def test_nixlbench_recordings(name: str) -> None:
 
 
 def test_nixlbench_row_values() -> None:
-    rows = parsers.nixlbench(recorded("nixlbench.gb10-pair.single-rail.DRAM.txt"))["rows"]
+    rows = extra.nixlbench(recorded("nixlbench.gb10-pair.single-rail.DRAM.txt"))["rows"]
     assert rows[-1] == {
         "block_size": 67108864,
         "batch_size": 1,
@@ -505,7 +439,7 @@ def test_nixlbench_row_values() -> None:
 
 def test_nixlbench_vram_time_goes_to_posting() -> None:
     # from VRAM most of each transfer is spent before the wire (Avg Post), not on it (Avg Tx)
-    rows = parsers.nixlbench(recorded("nixlbench.gb10-pair.single-rail.VRAM.txt"))["rows"]
+    rows = extra.nixlbench(recorded("nixlbench.gb10-pair.single-rail.VRAM.txt"))["rows"]
     assert all(r["avg_post_us"] > r["avg_tx_us"] for r in rows)
 
 
@@ -544,43 +478,11 @@ def test_ib_write_bw_mb_is_mebibyte() -> None:
     )
 
 
-@pytest.mark.parametrize(
-    ("name", "gbps"),
-    [
-        ("iperf3.gb10-pair.single-stream.mtu1500.txt", 25.0),
-        ("iperf3.gb10-pair.bond0.single-stream.txt", 33.7),
-        ("iperf3.gb10-pair.bond0.P4.txt", 93.0),  # the SUM lines, not one stream's 23.x
-    ],
-)
-def test_iperf3(name: str, gbps: float) -> None:
-    assert parsers.iperf3_gbps(recorded(name)) == {"sender": gbps, "receiver": gbps}
-
-
-def test_ping_ok() -> None:
-    assert parsers.ping(recorded("ping.gb10-pair.ok.txt")) == {
-        "transmitted": 5,
-        "received": 5,
-        "errors": 0,
-        "loss_pct": 0.0,
-        "rtt_avg_ms": 0.842,
-    }
-
-
-def test_ping_unreachable() -> None:
-    assert parsers.ping(recorded("ping.gb10-pair.unreachable.txt")) == {
-        "transmitted": 3,
-        "received": 0,
-        "errors": 3,
-        "loss_pct": 100.0,
-        "rtt_avg_ms": None,
-    }
-
-
 # --------------------------------------------------------------------------- advice
 
 
 def _peak(name: str) -> float:
-    return parsers.nixlbench(recorded(name))["peak_bw_GBps"]
+    return extra.nixlbench(recorded(name))["peak_bw_GBps"]
 
 
 @pytest.mark.parametrize("rails", ["single-rail", "dual-rail"])
@@ -627,21 +529,15 @@ def test_recommend_cuda_when_vram_keeps_up() -> None:
 EMPTY_RESULTS = [
     (parsers.nvidia_smi_csv, []),
     (parsers.nvidia_smi_compute_apps, []),
-    (parsers.nvcc_cuda_version, None),
-    (parsers.pip_show_version, None),
-    (parsers.collect_env, {}),
+    (extra.pip_show_version, None),
+    (extra.collect_env, {}),
     (parsers.ibdev2netdev, []),
     (parsers.ibv_devinfo, {}),
-    (parsers.ibv_devices, []),
     (parsers.ibstat, {}),
     (parsers.ip_link, {}),
-    (parsers.ip_addr, {}),
     (parsers.ethtool_speed_mbps, None),
     (parsers.proc_meminfo, {}),
-    (parsers.free_output, {}),
     (parsers.ucx_info_transports, []),
-    (parsers.ucx_info_memory_types, {}),
-    (parsers.iperf3_gbps, {"sender": None, "receiver": None}),
 ]
 
 
@@ -654,6 +550,5 @@ def test_parsers_survive_empty_and_foreign_text(parse, empty) -> None:
 
 
 def test_link_test_parsers_on_empty_text() -> None:
-    assert parsers.nixlbench("") == {"config": {}, "rows": [], "peak_bw_GBps": None}
+    assert extra.nixlbench("") == {"config": {}, "rows": [], "peak_bw_GBps": None}
     assert parsers.ib_write_bw("")["bw_avg_Gbps"] is None
-    assert parsers.ping("")["loss_pct"] is None

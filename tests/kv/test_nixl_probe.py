@@ -1,4 +1,5 @@
-"""The NIXL transfer probe: a real two-agent run on the rehearsal profile (target on
+"""The NIXL transfer probe (driver `lab_utils.kv.probe`, agent
+`lab_utils.on_node.nixl_agent`): a real two-agent run on the rehearsal profile (target on
 127.0.0.2, initiator on 127.0.0.3, both through the node layer), its clean-up, the errors
 a user can meet (port taken, transport that cannot start), checksum verification, and
 the statistics and fraction-of-limit arithmetic."""
@@ -16,20 +17,22 @@ from lab_utils.cluster import state_file
 from lab_utils.errors import LabError, PortInUseError
 from lab_utils.kv.probe import (
     ROW_KEYS,
-    KiB,
-    MiB,
     ProbeResult,
     apply_limits,
+    default_sizes,
+    fraction_of_limit,
+    run_probe,
+)
+from lab_utils.on_node import proctools
+from lab_utils.on_node.nixl_agent import (
+    KiB,
+    MiB,
     block_crcs,
     blocks_checksum,
     combine_crcs,
-    default_sizes,
-    fraction_of_limit,
     memcpy_bandwidth,
-    run_probe,
     summarize,
 )
-from lab_utils.on_node import proctools
 
 
 @pytest.fixture
@@ -134,7 +137,7 @@ def test_invalid_arguments_are_refused_before_anything_starts(cfg):
 def test_target_ignores_connections_that_are_not_its_initiator():
     """A reachability check or scanner hitting the port must not take the initiator's
     place: the target closes it and keeps listening for the run's own initiator."""
-    from lab_utils.kv.probe import _accept_initiator, _send
+    from lab_utils.on_node.nixl_agent import _accept_initiator, _send
 
     with socket.create_server(("127.0.0.2", 0)) as srv:
         addr = srv.getsockname()
@@ -216,3 +219,31 @@ def test_default_sizes():
 def test_memcpy_bandwidth_is_positive_per_size():
     out = memcpy_bandwidth([4 * KiB, 64 * KiB], iterations=3)
     assert set(out) == {4 * KiB, 64 * KiB} and all(v > 0 for v in out.values())
+
+
+# ----- the agent module ------------------------------------------------------------------
+
+
+def test_agent_module_needs_nothing_of_lab_utils_outside_on_node():
+    """The agent runs on the nodes from the deployed copy: its imports are the standard
+    library, numpy, nixl and torch, and on_node itself."""
+    import ast
+
+    import lab_utils.on_node.nixl_agent as agent
+
+    tree = ast.parse(Path(agent.__file__).read_text())
+    names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    names |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    outside = {n for n in names if n.startswith("lab_utils")
+               and not n.startswith("lab_utils.on_node")}
+    assert outside == set()
+
+
+def test_agent_command_line_refuses_an_initiator_without_target():
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-m", "lab_utils.on_node.nixl_agent", "--role",
+                        "initiator", "--address", "127.0.0.3", "--port", "1", "--run-id", "r",
+                        "--blocks", "1"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "--target-address and --sizes" in p.stderr

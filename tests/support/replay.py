@@ -17,9 +17,10 @@ import re
 import time
 from pathlib import Path
 
-from lab_utils.checks import parsers
 from lab_utils.cluster import Node, RunResult, provision
 from lab_utils.errors import LabError
+
+from support import parsers_extra
 
 REC = Path(__file__).resolve().parents[1] / "fixtures" / "dgx-spark-recorded"
 PROFILE = Path(__file__).resolve().parents[1] / "fixtures" / "two-spark-recorded.json"
@@ -32,9 +33,9 @@ def rec(name: str) -> str:
 def python_facts(kind: str) -> dict:
     """The `nodefacts python` answer, from recorded `pip show vllm` and torch outputs.
     nixl's version appears in no recording: "not-recorded" stands for "installed"."""
-    vllm = parsers.pip_show_version(rec("pip-show-vllm.grep-Version.gb10-pair.notebook-formatted.txt"))
+    vllm = parsers_extra.pip_show_version(rec("pip-show-vllm.grep-Version.gb10-pair.notebook-formatted.txt"))
     if kind == "cu129":
-        env = parsers.collect_env(rec("vllm-collect_env.gb10.torch-cu129.excerpt.txt"))
+        env = parsers_extra.collect_env(rec("vllm-collect_env.gb10.torch-cu129.excerpt.txt"))
         torch, cuda = env["torch_version"], env["cuda_used_to_build"]
     else:
         text = rec("torch-cuda-config.gb10.notebook-script.txt")

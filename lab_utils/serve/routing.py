@@ -1,0 +1,103 @@
+"""The proxy's backends: one pool per role, how a backend is picked, how it is called.
+
+A `Pool` holds the backends of one role (replica, prefill or decode), each with its own
+pooled aiohttp client session (opened inside the server's event loop) and in-flight
+count, and picks one per request: round-robin or least-outstanding. A backend connect
+that hangs is retried on a fresh socket within the connect timeout (nothing has been sent
+yet). Failures become `ProxyError`s, which answer as OpenAI-style JSON errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import math
+import time
+
+import aiohttp
+from fastapi.responses import JSONResponse
+
+# A pooled backend connection idle longer than this is not reused. It must stay below the
+# backends' own HTTP keep-alive (vLLM's VLLM_HTTP_TIMEOUT_KEEP_ALIVE and uvicorn's default
+# are 5 s): with aiohttp's default of 15 s the proxy sometimes sent a request on a
+# connection the backend was closing at that moment, a 502 for a healthy backend.
+BACKEND_KEEPALIVE_S = 2.0
+# connect_timeout_s is spent in at least two attempts of at most this long, each on a fresh
+# socket. When the controller stalls (seen for up to 20 s on a busy 2-core box), a connect
+# that completed meanwhile is timed out as the loop wakes; nothing has been sent when a
+# connect fails, so another attempt is safe.
+CONNECT_ATTEMPT_S = 5.0
+
+log = logging.getLogger("lab_utils.serve.proxy")  # one logger for the whole proxy
+
+
+class ProxyError(Exception):
+    def __init__(self, status: int, kind: str, message: str, backend: str | None = None):
+        super().__init__(message)
+        self.status, self.kind, self.backend = status, kind, backend
+
+    def response(self) -> JSONResponse:
+        body = {"error": {"message": str(self), "type": self.kind, "code": self.status}}
+        if self.backend:
+            body["error"]["backend"] = self.backend
+        return JSONResponse(body, status_code=self.status)
+
+
+class Pool:
+    """Backends of one role, each with its own pooled client and in-flight count.
+    Clients are opened by `open()` inside the server's event loop."""
+
+    def __init__(self, role: str, urls: list[str], policy: str, timeout: aiohttp.ClientTimeout,
+                 on_connect_retry=None):
+        self.role, self.urls, self.policy, self.timeout = role, urls, policy, timeout
+        self.clients: dict[str, aiohttp.ClientSession] = {}
+        self.in_flight = dict.fromkeys(urls, 0)
+        self._cycle = itertools.cycle(urls)
+        self.connect_attempts = max(2, math.ceil(timeout.connect / CONNECT_ATTEMPT_S))
+        self._attempt = aiohttp.ClientTimeout(total=None, connect=timeout.connect / self.connect_attempts,
+                                              sock_read=timeout.sock_read)
+        self._on_connect_retry = on_connect_retry or (lambda: None)
+
+    def open(self) -> None:
+        self.clients = {u: aiohttp.ClientSession(base_url=u, timeout=self.timeout,
+                                                 connector=aiohttp.TCPConnector(
+                                                     limit=0, keepalive_timeout=BACKEND_KEEPALIVE_S))
+                        for u in self.urls}
+
+    def pick(self) -> str:
+        if self.policy == "least_outstanding":
+            return min(self.urls, key=self.in_flight.__getitem__)
+        return next(self._cycle)
+
+    async def post(self, url: str, path: str, body: dict) -> aiohttp.ClientResponse:
+        """POST `body` to `url`; a connect that does not complete within its share of
+        connect_timeout_s is given up and tried again on a fresh socket."""
+        t0 = time.monotonic()
+        for attempt in range(1, self.connect_attempts + 1):
+            t1 = time.monotonic()
+            try:
+                return await self.clients[url].post(path, json=body, timeout=self._attempt)
+            except aiohttp.ConnectionTimeoutError:
+                now = time.monotonic()
+                if attempt == self.connect_attempts:
+                    raise ProxyError(504, "upstream_timeout",
+                                     f"{self.role} backend {url} accepted no connection in {now - t0:.1f} s "
+                                     f"({attempt} attempts): is it overloaded, or is a firewall dropping "
+                                     "packets to that port?", url) from None
+                log.warning("%s backend %s: connect attempt %d gave up after %.1f s (limit %.1f s); "
+                            "trying a fresh socket", self.role, url, attempt, now - t1, self._attempt.connect)
+                self._on_connect_retry()
+        raise AssertionError("unreachable")
+
+    async def aclose(self) -> None:
+        await asyncio.gather(*(c.close() for c in self.clients.values()))
+
+
+UPSTREAM_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
+
+
+def upstream_error(exc: Exception, url: str, role: str) -> ProxyError:
+    if isinstance(exc, asyncio.TimeoutError):
+        return ProxyError(504, "upstream_timeout", f"{role} backend {url} timed out ({type(exc).__name__})", url)
+    return ProxyError(502, "upstream_unavailable", f"{role} backend {url} unreachable: {exc!r}", url)
