@@ -18,9 +18,11 @@ from lab_utils.errors import LabError
 
 def _cmd_serve(args) -> int:
     from lab_utils.serve.topology import serve
+    from lab_utils.serving import kv_buffer_device
 
     cfg = load_config(args.config)
-    for rec in serve(cfg, args.topology, with_proxy=not args.no_proxy):
+    for rec in serve(cfg, args.topology, with_proxy=not args.no_proxy,
+                     kv_buffer_device=kv_buffer_device(cfg)):
         print(f"{rec.name:<12} {rec.node:<12} {rec.url}  pid {rec.pid}  log {rec.log_path}")
     print(f"stop with: python -m lab_utils cleanup --config {cfg.source}")
     return 0
@@ -124,8 +126,11 @@ def _cmd_tiny_model(args) -> int:
 
 def _cmd_demo(args) -> int:
     from lab_utils.serve.demo import run_demo
+    from lab_utils.serving import kv_buffer_device
 
-    proofs = run_demo(load_config(args.config), n_prompts=args.prompts, max_tokens=args.max_tokens)
+    cfg = load_config(args.config)
+    proofs = run_demo(cfg, n_prompts=args.prompts, max_tokens=args.max_tokens,
+                      kv_buffer_device=kv_buffer_device(cfg))
     return 0 if all(p.ok for p in proofs) else 1
 
 

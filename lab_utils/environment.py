@@ -1,7 +1,8 @@
 """Notebook 00's verdict on the environment, and how later notebooks read it.
 
-`record_environment` writes `environment.json` with every check's result and whether the
-environment is blessed (no check failed). With failures it refuses, naming them, unless
+`record_environment` writes `environment.json` (`payloads.EnvironmentPayload`) with every
+check's result, whether the environment is blessed (no check failed) and the GPU the gpu
+check saw. With failures it refuses, naming them, unless
 the user chose to continue knowingly; that choice is recorded, and the notebooks after
 it say so when they start. `require_environment` is their first step.
 """
@@ -11,8 +12,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from lab_utils.checks.frame import ChecklistReport
+from lab_utils.checks.gpu import gpu_name
 from lab_utils.config import LabConfig
 from lab_utils.errors import LabError
+from lab_utils.payloads import EnvironmentPayload
 from lab_utils.results import load_results, write_results
 
 
@@ -25,9 +28,10 @@ def record_environment(cfg: LabConfig, report: ChecklistReport, *,
                        continue_despite_failures: bool = False) -> Path:
     """Write environment.json; raise if a check failed and the user did not accept it."""
     failures = _failures(report)
-    payload = {"blessed": not failures, "continued_despite_failures": bool(failures) and
-               continue_despite_failures, "counts": report.counts,
-               "checks": report.to_dict()["results"]}
+    payload = EnvironmentPayload(
+        blessed=not failures,
+        continued_despite_failures=bool(failures) and continue_despite_failures,
+        counts=report.counts, checks=report.results, gpu_name=gpu_name(report.results))
     path = write_results(cfg, "00", payload)
     if failures and not continue_despite_failures:
         raise LabError(
@@ -37,13 +41,13 @@ def record_environment(cfg: LabConfig, report: ChecklistReport, *,
     return path
 
 
-def require_environment(cfg: LabConfig) -> dict:
+def require_environment(cfg: LabConfig) -> EnvironmentPayload:
     """The checklist's record; refuses an environment that failed without consent."""
     payload = load_results(cfg, "00").payload
-    if payload["blessed"]:
+    if payload.blessed:
         return payload
-    failed = [f"{c['check']} on {c['node']}" for c in payload["checks"] if c["status"] == "fail"]
-    if not payload["continued_despite_failures"]:
+    failed = [f"{c.check} on {c.node}" for c in payload.failed_checks]
+    if not payload.continued_despite_failures:
         raise LabError(f"notebook 00 found failures ({', '.join(failed)}); fix them and re-run "
                        "notebooks/00_Environment_Setup.ipynb")
     print(f"NOTE: continuing on an environment with failed checks ({', '.join(failed)}), "

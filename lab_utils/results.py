@@ -1,9 +1,10 @@
 """Results files: each notebook writes one JSON file under `results/<profile>/`, in one
 envelope (`ResultsEnvelope`: schema version, kind, notebook, UTC time, profile, config,
-software, hardware and the notebook's own `payload`), and later notebooks read it. Writes
-are atomic (temp file, fsync, rename) and keep the previous file under `history/`; loading
-says which notebook to (re-)run when a file is missing, corrupt, from another profile or
-from a newer lab.
+software, hardware and the notebook's own `payload`), and later notebooks read it. The
+payload is the notebook's model (`lab_utils.payloads.PAYLOADS`): `write_results` takes
+it, `load_results` gives it back typed. Writes are atomic (temp file, fsync, rename) and
+keep the previous file under `history/`; loading says which notebook to (re-)run when a
+file is missing, corrupt, from another profile, another notebook or a newer lab.
 """
 
 from __future__ import annotations
@@ -16,13 +17,21 @@ import re
 import socket
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Generic, Literal, NamedTuple, TypeVar, overload
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from lab_utils.config import LabConfig
 from lab_utils.errors import LabError, ResultsMissingError
 from lab_utils.on_node.facts import dist_version, python_facts
+from lab_utils.payloads import (
+    PAYLOADS,
+    BaselinePayload,
+    DisaggregatedPayload,
+    EnvironmentPayload,
+    KvTransferPayload,
+    ReplicatedPayload,
+)
 from lab_utils.util.atomic import atomic_write_text
 
 SCHEMA_VERSION = 1
@@ -60,7 +69,13 @@ def _parse_time(value: str) -> datetime:
     return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
 
 
-class ResultsEnvelope(BaseModel):
+P = TypeVar("P")
+
+
+class ResultsEnvelope(BaseModel, Generic[P]):
+    """One results file. `ResultsEnvelope[BaselinePayload]` and so on for the notebooks'
+    files; a file of another kind (e.g. `python -m lab_utils bench`) has a dict payload."""
+
     model_config = ConfigDict(extra="forbid")
 
     schema_version: int
@@ -71,7 +86,7 @@ class ResultsEnvelope(BaseModel):
     config: dict[str, Any]
     software: dict[str, Any]
     hardware: dict[str, Any]
-    payload: dict[str, Any]
+    payload: P
 
     @field_validator("timestamp")
     @classmethod
@@ -140,13 +155,19 @@ def _archive(path: Path) -> None:
 def write_results(
     cfg: LabConfig,
     notebook: str,
-    payload: dict[str, Any],
+    payload: BaseModel,
     *,
     software: dict[str, Any] | None = None,
     hardware: dict[str, Any] | None = None,
 ) -> Path:
-    """Write a notebook's results in the envelope; the previous file goes to history/."""
+    """Write a notebook's results (its payload model, `payloads.PAYLOADS[notebook]`) in the
+    envelope; the previous file goes to history/."""
     spec = results_spec(notebook)
+    model = PAYLOADS[spec.notebook]
+    if not isinstance(payload, model):
+        raise LabError(f"notebook {spec.notebook}'s results are a {model.__module__}."
+                       f"{model.__name__}, not a {type(payload).__name__}: build the model "
+                       "(not a dict) and write that")
     return write_envelope(cfg, cfg.results_dir / spec.file_name, spec.kind, spec.notebook,
                           payload, software=software, hardware=hardware)
 
@@ -156,14 +177,16 @@ def write_envelope(
     path: str | os.PathLike,
     kind: str,
     notebook: str,
-    payload: dict[str, Any],
+    payload: BaseModel | dict[str, Any],
     *,
     software: dict[str, Any] | None = None,
     hardware: dict[str, Any] | None = None,
 ) -> Path:
-    """Write `payload` in the envelope to any path (atomically; old file to history/)."""
+    """Write `payload` (a model, or a dict for files no notebook reads) in the envelope to
+    any path (atomically; old file to history/)."""
     now = datetime.now(timezone.utc).isoformat(timespec="microseconds")
-    envelope = ResultsEnvelope(
+    kind_of = type(payload) if isinstance(payload, BaseModel) else dict[str, Any]
+    envelope = ResultsEnvelope[kind_of](
         schema_version=SCHEMA_VERSION,
         kind=kind,
         notebook=notebook,
@@ -189,7 +212,15 @@ def _rerun(spec: ResultsSpec | None) -> str:
     return f"re-run notebooks/{file} (or `python -m lab_utils run --from {n} --to {n}`)"
 
 
+def _problems(e: ValidationError, prefix: str = "", limit: int = 5) -> str:
+    errors = [(".".join(map(str, (prefix, *er["loc"]) if prefix else er["loc"])) or "(top level)",
+               er["msg"]) for er in e.errors()]
+    more = f"; and {len(errors) - limit} more" if len(errors) > limit else ""
+    return "; ".join(f"{where}: {msg}" for where, msg in errors[:limit]) + more
+
+
 def _load(path: Path, spec: ResultsSpec | None) -> ResultsEnvelope:
+    """The envelope validated, its payload still a dict."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
@@ -204,22 +235,56 @@ def _load(path: Path, spec: ResultsSpec | None) -> ResultsEnvelope:
             f"{SCHEMA_VERSION}; update the lab (git pull, then reinstall) to read it"
         )
     try:
-        return ResultsEnvelope.model_validate(data)
+        return ResultsEnvelope[dict[str, Any]].model_validate(data)
     except ValidationError as e:
-        errors = [(".".join(map(str, er["loc"])) or "(top level)", er["msg"]) for er in e.errors()]
-        problems = "; ".join(f"{where}: {msg}" for where, msg in errors)
-        msg = f"{path}: not a valid results file ({problems}); {_rerun(spec)}"
+        msg = f"{path}: not a valid results file ({_problems(e)}); {_rerun(spec)}"
         raise ResultsMissingError(msg) from None
 
 
+def _typed(path: Path, envelope: ResultsEnvelope, spec: ResultsSpec) -> ResultsEnvelope:
+    """The envelope with its payload validated as notebook `spec`'s model."""
+    if envelope.kind != spec.kind:
+        raise ResultsMissingError(
+            f"{path} holds {envelope.kind!r} results (notebook {envelope.notebook!r}), not "
+            f"notebook {spec.notebook}'s {spec.kind!r}; {_rerun(spec)}")
+    model = PAYLOADS[spec.notebook]
+    try:
+        payload = model.model_validate(envelope.payload)
+    except ValidationError as e:
+        raise ResultsMissingError(
+            f"{path}: not notebook {spec.notebook}'s results as this lab reads them "
+            f"({_problems(e, 'payload')}); {_rerun(spec)}") from None
+    fields = {k: getattr(envelope, k) for k in ResultsEnvelope.model_fields if k != "payload"}
+    return ResultsEnvelope[model](**fields, payload=payload)
+
+
 def load_envelope(path: str | os.PathLike) -> ResultsEnvelope:
-    """Load and validate any results file (the notebook to re-run is guessed from its name)."""
+    """Load and validate any results file; a notebook's file (known by its kind) comes back
+    with its payload typed, any other with a dict payload. The notebook to re-run is
+    guessed from the file's name."""
     path = Path(path)
-    return _load(path, next((s for s in RESULTS.values() if s.file_name == path.name), None))
+    envelope = _load(path, next((s for s in RESULTS.values() if s.file_name == path.name), None))
+    spec = next((s for s in RESULTS.values() if s.kind == envelope.kind), None)
+    return envelope if spec is None else _typed(path, envelope, spec)
+
+
+@overload
+def load_results(cfg: LabConfig, notebook: Literal["00"]) -> ResultsEnvelope[EnvironmentPayload]: ...
+@overload
+def load_results(cfg: LabConfig, notebook: Literal["01"]) -> ResultsEnvelope[BaselinePayload]: ...
+@overload
+def load_results(cfg: LabConfig, notebook: Literal["02"]) -> ResultsEnvelope[KvTransferPayload]: ...
+@overload
+def load_results(cfg: LabConfig, notebook: Literal["03"]) -> ResultsEnvelope[ReplicatedPayload]: ...
+@overload
+def load_results(cfg: LabConfig, notebook: Literal["04"]) -> ResultsEnvelope[DisaggregatedPayload]: ...
+@overload
+def load_results(cfg: LabConfig, notebook: str) -> ResultsEnvelope: ...
 
 
 def load_results(cfg: LabConfig, notebook: str) -> ResultsEnvelope:
-    """The results a notebook wrote for this profile, or an error saying how to get them."""
+    """The results a notebook wrote for this profile, its payload typed (`PAYLOADS`), or
+    an error saying how to get them."""
     spec = results_spec(notebook)
     path = cfg.results_dir / spec.file_name
     if not path.exists():
@@ -234,4 +299,12 @@ def load_results(cfg: LabConfig, notebook: str) -> ResultsEnvelope:
             f"{path} was written for profile {envelope.profile!r}, but the current profile is "
             f"{cfg.profile!r}; {_rerun(spec)} with the current profile"
         )
-    return envelope
+    return _typed(path, envelope, spec)
+
+
+def load_optional(cfg: LabConfig, notebook: str) -> ResultsEnvelope | None:
+    """A notebook's results if it wrote them for this profile; None if it has not (a
+    broken or foreign file still raises, naming the notebook to re-run)."""
+    if not (cfg.results_dir / results_spec(notebook).file_name).exists():
+        return None
+    return load_results(cfg, notebook)

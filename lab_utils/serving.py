@@ -5,7 +5,9 @@ measured through the same proxy path) and stops what it started: in the notebook
 cell, when any later cell fails or is interrupted (an IPython hook), and when the kernel
 exits. The measuring steps are the same for every architecture: one request shown in
 detail, the configured sweep, the mixed long/short workload, all with one load generator
-and one workload, so 01, 03 and 04 are comparable.
+and one workload, so 01, 03 and 04 are comparable. `record_baseline`, `record_replicated`
+and `record_disaggregated` build each notebook's results (`lab_utils.payloads`) from what
+it measured and write them.
 """
 
 from __future__ import annotations
@@ -13,16 +15,28 @@ from __future__ import annotations
 import atexit
 import random
 from dataclasses import dataclass
+from pathlib import Path
 
 from lab_utils.cluster.state import ProcessRecord
 from lab_utils.config import LabConfig
 from lab_utils.errors import LabError
-from lab_utils.kv.budget import model_hf_config
+from lab_utils.kv.budget import choose_buffer_device, model_hf_config
 from lab_utils.kv.shapes import kv_shape
 from lab_utils.measure.benchmark import BenchmarkResult, sweep
 from lab_utils.measure.loadgen import RequestRecord, RequestSpec, run_point, run_sync
 from lab_utils.measure.prompts import exact_prompt
 from lab_utils.measure.workload import build_requests, server_tokenizer
+from lab_utils.payloads import (
+    BaselinePayload,
+    DisaggregatedPayload,
+    Instance,
+    Proof,
+    ProofRow,
+    Reference,
+    ReplicatedPayload,
+    Roofline,
+)
+from lab_utils.results import ResultsEnvelope, load_optional, write_results
 from lab_utils.serve.launcher import stop_records
 from lab_utils.serve.topology import PROXY, serve, urls
 
@@ -30,10 +44,21 @@ REFERENCE_LENGTHS = (48, 96, 160, 224)  # the prompts whose greedy output 01 rec
 REFERENCE_TOKENS = 16
 
 
+def kv_buffer_device(cfg: LabConfig) -> str:
+    """The kv_buffer_device prefill and decode instances get: the configured one, or for
+    "auto" notebook 02's recommendation on this profile (else "cpu")."""
+    recommendation = None
+    if cfg.kv_transfer.kv_buffer_device == "auto":
+        kv = load_optional(cfg, "02")
+        recommendation = kv.payload.recommendation if kv else None
+    return choose_buffer_device(cfg, recommendation)
+
+
 @dataclass
 class Served:
     topology: str
     records: list[ProcessRecord]
+    kv_buffer_device: str | None = None  # what prefill and decode instances were given
 
     @property
     def proxy_url(self) -> str:
@@ -61,11 +86,12 @@ class ServingSession:
         print(f"starting {topology} on {self.cfg.profile} (a vLLM instance takes 15-90 s "
               "to start on the CPU rehearsal, minutes for a large model)", flush=True)
         before = {r.name for r in self._running()}
-        records = serve(self.cfg, topology, with_proxy=True)
+        device = kv_buffer_device(self.cfg) if topology == "disaggregated" else None
+        records = serve(self.cfg, topology, with_proxy=True, kv_buffer_device=device)
         self.started += [r for r in records if r.name not in before]
         for r in records:
             print(f"  {r.name:<12} {r.node:<12} {r.url}")
-        return Served(topology, records)
+        return Served(topology, records, device)
 
     def stop(self, quiet: bool = False) -> list[str]:
         """Stop what this session started (not instances it found running)."""
@@ -146,7 +172,7 @@ def sweep_frame(result: BenchmarkResult):
     return pd.DataFrame(result.combined).reindex(columns=cols).round(2)
 
 
-def reference_outputs(cfg: LabConfig, served: Served) -> dict:
+def reference_outputs(cfg: LabConfig, served: Served) -> Reference:
     """Fresh prompts (a new seed each run, recorded) and their greedy tokens, one at a
     time through the proxy: what notebook 04's prefill/decode output must equal."""
     import httpx
@@ -160,31 +186,32 @@ def reference_outputs(cfg: LabConfig, served: Served) -> dict:
     with httpx.Client(timeout=cfg.workload.request_timeout_s) as client:
         tokens = [complete(client, served.proxy_url, cfg.model.name, p, REFERENCE_TOKENS)
                   for p in prompts]
-    return {"seed": seed, "max_tokens": REFERENCE_TOKENS, "prompts": prompts, "tokens": tokens}
+    return Reference(seed=seed, max_tokens=REFERENCE_TOKENS, prompts=prompts, tokens=tokens)
 
 
-def prove_transfer(cfg: LabConfig, served: Served, reference: dict) -> list:
+def prove_transfer(cfg: LabConfig, served: Served, reference: Reference) -> list:
     """Notebook 01's reference prompts through the P/D proxy with counter deltas."""
     from lab_utils.serve.pd import prove_via_proxy
 
     kv = kv_shape(model_hf_config(cfg), cfg.model.dtype)
-    return prove_via_proxy(reference["prompts"], reference["tokens"], model=cfg.model.name,
+    return prove_via_proxy(reference.prompts, reference.tokens, model=cfg.model.name,
                            proxy_url=served.proxy_url, decode_urls=served.urls("decode"), kv=kv,
-                           max_tokens=reference["max_tokens"],
+                           max_tokens=reference.max_tokens,
                            timeout=cfg.workload.request_timeout_s)
 
 
-def roofline(cfg: LabConfig, environment: dict) -> dict:
-    """Decode's ceiling per stream: memory bandwidth / bytes of weights read per token."""
+def roofline(cfg: LabConfig, gpu_name: str | None) -> Roofline:
+    """Decode's ceiling per stream: memory bandwidth / bytes of weights read per token
+    (`gpu_name`: notebook 00's, `require_environment(cfg).gpu_name`)."""
     from lab_utils.measure import roofline as hardware
 
-    bw, source = hardware.memory_bandwidth(cfg, environment)
+    bw, source = hardware.memory_bandwidth(cfg, gpu_name)
     weights = hardware.weight_bytes(cfg)
-    return {"memory_bandwidth_GBps": bw, "bandwidth_source": source, "weight_bytes": weights,
-            "max_tokens_per_s_per_stream": bw * 1e9 / weights if bw and weights else None}
+    return Roofline(memory_bandwidth_GBps=bw, bandwidth_source=source, weight_bytes=weights,
+                    max_tokens_per_s_per_stream=bw * 1e9 / weights if bw and weights else None)
 
 
-def plot_decode_roofline(result: BenchmarkResult, roof: dict):
+def plot_decode_roofline(result: BenchmarkResult, roof: Roofline):
     """Decode tokens/s per stream (1000 / median TPOT) against the memory roofline."""
     from matplotlib.figure import Figure
 
@@ -193,10 +220,10 @@ def plot_decode_roofline(result: BenchmarkResult, roof: dict):
     ax = fig.add_subplot()
     ax.plot([c["value"] for c in points], [1000.0 / c["median_tpot_ms"] for c in points], "o-",
             label="measured: 1000 / median TPOT")
-    if roof.get("max_tokens_per_s_per_stream"):
-        ax.axhline(roof["max_tokens_per_s_per_stream"], ls="--", color="grey",
-                   label=f"roofline: {roof['memory_bandwidth_GBps']:.0f} GB/s / "
-                         f"{roof['weight_bytes'] / 1e9:.3g} GB of weights")
+    if roof.max_tokens_per_s_per_stream:
+        ax.axhline(roof.max_tokens_per_s_per_stream, ls="--", color="grey",
+                   label=f"roofline: {roof.memory_bandwidth_GBps:.0f} GB/s / "
+                         f"{roof.weight_bytes / 1e9:.3g} GB of weights")
         ax.set_yscale("log")
     ax.set(xlabel="concurrent requests", ylabel="decode tokens/s per stream",
            title="Decode speed per stream vs the memory-bandwidth bound")
@@ -205,26 +232,50 @@ def plot_decode_roofline(result: BenchmarkResult, roof: dict):
     return fig
 
 
-def payload(served: Served, result: BenchmarkResult, **extra) -> dict:
-    """A serving notebook's results: the topology, its instances, the sweep, and extras
-    (single_request, mixed, roofline, reference, proof...)."""
-    instances = [{"name": r.name, "node": r.node, "url": r.url, "kind": r.kind,
-                  "role": r.extra.get("role")} for r in served.records]
-    out = {"topology": served.topology, "instances": instances, "sweep": result.model_dump()}
-    for key, value in extra.items():
-        out[key] = value.model_dump() if isinstance(value, BenchmarkResult) else value
-    return out
+def instances(served: Served) -> list[Instance]:
+    """The processes serving the topology, as the results record them."""
+    return [Instance(name=r.name, node=r.node, url=r.url, kind=r.kind, role=r.extra.get("role"))
+            for r in served.records]
 
 
-def compare_frame(reference, result: BenchmarkResult, names: tuple[str, str], key: str = "sweep"):
+def record_baseline(cfg: LabConfig, served: Served, result: BenchmarkResult, *,
+                    single: RequestRecord, roofline: Roofline, reference: Reference) -> Path:
+    """Write notebook 01's results: the sweep, the request shown in detail, the roofline
+    and the reference outputs."""
+    return write_results(cfg, "01", BaselinePayload(
+        topology=served.topology, instances=instances(served), sweep=result, mixed=None,
+        single_request=single, roofline=roofline, reference=reference))
+
+
+def record_replicated(cfg: LabConfig, served: Served, result: BenchmarkResult,
+                      mixed: BenchmarkResult | None) -> Path:
+    """Write notebook 03's results: the sweep, the mixed run and the routing policy."""
+    return write_results(cfg, "03", ReplicatedPayload(
+        topology=served.topology, instances=instances(served), sweep=result, mixed=mixed,
+        policy=cfg.topology.replicated.policy))
+
+
+def record_disaggregated(cfg: LabConfig, served: Served, result: BenchmarkResult,
+                         mixed: BenchmarkResult | None, proof: Proof) -> Path:
+    """Write notebook 04's results: the sweep, the mixed run, the kv_buffer_device the
+    instances were given and the proof of transfer."""
+    device = served.kv_buffer_device or kv_buffer_device(cfg)
+    return write_results(cfg, "04", DisaggregatedPayload(
+        topology=served.topology, instances=instances(served), sweep=result, mixed=mixed,
+        kv_buffer_device=device, proof=proof))
+
+
+def compare_frame(reference: ResultsEnvelope, result: BenchmarkResult, names: tuple[str, str],
+                  key: str = "sweep"):
     """Headline metrics of a reference notebook's sweep (or `key`: "mixed") and this one's,
     side by side, with the change in percent (positive: higher)."""
     import pandas as pd
 
     keys = ["output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_itl_ms", "p99_itl_ms"]
-    if not reference.payload.get(key):
+    theirs: BenchmarkResult | None = getattr(reference.payload, key)
+    if theirs is None:
         raise LabError(f"notebook {reference.notebook}'s results have no {key!r} run; re-run it")
-    ref = {(c["mode"], c["value"]): c for c in reference.payload[key]["combined"]}
+    ref = {(c["mode"], c["value"]): c for c in theirs.combined}
     rows = []
     for c in result.combined:
         r = ref.get((c["mode"], c["value"]))
@@ -238,10 +289,11 @@ def compare_frame(reference, result: BenchmarkResult, names: tuple[str, str], ke
     return pd.DataFrame(rows).round(2)
 
 
-def proof_payload(proofs: list) -> dict:
+def proof_record(proofs: list) -> Proof:
     """The proof of transfer as notebook 04 records it."""
-    rows = [{**p.as_dict(), "tokens_equal": p.tokens_match} for p in proofs]
-    return {"ok": bool(proofs) and all(p.ok for p in proofs), "prompts": rows}
+    rows = [ProofRow.model_validate({**p.as_dict(), "tokens_equal": p.tokens_match})
+            for p in proofs]
+    return Proof(ok=bool(proofs) and all(p.ok for p in proofs), prompts=rows)
 
 
 def proof_frame(proofs: list):

@@ -16,6 +16,9 @@ import pytest
 from lab_utils import results
 from lab_utils.config import REPO_ROOT, parse_config
 from lab_utils.errors import LabError, ResultsMissingError
+from lab_utils.payloads import BaselinePayload
+
+from support.payloads import baseline_dict, model, sweep_dict
 
 LOCAL_CPU = REPO_ROOT / "configs" / "local-cpu.json"
 
@@ -63,8 +66,20 @@ SOFTWARE = {"python": "3.x", "vllm": None}
 HARDWARE = {"hostname": "test"}
 
 
+def baseline(**workload) -> BaselinePayload:
+    """A notebook 01 payload whose sweep's workload carries `workload` (test data)."""
+    return model("01", baseline_dict(sweep_dict(workload=workload)))
+
+
 def write(cfg, payload, notebook="01"):
+    if isinstance(payload, dict):
+        payload = baseline(**payload)
     return results.write_results(cfg, notebook, payload, software=SOFTWARE, hardware=HARDWARE)
+
+
+def data(env) -> dict:
+    """The test data `write` put in a notebook 01 payload."""
+    return env.payload.sweep.workload
 
 
 def test_round_trip(cfg):
@@ -73,7 +88,8 @@ def test_round_trip(cfg):
     env = results.load_results(cfg, "01")
     assert env.schema_version == results.SCHEMA_VERSION
     assert (env.kind, env.notebook, env.profile) == ("baseline_metrics", "01", cfg.profile)
-    assert env.payload == {"ttft_ms": [1.5, 2.5], "label": "x"}
+    assert isinstance(env.payload, BaselinePayload)
+    assert env.payload == baseline(ttft_ms=[1.5, 2.5], label="x")
     assert env.config == cfg.snapshot()
     assert env.software == SOFTWARE and env.hardware == HARDWARE
     assert results._parse_time(env.timestamp).utcoffset().total_seconds() == 0
@@ -107,8 +123,8 @@ def test_history_keeps_previous_file(cfg):
     assert history[0].read_text() == first
     assert history[0].name.startswith("baseline_metrics.") and history[0].suffix == ".json"
     assert history[0].name[len("baseline_metrics.") :][:8] == first_ts[:10].replace("-", "")
-    assert results.load_envelope(history[1]).payload == {"run": 2}
-    assert results.load_results(cfg, "01").payload == {"run": 3}
+    assert data(results.load_envelope(history[1])) == {"run": 2}
+    assert data(results.load_results(cfg, "01")) == {"run": 3}
 
 
 def test_history_unreadable_old_file_and_collisions(cfg):
@@ -186,7 +202,7 @@ def test_nan_written_as_null(cfg):
     path = write(cfg, {"x": math.nan, "nested": [{"y": math.inf}, (1.0, -math.inf)]})
     assert "NaN" not in path.read_text() and "Infinity" not in path.read_text()
     raw = json.loads(path.read_text())
-    assert raw["payload"] == {"x": None, "nested": [{"y": None}, [1.0, None]]}
+    assert raw["payload"]["sweep"]["workload"] == {"x": None, "nested": [{"y": None}, [1.0, None]]}
 
 
 def test_crash_before_replace_keeps_old_file(cfg, monkeypatch):
@@ -225,12 +241,14 @@ CHILD = """
 import json, sys
 from lab_utils.config import parse_config
 from lab_utils.results import write_results
+from support.payloads import baseline_dict, model, sweep_dict
 cfg = parse_config(json.load(open(sys.argv[1])))
 big = [i * 0.5 for i in range(150_000)]
 seq = 0
 while True:
     seq += 1
-    write_results(cfg, "01", {"seq": seq, "big": big}, software={}, hardware={})
+    payload = model("01", baseline_dict(sweep_dict(workload={"seq": seq, "big": big})))
+    write_results(cfg, "01", payload, software={}, hardware={})
     print(seq, flush=True)
 """
 
@@ -242,6 +260,8 @@ def test_killed_writer_leaves_valid_file(cfg, tmp_path):
         [sys.executable, "-c", CHILD, str(cfg_file)],
         stdout=subprocess.PIPE,
         cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(
+            [str(REPO_ROOT), str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])},
         text=True,
     )
     caught_mid_write = False
@@ -261,12 +281,12 @@ def test_killed_writer_leaves_valid_file(cfg, tmp_path):
     assert proc.returncode == -signal.SIGKILL
     assert caught_mid_write, "never saw the writer mid-write"
     env = results.load_results(cfg, "01")
-    assert env.payload["seq"] >= done
-    assert len(env.payload["big"]) == 150_000 and env.payload["big"][-1] == 149_999 * 0.5
+    assert data(env)["seq"] >= done
+    assert len(data(env)["big"]) == 150_000 and data(env)["big"][-1] == 149_999 * 0.5
     history = list((cfg.results_dir / "history").glob("*.json"))
     assert len(history) >= done - 1
     for old in history:
-        assert results.load_envelope(old).payload["seq"] <= env.payload["seq"]
+        assert data(results.load_envelope(old))["seq"] <= data(env)["seq"]
 
 
 def test_secret_env_redacted(tmp_path):
@@ -303,3 +323,100 @@ def test_hardware_facts():
     assert facts["hostname"]
     if Path("/proc/meminfo").exists():
         assert facts["memory_total_bytes"] > 1024 * 1024
+
+
+# ----- typed payloads ---------------------------------------------------------------------
+
+
+def old_file(cfg, notebook: str, payload: dict, kind: str | None = None) -> Path:
+    """A results file as the lab wrote it before the payload models (dict payloads)."""
+    spec = results.results_spec(notebook)
+    path = cfg.results_dir / spec.file_name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({
+        "schema_version": 1, "kind": kind or spec.kind, "notebook": spec.notebook,
+        "timestamp": "2025-01-01T00:00:00.000000Z", "profile": cfg.profile,
+        "config": cfg.snapshot(), "software": SOFTWARE, "hardware": HARDWARE,
+        "payload": payload}, indent=2))
+    return path
+
+
+@pytest.mark.parametrize("notebook", sorted(results.RESULTS))
+def test_old_format_loads_typed_and_rewrites_the_same_keys(cfg, notebook):
+    from lab_utils.payloads import PAYLOADS
+
+    from support.payloads import OLD_FORMAT
+
+    old = OLD_FORMAT[notebook]()
+    old_file(cfg, notebook, old)
+    env = results.load_results(cfg, notebook)
+    assert isinstance(env.payload, PAYLOADS[notebook])
+    path = results.write_results(cfg, notebook, env.payload, software={}, hardware={})
+    again = json.loads(path.read_text())["payload"]
+    added = {"gpu_name"} if notebook == "00" else set()
+    assert set(again) == set(old) | added
+    assert {k: v for k, v in again.items() if k not in added} == json.loads(json.dumps(old))
+    assert results.load_results(cfg, notebook).payload == env.payload
+
+
+def test_typed_attributes_of_each_notebook(cfg):
+    from lab_utils.checks.frame import CheckResult
+
+    from support.payloads import OLD_FORMAT
+
+    for nb in results.RESULTS:
+        old_file(cfg, nb, OLD_FORMAT[nb]())
+    env = results.load_results(cfg, "00").payload
+    assert env.blessed and env.checks[0].check == "ssh" and env.gpu_name is None
+    base = results.load_results(cfg, "01").payload
+    assert base.reference.tokens == [[9, 9, 9, 9], [8, 8, 8, 8]] and base.mixed is None
+    assert base.single_request.ttft_ms == 40.0 and base.roofline.weight_bytes is None
+    assert base.instances[1].role == "proxy" and base.sweep.model == "tiny-llama"
+    kv = results.load_results(cfg, "02").payload
+    assert kv.recommendation.kv_buffer_device == "cpu" and kv.probe.memcpy_GBps == {1048576: 5.0}
+    assert kv.predicted_vs_measured[0].measured_ms == 1.2
+    assert results.load_results(cfg, "03").payload.policy == "round_robin"
+    dis = results.load_results(cfg, "04").payload
+    assert dis.proof.ok and dis.proof.tokens_equal == 1 and dis.kv_buffer_device == "cpu"
+    # 00 written before gpu_name existed: the name the gpu check's summary starts with
+    gpu = CheckResult("gpu", "spark-a", "pass", "NVIDIA GB10, driver 580.82.09, CUDA 13.0")
+    old_file(cfg, "00", OLD_FORMAT["00"](gpu))
+    assert results.load_results(cfg, "00").payload.gpu_name == "NVIDIA GB10"
+
+
+def test_write_results_refuses_a_dict(cfg):
+    with pytest.raises(LabError, match="BaselinePayload, not a dict"):
+        results.write_results(cfg, "01", baseline_dict())
+    with pytest.raises(LabError, match="KvTransferPayload"):
+        results.write_results(cfg, "02", baseline(a=1))
+    assert not (cfg.results_dir / "baseline_metrics.json").exists()
+
+
+@pytest.mark.parametrize("payload, kind, problem", [
+    ({"anything": 1}, None, "payload.topology: Field required"),
+    ({**baseline_dict(), "sweep": {"points": "nonsense"}}, None, "payload.sweep"),
+    ({**baseline_dict(), "surprise": 1}, None, "payload.surprise: Extra inputs"),
+    (baseline_dict(), "benchmark", "holds 'benchmark' results"),
+])
+def test_foreign_or_garbage_payload_names_the_notebook(cfg, payload, kind, problem):
+    path = old_file(cfg, "01", payload, kind=kind)
+    with pytest.raises(ResultsMissingError) as e:
+        results.load_results(cfg, "01")
+    msg = str(e.value)
+    assert str(path) in msg and problem in msg, msg
+    assert ("re-run notebooks/01_Local_Inference_Baseline.ipynb "
+            "(or `python -m lab_utils run --from 01 --to 01`)") in msg
+    assert "Traceback" not in msg and e.value.__cause__ is None
+
+
+def test_envelope_of_another_kind_keeps_a_dict_payload(cfg, tmp_path):
+    path = results.write_envelope(cfg, tmp_path / "bench.json", "benchmark", "cli",
+                                  {"target": "x"}, software={}, hardware={})
+    assert results.load_envelope(path).payload == {"target": "x"}
+
+
+def test_load_optional(cfg):
+    assert results.load_optional(cfg, "02") is None
+    old_file(cfg, "02", {"nonsense": True})
+    with pytest.raises(ResultsMissingError, match="02_KV_Cache_Transfer"):
+        results.load_optional(cfg, "02")

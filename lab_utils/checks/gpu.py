@@ -1,9 +1,12 @@
 """GPU checks of the serving nodes: the GPU and its driver (`nvidia-smi`, including GB10's
 unified memory that it reports as Not Supported), processes holding it, and the CUDA build
-of torch and vLLM. On the CPU profile they say not-applicable, with the reason.
+of torch and vLLM. On the CPU profile they say not-applicable, with the reason. The gpu
+check records the GPU's name in its data; `gpu_name` reads it back for notebook 00's record.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 from lab_utils.checks import parsers
 from lab_utils.checks.frame import CheckResult, Context, GiB, meminfo
@@ -40,9 +43,22 @@ def check_gpu(ctx: Context) -> list[CheckResult]:
             seen += (f"; memory: nvidia-smi reports Not Supported (unified memory), "
                      f"/proc/meminfo {mem.get('MemAvailable', 0) / GiB:.0f} of "
                      f"{mem['MemTotal'] / GiB:.0f} GiB available")
-        out.append(CheckResult("gpu", name, "pass", seen))
+        out.append(CheckResult("gpu", name, "pass", seen,
+                               data={"name": names_seen,
+                                     "driver_version": gpus[0]["driver_version"],
+                                     "cuda_version": info["cuda_version"]}))
         out.append(_gpu_processes(ctx, name))
     return out
+
+
+def gpu_name(results: Iterable[CheckResult]) -> str | None:
+    """The serving nodes' GPU as the gpu check saw it ("NVIDIA GB10"); the names joined if
+    they differ; None without a GPU (CPU profile) or when a node's GPU was not seen."""
+    gpus = [r for r in results if r.check == "gpu"]
+    names = [r.data.get("name") for r in gpus]
+    if not names or not all(names):
+        return None
+    return ", ".join(dict.fromkeys(names))
 
 
 def _gpu_processes(ctx: Context, name: str) -> CheckResult:

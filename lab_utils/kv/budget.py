@@ -5,16 +5,88 @@ prompt) for the configured model and two reference models; the probe (`nixl_prob
 measures transfers of exactly those sizes. "Predicted" is the size divided by the best
 bandwidth the probe reached (what a bandwidth-only estimate promises); "measured" is the
 probe's median time for that size; the gap is the per-transfer overhead that dominates
-short prompts. The recommended `kv_buffer_device` follows `parsers.recommend_kv_buffer_device`.
+short prompts. The recommended `kv_buffer_device` follows `parsers.recommend_kv_buffer_device`;
+`choose_buffer_device` turns the configured value ("auto" included) and that recommendation
+into the device notebook 04's instances use. `KvTransferPayload` is what notebook 02 records
+(kv_transfer_metrics.json); `payload` builds it from what the notebook measured.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
 
 from lab_utils.config import LabConfig
 from lab_utils.errors import LabError
+from lab_utils.kv.probe import ProbeResult
 from lab_utils.kv.shapes import KVShape, kv_shape
+
+FALLBACK_BUFFER_DEVICE = "cpu"  # kv_buffer_device "auto" before notebook 02 has measured
+
+
+class KvRecommendation(BaseModel):
+    """The kv_buffer_device notebook 02 recommends, why, and the bandwidths behind it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kv_buffer_device: str
+    reason: str
+    dram_GBps: float | None = None
+    vram_GBps: float | None = None
+
+
+class PredictedTransfer(BaseModel):
+    """One prompt length: its KV bytes, the time predicted at the probe's best bandwidth,
+    and the probe's measured time for that size (None: not measured)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prompt_tokens: int
+    kv_bytes: int
+    blocks: int
+    predicted_ms: float | None
+    measured_ms: float | None = None
+    p99_ms: float | None = None
+
+
+class ModelKv(BaseModel):
+    """A model's KV layout as notebook 02 records it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    bytes_per_token: int
+    layers: int
+    kv_heads: int
+    head_dim: int
+    dtype_bytes: int
+    mla: bool = False
+
+
+class KvTransferPayload(BaseModel):
+    """Notebook 02's results (kv_transfer_metrics.json)."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    model: str
+    kv_per_token_bytes: int
+    block_size: int
+    descriptor_bytes: int
+    models: dict[str, ModelKv]
+    prompt_lengths: list[int]
+    predicted_vs_measured: list[PredictedTransfer]
+    recommendation: KvRecommendation
+    probe: ProbeResult
+
+
+def choose_buffer_device(cfg: LabConfig, recommendation: KvRecommendation | None) -> str:
+    """The configured kv_buffer_device; for "auto", notebook 02's recommendation (measured
+    on this profile) when there is one, else "cpu"."""
+    if cfg.kv_transfer.kv_buffer_device != "auto":
+        return cfg.kv_transfer.kv_buffer_device
+    return recommendation.kv_buffer_device if recommendation else FALLBACK_BUFFER_DEVICE
 
 # The config.json fields that set the KV layout, as published with each model.
 REFERENCE_MODELS = {
@@ -130,32 +202,37 @@ def seg_types(cfg: LabConfig) -> tuple[str, ...]:
     return ("DRAM", "VRAM") if cfg.vllm.device == "cuda" else ("DRAM",)
 
 
-def link_rate(environment: dict) -> float | None:
-    """The data-plane rate (Gb/s) the checklist saw reported, if any."""
-    for c in environment.get("checks", []):
-        if c["check"] == "link" and c.get("data", {}).get("reported_gbps"):
-            return c["data"]["reported_gbps"]
+def link_rate(checks: Iterable[Any]) -> float | None:
+    """The data-plane rate (Gb/s) the checklist saw reported, if any (`checks`: notebook
+    00's check results)."""
+    for c in checks:
+        if c.check == "link" and c.data.get("reported_gbps"):
+            return c.data["reported_gbps"]
     return None
 
 
-def recommend(cfg: LabConfig, rows: list[dict]) -> dict:
+def recommend(cfg: LabConfig, rows: list[dict]) -> KvRecommendation:
     """The kv_buffer_device for notebook 04, from the measured bandwidths."""
     from lab_utils.checks.parsers import recommend_kv_buffer_device
 
     dram, vram = best_bandwidth(rows, "DRAM"), best_bandwidth(rows, "VRAM")
     device, reason = recommend_kv_buffer_device(dram, vram, has_gpu=cfg.vllm.device == "cuda")
-    return {"kv_buffer_device": device, "reason": reason, "dram_GBps": dram, "vram_GBps": vram}
+    return KvRecommendation(kv_buffer_device=device, reason=reason, dram_GBps=dram,
+                            vram_GBps=vram)
 
 
-def payload(cfg: LabConfig, kv_shapes: dict[str, KVShape], lengths: list[int], probe,
-            pvm: list[dict], recommendation: dict) -> dict:
-    """What kv_transfer_metrics.json holds."""
+def payload(cfg: LabConfig, kv_shapes: dict[str, KVShape], lengths: list[int],
+            probe: ProbeResult, pvm: list[dict],
+            recommendation: KvRecommendation) -> KvTransferPayload:
+    """What kv_transfer_metrics.json holds, from what notebook 02 measured."""
     shape = kv_shapes[cfg.model.name]
-    return {"model": cfg.model.name, "kv_per_token_bytes": shape.bytes_per_token,
-            "block_size": block_size(cfg), "descriptor_bytes": descriptor_bytes(shape, block_size(cfg)),
-            "models": {n: {"bytes_per_token": s.bytes_per_token, "layers": s.layers,
-                           "kv_heads": s.kv_heads, "head_dim": s.head_dim,
-                           "dtype_bytes": s.dtype_bytes, "mla": s.mla}
-                       for n, s in kv_shapes.items()},
-            "prompt_lengths": lengths, "predicted_vs_measured": pvm,
-            "recommendation": recommendation, "probe": probe.to_dict()}
+    bs = block_size(cfg)
+    return KvTransferPayload(
+        model=cfg.model.name, kv_per_token_bytes=shape.bytes_per_token, block_size=bs,
+        descriptor_bytes=descriptor_bytes(shape, bs),
+        models={n: ModelKv(bytes_per_token=s.bytes_per_token, layers=s.layers,
+                           kv_heads=s.kv_heads, head_dim=s.head_dim, dtype_bytes=s.dtype_bytes,
+                           mla=s.mla) for n, s in kv_shapes.items()},
+        prompt_lengths=lengths,
+        predicted_vs_measured=[PredictedTransfer.model_validate(r) for r in pvm],
+        recommendation=recommendation, probe=probe.to_dict())

@@ -45,11 +45,12 @@ def _run(cfg: LabConfig, code: str, in_model_dir: bool = False) -> float:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def memory_bandwidth(cfg: LabConfig, environment: dict) -> tuple[float | None, str]:
-    """(GB/s, where the figure comes from) for the baseline node."""
+def memory_bandwidth(cfg: LabConfig, gpu_name: str | None) -> tuple[float | None, str]:
+    """(GB/s, where the figure comes from) for the baseline node; `gpu_name` is the GPU
+    notebook 00 recorded (None without a GPU)."""
     if cfg.vllm.device == "cuda":
-        gpus = [c["summary"] for c in environment.get("checks", []) if c["check"] == "gpu"]
-        if gpus and all("GB10" in g for g in gpus):
+        names = gpu_name.split(", ") if gpu_name else []  # one per GPU model seen
+        if names and all("GB10" in n for n in names):
             return GB10_BANDWIDTH_GBPS, "GB10 LPDDR5x, published figure"
         return None, "unknown for this GPU"
     bw = _run(cfg, _READ_BANDWIDTH)

@@ -285,8 +285,8 @@ WORKLOAD_KEYS = ("input_len", "output_len", "num_prompts", "duration_s", "warmup
 
 def _warnings(data: ReportData) -> list[str]:
     out = []
-    proof = data.payload("04").get("proof")
-    if isinstance(proof, dict) and not proof.get("ok", False):
+    proof = data.disaggregated.proof if data.disaggregated else None
+    if proof is not None and not proof.ok:
         out.append("Notebook 04's proof that the KV cache really moved did not pass: the "
                    "disaggregated numbers may not measure KV transfer; see its section.")
     if data.device == "cpu" and "disaggregated" in data.sweeps:

@@ -1,7 +1,8 @@
 """What the benchmark report reads: the results of notebooks 00-04, loaded from the
 profile's results directory into one `ReportData`, with the benchmark sweeps of 01, 03 and
 04 parsed per architecture (standard and mixed long/short workload). Only notebook 01 is
-required; a missing or broken optional file is recorded with the notebook to run. Also
+required; a missing or broken optional file is recorded with the notebook to run. Each
+notebook's payload is its typed model (`ReportData.baseline`, `.kv_transfer`, ...). Also
 the vocabulary the other report modules share: the architectures, the metrics compared,
 and a few formatting helpers.
 """
@@ -14,11 +15,17 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from pydantic import ValidationError
 
 from lab_utils.config import LabConfig
 from lab_utils.errors import ResultsMissingError
+from lab_utils.kv.budget import KvTransferPayload
 from lab_utils.measure.benchmark import BenchmarkResult
+from lab_utils.payloads import (
+    BaselinePayload,
+    DisaggregatedPayload,
+    EnvironmentPayload,
+    ReplicatedPayload,
+)
 from lab_utils.results import RESULTS, ResultsEnvelope, load_results
 
 ARCHITECTURES = ("baseline", "replicated", "disaggregated")
@@ -60,29 +67,36 @@ class ReportData:
     sweeps: dict[str, BenchmarkResult]
     mixed: dict[str, BenchmarkResult]
 
-    def payload(self, notebook: str) -> dict[str, Any]:
+    def payload(self, notebook: str):
+        """A notebook's payload (its model in `lab_utils.payloads`), None if not found."""
         env = self.envelopes.get(notebook)
-        return env.payload if env else {}
+        return env.payload if env else None
 
+    @property
+    def environment(self) -> EnvironmentPayload | None:
+        return self.payload("00")
 
-def _benchmark(payload: dict, key: str, notebook: str, required: bool) -> BenchmarkResult | None:
-    raw = payload.get(key)
-    if raw is None and not required:
-        return None
-    spec = RESULTS[notebook]
-    try:
-        return BenchmarkResult.model_validate(raw)
-    except ValidationError as e:
-        first = e.errors()[0]
-        where = ".".join(map(str, first["loc"])) or "(top level)"
-        raise ResultsMissingError(
-            f"{spec.file_name}: payload[{key!r}] is not a benchmark sweep ({where}: "
-            f"{first['msg']}); re-run notebooks/{spec.notebook_file}") from None
+    @property
+    def baseline(self) -> BaselinePayload | None:
+        return self.payload("01")
+
+    @property
+    def kv_transfer(self) -> KvTransferPayload | None:
+        return self.payload("02")
+
+    @property
+    def replicated(self) -> ReplicatedPayload | None:
+        return self.payload("03")
+
+    @property
+    def disaggregated(self) -> DisaggregatedPayload | None:
+        return self.payload("04")
 
 
 def load_report_data(cfg: LabConfig) -> ReportData:
     """Load every results file; 01 is required (ResultsMissingError names the notebook),
-    the others are optional and recorded in `missing` with the notebook to run."""
+    the others are optional and recorded in `missing` with the notebook to run (a file
+    that is not valid results counts as missing, with the reason)."""
     envelopes = {"01": load_results(cfg, "01")}
     missing: dict[str, str] = {}
     for nb in OPTIONAL_NOTEBOOKS:
@@ -94,24 +108,11 @@ def load_report_data(cfg: LabConfig) -> ReportData:
                       dict(sorted(envelopes.items())), missing, {}, {})
     for arch, nb in ARCH_NOTEBOOK.items():
         if nb in data.envelopes:
-            _add_sweeps(data, arch, nb)
+            payload = data.envelopes[nb].payload
+            data.sweeps[arch] = payload.sweep
+            if payload.mixed is not None:
+                data.mixed[arch] = payload.mixed
     return data
-
-
-def _add_sweeps(data: ReportData, arch: str, nb: str) -> None:
-    payload = data.envelopes[nb].payload
-    try:
-        sweep = _benchmark(payload, "sweep", nb, required=True)
-        mixed = _benchmark(payload, "mixed", nb, required=False)
-    except ResultsMissingError as e:
-        if nb == "01":
-            raise
-        del data.envelopes[nb]
-        data.missing[nb] = str(e)
-        return
-    data.sweeps[arch] = sweep
-    if mixed is not None:
-        data.mixed[arch] = mixed
 
 
 def run_hint(notebook: str) -> str:

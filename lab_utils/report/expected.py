@@ -12,6 +12,8 @@ from typing import Any, NamedTuple
 
 import pandas as pd
 
+from lab_utils.kv.budget import KvTransferPayload
+from lab_utils.payloads import EnvironmentPayload
 from lab_utils.report.data import PER_STREAM, ReportData, fmt_num, is_number, num_or_nan
 from lab_utils.report.tables import checks, kv_table, points_table, probe_rows
 
@@ -38,7 +40,7 @@ class Measured(NamedTuple):
     not_comparable: str | None = None
 
 
-def measured_nixl_dram_GBps(payload02: dict) -> Measured:
+def measured_nixl_dram_GBps(payload02: KvTransferPayload | None) -> Measured:
     """02's probe: the largest DRAM READ (what NixlConnector does); without probe rows,
     the largest prompt's measured KV transfer."""
     reads = [r for r in probe_rows(payload02) if r.get("seg_type") == "DRAM"
@@ -60,23 +62,22 @@ def measured_nixl_dram_GBps(payload02: dict) -> Measured:
                     "(includes latency)")
 
 
-def measured_link_Gbps(payload00: dict) -> Measured:
+def measured_link_Gbps(payload00: EnvironmentPayload | None) -> Measured:
     """00's data-plane link check: ib_write_bw on one rail (RDMA), or one TCP stream,
     which says nothing about a rail's RDMA bandwidth."""
-    links = [c for c in checks(payload00) if c.get("check") == "link"]
-    measured = [c for c in links if is_number((c.get("data") or {}).get("measured_gbps"))]
+    links = [c for c in checks(payload00) if c.check == "link"]
+    measured = [c for c in links if is_number(c.data.get("measured_gbps"))]
     if not measured:
         if not links:
             return Measured(None, "not recorded by 00")
         c = links[0]
-        return Measured(None, f"not measured (00's link check: {c.get('status')}, "
-                              f"{c.get('summary')})")
-    worst = min(measured, key=lambda c: c["data"]["measured_gbps"])
-    gbps = float(worst["data"]["measured_gbps"])
-    if worst["data"].get("method") == "tcp":
-        return Measured(gbps, f"00's link check, {worst.get('node')}, one TCP stream",
+        return Measured(None, f"not measured (00's link check: {c.status}, {c.summary})")
+    worst = min(measured, key=lambda c: c.data["measured_gbps"])
+    gbps = float(worst.data["measured_gbps"])
+    if worst.data.get("method") == "tcp":
+        return Measured(gbps, f"00's link check, {worst.node}, one TCP stream",
                         "one TCP stream, not ib_write_bw over RDMA")
-    return Measured(gbps, f"00's link check, {worst.get('node')}, ib_write_bw on one rail")
+    return Measured(gbps, f"00's link check, {worst.node}, ib_write_bw on one rail")
 
 
 def measured_decode_per_stream(table: pd.DataFrame) -> Measured:
@@ -115,8 +116,9 @@ def _verdict(m: Measured, expected: float | tuple[float, float]) -> str:
 def _expected_decode(data: ReportData) -> tuple[float, str]:
     e = EXPECTED_TWO_SPARK
     bw = e["memory_bandwidth_GBps"]
-    weights = (data.payload("01").get("roofline") or {}).get("weight_bytes")
-    if isinstance(weights, (int, float)) and weights > 0:
+    roof = data.baseline.roofline if data.baseline else None
+    weights = roof.weight_bytes if roof else None
+    if weights is not None and weights > 0:
         return bw * 1e9 / weights, f"{bw:g} GB/s / {weights / 1e9:.1f} GB of weights (this model)"
     return (e["decode_tokens_per_s_per_stream"],
             f"{bw:g} GB/s / {e['decode_weight_bytes'] / 1e9:g} GB (an 8B model in bf16)")
@@ -130,16 +132,17 @@ def expected_figures(data: ReportData, table: pd.DataFrame | None = None) -> pd.
     """DESIGN section 8's figures for two Sparks beside this run's (real cluster only)."""
     table = points_table(data) if table is None else table
     e = EXPECTED_TWO_SPARK
-    bw = (data.payload("01").get("roofline") or {}).get("memory_bandwidth_GBps")
+    roof = data.baseline.roofline if data.baseline else None
+    bw = roof.memory_bandwidth_GBps if roof else None
     dec_exp, dec_basis = _expected_decode(data)
     rows = [
         ("memory bandwidth (GB/s)", e["memory_bandwidth_GBps"], "GB10 LPDDR5x",
          Measured(num_or_nan(bw) if bw is not None else None, "01's roofline record")),
         ("decode tokens/s per stream", dec_exp, dec_basis, measured_decode_per_stream(table)),
         ("NIXL DRAM-to-DRAM (GB/s)", e["nixl_dram_GBps"], "nixlbench over ConnectX-7",
-         measured_nixl_dram_GBps(data.payload("02"))),
+         measured_nixl_dram_GBps(data.kv_transfer)),
         ("link per rail (Gb/s)", e["link_Gbps_per_rail"], "ib_write_bw, one PCIe x4 half",
-         measured_link_Gbps(data.payload("00"))),
+         measured_link_Gbps(data.environment)),
     ]
     comparable = data.device == "cuda"
     out = []

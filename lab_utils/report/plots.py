@@ -17,6 +17,7 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from lab_utils.kv.budget import KvTransferPayload
 from lab_utils.report.data import ARCHITECTURES, PER_STREAM, ReportData, fmt_num
 from lab_utils.report.tables import kv_table, workload_rows
 from lab_utils.util.atomic import atomic_write_bytes
@@ -145,8 +146,9 @@ def _roofline_plot(data: ReportData, table: pd.DataFrame) -> Plot | None:
 
 
 def roofline_limit(data: ReportData) -> float | None:
-    v = (data.payload("01").get("roofline") or {}).get("max_tokens_per_s_per_stream")
-    return float(v) if isinstance(v, (int, float)) and v > 0 else None
+    roof = data.baseline.roofline if data.baseline else None
+    v = roof.max_tokens_per_s_per_stream if roof else None
+    return float(v) if v is not None and v > 0 else None
 
 
 def roofline_text(data: ReportData) -> str:
@@ -160,7 +162,7 @@ def roofline_text(data: ReportData) -> str:
             "grows.")
 
 
-def _kv_plot(payload02: dict) -> Plot | None:
+def _kv_plot(payload02: KvTransferPayload | None) -> Plot | None:
     kv = kv_table(payload02)
     if kv.empty:
         return None
@@ -197,7 +199,7 @@ def render_plots(data: ReportData, table: pd.DataFrame) -> list[Plot]:
         _metric_plot(std, "itl", "ITL p50 (solid) and p99 (dashed) vs load",
                      [("ITL (ms)", [("median_itl_ms", "-o", " p50"),
                                     ("p99_itl_ms", "--s", " p99")])]),
-        _kv_plot(data.payload("02")),
+        _kv_plot(data.kv_transfer),
         _roofline_plot(data, table),
         _metric_plot(mixed, "mixed_itl", "Mixed long/short workload: ITL p99 vs load",
                      [("ITL p99 (ms)", [("p99_itl_ms", "-o", "")])],

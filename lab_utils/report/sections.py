@@ -8,14 +8,14 @@ production systems add beyond this lab.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 
 import pandas as pd
 
 from lab_utils.measure.benchmark import BenchmarkResult
 from lab_utils.report.conclusions import Conclusions
-from lab_utils.report.data import ReportData, fmt_num, is_number, run_hint
+from lab_utils.report.data import ReportData, fmt_num, run_hint
 from lab_utils.report.expected import EXPECTED_TWO_SPARK, expected_figures
 from lab_utils.report.plots import Plot, roofline_text
 from lab_utils.report.tables import (
@@ -176,10 +176,10 @@ def _expected_blocks(data: ReportData, table: pd.DataFrame) -> list[Block]:
 def _nb00_blocks(data: ReportData) -> list[Block]:
     env = data.envelopes["00"]
     p = env.payload
-    tally = ", ".join(f"{n} {status}" for status, n in (p.get("counts") or {}).items())
-    if p.get("blessed"):
+    tally = ", ".join(f"{n} {status}" for status, n in p.counts.items())
+    if p.blessed:
         verdict = P(f"Written {env.timestamp}. Blessed: no check failed ({tally}).")
-    elif p.get("continued_despite_failures"):
+    elif p.continued_despite_failures:
         verdict = W(f"Written {env.timestamp}. Not blessed ({tally}): the later notebooks ran "
                     "despite the failed checks, as chosen in notebook 00, so their numbers may "
                     "reflect them.")
@@ -190,12 +190,12 @@ def _nb00_blocks(data: ReportData) -> list[Block]:
 
 
 def _nb01_blocks(data: ReportData) -> list[Block]:
-    p = data.payload("01")
+    p = data.baseline
     blocks = [P(_sweep_text(data.sweeps["baseline"]))]
-    if isinstance(p.get("single_request"), dict):
-        blocks += [H("Single request", 3), T(key_value_table(p["single_request"]))]
+    if p.single_request is not None:
+        blocks += [H("Single request", 3), T(key_value_table(asdict(p.single_request)))]
     blocks += [H("Roofline", 3), P(roofline_text(data)),
-               T(key_value_table(p.get("roofline") or {}))]
+               T(key_value_table(p.roofline.model_dump() if p.roofline else {}))]
     return blocks
 
 
@@ -214,19 +214,13 @@ def _workload_text(w: dict) -> str:
 
 
 def _nb02_blocks(data: ReportData) -> list[Block]:
-    p = data.payload("02")
-    blocks = []
-    per_token, block_size = p.get("kv_per_token_bytes"), p.get("block_size")
-    if is_number(per_token):
-        model = f" of {p['model']}" if p.get("model") else ""
-        moved = (f", moved in blocks of {fmt_num(block_size)} tokens"
-                 if is_number(block_size) else "")
-        blocks.append(P(f"KV cache per token{model}: {fmt_num(per_token)} bytes "
-                        f"({per_token / 1024:.1f} KiB){moved}."))
-    rec = p.get("recommendation") or {}
-    if rec:
-        blocks.append(P(f"Recommended kv_buffer_device: {rec.get('kv_buffer_device')} "
-                        f"({rec.get('reason', 'no reason recorded')})."))
+    p = data.kv_transfer
+    per_token = p.kv_per_token_bytes
+    blocks = [P(f"KV cache per token of {p.model}: {fmt_num(per_token)} bytes "
+                f"({per_token / 1024:.1f} KiB), moved in blocks of {fmt_num(p.block_size)} "
+                "tokens."),
+              P(f"Recommended kv_buffer_device: {p.recommendation.kv_buffer_device} "
+                f"({p.recommendation.reason or 'no reason recorded'}).")]
     kv = kv_table(p)
     if not kv.empty:
         blocks += [H("Predicted vs measured transfer time", 3), T(kv.map(fmt_num))]
@@ -237,26 +231,25 @@ def _nb02_blocks(data: ReportData) -> list[Block]:
 
 
 def _nb03_blocks(data: ReportData) -> list[Block]:
-    policy = data.payload("03").get("policy", "not recorded")
+    policy = data.replicated.policy
     mixed = "measured" if "replicated" in data.mixed else "not measured"
     return [P(f"Routing policy: {policy}. {_sweep_text(data.sweeps['replicated'])} Mixed "
               f"workload: {mixed}.")]
 
 
 def _nb04_blocks(data: ReportData) -> list[Block]:
-    p = data.payload("04")
-    blocks = [P(f"kv_buffer_device: {p.get('kv_buffer_device', 'not recorded')}. "
+    p = data.disaggregated
+    blocks = [P(f"kv_buffer_device: {p.kv_buffer_device}. "
                 f"{_sweep_text(data.sweeps['disaggregated'])}")]
-    proof = p.get("proof") if isinstance(p.get("proof"), dict) else None
+    proof = p.proof
     if proof is None:
         return blocks + [W("No proof that the KV cache moved was recorded.")]
-    prompts = [r for r in proof.get("prompts") or [] if isinstance(r, dict)]
-    equal = sum(1 for r in prompts if r.get("tokens_equal"))
-    verdict = "passed" if proof.get("ok") else "FAILED"
+    verdict = "passed" if proof.ok else "FAILED"
     text = (f"Proof that the KV cache moved: {verdict}. Greedy output equal to the baseline "
-            f"for {equal} of {len(prompts)} prompts.")
-    blocks.append(P(text) if proof.get("ok") else W(text))
-    return blocks + ([T(scalar_table(prompts))] if prompts else [])
+            f"for {proof.tokens_equal} of {len(proof.prompts)} prompts.")
+    blocks.append(P(text) if proof.ok else W(text))
+    rows = [r.model_dump() for r in proof.prompts]
+    return blocks + ([T(scalar_table(rows))] if rows else [])
 
 
 def _files_blocks(data: ReportData) -> list[Block]:

@@ -12,7 +12,10 @@ from typing import Any
 
 import pandas as pd
 
+from lab_utils.checks.frame import CheckResult
+from lab_utils.kv.budget import KvTransferPayload
 from lab_utils.measure.benchmark import BenchmarkResult, read_together_share
+from lab_utils.payloads import EnvironmentPayload
 from lab_utils.report.data import (
     ARCHITECTURES,
     METRICS,
@@ -158,29 +161,29 @@ def display_table(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out, columns=cols)
 
 
-def kv_table(payload02: dict) -> pd.DataFrame:
+def kv_table(payload02: KvTransferPayload | None) -> pd.DataFrame:
     """Notebook 02's predicted vs measured KV transfer time per prompt length."""
     cols = ["prompt_tokens", "kv_bytes", "predicted_ms", "measured_ms"]
-    rows = [{c: num_or_nan(r.get(c)) for c in cols}
-            for r in payload02.get("predicted_vs_measured") or [] if isinstance(r, dict)]
+    rows = [{c: num_or_nan(getattr(r, c)) for c in cols}
+            for r in (payload02.predicted_vs_measured if payload02 else [])]
     df = pd.DataFrame(rows, columns=cols)
     df["measured_over_predicted"] = df["measured_ms"] / df["predicted_ms"]
     return df.sort_values("prompt_tokens").reset_index(drop=True)
 
 
-def probe_rows(payload02: dict) -> list[dict]:
+def probe_rows(payload02: KvTransferPayload | None) -> list[dict]:
     """Notebook 02's NIXL probe rows (one per memory type, operation and size)."""
-    return [r for r in (payload02.get("probe") or {}).get("rows") or [] if isinstance(r, dict)]
+    return list(payload02.probe.rows) if payload02 else []
 
 
-def checks(payload00: dict) -> list[dict]:
+def checks(payload00: EnvironmentPayload | None) -> list[CheckResult]:
     """Notebook 00's check results (one per check and node)."""
-    return [c for c in payload00.get("checks") or [] if isinstance(c, dict)]
+    return list(payload00.checks) if payload00 else []
 
 
-def checks_table(payload00: dict) -> pd.DataFrame:
+def checks_table(payload00: EnvironmentPayload | None) -> pd.DataFrame:
     """Notebook 00's checklist: what each check found on each node, and the fix."""
-    rows = [{c: r.get(c) or "" for c in CHECK_COLUMNS} for r in checks(payload00)]
+    rows = [{c: getattr(r, c) or "" for c in CHECK_COLUMNS} for r in checks(payload00)]
     return pd.DataFrame(rows, columns=CHECK_COLUMNS)
 
 

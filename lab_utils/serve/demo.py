@@ -24,11 +24,13 @@ def format_proofs(proofs: list[TransferProof]) -> str:
     return "\n".join(rows)
 
 
-def run_demo(cfg: LabConfig, n_prompts: int = 1, max_tokens: int = 16) -> list[TransferProof]:
-    """Serve the disaggregated topology, prove transfer for fresh prompts, stop it."""
+def run_demo(cfg: LabConfig, n_prompts: int = 1, max_tokens: int = 16, *,
+             kv_buffer_device: str | None = None) -> list[TransferProof]:
+    """Serve the disaggregated topology, prove transfer for fresh prompts, stop it
+    (`kv_buffer_device`: as resolved by the caller; None: the configured one)."""
     print(f"profile {cfg.profile}: starting the disaggregated topology "
           "(first start of a vLLM instance here takes 15-90 s)", flush=True)
-    with topology_running(cfg, "disaggregated") as records:
+    with topology_running(cfg, "disaggregated", kv_buffer_device=kv_buffer_device) as records:
         kv = kv_shape_from_dir(cfg.model_path, cfg.model.dtype)  # present once serving
         tok = load_tokenizer(cfg.model_path)
         lengths = [48 + 40 * i for i in range(n_prompts)]

@@ -24,6 +24,7 @@ from lab_utils.cluster.provision import ensure_model_on
 from lab_utils.cluster.state import ProcessRecord
 from lab_utils.config import InstanceSpec, LabConfig, read_secret_file
 from lab_utils.errors import ProcessFailedError
+from lab_utils.kv.budget import choose_buffer_device
 from lab_utils.util.progress import progress_bar
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
@@ -34,33 +35,26 @@ def instance_url(cfg: LabConfig, spec: InstanceSpec) -> str:
     return f"http://{cfg.nodes[spec.node].lan_address}:{spec.port}"
 
 
-def kv_buffer_device(cfg: LabConfig) -> str:
-    """The configured kv_buffer_device; for "auto", notebook 02's recommendation (measured
-    on this profile) when it exists, else "cpu"."""
-    if cfg.kv_transfer.kv_buffer_device != "auto":
-        return cfg.kv_transfer.kv_buffer_device
-    path = cfg.results_dir / "kv_transfer_metrics.json"
-    try:
-        return json.loads(path.read_text())["payload"]["recommendation"]["kv_buffer_device"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return "cpu"
-
-
-def kv_transfer_config(cfg: LabConfig, spec: InstanceSpec) -> dict | None:
+def kv_transfer_config(cfg: LabConfig, spec: InstanceSpec, *,
+                       kv_buffer_device: str | None = None) -> dict | None:
+    """NixlConnector's settings for a prefill or decode instance (None for the others).
+    `kv_buffer_device` is the one the caller resolved (`kv.budget.choose_buffer_device`);
+    without it, the configured one ("cpu" for "auto": nothing measured was passed)."""
     role = KV_ROLES.get(spec.role)
     if role is None:
         return None
     out = {
         "kv_connector": cfg.kv_transfer.connector,
         "kv_role": role,
-        "kv_buffer_device": kv_buffer_device(cfg),
+        "kv_buffer_device": kv_buffer_device or choose_buffer_device(cfg, None),
     }
     if cfg.kv_transfer.extra_config:
         out["kv_connector_extra_config"] = cfg.kv_transfer.extra_config
     return out
 
 
-def server_command(cfg: LabConfig, spec: InstanceSpec) -> list[str]:
+def server_command(cfg: LabConfig, spec: InstanceSpec, *,
+                   kv_buffer_device: str | None = None) -> list[str]:
     node = cfg.nodes[spec.node]
     s = spec.settings
     argv = [
@@ -81,7 +75,7 @@ def server_command(cfg: LabConfig, spec: InstanceSpec) -> list[str]:
         argv += ["--gpu-memory-utilization", str(s.gpu_memory_utilization)]
     if cfg.vllm.enforce_eager:
         argv.append("--enforce-eager")
-    kv = kv_transfer_config(cfg, spec)
+    kv = kv_transfer_config(cfg, spec, kv_buffer_device=kv_buffer_device)
     if kv:
         argv += ["--kv-transfer-config", json.dumps(kv, separators=(",", ":"))]
     return argv + list(cfg.vllm.extra_args) + list(s.extra_args)
@@ -137,7 +131,8 @@ def alive_record(node: Node, name: str) -> ProcessRecord | None:
     return existing
 
 
-def start_instance(cfg: LabConfig, spec: InstanceSpec) -> tuple[ProcessRecord, bool]:
+def start_instance(cfg: LabConfig, spec: InstanceSpec, *,
+                   kv_buffer_device: str | None = None) -> tuple[ProcessRecord, bool]:
     """Start one instance; return (record, started_now). A running one is reused."""
     node = get_node(cfg, spec.node)
     existing = alive_record(node, spec.name)
@@ -152,7 +147,7 @@ def start_instance(cfg: LabConfig, spec: InstanceSpec) -> tuple[ProcessRecord, b
     tmp = node.private_tmp(spec.name)  # removed when the instance is stopped
     try:
         rec = node.start_detached(
-            spec.name, server_command(cfg, spec), env={"TMPDIR": tmp, **server_env(cfg, spec)},
+            spec.name, server_command(cfg, spec, kv_buffer_device=kv_buffer_device), env={"TMPDIR": tmp, **server_env(cfg, spec)},
             log_path=_log_path(cfg, spec), kind="vllm", port=spec.port,
             url=instance_url(cfg, spec),
             extra={"topology": spec.topology, "role": spec.role,

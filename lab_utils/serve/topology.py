@@ -22,10 +22,12 @@ PROXY = "proxy"
 
 
 def serve(cfg: LabConfig, *topologies: str, show_progress: bool = True,
-          with_proxy: bool = False) -> list[ProcessRecord]:
+          with_proxy: bool = False, kv_buffer_device: str | None = None) -> list[ProcessRecord]:
     """Start (or reuse) every instance of the topologies, all at once, and with
     `with_proxy` the lab proxy in front of the (single) topology; return the records
-    once all are healthy. On any failure or interrupt, what this call started stops."""
+    once all are healthy. On any failure or interrupt, what this call started stops.
+    `kv_buffer_device`: what prefill and decode instances get (resolved by the caller,
+    e.g. `serving.kv_buffer_device`; None: the configured one)."""
     if with_proxy and len(topologies) != 1:
         raise ValueError("the proxy fronts exactly one topology")
     records: list[ProcessRecord] = []
@@ -35,7 +37,7 @@ def serve(cfg: LabConfig, *topologies: str, show_progress: bool = True,
     deploy(cfg, sorted(n for n in remote if cfg.nodes[n].connection == "ssh"))
     try:
         for spec in specs:
-            rec, new = start_instance(cfg, spec)
+            rec, new = start_instance(cfg, spec, kv_buffer_device=kv_buffer_device)
             records.append(rec)
             if new:
                 started.append(rec)
@@ -106,10 +108,11 @@ def cleanup(cfg: LabConfig) -> list[str]:
 
 
 @contextlib.contextmanager
-def topology_running(cfg: LabConfig, topology: str, *,
-                     show_progress: bool = True) -> Iterator[list[ProcessRecord]]:
+def topology_running(cfg: LabConfig, topology: str, *, show_progress: bool = True,
+                     kv_buffer_device: str | None = None) -> Iterator[list[ProcessRecord]]:
     """Serve `topology` for the duration of a `with` block, then stop it."""
-    records = serve(cfg, topology, show_progress=show_progress)
+    records = serve(cfg, topology, show_progress=show_progress,
+                    kv_buffer_device=kv_buffer_device)
     try:
         yield records
     finally:

@@ -67,6 +67,11 @@ def test_recorded_pair(spark_cfg):
     # GB10's nvidia-smi says "Not Supported" for memory: read from /proc/meminfo instead
     assert "Not Supported" in got[("gpu", "spark-01")].summary
     assert "107 of 120 GiB" in got[("gpu", "spark-01")].summary
+    # the GPU's name is data notebook 00 records (the roofline's memory bandwidth)
+    from lab_utils.checks.gpu import gpu_name
+
+    assert got[("gpu", "spark-01")].data["name"] == "NVIDIA GB10"
+    assert gpu_name(report.results) == "NVIDIA GB10"
     # ib_write_bw 11031.78 MiB/s = 92.5 Gb/s over a device reporting Rate 100
     assert "93% of the reported 100 Gb/s" in got[("link", "spark-02 -> spark-01")].summary
     ports = [r for r in report.results if r.check == "ports"]

@@ -51,13 +51,52 @@ def test_predicted_vs_measured():
 def test_recommendation_uses_measured_bandwidths(test_cfg):
     rows = [{"seg_type": "DRAM", "op": "READ", "bandwidth_GBps": 3.0}]
     rec = kv_budget.recommend(test_cfg, rows)
-    assert rec["kv_buffer_device"] == "cpu" and rec["dram_GBps"] == 3.0 and rec["vram_GBps"] is None
+    assert rec.kv_buffer_device == "cpu" and rec.dram_GBps == 3.0 and rec.vram_GBps is None
 
 
 def test_link_rate_from_the_checklist():
-    env = {"checks": [{"check": "link", "data": {"measured_gbps": 92.5, "reported_gbps": 100}}]}
-    assert kv_budget.link_rate(env) == 100
-    assert kv_budget.link_rate({"checks": []}) is None
+    link = CheckResult("link", "cluster", "pass", "ok",
+                       data={"measured_gbps": 92.5, "reported_gbps": 100})
+    assert kv_budget.link_rate([CheckResult("ssh", "a", "pass", "ok"), link]) == 100
+    assert kv_budget.link_rate([]) is None
+
+
+def _with_device(cfg, device: str):
+    return cfg.model_copy(update={"kv_transfer": cfg.kv_transfer.model_copy(
+        update={"kv_buffer_device": device})})
+
+
+def test_choose_buffer_device(test_cfg):
+    cuda = kv_budget.KvRecommendation(kv_buffer_device="cuda", reason="VRAM is faster")
+    assert test_cfg.kv_transfer.kv_buffer_device == "auto"
+    assert kv_budget.choose_buffer_device(test_cfg, cuda) == "cuda"  # auto: 02's choice
+    assert kv_budget.choose_buffer_device(test_cfg, None) == "cpu"  # auto, 02 not run
+    forced = _with_device(test_cfg, "cpu")
+    assert kv_budget.choose_buffer_device(forced, cuda) == "cpu"  # the config overrides 02
+    assert kv_budget.choose_buffer_device(_with_device(test_cfg, "cuda"), None) == "cuda"
+
+
+def test_payload_is_the_model_notebook_02_records(test_cfg):
+    from lab_utils.kv.probe import ProbeResult
+
+    shapes = kv_budget.shapes(test_cfg, LLAMA_8B)
+    lengths = [128, 256]
+    shape = shapes[test_cfg.model.name]
+    bs = kv_budget.block_size(test_cfg)
+    rows = [{"seg_type": "DRAM", "op": "READ", "bytes": shape.transfer_bytes(n, bs),
+             "bandwidth_GBps": 2.0, "median_us": 100.0, "p99_us": 120.0} for n in lengths]
+    probe = ProbeResult(rows=rows, target="a", initiator="b", target_address="x",
+                        initiator_address="y", port=1, same_machine=True, env={},
+                        memcpy_GBps={1024: 4.0})
+    pvm = kv_budget.predicted_vs_measured(shape, lengths, bs, rows)
+    rec = kv_budget.recommend(test_cfg, rows)
+    p = kv_budget.payload(test_cfg, shapes, lengths, probe, pvm, rec)
+    assert isinstance(p, kv_budget.KvTransferPayload)
+    assert p.recommendation == rec and p.probe.memcpy_GBps == {1024: 4.0}
+    assert [r.measured_ms for r in p.predicted_vs_measured] == [0.1, 0.1]
+    assert set(p.model_dump()) == {"model", "kv_per_token_bytes", "block_size",
+                                   "descriptor_bytes", "models", "prompt_lengths",
+                                   "predicted_vs_measured", "recommendation", "probe"}
 
 
 def _report(status: str) -> ChecklistReport:
@@ -68,7 +107,8 @@ def _report(status: str) -> ChecklistReport:
 
 def test_environment_blessed(test_cfg):
     record_environment(test_cfg, _report("pass"))
-    assert require_environment(test_cfg)["blessed"] is True
+    env = require_environment(test_cfg)
+    assert env.blessed is True and env.gpu_name is None  # no gpu check: no GPU
 
 
 def test_environment_with_failures_is_refused_then_continued_knowingly(test_cfg, capsys):
@@ -78,7 +118,7 @@ def test_environment_with_failures_is_refused_then_continued_knowingly(test_cfg,
         require_environment(test_cfg)  # recorded, not blessed, no consent
     record_environment(test_cfg, _report("fail"), continue_despite_failures=True)
     payload = require_environment(test_cfg)
-    assert payload["continued_despite_failures"] and not payload["blessed"]
+    assert payload.continued_despite_failures and not payload.blessed
     assert "continuing on an environment with failed checks" in capsys.readouterr().out
 
 

@@ -20,13 +20,23 @@ import time
 import pytest
 
 from lab_utils import report
-from lab_utils.checks.frame import ChecklistReport, CheckResult
+from lab_utils.checks.frame import CheckResult
 from lab_utils.checks.rdma import link_verdict
 from lab_utils.errors import ResultsMissingError
 from lab_utils.kv.probe import apply_limits, summarize
 from lab_utils.measure.benchmark import HEADLINE, BenchmarkPoint, BenchmarkResult, combine
-from lab_utils.results import RESULTS, write_results
+from lab_utils.results import RESULTS, write_envelope, write_results
 
+from support.payloads import (
+    baseline_dict,
+    disaggregated_dict,
+    environment_dict,
+    kv_dict,
+    model,
+    proof_row_dict,
+    replicated_dict,
+    roofline_dict,
+)
 from support.profiles import make_profile_data, write_profile
 
 LOADS = (1, 2, 4)
@@ -74,17 +84,14 @@ def sweep(arch: str, per_load: dict[float, dict[str, float]], *, repeats: int = 
 
 
 def write(cfg, notebook: str, payload: dict) -> None:
-    write_results(cfg, notebook, payload, software={}, hardware={})
+    """Write a payload in the files' format through the notebook's model."""
+    write_results(cfg, notebook, model(notebook, payload), software={}, hardware={})
 
 
 def write_baseline(cfg, *, roofline: dict | None = None, **kw) -> None:
     data = {c: metrics(100 * c, 50, 10, 30) for c in LOADS}
-    write(cfg, "01", {"topology": "baseline", "sweep": sweep("baseline", data, **kw),
-                      "single_request": {"ttft_ms": 40.0, "tpot_ms": 9.5, "tokens": 32},
-                      "mixed": None, "future_key": {"ignored": True},
-                      "roofline": roofline or {"memory_bandwidth_GBps": None,
-                                               "weight_bytes": None,
-                                               "max_tokens_per_s_per_stream": None}})
+    write(cfg, "01", baseline_dict(sweep("baseline", data, **kw),
+                                   roofline=roofline or roofline_dict()))
 
 
 def probe_row(seg: str, op: str, nbytes: int, gbytes_per_s: float) -> dict:
@@ -103,34 +110,28 @@ def write_kv(cfg) -> None:
     probe = [probe_row("DRAM", "READ", 1 << 20, 0.9), probe_row("DRAM", "WRITE", 1 << 20, 0.8),
              probe_row("DRAM", "READ", 64 << 20, 1.6), probe_row("DRAM", "WRITE", 64 << 20, 2.5),
              probe_row("VRAM", "READ", 64 << 20, 9.0)]
-    write(cfg, "02", {"model": "tiny-llama", "kv_per_token_bytes": 16384, "block_size": 16,
-                      "predicted_vs_measured": rows,
-                      "recommendation": {"kv_buffer_device": "cpu", "reason": "DRAM is faster"},
-                      "probe": {"rows": probe, "notes": [], "same_machine": False}})
+    for r in rows:
+        r["blocks"] = r["prompt_tokens"] // 16
+    write(cfg, "02", kv_dict(pvm=rows, probe_rows=probe))
 
 
 def write_environment(cfg, *results: CheckResult) -> None:
     """Notebook 00's payload, as `environment.record_environment` writes it."""
-    checklist = ChecklistReport([CheckResult("ssh", "spark-a", "pass", "reachable"), *results])
-    write(cfg, "00", {"blessed": not checklist.failed, "continued_despite_failures": False,
-                      "counts": checklist.counts, "checks": checklist.to_dict()["results"]})
+    write(cfg, "00", environment_dict(*results))
 
 
 def write_replicated(cfg, data: dict, *, mixed: dict | None = None, **kw) -> None:
-    write(cfg, "03", {"topology": "replicated", "policy": "round_robin",
-                      "sweep": sweep("replicated", data, **kw),
-                      "mixed": sweep("replicated", mixed, mixed=True, held_up=kw.get("held_up"))
-                      if mixed else None})
+    write(cfg, "03", replicated_dict(
+        sweep("replicated", data, **kw),
+        sweep("replicated", mixed, mixed=True, held_up=kw.get("held_up")) if mixed else None))
 
 
 def write_disaggregated(cfg, data: dict, *, mixed: dict | None = None, ok: bool = True,
                         **kw) -> None:
-    prompts = [{"prompt_tokens": 64, "external_kv_transfer": 64, "nixl_bytes": 262144,
-                "expected_bytes": 262144, "nixl_xfer_ms": 10.0, "tokens_equal": ok}]
-    write(cfg, "04", {"topology": "disaggregated", "kv_buffer_device": "cpu",
-                      "sweep": sweep("disaggregated", data, **kw),
-                      "mixed": sweep("disaggregated", mixed, mixed=True) if mixed else None,
-                      "proof": {"ok": ok, "prompts": prompts}})
+    payload = disaggregated_dict(sweep("disaggregated", data, **kw),
+                                 sweep("disaggregated", mixed, mixed=True) if mixed else None)
+    payload["proof"] = {"ok": ok, "prompts": [proof_row_dict(ok)]}
+    write(cfg, "04", payload)
 
 
 def write_loses_throughput_wins_itl(cfg) -> None:
@@ -287,7 +288,7 @@ def test_failed_proof_is_a_warning(test_cfg):
 
 def test_empty_sweep_still_builds(test_cfg):
     empty = BenchmarkResult(target="t", model="tiny-llama", workload={}, points=[], combined=[])
-    write(test_cfg, "01", {"topology": "baseline", "sweep": empty.model_dump(), "mixed": None})
+    write(test_cfg, "01", baseline_dict(empty.model_dump()))
     paths = report.build_report(test_cfg)
     assert paths.plots == [] and paths.html.exists()
     assert any(s.startswith("Run-to-run spread: points measured once") for s in paths.conclusions)
@@ -300,10 +301,13 @@ def test_baseline_missing_raises(test_cfg):
 
 def test_broken_optional_sweep_reported_as_missing(test_cfg):
     write_baseline(test_cfg)
-    write(test_cfg, "03", {"topology": "replicated", "sweep": {"points": "nonsense"}})
+    write_envelope(test_cfg, test_cfg.results_dir / "replicated_metrics.json",
+                   "replicated_metrics", "03",
+                   {**replicated_dict(), "sweep": {"points": "nonsense"}})
     paths = report.build_report(test_cfg)
     assert "03" in paths.missing
-    assert "not a benchmark sweep" in paths.md.read_text()
+    text = paths.md.read_text()
+    assert "not notebook 03's results as this lab reads them (payload.sweep" in text
 
 
 # ----- expected figures ------------------------------------------------------------------

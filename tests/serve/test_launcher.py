@@ -131,16 +131,26 @@ def test_run_executes_notebooks_with_lab_config(test_cfg, tmp_path):
 
 def test_kv_buffer_device_auto_follows_notebook_02(test_cfg):
     from lab_utils.results import write_results
+    from lab_utils.serving import kv_buffer_device
+
+    from support.payloads import kv_dict, model
 
     assert test_cfg.kv_transfer.kv_buffer_device == "auto"
-    assert launcher.kv_buffer_device(test_cfg) == "cpu"  # 02 not run yet: the safe default
-    write_results(test_cfg, "02", {"recommendation": {"kv_buffer_device": "cuda", "reason": "x"}})
-    assert launcher.kv_buffer_device(test_cfg) == "cuda"
+    assert kv_buffer_device(test_cfg) == "cpu"  # 02 not run yet: the safe default
     spec = test_cfg.instances("disaggregated")[0]
-    assert launcher.kv_transfer_config(test_cfg, spec)["kv_buffer_device"] == "cuda"
+    assert launcher.kv_transfer_config(test_cfg, spec)["kv_buffer_device"] == "cpu"
+    payload = kv_dict(recommendation={"kv_buffer_device": "cuda", "reason": "x"})
+    write_results(test_cfg, "02", model("02", payload))
+    assert kv_buffer_device(test_cfg) == "cuda"
+    # the launcher reads no file: it uses the device it is given
+    assert launcher.kv_transfer_config(test_cfg, spec)["kv_buffer_device"] == "cpu"
+    kv = launcher.kv_transfer_config(test_cfg, spec, kv_buffer_device="cuda")
+    assert kv["kv_buffer_device"] == "cuda"
+    argv = launcher.server_command(test_cfg, spec, kv_buffer_device="cuda")
+    assert '"kv_buffer_device":"cuda"' in argv[argv.index("--kv-transfer-config") + 1]
     forced = test_cfg.model_copy(update={"kv_transfer": test_cfg.kv_transfer.model_copy(
         update={"kv_buffer_device": "cpu"})})
-    assert launcher.kv_buffer_device(forced) == "cpu"  # the config overrides 02
+    assert kv_buffer_device(forced) == "cpu"  # the config overrides 02
 
 
 def test_progress_bars_log_a_line_when_run_headless(tmp_path, monkeypatch):

@@ -53,6 +53,17 @@ def blob_for(seq: int) -> str:
     return f"{seq:08d}:" * (BLOB_BYTES // 9)
 
 
+def payload_for(seq: int):
+    """Notebook 01's results carrying run `seq` and its blob (in the sweep's workload)."""
+    from lab_utils.measure.benchmark import BenchmarkResult
+    from lab_utils.payloads import BaselinePayload
+
+    sweep = BenchmarkResult(target="t", model="m", workload={"seq": seq, "blob": blob_for(seq)},
+                            points=[], combined=[])
+    return BaselinePayload(topology="baseline", instances=[], sweep=sweep, single_request=None,
+                           roofline=None, reference=None)
+
+
 SERVER_MAIN = r"""
 import os, signal, sys, tempfile
 from pathlib import Path
@@ -94,7 +105,7 @@ def writer(config_file, first):
     seq = first
     while True:  # until killed (a closed pipe ends it too)
         say("begin", seq)
-        write_results(cfg, "01", {"seq": seq, "blob": blob_for(seq)}, software={}, hardware={})
+        write_results(cfg, "01", payload_for(seq), software={}, hardware={})
         say("done", seq)
         seq += 1
 
@@ -109,7 +120,8 @@ for command in sys.stdin:  # "<config file> <first run> <hold point or none>", o
     _, status = os.waitpid(pid, 0)
     say("exited", pid, os.waitstatus_to_exitcode(status))
 """
-SERVER = f"BLOB_BYTES = {BLOB_BYTES}\n" + textwrap.dedent(inspect.getsource(blob_for)) + SERVER_MAIN
+SERVER = (f"BLOB_BYTES = {BLOB_BYTES}\n" + textwrap.dedent(inspect.getsource(blob_for))
+          + textwrap.dedent(inspect.getsource(payload_for)) + SERVER_MAIN)
 
 
 # --- helpers ---------------------------------------------------------------------------
@@ -201,13 +213,13 @@ def config_file(test_cfg, tmp_path) -> Path:
 
 
 def write(cfg, seq: int) -> None:
-    results.write_results(cfg, "01", {"seq": seq, "blob": blob_for(seq)}, software={}, hardware={})
+    results.write_results(cfg, "01", payload_for(seq), software={}, hardware={})
 
 
 def check_intact(env: results.ResultsEnvelope) -> int:
     """The run number of a complete, correct envelope (asserts the whole blob)."""
-    seq = env.payload["seq"]
-    assert env.payload == {"seq": seq, "blob": blob_for(seq)}
+    seq = env.payload.sweep.workload["seq"]
+    assert env.payload == payload_for(seq)
     return seq
 
 

@@ -60,20 +60,20 @@ def test_results_are_valid(series):
     for notebook in RESULTS:
         envelope = load_results(cfg, notebook)  # validates the envelope and the profile
         assert envelope.payload, notebook
-    assert load_results(cfg, "00").payload["blessed"]
+    assert load_results(cfg, "00").payload.blessed
     for notebook in ("01", "03", "04"):
-        sweep = load_results(cfg, notebook).payload["sweep"]
-        assert sweep["combined"] and all(c["valid"] for c in sweep["combined"]), notebook
+        sweep = load_results(cfg, notebook).payload.sweep
+        assert sweep.combined and all(c["valid"] for c in sweep.combined), notebook
 
 
 def test_proof_of_transfer(series):
     cfg, _ = series
-    proof = load_results(cfg, "04").payload["proof"]
-    assert proof["ok"] and len(proof["prompts"]) >= 3
-    for p in proof["prompts"]:
-        assert p["external_kv_transfer"] == p["prompt_tokens"] and p["local_compute"] == 0
-        assert p["nixl_bytes"] == p["expected_bytes"] > 0
-        assert p["tokens_equal"] is True
+    proof = load_results(cfg, "04").payload.proof
+    assert proof.ok and len(proof.prompts) >= 3
+    for p in proof.prompts:
+        assert p.external_kv_transfer == p.prompt_tokens and p.local_compute == 0
+        assert p.nixl_bytes == p.expected_bytes > 0
+        assert p.tokens_equal is True
 
 
 def test_report_with_conclusions(series):

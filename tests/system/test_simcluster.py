@@ -45,9 +45,9 @@ def test_the_series_ran_over_ssh_from_the_controller(sim_series):
     cfg, p, _, times = sim_series
     assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
     assert [name[:2] for name in times] == ["00", "01", "02", "03", "04", "05"]
-    assert load_results(cfg, "00").payload["blessed"]
+    assert load_results(cfg, "00").payload.blessed
     # the instances ran on the sparks, reached over SSH; the proxy on the controller
-    where = {r["role"]: r["node"] for r in load_results(cfg, "04").payload["instances"]}
+    where = {r.role: r.node for r in load_results(cfg, "04").payload.instances}
     assert where["prefill"] == "spark-01" and where["decode"] == "spark-02"
     assert where["proxy"] == "controller"
 
@@ -56,15 +56,15 @@ def test_zero_failed_requests_and_the_proof_held(sim_series):
     cfg, _, _, _ = sim_series
     for notebook in ("01", "03", "04"):
         payload = load_results(cfg, notebook).payload
-        for point in payload["sweep"]["points"]:
-            s = point["summary"]
+        for point in payload.sweep.points:
+            s = point.summary
             assert s["failed"] == 0 and s["valid"], (notebook, s.get("errors"))
-    proof = load_results(cfg, "04").payload["proof"]
-    assert proof["ok"] and len(proof["prompts"]) >= 3
-    for prompt in proof["prompts"]:
-        assert prompt["external_kv_transfer"] == prompt["prompt_tokens"] > 0
-        assert prompt["nixl_bytes"] == prompt["expected_bytes"] > 0
-        assert prompt["tokens_equal"] is True
+    proof = load_results(cfg, "04").payload.proof
+    assert proof.ok and len(proof.prompts) >= 3
+    for prompt in proof.prompts:
+        assert prompt.external_kv_transfer == prompt.prompt_tokens > 0
+        assert prompt.nixl_bytes == prompt.expected_bytes > 0
+        assert prompt.tokens_equal is True
 
 
 def test_nothing_left_running_on_any_node(sim_series, simcluster):

@@ -1,0 +1,179 @@
+"""What each notebook records: one pydantic model per results file's `payload`, with the
+JSON names the files have always used, so files written before these models existed load.
+
+- 00 `EnvironmentPayload` (environment.json): the checklist, whether it is blessed, the GPU.
+- 01 `BaselinePayload` (baseline_metrics.json): one instance, one request in detail, the
+  sweep, the decode roofline and the reference outputs notebook 04 must reproduce.
+- 02 `KvTransferPayload` (kv_transfer_metrics.json): defined with its arithmetic in
+  `lab_utils.kv.budget`, which builds it.
+- 03 `ReplicatedPayload` (replicated_metrics.json): the sweep, the mixed run, the policy.
+- 04 `DisaggregatedPayload` (disaggregated_metrics.json): the same, the kv_buffer_device
+  and the proof that the KV cache moved.
+
+`PAYLOADS` maps a notebook to its model; `lab_utils.results` writes and loads them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, model_validator
+
+from lab_utils.checks.frame import CheckResult
+from lab_utils.kv.budget import KvRecommendation, KvTransferPayload
+from lab_utils.measure.benchmark import BenchmarkResult
+from lab_utils.measure.loadgen import RequestRecord
+
+__all__ = ["PAYLOADS", "BaselinePayload", "DisaggregatedPayload", "EnvironmentPayload",
+           "Instance", "KvRecommendation", "KvTransferPayload", "Payload", "Proof", "ProofRow",
+           "Reference", "ReplicatedPayload", "Roofline", "ServingPayload"]
+
+
+class Record(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# ----- 00 ---------------------------------------------------------------------------------
+
+
+class EnvironmentPayload(Record):
+    """Notebook 00's verdict: every check's result, the tally, whether the environment is
+    blessed (no check failed) or the user chose to go on despite failures, and the GPU the
+    gpu check saw (None without one)."""
+
+    blessed: bool
+    continued_despite_failures: bool
+    counts: dict[str, int]
+    checks: list[CheckResult]
+    gpu_name: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _gpu_name_of_older_files(cls, data: Any) -> Any:
+        """Files written before `gpu_name` existed: the name the gpu check's summary
+        starts with ("NVIDIA GB10, driver ...")."""
+        if not isinstance(data, dict) or "gpu_name" in data:
+            return data
+        checks = data.get("checks")
+        if not isinstance(checks, list):
+            return data
+        gpus = [c for c in checks if isinstance(c, dict) and c.get("check") == "gpu"]
+        names = [(c.get("data") or {}).get("name")
+                 or (str(c.get("summary")).split(", driver ")[0] if c.get("status") == "pass"
+                     else None) for c in gpus]
+        found = ", ".join(dict.fromkeys(names)) if names and all(names) else None
+        return {**data, "gpu_name": found}
+
+    @property
+    def failed_checks(self) -> list[CheckResult]:
+        return [c for c in self.checks if c.status == "fail"]
+
+
+# ----- 01, 03, 04 -------------------------------------------------------------------------
+
+
+class Instance(Record):
+    """A process serving the notebook's topology (vLLM instance or the proxy)."""
+
+    name: str
+    node: str
+    url: str | None
+    kind: str
+    role: str | None = None
+
+
+class Roofline(Record):
+    """Decode's ceiling per stream: memory bandwidth / bytes of weights read per token."""
+
+    memory_bandwidth_GBps: float | None
+    bandwidth_source: str = ""
+    weight_bytes: int | None
+    max_tokens_per_s_per_stream: float | None
+
+
+class Reference(Record):
+    """Prompts (token ids, from a recorded seed) and their greedy output through notebook
+    01's single instance: what notebook 04's prefill/decode output must equal."""
+
+    seed: int
+    max_tokens: int
+    prompts: list[list[int]]
+    tokens: list[list[int]]
+
+
+class ProofRow(Record):
+    """One prompt's proof of transfer (`pd.TransferProof.as_dict()`: the decode instance's
+    counter deltas) and whether its greedy output equals notebook 01's."""
+
+    prompt_tokens: int
+    external_kv_transfer: int
+    local_compute: int
+    local_cache_hit: int
+    nixl_bytes: int
+    expected_bytes: int
+    nixl_transfers: int
+    nixl_xfer_ms: float | None
+    block_size: int
+    prefill_ms: float | None
+    decode_ms: float | None
+    pd_tokens: list[int]
+    baseline_tokens: list[int] | None
+    all_external: bool
+    bytes_match: bool
+    tokens_match: bool | None
+    tokens_equal: bool | None
+
+
+class Proof(Record):
+    """Notebook 04's proof that the KV cache moved: ok when every prompt's did."""
+
+    ok: bool
+    prompts: list[ProofRow]
+
+    @property
+    def tokens_equal(self) -> int:
+        """How many prompts gave the same greedy output as notebook 01."""
+        return sum(1 for r in self.prompts if r.tokens_equal)
+
+
+class ServingPayload(Record):
+    """What every serving notebook records: the topology, its processes, the sweep, and
+    the mixed long/short run (None where it was not measured)."""
+
+    topology: str
+    instances: list[Instance]
+    sweep: BenchmarkResult
+    mixed: BenchmarkResult | None = None
+
+
+class BaselinePayload(ServingPayload):
+    """Notebook 01 (baseline_metrics.json)."""
+
+    single_request: RequestRecord | None
+    roofline: Roofline | None
+    reference: Reference | None
+
+
+class ReplicatedPayload(ServingPayload):
+    """Notebook 03 (replicated_metrics.json)."""
+
+    policy: str
+
+
+class DisaggregatedPayload(ServingPayload):
+    """Notebook 04 (disaggregated_metrics.json)."""
+
+    kv_buffer_device: str
+    proof: Proof | None = None
+
+
+Payload = (EnvironmentPayload | BaselinePayload | KvTransferPayload | ReplicatedPayload
+           | DisaggregatedPayload)
+
+PAYLOADS: dict[str, type[BaseModel]] = {
+    "00": EnvironmentPayload,
+    "01": BaselinePayload,
+    "02": KvTransferPayload,
+    "03": ReplicatedPayload,
+    "04": DisaggregatedPayload,
+}
