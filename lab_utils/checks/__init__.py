@@ -14,12 +14,12 @@ fail, the fix. `run_checks(cfg)` runs them all; `python -m lab_utils check` prin
 
 from __future__ import annotations
 
-from lab_utils.checks import gpu, network, rdma, resources, software
+from lab_utils.checks import gpu, network, rdma, resources, software, views
 from lab_utils.checks.frame import ChecklistReport, CheckResult, Context, run_checklist
 from lab_utils.cluster.nodes import Node
 from lab_utils.config import LabConfig
 
-__all__ = ["CHECKS", "ChecklistReport", "CheckResult", "Context", "run_checks"]
+__all__ = ["CHECKS", "ChecklistReport", "CheckResult", "Context", "run_checks", "views"]
 
 CHECKS = [software.check_ssh, software.check_code, software.check_python, gpu.check_gpu,
           gpu.check_cuda_build, rdma.check_rdma, rdma.check_ucx, network.check_ports,

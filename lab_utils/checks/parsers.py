@@ -7,8 +7,6 @@ GB10 output (the recordings in tests/fixtures/dgx-spark-recorded/), including it
 `Not Supported` / `[N/A]` GPU memory, RDMA `active_mtu` 1024 under an IP MTU of 1500, and
 perftest's "MB" meaning MiB. Unparseable input gives empty results or None, never an
 exception, so the checklist can report "could not read" instead of crashing.
-`recommend_kv_buffer_device` turns measured DRAM and VRAM transfer bandwidths into the
-`kv_buffer_device` advice (`kv.budget.recommend`).
 """
 
 from __future__ import annotations
@@ -17,7 +15,6 @@ import re
 from typing import Any
 
 NA_VALUES = frozenset({"[N/A]", "N/A", "Not Supported", "[Not Supported]", ""})
-KV_BUFFER_VRAM_RATIO = 0.8  # "cuda" only when VRAM moves at least this share of DRAM's rate
 
 _UNIT_SUFFIX = re.compile(r"\s*\[[^\]]*\]\s*$")
 _PAREN_CODE = re.compile(r"\s*\(\d+\)\s*$")
@@ -419,37 +416,3 @@ def ib_write_bw(text: str) -> dict[str, Any]:
 # --------------------------------------------------------------------------- advice
 
 
-def recommend_kv_buffer_device(
-    dram_GBps: float | None, vram_GBps: float | None, *, has_gpu: bool
-) -> tuple[str, str]:
-    """`kv_buffer_device` for vLLM's NixlConnector ("cpu" or "cuda") and a one-sentence
-    reason quoting the measured nixlbench bandwidths (GB/s).
-
-    "cuda" only when VRAM-to-VRAM transfers reach at least KV_BUFFER_VRAM_RATIO of the
-    DRAM-to-DRAM rate: NIXL then reads the KV cache where vLLM keeps it, without a staging
-    copy to host memory. Without a GPU, or without both measurements, the answer is "cpu".
-    On a GB10 pair (no GPUDirect RDMA) VRAM moves ~0.4-0.6 GB/s against 11-13 GB/s.
-    """
-    if not has_gpu:
-        return "cpu", "This node has no GPU, so the KV buffer can only live in host memory."
-    if vram_GBps is None:
-        dram = f" (DRAM {dram_GBps:.2f} GB/s)" if dram_GBps is not None else ""
-        return "cpu", (
-            f"VRAM transfer bandwidth was not measured{dram}, so keep the KV buffer in host "
-            "memory, which works with or without GPUDirect RDMA."
-        )
-    if dram_GBps is None or dram_GBps <= 0:
-        return "cpu", (
-            f"DRAM transfer bandwidth was not measured (VRAM {vram_GBps:.2f} GB/s), so there "
-            "is nothing to compare with and the host-memory KV buffer stays the safe choice."
-        )
-    pct = 100 * vram_GBps / dram_GBps
-    if vram_GBps >= KV_BUFFER_VRAM_RATIO * dram_GBps:
-        return "cuda", (
-            f"NIXL moved {vram_GBps:.2f} GB/s from VRAM and {dram_GBps:.2f} GB/s from DRAM "
-            f"({pct:.0f}%), so a CUDA KV buffer saves the staging copy through host memory."
-        )
-    return "cpu", (
-        f"NIXL moved only {vram_GBps:.2f} GB/s from VRAM against {dram_GBps:.2f} GB/s from "
-        f"DRAM ({pct:.0f}%), so staging the KV cache through host memory is faster here."
-    )

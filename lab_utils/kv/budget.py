@@ -1,11 +1,11 @@
 """Notebook 02's arithmetic: how big a prompt's KV cache is, and how long moving it takes.
 
 KV sizes come from `kv` (bytes per token from config.json, whole vLLM blocks per
-prompt) for the configured model and two reference models; the probe (`nixl_probe`)
+prompt) for the configured model and two reference models; the probe (`kv.probe`)
 measures transfers of exactly those sizes. "Predicted" is the size divided by the best
 bandwidth the probe reached (what a bandwidth-only estimate promises); "measured" is the
 probe's median time for that size; the gap is the per-transfer overhead that dominates
-short prompts. The recommended `kv_buffer_device` follows `parsers.recommend_kv_buffer_device`;
+short prompts. The recommended `kv_buffer_device` follows `recommend_kv_buffer_device`;
 `choose_buffer_device` turns the configured value ("auto" included) and that recommendation
 into the device notebook 04's instances use. `KvTransferPayload` is what notebook 02 records
 (kv_transfer_metrics.json); `payload` builds it from what the notebook measured.
@@ -213,8 +213,6 @@ def link_rate(checks: Iterable[Any]) -> float | None:
 
 def recommend(cfg: LabConfig, rows: list[dict]) -> KvRecommendation:
     """The kv_buffer_device for notebook 04, from the measured bandwidths."""
-    from lab_utils.checks.parsers import recommend_kv_buffer_device
-
     dram, vram = best_bandwidth(rows, "DRAM"), best_bandwidth(rows, "VRAM")
     device, reason = recommend_kv_buffer_device(dram, vram, has_gpu=cfg.vllm.device == "cuda")
     return KvRecommendation(kv_buffer_device=device, reason=reason, dram_GBps=dram,
@@ -236,3 +234,42 @@ def payload(cfg: LabConfig, kv_shapes: dict[str, KVShape], lengths: list[int],
         prompt_lengths=lengths,
         predicted_vs_measured=[PredictedTransfer.model_validate(r) for r in pvm],
         recommendation=recommendation, probe=probe.to_dict())
+
+
+KV_BUFFER_VRAM_RATIO = 0.8  # "cuda" only when VRAM moves at least this share of DRAM's rate
+
+
+def recommend_kv_buffer_device(
+    dram_GBps: float | None, vram_GBps: float | None, *, has_gpu: bool
+) -> tuple[str, str]:
+    """`kv_buffer_device` for vLLM's NixlConnector ("cpu" or "cuda") and a one-sentence
+    reason quoting the measured nixlbench bandwidths (GB/s).
+
+    "cuda" only when VRAM-to-VRAM transfers reach at least KV_BUFFER_VRAM_RATIO of the
+    DRAM-to-DRAM rate: NIXL then reads the KV cache where vLLM keeps it, without a staging
+    copy to host memory. Without a GPU, or without both measurements, the answer is "cpu".
+    On a GB10 pair (no GPUDirect RDMA) VRAM moves ~0.4-0.6 GB/s against 11-13 GB/s.
+    """
+    if not has_gpu:
+        return "cpu", "This node has no GPU, so the KV buffer can only live in host memory."
+    if vram_GBps is None:
+        dram = f" (DRAM {dram_GBps:.2f} GB/s)" if dram_GBps is not None else ""
+        return "cpu", (
+            f"VRAM transfer bandwidth was not measured{dram}, so keep the KV buffer in host "
+            "memory, which works with or without GPUDirect RDMA."
+        )
+    if dram_GBps is None or dram_GBps <= 0:
+        return "cpu", (
+            f"DRAM transfer bandwidth was not measured (VRAM {vram_GBps:.2f} GB/s), so there "
+            "is nothing to compare with and the host-memory KV buffer stays the safe choice."
+        )
+    pct = 100 * vram_GBps / dram_GBps
+    if vram_GBps >= KV_BUFFER_VRAM_RATIO * dram_GBps:
+        return "cuda", (
+            f"NIXL moved {vram_GBps:.2f} GB/s from VRAM and {dram_GBps:.2f} GB/s from DRAM "
+            f"({pct:.0f}%), so a CUDA KV buffer saves the staging copy through host memory."
+        )
+    return "cpu", (
+        f"NIXL moved only {vram_GBps:.2f} GB/s from VRAM against {dram_GBps:.2f} GB/s from "
+        f"DRAM ({pct:.0f}%), so staging the KV cache through host memory is faster here."
+    )

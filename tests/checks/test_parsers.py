@@ -478,54 +478,6 @@ def test_ib_write_bw_mb_is_mebibyte() -> None:
     )
 
 
-# --------------------------------------------------------------------------- advice
-
-
-def _peak(name: str) -> float:
-    return extra.nixlbench(recorded(name))["peak_bw_GBps"]
-
-
-@pytest.mark.parametrize("rails", ["single-rail", "dual-rail"])
-@pytest.mark.parametrize("vram_rails", ["single-rail", "dual-rail"])
-def test_recommend_cpu_buffer_on_recorded_spark_pair(rails: str, vram_rails: str) -> None:
-    dram = _peak(f"nixlbench.gb10-pair.{rails}.DRAM.txt")
-    vram = _peak(f"nixlbench.gb10-pair.{vram_rails}.VRAM.txt")
-    device, reason = parsers.recommend_kv_buffer_device(dram, vram, has_gpu=True)
-    assert device == "cpu"
-    assert f"{dram:.2f}" in reason and f"{vram:.2f}" in reason
-    assert reason.endswith(".")
-
-
-def test_recommend_reason_quotes_recorded_numbers() -> None:
-    dram = _peak("nixlbench.gb10-pair.single-rail.DRAM.txt")
-    vram = _peak("nixlbench.gb10-pair.single-rail.VRAM.txt")
-    _, reason = parsers.recommend_kv_buffer_device(dram, vram, has_gpu=True)
-    assert "11.56 GB/s" in reason and "0.61 GB/s" in reason and "(5%)" in reason
-
-
-def test_recommend_without_gpu_or_without_vram_measurement() -> None:
-    dram = _peak("nixlbench.gb10-pair.dual-rail.DRAM.txt")
-    assert parsers.recommend_kv_buffer_device(dram, None, has_gpu=False)[0] == "cpu"
-    assert parsers.recommend_kv_buffer_device(dram, dram, has_gpu=False)[0] == "cpu"
-    device, reason = parsers.recommend_kv_buffer_device(dram, None, has_gpu=True)
-    assert device == "cpu"
-    assert "not measured" in reason and "13.17" in reason
-    assert parsers.recommend_kv_buffer_device(None, None, has_gpu=True)[0] == "cpu"
-    assert parsers.recommend_kv_buffer_device(None, 0.5, has_gpu=True)[0] == "cpu"
-
-
-def test_recommend_cuda_when_vram_keeps_up() -> None:
-    # a GPUDirect-capable pair (hand-typed): VRAM at or above 80% of DRAM
-    dram = _peak("nixlbench.gb10-pair.single-rail.DRAM.txt")
-    assert parsers.recommend_kv_buffer_device(dram, dram, has_gpu=True)[0] == "cuda"
-    assert parsers.recommend_kv_buffer_device(10.0, 8.0, has_gpu=True)[0] == "cuda"
-    assert parsers.recommend_kv_buffer_device(10.0, 7.9, has_gpu=True)[0] == "cpu"
-    device, reason = parsers.recommend_kv_buffer_device(12.0, 11.5, has_gpu=True)
-    assert device == "cuda" and "11.50" in reason and "12.00" in reason
-
-
-# --------------------------------------------------------------------------- robustness
-
 EMPTY_RESULTS = [
     (parsers.nvidia_smi_csv, []),
     (parsers.nvidia_smi_compute_apps, []),

@@ -8,7 +8,11 @@ from lab_utils.checks.frame import ChecklistReport, CheckResult
 from lab_utils.environment import record_environment, require_environment
 from lab_utils.errors import LabError
 from lab_utils.kv import budget as kv_budget
+from lab_utils.kv.budget import recommend_kv_buffer_device
 from lab_utils.kv.shapes import kv_shape
+
+from support import parsers_extra as extra
+from support.replay import REC
 
 LLAMA_8B = kv_budget.REFERENCE_MODELS["meta-llama/Llama-3.1-8B"]
 
@@ -148,3 +152,55 @@ def test_hub_model_read_from_the_node_cache_without_downloading(test_cfg, tmp_pa
     with pytest.raises(LabError, match="cannot read org/absent's config.json on spark-01: "
                        r"huggingface_hub.errors.LocalEntryNotFoundError: .*; run notebook 00"):
         kv_budget.model_hf_config(missing)
+
+
+# The kv_buffer_device advice on the recorded GB10 nixlbench bandwidths.
+
+
+def recorded(name: str) -> str:
+    return (REC / name).read_text()
+
+def _peak(name: str) -> float:
+    return extra.nixlbench(recorded(name))["peak_bw_GBps"]
+
+
+@pytest.mark.parametrize("rails", ["single-rail", "dual-rail"])
+@pytest.mark.parametrize("vram_rails", ["single-rail", "dual-rail"])
+def test_recommend_cpu_buffer_on_recorded_spark_pair(rails: str, vram_rails: str) -> None:
+    dram = _peak(f"nixlbench.gb10-pair.{rails}.DRAM.txt")
+    vram = _peak(f"nixlbench.gb10-pair.{vram_rails}.VRAM.txt")
+    device, reason = recommend_kv_buffer_device(dram, vram, has_gpu=True)
+    assert device == "cpu"
+    assert f"{dram:.2f}" in reason and f"{vram:.2f}" in reason
+    assert reason.endswith(".")
+
+
+def test_recommend_reason_quotes_recorded_numbers() -> None:
+    dram = _peak("nixlbench.gb10-pair.single-rail.DRAM.txt")
+    vram = _peak("nixlbench.gb10-pair.single-rail.VRAM.txt")
+    _, reason = recommend_kv_buffer_device(dram, vram, has_gpu=True)
+    assert "11.56 GB/s" in reason and "0.61 GB/s" in reason and "(5%)" in reason
+
+
+def test_recommend_without_gpu_or_without_vram_measurement() -> None:
+    dram = _peak("nixlbench.gb10-pair.dual-rail.DRAM.txt")
+    assert recommend_kv_buffer_device(dram, None, has_gpu=False)[0] == "cpu"
+    assert recommend_kv_buffer_device(dram, dram, has_gpu=False)[0] == "cpu"
+    device, reason = recommend_kv_buffer_device(dram, None, has_gpu=True)
+    assert device == "cpu"
+    assert "not measured" in reason and "13.17" in reason
+    assert recommend_kv_buffer_device(None, None, has_gpu=True)[0] == "cpu"
+    assert recommend_kv_buffer_device(None, 0.5, has_gpu=True)[0] == "cpu"
+
+
+def test_recommend_cuda_when_vram_keeps_up() -> None:
+    # a GPUDirect-capable pair (hand-typed): VRAM at or above 80% of DRAM
+    dram = _peak("nixlbench.gb10-pair.single-rail.DRAM.txt")
+    assert recommend_kv_buffer_device(dram, dram, has_gpu=True)[0] == "cuda"
+    assert recommend_kv_buffer_device(10.0, 8.0, has_gpu=True)[0] == "cuda"
+    assert recommend_kv_buffer_device(10.0, 7.9, has_gpu=True)[0] == "cpu"
+    device, reason = recommend_kv_buffer_device(12.0, 11.5, has_gpu=True)
+    assert device == "cuda" and "11.50" in reason and "12.00" in reason
+
+
+# --------------------------------------------------------------------------- robustness
