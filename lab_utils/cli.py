@@ -4,7 +4,8 @@ Commands: `check` the environment (the bring-up checklist), `report` (the benchm
 SSH nodes), `model fetch` (the model onto every serving node), `tiny-model`, `demo` (the
 prefill/decode proof of transfer on the configured profile), `run` (execute the
 notebooks headless) and `lab` (the main job: the notebooks if there are any, else the
-demo). Errors the user can fix are printed as one message, without a traceback.
+demo). A command that acts on the nodes builds one `Cluster` (one connection per node) and
+closes it when done. Errors the user can fix are printed as one message, without a traceback.
 """
 
 from __future__ import annotations
@@ -17,10 +18,13 @@ from lab_utils.errors import LabError
 
 
 def _cmd_serve(args) -> int:
+    from lab_utils.cluster import Cluster
     from lab_utils.serve.topology import serve
 
     cfg = load_config(args.config)
-    for rec in serve(cfg, args.topology, with_proxy=not args.no_proxy):
+    with Cluster(cfg) as cluster:
+        records = serve(cluster, args.topology, with_proxy=not args.no_proxy)
+    for rec in records:
         print(f"{rec.name:<12} {rec.node:<12} {rec.url}  pid {rec.pid}  log {rec.log_path}")
     print(f"stop with: python -m lab_utils cleanup --config {cfg.source}")
     return 0
@@ -72,18 +76,18 @@ def _cmd_bench(args) -> int:
 
 
 def _cmd_status(args) -> int:
-    from lab_utils.cluster import get_node
+    from lab_utils.cluster import Cluster
     from lab_utils.serve.launcher import healthy
-    from lab_utils.serve.topology import running
 
     cfg = load_config(args.config)
-    recs = running(cfg)
-    if not recs:
-        print(f"nothing recorded for profile {cfg.profile}")
-    for rec in recs:
-        alive = get_node(cfg, rec.node).is_alive(rec) if rec.node in cfg.nodes else False
-        state = ("healthy" if rec.url and healthy(rec.url) else "alive") if alive else "dead"
-        print(f"{rec.name:<12} {rec.node:<12} {rec.url or '':<28} pid {rec.pid:<8} {state}")
+    with Cluster(cfg) as cluster:
+        recs = cluster.running()
+        if not recs:
+            print(f"nothing recorded for profile {cfg.profile}")
+        for rec in recs:
+            alive = cluster.knows(rec.node) and cluster.node(rec.node).is_alive(rec)
+            state = ("healthy" if rec.url and healthy(rec.url) else "alive") if alive else "dead"
+            print(f"{rec.name:<12} {rec.node:<12} {rec.url or '':<28} pid {rec.pid:<8} {state}")
     return 0
 
 

@@ -3,7 +3,8 @@
 `ServingSession` starts a topology with the lab proxy in front (every architecture is
 measured through the same proxy path) and stops what it started: in the notebook's last
 cell, when any later cell fails or is interrupted (an IPython hook), and when the kernel
-exits. The measuring steps are the same for every architecture: one request shown in
+exits. The session holds the notebook's one `Cluster` (one connection per node), closed
+when it stops. The measuring steps are the same for every architecture: one request shown in
 detail, the configured sweep, the mixed long/short workload, all with one load generator
 and one workload, so 01, 03 and 04 are comparable.
 """
@@ -14,6 +15,7 @@ import atexit
 import random
 from dataclasses import dataclass
 
+from lab_utils.cluster import Cluster
 from lab_utils.cluster.state import ProcessRecord
 from lab_utils.config import LabConfig
 from lab_utils.errors import LabError
@@ -23,7 +25,6 @@ from lab_utils.measure.benchmark import BenchmarkResult, sweep
 from lab_utils.measure.loadgen import RequestRecord, RequestSpec, run_point, run_sync
 from lab_utils.measure.prompts import exact_prompt
 from lab_utils.measure.workload import build_requests, server_tokenizer
-from lab_utils.serve.launcher import stop_records
 from lab_utils.serve.topology import PROXY, serve, urls
 
 REFERENCE_LENGTHS = (48, 96, 160, 224)  # the prompts whose greedy output 01 records
@@ -51,6 +52,7 @@ class ServingSession:
 
     def __init__(self, cfg: LabConfig):
         self.cfg = cfg
+        self.cluster = Cluster(cfg)
         self.started: list[ProcessRecord] = []
         self._hooked = False
         atexit.register(self.stop, quiet=True)
@@ -60,25 +62,22 @@ class ServingSession:
         self._hook()
         print(f"starting {topology} on {self.cfg.profile} (a vLLM instance takes 15-90 s "
               "to start on the CPU rehearsal, minutes for a large model)", flush=True)
-        before = {r.name for r in self._running()}
-        records = serve(self.cfg, topology, with_proxy=True)
+        before = {r.name for r in self.cluster.running()}
+        records = serve(self.cluster, topology, with_proxy=True)
         self.started += [r for r in records if r.name not in before]
         for r in records:
             print(f"  {r.name:<12} {r.node:<12} {r.url}")
         return Served(topology, records)
 
     def stop(self, quiet: bool = False) -> list[str]:
-        """Stop what this session started (not instances it found running)."""
-        stopped = stop_records(self.cfg, list(reversed(self.started))) if self.started else []
+        """Stop what this session started (not instances it found running), and close the
+        connections to the nodes (a later `start` opens them again)."""
+        stopped = self.cluster.stop(list(reversed(self.started))) if self.started else []
         self.started = []
+        self.cluster.close()
         if stopped and not quiet:
             print(f"stopped: {', '.join(stopped)}")
         return stopped
-
-    def _running(self) -> list[ProcessRecord]:
-        from lab_utils.serve.topology import running
-
-        return running(self.cfg)
 
     def _hook(self) -> None:
         try:
