@@ -3,8 +3,8 @@
 `ServingSession` starts a topology with the lab proxy in front (every architecture is
 measured through the same proxy path) and stops what it started: in the notebook's last
 cell, when any later cell fails or is interrupted (an IPython hook), and when the kernel
-exits. The session holds the notebook's one `Cluster` (one connection per node), closed
-when it stops. The measuring steps are the same for every architecture: one request shown in
+exits. It holds the notebook's one `Cluster` (one connection per node), closed when it
+stops. The measuring steps are the same for every architecture: one request shown in
 detail, the configured sweep, the mixed long/short workload, all with one load generator
 and one workload, so 01, 03 and 04 are comparable.
 """
