@@ -4,7 +4,8 @@ Commands: `check` the environment (the bring-up checklist), `report` (the benchm
 SSH nodes), `model fetch` (the model onto every serving node), `tiny-model`, `demo` (the
 prefill/decode proof of transfer on the configured profile), `run` (execute the
 notebooks headless) and `lab` (the main job: the notebooks if there are any, else the
-demo). Errors the user can fix are printed as one message, without a traceback.
+demo). A command that acts on the nodes builds one `Cluster` (one connection per node) and
+closes it when done. Errors the user can fix are printed as one message, without a traceback.
 """
 
 from __future__ import annotations
@@ -17,21 +18,24 @@ from lab_utils.errors import LabError
 
 
 def _cmd_serve(args) -> int:
-    from lab_utils.serve.topology import serve
+    from lab_utils.cluster import Cluster
+    from lab_utils.serve import serve
     from lab_utils.serving import kv_buffer_device
 
     cfg = load_config(args.config)
-    for rec in serve(cfg, args.topology, with_proxy=not args.no_proxy,
-                     kv_buffer_device=kv_buffer_device(cfg)):
+    with Cluster(cfg) as cluster:
+        records = serve(cluster, args.topology, with_proxy=not args.no_proxy,
+                        kv_buffer_device=kv_buffer_device(cfg))
+    for rec in records:
         print(f"{rec.name:<12} {rec.node:<12} {rec.url}  pid {rec.pid}  log {rec.log_path}")
     print(f"stop with: python -m lab_utils cleanup --config {cfg.source}")
     return 0
 
 
 def _cmd_proxy(args) -> int:
-    from lab_utils.serve.proxy import run
+    from lab_utils.serve import proxy
 
-    run(load_config(args.config), args.mode)
+    proxy.run(load_config(args.config), args.mode)
     return 0
 
 
@@ -40,8 +44,7 @@ def _floats(text: str | None) -> list[float] | None:
 
 
 def _cmd_bench(args) -> int:
-    from lab_utils.measure.benchmark import sweep
-    from lab_utils.measure.workload import build_requests, local_tokenizer, server_tokenizer
+    from lab_utils.measure import sweep, workload
     from lab_utils.results import write_envelope
 
     cfg = load_config(args.config)
@@ -56,10 +59,10 @@ def _cmd_bench(args) -> int:
         overrides["concurrency"] = []
     w = cfg.workload.model_copy(update=overrides)
     model = args.model or cfg.model.name
-    tok, detok = (local_tokenizer(args.tokenizer) if args.tokenizer
-                  else server_tokenizer(args.url, model))
+    tok, detok = (workload.local_tokenizer(args.tokenizer) if args.tokenizer
+                  else workload.server_tokenizer(args.url, model))
     result = sweep(args.url, model,
-                   lambda n, seed: build_requests(w, n, tok, detok, mixed=args.mixed, seed=seed), w,
+                   lambda n, seed: workload.build_requests(w, n, tok, detok, mixed=args.mixed, seed=seed), w,
                    mixed=args.mixed)
     out = write_envelope(cfg, args.out, "benchmark", "cli", result.model_dump())
     print(f"{'point':<18}{'req/s':>8}{'out tok/s':>11}{'TTFT p50':>10}{'p99':>9}"
@@ -74,23 +77,23 @@ def _cmd_bench(args) -> int:
 
 
 def _cmd_status(args) -> int:
-    from lab_utils.cluster import get_node
-    from lab_utils.serve.launcher import healthy
-    from lab_utils.serve.topology import running
+    from lab_utils.cluster import Cluster
+    from lab_utils.serve import healthy
 
     cfg = load_config(args.config)
-    recs = running(cfg)
-    if not recs:
-        print(f"nothing recorded for profile {cfg.profile}")
-    for rec in recs:
-        alive = get_node(cfg, rec.node).is_alive(rec) if rec.node in cfg.nodes else False
-        state = ("healthy" if rec.url and healthy(rec.url) else "alive") if alive else "dead"
-        print(f"{rec.name:<12} {rec.node:<12} {rec.url or '':<28} pid {rec.pid:<8} {state}")
+    with Cluster(cfg) as cluster:
+        recs = cluster.running()
+        if not recs:
+            print(f"nothing recorded for profile {cfg.profile}")
+        for rec in recs:
+            alive = cluster.knows(rec.node) and cluster.node(rec.node).is_alive(rec)
+            state = ("healthy" if rec.url and healthy(rec.url) else "alive") if alive else "dead"
+            print(f"{rec.name:<12} {rec.node:<12} {rec.url or '':<28} pid {rec.pid:<8} {state}")
     return 0
 
 
 def _cmd_cleanup(args) -> int:
-    from lab_utils.serve.topology import cleanup
+    from lab_utils.serve import cleanup
 
     cfg = load_config(args.config)
     stopped = cleanup(cfg)
@@ -100,7 +103,7 @@ def _cmd_cleanup(args) -> int:
 
 
 def _cmd_deploy(args) -> int:
-    from lab_utils.cluster.provision import deploy
+    from lab_utils.cluster import deploy
 
     for line in deploy(load_config(args.config), force=args.force):
         print(line)
@@ -108,7 +111,7 @@ def _cmd_deploy(args) -> int:
 
 
 def _cmd_model(args) -> int:
-    from lab_utils.cluster.provision import model_fetch
+    from lab_utils.cluster import model_fetch
 
     cfg = load_config(args.config)
     for node, snap in model_fetch(cfg).items():
@@ -117,19 +120,19 @@ def _cmd_model(args) -> int:
 
 
 def _cmd_tiny_model(args) -> int:
-    from lab_utils.cluster.tiny_model import fingerprint, generate
+    from lab_utils.cluster import tiny_model
 
-    out = generate(args.out_dir, seed=args.seed, force=args.force)
-    print(f"tiny model in {out} (sha256 {fingerprint(out)[:16]})")
+    out = tiny_model.generate(args.out_dir, seed=args.seed, force=args.force)
+    print(f"tiny model in {out} (sha256 {tiny_model.fingerprint(out)[:16]})")
     return 0
 
 
 def _cmd_demo(args) -> int:
-    from lab_utils.serve.demo import run_demo
+    from lab_utils.serve import demo
     from lab_utils.serving import kv_buffer_device
 
     cfg = load_config(args.config)
-    proofs = run_demo(cfg, n_prompts=args.prompts, max_tokens=args.max_tokens,
+    proofs = demo.run_demo(cfg, n_prompts=args.prompts, max_tokens=args.max_tokens,
                       kv_buffer_device=kv_buffer_device(cfg))
     return 0 if all(p.ok for p in proofs) else 1
 

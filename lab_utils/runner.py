@@ -16,10 +16,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from lab_utils.cluster import Cluster
 from lab_utils.config import LabConfig, checkout_path
 from lab_utils.errors import LabError
-from lab_utils.serve.launcher import stop_records
-from lab_utils.serve.topology import running
 from lab_utils.util.atomic import atomic_write_text
 from lab_utils.util.background import Background
 from lab_utils.util.progress import PROGRESS_LOG_ENV
@@ -118,11 +117,11 @@ def _execute(path: Path, target: Path, timeout_per_cell: int) -> None:
                 os.environ[PROGRESS_LOG_ENV] = env_before
 
 
-def _stop_leftovers(cfg: LabConfig, before: set[str], notebook: str) -> None:
+def _stop_leftovers(cluster: Cluster, before: set[str], notebook: str) -> None:
     """No server outlives its notebook: stop what it started and left running."""
-    left = [r for r in running(cfg) if r.name not in before]
+    left = [r for r in cluster.running() if r.name not in before]
     if left:
-        stopped = stop_records(cfg, left)
+        stopped = cluster.stop(left)
         print(f"  {notebook} left {', '.join(stopped) or 'records of dead processes'} "
               "running: stopped", flush=True)
 
@@ -139,16 +138,18 @@ def run_notebooks(cfg: LabConfig, start: str | None = None, stop: str | None = N
     env_before = os.environ.get("LAB_CONFIG")
     os.environ["LAB_CONFIG"] = str(cfg.source)  # the kernel inherits this environment
     written, times = [], {}
+    cluster = Cluster(cfg)  # the notebooks' kernels build their own
     try:
         for path in notebooks:
             target = out_dir / path.name
             t0 = time.monotonic()
             print(f"running {path.name} ...", flush=True)
-            before = {r.name for r in running(cfg)}
+            before = {r.name for r in cluster.running()}
             try:
                 _execute(path, target, timeout_per_cell)
             finally:
-                _stop_leftovers(cfg, before, path.name)
+                _stop_leftovers(cluster, before, path.name)
+                cluster.close()  # idle while the next notebook runs
             times[path.name] = round(time.monotonic() - t0, 1)
             atomic_write_text(out_dir / "times.json", json.dumps(times, indent=2) + "\n")
             print(f"  done in {times[path.name]:.0f} s -> {target}", flush=True)
@@ -157,6 +158,7 @@ def run_notebooks(cfg: LabConfig, start: str | None = None, stop: str | None = N
         print(f"{len(written)} notebook(s) in {total:.0f} s: " + ", ".join(
             f"{name[:2]} {t:.0f} s" for name, t in times.items()), flush=True)
     finally:
+        cluster.close()
         if env_before is None:
             os.environ.pop("LAB_CONFIG", None)
         else:

@@ -3,7 +3,8 @@
 `ServingSession` starts a topology with the lab proxy in front (every architecture is
 measured through the same proxy path) and stops what it started: in the notebook's last
 cell, when any later cell fails or is interrupted (an IPython hook), and when the kernel
-exits. The measuring steps are the same for every architecture: one request shown in
+exits. It holds the notebook's one `Cluster` (one connection per node), closed when it
+stops. The measuring steps are the same for every architecture: one request shown in
 detail, the configured sweep, the mixed long/short workload, all with one load generator
 and one workload, so 01, 03 and 04 are comparable. `record_baseline`, `record_replicated`
 and `record_disaggregated` build each notebook's results (`lab_utils.payloads`) from what
@@ -17,6 +18,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
+from lab_utils.cluster import Cluster
 from lab_utils.cluster.state import ProcessRecord
 from lab_utils.config import LabConfig
 from lab_utils.errors import LabError
@@ -37,7 +39,6 @@ from lab_utils.payloads import (
     Roofline,
 )
 from lab_utils.results import ResultsEnvelope, load_optional, write_results
-from lab_utils.serve.launcher import stop_records
 from lab_utils.serve.topology import PROXY, serve, urls
 
 REFERENCE_LENGTHS = (48, 96, 160, 224)  # the prompts whose greedy output 01 records
@@ -76,6 +77,7 @@ class ServingSession:
 
     def __init__(self, cfg: LabConfig):
         self.cfg = cfg
+        self.cluster = Cluster(cfg)
         self.started: list[ProcessRecord] = []
         self._hooked = False
         atexit.register(self.stop, quiet=True)
@@ -85,26 +87,23 @@ class ServingSession:
         self._hook()
         print(f"starting {topology} on {self.cfg.profile} (a vLLM instance takes 15-90 s "
               "to start on the CPU rehearsal, minutes for a large model)", flush=True)
-        before = {r.name for r in self._running()}
+        before = {r.name for r in self.cluster.running()}
         device = kv_buffer_device(self.cfg) if topology == "disaggregated" else None
-        records = serve(self.cfg, topology, with_proxy=True, kv_buffer_device=device)
+        records = serve(self.cluster, topology, with_proxy=True, kv_buffer_device=device)
         self.started += [r for r in records if r.name not in before]
         for r in records:
             print(f"  {r.name:<12} {r.node:<12} {r.url}")
         return Served(topology, records, device)
 
     def stop(self, quiet: bool = False) -> list[str]:
-        """Stop what this session started (not instances it found running)."""
-        stopped = stop_records(self.cfg, list(reversed(self.started))) if self.started else []
+        """Stop what this session started (not instances it found running), and close the
+        connections to the nodes (a later `start` opens them again)."""
+        stopped = self.cluster.stop(list(reversed(self.started))) if self.started else []
         self.started = []
+        self.cluster.close()
         if stopped and not quiet:
             print(f"stopped: {', '.join(stopped)}")
         return stopped
-
-    def _running(self) -> list[ProcessRecord]:
-        from lab_utils.serve.topology import running
-
-        return running(self.cfg)
 
     def _hook(self) -> None:
         try:

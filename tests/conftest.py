@@ -64,19 +64,21 @@ class Rehearsal:
         """Ensure all instances run (start what is missing); return role -> URL."""
         import time
 
+        from lab_utils.cluster import Cluster
         from lab_utils.serve.topology import serve
 
         t0 = time.monotonic()
-        records = serve(self.cfg, *self.TOPOLOGIES, show_progress=False)
+        with Cluster(self.cfg) as cluster:
+            records = serve(cluster, *self.TOPOLOGIES, show_progress=False)
         if self.startup_s is None:
             self.startup_s = time.monotonic() - t0
             print(f"\n[rehearsal] baseline + prefill + decode ready in {self.startup_s:.0f} s")
         return {r.extra["role"]: r.url for r in records}
 
     def records(self):
-        from lab_utils.serve.topology import running
+        from lab_utils.cluster import Cluster
 
-        return running(self.cfg)
+        return Cluster(self.cfg).running()
 
 
 @pytest.fixture(scope="session")
@@ -112,9 +114,6 @@ def simcluster():
         pytest.skip(f"the simulated cluster cannot be built here: {reason}")
     sc.up()
     yield sc
-    from lab_utils.cluster.ssh import SSHNode
-
-    SSHNode.close_all()
     sc.down()
 
 

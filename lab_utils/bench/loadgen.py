@@ -82,11 +82,14 @@ def _vllm_bench(url: str, model: str, tokenizer: str, w: WorkloadConfig, conc: i
 
 
 def agreement(cfg, repeats: int, conc: int) -> list[tuple[str, str, float, float, float]]:
+    from lab_utils.cluster import Cluster
     from lab_utils.measure.workload import build_requests, local_tokenizer
     from lab_utils.serve.topology import serve
 
     w = cfg.workload
-    url = next(r.url for r in serve(cfg, "baseline") if r.extra.get("role") == "baseline")
+    with Cluster(cfg) as cluster:
+        records = serve(cluster, "baseline")
+    url = next(r.url for r in records if r.extra.get("role") == "baseline")
     tok, detok = local_tokenizer(cfg.model_path)
     # One untimed pass first: a fresh instance's first batches of a new shape are slow.
     asyncio.run(run_point(url, cfg.model.name, build_requests(w, w.num_prompts, tok, detok, seed=99),

@@ -4,18 +4,19 @@ A check is a function `check(ctx) -> list[CheckResult]`; `lab_utils.checks.softw
 in the order the checklist runs. Every result says pass, warn, fail or n/a, on which
 node, what was seen (evidence) and, for warn and fail, the fix: a command to run or a
 setting to change. A check that crashes becomes a fail naming the error, and the others
-still run. Nodes are reached through the node layer, so a test can hand in nodes that
-replay recorded command outputs instead of real machines.
+still run. Nodes are reached through the cluster (one connection per node for the whole
+checklist), so a test can hand in nodes that replay recorded command outputs instead of
+real machines.
 """
 
 from __future__ import annotations
 
 import inspect
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 
-from lab_utils.cluster import Node, RunResult, get_node
+from lab_utils.cluster import Cluster, Node, RunResult, as_cluster
 from lab_utils.config import LabConfig
 from lab_utils.errors import LabError
 from lab_utils.on_node import facts as nodefacts
@@ -44,18 +45,21 @@ class CheckResult:
 
 @dataclass
 class Context:
-    """What checks share: the config, the nodes, and cached command results."""
+    """What checks share: the cluster (config and nodes), and cached command results."""
 
-    cfg: LabConfig
-    nodes: dict[str, Node]
+    cluster: Cluster
     unreachable: dict[str, str] = field(default_factory=dict)
     _cache: dict = field(default_factory=dict)
 
+    @property
+    def cfg(self) -> LabConfig:
+        return self.cluster.cfg
+
     def node(self, name: str) -> Node:
-        return self.nodes[name]
+        return self.cluster.node(name)
 
     def serving(self) -> list[str]:
-        return [n for n, c in self.cfg.nodes.items() if "serving" in c.roles]
+        return [n.name for n in self.cluster.serving()]
 
     def split(self, check: str, names: list[str],
               why_not: Callable[[str], str | None] | None = None) -> tuple[list[str], list[CheckResult]]:
@@ -75,12 +79,12 @@ class Context:
         """Run a command on a node once per checklist (results are cached)."""
         key = (name, tuple(argv))
         if key not in self._cache:
-            self._cache[key] = self.nodes[name].run(argv, timeout=timeout)
+            self._cache[key] = self.node(name).run(argv, timeout=timeout)
         return self._cache[key]
 
     def facts(self, name: str, *args: str, timeout: float = 60.0):
         """Run a `nodefacts` command with the node's Python; its JSON answer."""
-        node = self.nodes[name]
+        node = self.node(name)
         key = (name, "facts", args)
         if key not in self._cache:
             r = node.run([node.python, "-", *args], input=_FACTS_SOURCE, timeout=timeout)
@@ -92,7 +96,7 @@ class Context:
 
     def facts_argv(self, name: str, *args: str) -> list[str]:
         """A command line running `nodefacts` detached (no stdin there)."""
-        return [self.nodes[name].python, "-c", _FACTS_SOURCE, *args]
+        return [self.node(name).python, "-c", _FACTS_SOURCE, *args]
 
 
 Check = Callable[[Context], Iterable[CheckResult]]
@@ -142,12 +146,17 @@ def _crashed(check: Check, error: Exception) -> CheckResult:
                        fix="read the error; if it names a node or a command, fix that and re-run")
 
 
-def run_checklist(cfg: LabConfig, checks: list[Check], nodes: dict[str, Node] | None = None,
+def run_checklist(cluster: Cluster | LabConfig, checks: list[Check],
+                  nodes: Mapping[str, Node] | None = None,
                   show_progress: bool = True) -> ChecklistReport:
-    ctx = Context(cfg, nodes if nodes is not None else {n: get_node(cfg, n) for n in cfg.nodes})
+    """Run `checks` on a cluster, or on one built from a config for the checklist (and
+    closed after it); `nodes` replaces the profile's nodes (tests replay recordings)."""
+    if nodes is not None:
+        cluster = Cluster(cluster.cfg if isinstance(cluster, Cluster) else cluster, nodes)
     results: list[CheckResult] = []
-    with progress_bar(total=len(checks), desc="checklist", unit="check",
-                      disable=not show_progress) as bar:
+    with as_cluster(cluster) as ctx_cluster, progress_bar(
+            total=len(checks), desc="checklist", unit="check", disable=not show_progress) as bar:
+        ctx = Context(ctx_cluster)
         for check in checks:
             bar.set_postfix_str(check.__name__.removeprefix("check_"))
             try:

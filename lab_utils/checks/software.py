@@ -108,7 +108,7 @@ def check_python(ctx: Context) -> list[CheckResult]:
 
 
 def _install_fix(ctx: Context, name: str, missing: list[str]) -> str:
-    py = ctx.nodes[name].python
+    py = ctx.node(name).python
     if ctx.cfg.vllm.device == "cpu":
         return f"on {name}: `{py} -m pip install -r requirements-rehearsal.txt` (see README)"
     return (f"on {name}: install the CUDA 13 builds into {py}'s environment as in the README "

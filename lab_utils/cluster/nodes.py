@@ -4,8 +4,8 @@ A node runs commands (exit code, stdout, stderr, timeout), copies files, starts 
 processes in their own process group with a log file (recorded in the profile's state
 file), tells whether one is alive, shows its log tail, stops it by process group, and
 says who holds a port. `LocalNode` implements it for this machine; the SSH node
-implements the same methods over paramiko. `get_node` picks the implementation from
-the config.
+implements the same methods over paramiko. `Cluster` picks the implementation from
+the config and builds each node once.
 """
 
 from __future__ import annotations
@@ -79,6 +79,10 @@ class Node(ABC):
 
     @abstractmethod
     def port_report(self, address: str, port: int) -> dict: ...
+
+    def close(self) -> None:
+        """Release what the node holds open (an SSH connection); the next use reopens it."""
+        return  # a local node holds nothing open
 
     def start_detached(self, name: str, argv: list[str], *, log_path: str,
                        env: dict[str, str] | None = None, cwd: str | None = None,

@@ -6,7 +6,8 @@ checks that the node's Python has what its roles need and says what to install w
 `model_fetch` makes the configured model present on every serving node: the generated
 tiny model is built here and copied; a hub model is downloaded on each node (the token,
 if any, goes through the process environment on stdin, never argv); a `path` model must
-already be there. Either way every node must end up with the same snapshot.
+already be there. Either way every node must end up with the same snapshot. Both take a
+config (notebook 00, the command line) or the cluster a caller already holds.
 """
 
 from __future__ import annotations
@@ -16,12 +17,12 @@ import json
 import os
 from pathlib import Path
 
-from lab_utils.cluster.cluster import get_node
+from lab_utils.cluster.cluster import Cluster, as_cluster
 from lab_utils.cluster.nodes import Node
-from lab_utils.config import REPO_ROOT, LabConfig, read_secret_file
+from lab_utils.config import PACKAGE_DIR, LabConfig, read_secret_file
 from lab_utils.errors import LabError
 
-PACKAGE = REPO_ROOT / "lab_utils"
+PACKAGE = PACKAGE_DIR  # the package as installed: a checkout or a wheel
 ROLE_MODULES = {
     "serving": ["vllm", "nixl", "torch", "httpx"],
     "controller": ["fastapi", "uvicorn", "httpx", "pydantic"],
@@ -62,12 +63,13 @@ if source == "hub":
 """
 
 
-def run_in_model_dir(cfg: LabConfig, name: str, code: str, timeout: float = 120):
+def run_in_model_dir(cluster: Cluster | LabConfig, name: str, code: str, timeout: float = 120):
     """Run Python `code` on node `name` with `where` set to the model's directory there."""
-    node = get_node(cfg, name)
-    where = cfg.model.name if cfg.model.source == "hub" else cfg.model_path_on(name)
-    return node.run([node.python, "-c", _LOCATE_MODEL + code, cfg.model.source, where,
-                     cfg.model.revision or ""], timeout=timeout)
+    with as_cluster(cluster) as cluster:
+        cfg, node = cluster.cfg, cluster.node(name)
+        where = cfg.model.name if cfg.model.source == "hub" else cfg.model_path_on(name)
+        return node.run([node.python, "-c", _LOCATE_MODEL + code, cfg.model.source, where,
+                         cfg.model.revision or ""], timeout=timeout)
 
 
 def package_files() -> list[Path]:
@@ -99,9 +101,9 @@ def missing_modules(node: Node, modules: list[str]) -> list[str]:
     return json.loads(r.stdout)
 
 
-def deploy_node(cfg: LabConfig, name: str, force: bool = False) -> str:
+def deploy_node(cluster: Cluster, name: str, force: bool = False) -> str:
     """Bring one node's copy of the lab up to date; return what was done."""
-    node = get_node(cfg, name)
+    node = cluster.node(name)
     problems = []
     for role in node.cfg.roles:
         missing = missing_modules(node, ROLE_MODULES[role])
@@ -123,8 +125,11 @@ def deploy_node(cfg: LabConfig, name: str, force: bool = False) -> str:
     return f"{name}: deployed lab_utils {digest[:12]} to {node.cfg.workdir}"
 
 
-def deploy(cfg: LabConfig, nodes: list[str] | None = None, force: bool = False) -> list[str]:
-    return [deploy_node(cfg, n, force) for n in (list(cfg.nodes) if nodes is None else nodes)]
+def deploy(cluster: Cluster | LabConfig, nodes: list[str] | None = None,
+           force: bool = False) -> list[str]:
+    """`deploy_node` on the named nodes (all of them by default)."""
+    with as_cluster(cluster) as cluster:
+        return [deploy_node(cluster, n, force) for n in (cluster.names() if nodes is None else nodes)]
 
 
 def model_snapshot(node: Node, path: str, full: bool) -> str | None:
@@ -145,9 +150,9 @@ def _copy_dir(node: Node, local: Path, remote: str) -> None:
         raise LabError(f"node {node.name}: cannot move the model into {remote}: {r.stderr.strip()}")
 
 
-def ensure_model_on(cfg: LabConfig, name: str) -> str:
+def ensure_model_on(cluster: Cluster, name: str) -> str:
     """Make the model present on one node; return its snapshot id."""
-    node = get_node(cfg, name)
+    cfg, node = cluster.cfg, cluster.node(name)
     where = cfg.model_path_on(name)
     if cfg.model.source == "tiny":
         from lab_utils.cluster import tiny_model
@@ -179,10 +184,11 @@ def ensure_model_on(cfg: LabConfig, name: str) -> str:
     return snap
 
 
-def model_fetch(cfg: LabConfig, nodes: list[str] | None = None) -> dict[str, str]:
+def model_fetch(cluster: Cluster | LabConfig, nodes: list[str] | None = None) -> dict[str, str]:
     """The model on every serving node, checked to be the same snapshot everywhere."""
-    targets = nodes if nodes is not None else [n for n, c in cfg.nodes.items() if "serving" in c.roles]
-    snaps = {n: ensure_model_on(cfg, n) for n in targets}
+    with as_cluster(cluster) as cluster:
+        targets = nodes if nodes is not None else [n.name for n in cluster.serving()]
+        snaps = {n: ensure_model_on(cluster, n) for n in targets}
     if len(set(snaps.values())) > 1:
         detail = ", ".join(f"{n}: {s[:12]}" for n, s in snaps.items())
         raise LabError(f"the model differs between nodes ({detail}); pin model.revision and "

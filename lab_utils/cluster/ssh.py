@@ -1,7 +1,7 @@
 """Nodes reached over SSH (paramiko), with the same interface as the local node.
 
-One connection per host, opened on first use and reused, with keep-alive and a connect
-timeout. Host keys are checked against known_hosts; an unknown key is accepted only when
+Each node keeps one connection to its host, opened on first use and reused for every
+command (keep-alive, connect timeout) until `close()`; its cluster closes it. Host keys are checked against known_hosts; an unknown key is accepted only when
 the config opts in (`accept_new_host_key`, like OpenSSH's accept-new) and a changed key
 is always refused, with the command that fixes it. The user's `~/.ssh/config` supplies
 host name, user, port and identity files. Commands are passed as argument lists, each
@@ -16,6 +16,7 @@ from __future__ import annotations
 import inspect
 import os
 import shlex
+import threading
 import time
 from pathlib import Path
 
@@ -62,13 +63,13 @@ def _env_lines(env: dict[str, str]) -> str:
 class SSHNode(Node):
     """A node reached over SSH; see the module docstring."""
 
-    _clients: dict[tuple, paramiko.SSHClient] = {}
-
     def __init__(self, name: str, node_cfg: NodeConfig, state: StateFile):
         super().__init__(name, node_cfg, state)
         if node_cfg.ssh is None or not node_cfg.python:
             raise LabError(f"node {name}: an SSH node needs `ssh` and `python` in the config")
         self.ssh = node_cfg.ssh
+        self._conn: paramiko.SSHClient | None = None  # this node's one connection
+        self._conn_lock = threading.Lock()  # commands may run from several threads
 
     # ----- connection -----------------------------------------------------------------
     def _resolved(self) -> dict:
@@ -88,13 +89,24 @@ class SSHNode(Node):
         }
 
     def _client(self) -> paramiko.SSHClient:
+        """The node's connection: opened on first use, reopened if it dropped."""
+        with self._conn_lock:
+            transport = self._conn.get_transport() if self._conn else None
+            if transport is None or not transport.is_active():
+                if self._conn is not None:
+                    self._conn.close()
+                    self._conn = None
+                self._conn = self._connect()
+            return self._conn
+
+    def close(self) -> None:
+        with self._conn_lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    def _connect(self) -> paramiko.SSHClient:
         r = self._resolved()
-        key = (r["hostname"], r["port"], r["username"], str(r["known_hosts"]),
-               self.ssh.accept_new_host_key, tuple(r["key_filename"] or ()))
-        client = self._clients.get(key)
-        transport = client.get_transport() if client else None
-        if transport is not None and transport.is_active():
-            return client
         client = paramiko.SSHClient()
         if r["known_hosts"].exists():
             client.load_host_keys(str(r["known_hosts"]))
@@ -104,11 +116,15 @@ class SSHNode(Node):
         where = f"{r['username']}@{r['hostname']}:{r['port']}"
         entry = r["hostname"] if r["port"] == 22 else f"[{r['hostname']}]:{r['port']}"
         try:
-            client.connect(r["hostname"], port=r["port"], username=r["username"],
-                           key_filename=r["key_filename"], timeout=self.ssh.connect_timeout_s,
-                           banner_timeout=self.ssh.connect_timeout_s,
-                           auth_timeout=self.ssh.connect_timeout_s,
-                           look_for_keys=r["key_filename"] is None, allow_agent=True)
+            try:
+                client.connect(r["hostname"], port=r["port"], username=r["username"],
+                               key_filename=r["key_filename"], timeout=self.ssh.connect_timeout_s,
+                               banner_timeout=self.ssh.connect_timeout_s,
+                               auth_timeout=self.ssh.connect_timeout_s,
+                               look_for_keys=r["key_filename"] is None, allow_agent=True)
+            except BaseException:
+                client.close()  # no half-open transport left behind
+                raise
         except paramiko.BadHostKeyException:
             raise LabError(
                 f"node {self.name} ({where}): the host key CHANGED since it was recorded in "
@@ -127,14 +143,7 @@ class SSHNode(Node):
         except (TimeoutError, OSError) as e:
             raise LabError(f"node {self.name} ({where}): cannot connect: {e}") from None
         client.get_transport().set_keepalive(15)
-        self._clients[key] = client
         return client
-
-    @classmethod
-    def close_all(cls) -> None:
-        for client in cls._clients.values():
-            client.close()
-        cls._clients.clear()
 
     # ----- Node interface -------------------------------------------------------------
     def _exec(self, command: str, stdin_text: str, timeout: float) -> RunResult:

@@ -26,6 +26,7 @@ from lab_utils.errors import ProcessFailedError
 from lab_utils.on_node.nixl_agent import MARK, OPS, KiB, MiB, summarize
 
 if TYPE_CHECKING:  # the node layer is imported lazily
+    from lab_utils.cluster import Cluster
     from lab_utils.config import LabConfig
 
 __all__ = ["OPS", "ROW_KEYS", "SEG_TYPES", "KiB", "MiB", "ProbeResult", "apply_limits",
@@ -133,18 +134,25 @@ def _last_step(log: str, run_id: str) -> tuple[int, int] | None:
     return int(done), int(total)
 
 
-def run_probe(cfg: LabConfig, sizes: Sequence[int] | None = None, *,
+def run_probe(cluster: Cluster | LabConfig, sizes: Sequence[int] | None = None, *,
               seg_types: Sequence[str] = ("DRAM",), ops: Sequence[str] = OPS,
               iterations: int = 20, warmup: int = 3, block_bytes: int = 64 * KiB,
               link_rate_gbps: float | None = None, ucx_tls: str | None = None,
               ucx_net_devices: str | Mapping[str, str] | None = None,
               timeout_s: float = 300.0, show_progress: bool = True) -> ProbeResult:
     """Measure NIXL READ/WRITE from the decode node (initiator) to the prefill node
-    (target) for each size (bytes; rounded up to whole blocks of `block_bytes`)."""
-    from lab_utils.cluster import get_node
+    (target) for each size (bytes; rounded up to whole blocks of `block_bytes`). Takes a
+    config too (a cluster is then built for the probe and closed after it)."""
+    from lab_utils.cluster import Cluster
     from lab_utils.cluster.provision import deploy_node
-    from lab_utils.serve.launcher import alive_record
     from lab_utils.util.progress import progress_bar
+
+    if not isinstance(cluster, Cluster):
+        with Cluster(cluster) as own:
+            return run_probe(own, sizes, seg_types=seg_types, ops=ops, iterations=iterations,
+                             warmup=warmup, block_bytes=block_bytes, link_rate_gbps=link_rate_gbps,
+                             ucx_tls=ucx_tls, ucx_net_devices=ucx_net_devices,
+                             timeout_s=timeout_s, show_progress=show_progress)
 
     bad = ([s for s in seg_types if s not in SEG_TYPES] + [o for o in ops if o not in OPS]
            + [s for s in (sizes or []) if s <= 0])
@@ -155,11 +163,12 @@ def run_probe(cfg: LabConfig, sizes: Sequence[int] | None = None, *,
     moved = sorted({math.ceil(s / block_bytes) * block_bytes for s in asked})
     notes = [f"sizes rounded up to whole {block_bytes} B blocks: {s} -> {m}"
              for s in asked if (m := math.ceil(s / block_bytes) * block_bytes) != s]
+    cfg = cluster.cfg
     t_name, i_name = cfg.probe_pair()
     for name in dict.fromkeys((t_name, i_name)):
         if cfg.nodes[name].connection == "ssh":
-            deploy_node(cfg, name)
-    t_node, i_node = get_node(cfg, t_name), get_node(cfg, i_name)
+            deploy_node(cluster, name)
+    t_node, i_node = cluster.node(t_name), cluster.node(i_name)
     t_addr, i_addr = cfg.nodes[t_name].data_address, cfg.nodes[i_name].data_address
     port = cfg.kv_transfer.probe_port
     same = cfg.nodes[t_name].machine(t_name) == cfg.nodes[i_name].machine(i_name)
@@ -183,7 +192,7 @@ def run_probe(cfg: LabConfig, sizes: Sequence[int] | None = None, *,
     i_argv += ["--target-address", t_addr, "--sizes", ",".join(map(str, moved)),
                "--ops", ",".join(ops), "--iterations", str(iterations), "--warmup", str(warmup)]
     i_argv += ["--memcpy"] if same else []
-    alive_record(t_node, TARGET)  # forget a dead earlier target; a live one holds the port
+    cluster.alive(TARGET)  # forget a dead earlier target; a live one holds the port
     t_node.ensure_port_free(t_addr, port, "the NIXL probe")
     t0 = time.monotonic()
     rec = t_node.start_detached(TARGET, t_argv, log_path=f"{cfg.log_dir_on(t_name)}/{TARGET}.log",

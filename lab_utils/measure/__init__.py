@@ -10,8 +10,9 @@
 - `stalls`: waiting in the harness when the machine itself stands still.
 """
 
+from lab_utils.measure import workload
 from lab_utils.measure.benchmark import BenchmarkResult, summarize, sweep
 from lab_utils.measure.loadgen import RequestRecord, RequestSpec, run_point, run_sync
 
 __all__ = ["BenchmarkResult", "RequestRecord", "RequestSpec", "run_point", "run_sync",
-           "summarize", "sweep"]
+           "summarize", "sweep", "workload"]

@@ -13,8 +13,10 @@ prefill/decode by hand.
 The proxy's web stack (fastapi, aiohttp) is imported only by `serve.proxy`.
 """
 
-from lab_utils.serve.launcher import healthy, start_instance, stop_records, wait_ready
-from lab_utils.serve.topology import PROXY, cleanup, running, serve, urls
+from lab_utils.serve.launcher import healthy, start_instance, wait_ready
+from lab_utils.serve.topology import PROXY, cleanup, serve, topology_running, urls
 
-__all__ = ["PROXY", "cleanup", "healthy", "running", "serve", "start_instance", "stop_records",
-           "urls", "wait_ready"]
+# `proxy` and `demo` are exported as modules but imported only when asked for, so that
+# starting an instance does not load the proxy's web stack.
+__all__ = ["PROXY", "cleanup", "demo", "healthy", "proxy", "serve", "start_instance",
+           "topology_running", "urls", "wait_ready"]

@@ -5,6 +5,7 @@ instance generating the whole answer itself), everything stopped again."""
 
 from __future__ import annotations
 
+from lab_utils.cluster import Cluster
 from lab_utils.config import LabConfig
 from lab_utils.kv.shapes import kv_shape_from_dir
 from lab_utils.measure.prompts import fresh_prompts, load_tokenizer
@@ -30,7 +31,8 @@ def run_demo(cfg: LabConfig, n_prompts: int = 1, max_tokens: int = 16, *,
     (`kv_buffer_device`: as resolved by the caller; None: the configured one)."""
     print(f"profile {cfg.profile}: starting the disaggregated topology "
           "(first start of a vLLM instance here takes 15-90 s)", flush=True)
-    with topology_running(cfg, "disaggregated", kv_buffer_device=kv_buffer_device) as records:
+    with Cluster(cfg) as cluster, topology_running(cluster, "disaggregated",
+                                                   kv_buffer_device=kv_buffer_device) as records:
         kv = kv_shape_from_dir(cfg.model_path, cfg.model.dtype)  # present once serving
         tok = load_tokenizer(cfg.model_path)
         lengths = [48 + 40 * i for i in range(n_prompts)]

@@ -19,7 +19,7 @@ import time
 
 import httpx
 
-from lab_utils.cluster import Node, get_node
+from lab_utils.cluster import Cluster, Node
 from lab_utils.cluster.provision import ensure_model_on
 from lab_utils.cluster.state import ProcessRecord
 from lab_utils.config import InstanceSpec, LabConfig, read_secret_file
@@ -53,12 +53,13 @@ def kv_transfer_config(cfg: LabConfig, spec: InstanceSpec, *,
     return out
 
 
-def server_command(cfg: LabConfig, spec: InstanceSpec, *,
+def server_command(cluster: Cluster, spec: InstanceSpec, *,
                    kv_buffer_device: str | None = None) -> list[str]:
+    cfg = cluster.cfg
     node = cfg.nodes[spec.node]
     s = spec.settings
     argv = [
-        get_node(cfg, spec.node).python, "-m", API_SERVER_MODULE,
+        cluster.node(spec.node).python, "-m", API_SERVER_MODULE,
         "--model", cfg.model_path_on(spec.node),
         "--served-model-name", cfg.model.name,
         "--host", node.lan_address,
@@ -121,21 +122,11 @@ def healthy(url: str, timeout: float = 2.0) -> bool:
         return False
 
 
-def alive_record(node: Node, name: str) -> ProcessRecord | None:
-    """The record of `name` on `node` if its process still runs (a dead one is dropped,
-    with its private temporary directory)."""
-    existing = node.state.get(name)
-    if existing is not None and not node.is_alive(existing):
-        node.forget(existing)
-        return None
-    return existing
-
-
-def start_instance(cfg: LabConfig, spec: InstanceSpec, *,
+def start_instance(cluster: Cluster, spec: InstanceSpec, *,
                    kv_buffer_device: str | None = None) -> tuple[ProcessRecord, bool]:
     """Start one instance; return (record, started_now). A running one is reused."""
-    node = get_node(cfg, spec.node)
-    existing = alive_record(node, spec.name)
+    cfg, node = cluster.cfg, cluster.node(spec.node)
+    existing = cluster.alive(spec.name)
     if existing is not None:
         return existing, False
     node_cfg = cfg.nodes[spec.node]
@@ -143,11 +134,12 @@ def start_instance(cfg: LabConfig, spec: InstanceSpec, *,
     if spec.side_channel_port is not None:
         node.ensure_port_free(node_cfg.data_address, spec.side_channel_port,
                               f"the NIXL side channel of {spec.name}")
-    ensure_model_on(cfg, spec.node)
+    ensure_model_on(cluster, spec.node)
     tmp = node.private_tmp(spec.name)  # removed when the instance is stopped
     try:
         rec = node.start_detached(
-            spec.name, server_command(cfg, spec, kv_buffer_device=kv_buffer_device), env={"TMPDIR": tmp, **server_env(cfg, spec)},
+            spec.name, server_command(cluster, spec, kv_buffer_device=kv_buffer_device),
+            env={"TMPDIR": tmp, **server_env(cfg, spec)},
             log_path=_log_path(cfg, spec), kind="vllm", port=spec.port,
             url=instance_url(cfg, spec),
             extra={"topology": spec.topology, "role": spec.role,
@@ -171,14 +163,14 @@ def _failure(node: Node, rec: ProcessRecord, why: str) -> ProcessFailedError:
     return ProcessFailedError(msg)
 
 
-def wait_ready(cfg: LabConfig, records: list[ProcessRecord], timeout: float | None = None,
+def wait_ready(cluster: Cluster, records: list[ProcessRecord], timeout: float | None = None,
                show_progress: bool = True) -> dict[str, float]:
     """Poll every instance's /health until all answer; return seconds to ready per name."""
-    timeout = timeout or cfg.vllm.startup_timeout_s
+    timeout = timeout or cluster.cfg.vllm.startup_timeout_s
     t0 = time.monotonic()
     pending = {r.name: r for r in records}
     ready: dict[str, float] = {}
-    nodes = {r.node: get_node(cfg, r.node) for r in records}
+    nodes = {r.node: cluster.node(r.node) for r in records}
     with progress_bar(total=len(records), desc="waiting for vLLM /health", unit="instance",
                       disable=not show_progress) as bar:
         while pending:
@@ -198,15 +190,3 @@ def wait_ready(cfg: LabConfig, records: list[ProcessRecord], timeout: float | No
                 bar.set_postfix_str(f"{time.monotonic() - t0:.0f} s, waiting: {', '.join(pending)}")
                 time.sleep(1.0)
     return ready
-
-
-def stop_records(cfg: LabConfig, records: list[ProcessRecord]) -> list[str]:
-    """Stop each record's process group; return the names that were running."""
-    stopped = []
-    for rec in records:
-        if rec.node not in cfg.nodes:
-            continue
-        node = get_node(cfg, rec.node)
-        if node.stop(rec, cfg.vllm.stop_grace_s):
-            stopped.append(rec.name)
-    return stopped

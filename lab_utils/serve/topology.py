@@ -4,7 +4,8 @@
 disaggregated: prefill and decode instances with NixlConnector), reusing any already
 running so a second call starts no duplicates, and waits until all are healthy. If
 anything fails or the user interrupts, what this call started is stopped again.
-`cleanup` stops everything the profile's state file lists, on every node.
+`cleanup` stops everything the profile's state file lists, on every node. All act on a
+`Cluster` their caller built (and closes).
 """
 
 from __future__ import annotations
@@ -12,16 +13,16 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from lab_utils.cluster import get_node, state_file
+from lab_utils.cluster import Cluster, as_cluster
 from lab_utils.cluster.provision import deploy
 from lab_utils.cluster.state import ProcessRecord
 from lab_utils.config import LabConfig
-from lab_utils.serve.launcher import alive_record, start_instance, stop_records, wait_ready
+from lab_utils.serve.launcher import start_instance, wait_ready
 
 PROXY = "proxy"
 
 
-def serve(cfg: LabConfig, *topologies: str, show_progress: bool = True,
+def serve(cluster: Cluster, *topologies: str, show_progress: bool = True,
           with_proxy: bool = False, kv_buffer_device: str | None = None) -> list[ProcessRecord]:
     """Start (or reuse) every instance of the topologies, all at once, and with
     `with_proxy` the lab proxy in front of the (single) topology; return the records
@@ -30,28 +31,29 @@ def serve(cfg: LabConfig, *topologies: str, show_progress: bool = True,
     e.g. `serving.kv_buffer_device`; None: the configured one)."""
     if with_proxy and len(topologies) != 1:
         raise ValueError("the proxy fronts exactly one topology")
+    cfg = cluster.cfg
     records: list[ProcessRecord] = []
     started: list[ProcessRecord] = []
     specs = [s for t in topologies for s in cfg.instances(t)]
     remote = {s.node for s in specs} | ({cfg.proxy.node} if with_proxy else set())
-    deploy(cfg, sorted(n for n in remote if cfg.nodes[n].connection == "ssh"))
+    deploy(cluster, sorted(n for n in remote if cfg.nodes[n].connection == "ssh"))
     try:
         for spec in specs:
-            rec, new = start_instance(cfg, spec, kv_buffer_device=kv_buffer_device)
+            rec, new = start_instance(cluster, spec, kv_buffer_device=kv_buffer_device)
             records.append(rec)
             if new:
                 started.append(rec)
-        wait_ready(cfg, records, show_progress=show_progress)
+        wait_ready(cluster, records, show_progress=show_progress)
         if "disaggregated" in topologies:
             _warm_up_pairs(cfg, records)
         if with_proxy:
-            rec, new = start_proxy(cfg, topologies[0])
+            rec, new = start_proxy(cluster, topologies[0])
             records.append(rec)
             if new:
                 started.append(rec)
-                wait_ready(cfg, [rec], timeout=60, show_progress=False)
+                wait_ready(cluster, [rec], timeout=60, show_progress=False)
     except BaseException:
-        stop_records(cfg, started)
+        cluster.stop(started)
         raise
     return records
 
@@ -66,15 +68,16 @@ def _warm_up_pairs(cfg: LabConfig, records: list[ProcessRecord]) -> None:
             warm_up(p, d, cfg.model.name)
 
 
-def start_proxy(cfg: LabConfig, mode: str) -> tuple[ProcessRecord, bool]:
+def start_proxy(cluster: Cluster, mode: str) -> tuple[ProcessRecord, bool]:
     """Start the lab proxy on its node in `mode` (reused if already in that mode; one in
     another mode is replaced, since all modes share the configured proxy port)."""
-    node = get_node(cfg, cfg.proxy.node)
-    existing = alive_record(node, PROXY)
+    cfg = cluster.cfg
+    node = cluster.node(cfg.proxy.node)
+    existing = cluster.alive(PROXY)
     if existing is not None:
         if existing.extra.get("mode") == mode:
             return existing, False
-        node.stop(existing, cfg.vllm.stop_grace_s)
+        cluster.stop([existing])
     address = node.cfg.lan_address
     node.ensure_port_free(address, cfg.proxy.port, "the lab proxy")
     config_path, env, cwd = str(cfg.source), {}, None
@@ -90,33 +93,26 @@ def start_proxy(cfg: LabConfig, mode: str) -> tuple[ProcessRecord, bool]:
     return rec, True
 
 
-def running(cfg: LabConfig, topology: str | None = None) -> list[ProcessRecord]:
-    """Records of the profile (optionally of one topology)."""
-    recs = state_file(cfg).records()
-    if topology:
-        recs = [r for r in recs if r.extra.get("topology") == topology]
-    return recs
+def stop_topology(cluster: Cluster, topology: str) -> list[str]:
+    return cluster.stop(cluster.running(topology))
 
 
-def stop_topology(cfg: LabConfig, topology: str) -> list[str]:
-    return stop_records(cfg, running(cfg, topology))
-
-
-def cleanup(cfg: LabConfig) -> list[str]:
+def cleanup(cluster: Cluster | LabConfig) -> list[str]:
     """Stop everything recorded for the profile; safe to call any number of times."""
-    return stop_records(cfg, running(cfg))
+    with as_cluster(cluster) as cluster:
+        return cluster.stop(cluster.running())
 
 
 @contextlib.contextmanager
-def topology_running(cfg: LabConfig, topology: str, *, show_progress: bool = True,
+def topology_running(cluster: Cluster, topology: str, *, show_progress: bool = True,
                      kv_buffer_device: str | None = None) -> Iterator[list[ProcessRecord]]:
     """Serve `topology` for the duration of a `with` block, then stop it."""
-    records = serve(cfg, topology, show_progress=show_progress,
+    records = serve(cluster, topology, show_progress=show_progress,
                     kv_buffer_device=kv_buffer_device)
     try:
         yield records
     finally:
-        stop_records(cfg, records)
+        cluster.stop(records)
 
 
 def urls(records: list[ProcessRecord], role: str) -> list[str]:

@@ -103,8 +103,11 @@ def test_changed_host_key_says_what_was_seen_and_the_fix_once(spark_cfg):
 
 
 def test_replayed_commands_are_the_recorded_ones(spark_cfg):
+    from lab_utils.cluster import Cluster
+
     nodes = replay_nodes(spark_cfg)
-    run_checks(spark_cfg, nodes, show_progress=False)
+    with Cluster(spark_cfg, nodes) as cluster:  # a cluster of replaying nodes, passed down
+        run_checks(cluster, show_progress=False)
     ran = set(nodes["spark-01"].commands)
     for cmd in ("nvidia-smi", "ibdev2netdev", "ibv_devinfo", "ucx_info -d", "ethtool enp1s0f1np1"):
         assert cmd in ran
@@ -142,8 +145,8 @@ def test_text_and_json_render(spark_cfg):
 
 @pytest.mark.slow
 def test_rehearsal_profile_runs_for_real(test_cfg):
+    from lab_utils.cluster import Cluster
     from lab_utils.cluster.provision import model_fetch
-    from lab_utils.serve.topology import running
 
     model_fetch(test_cfg)
     report = run_checks(test_cfg, show_progress=False)
@@ -155,7 +158,7 @@ def test_rehearsal_profile_runs_for_real(test_cfg):
     assert "Gb/s" in got[("link", "spark-02 -> spark-01")].summary
     ports = [r for r in report.results if r.check == "ports"]
     assert len(ports) == 8 and all(r.status == "pass" for r in ports)
-    assert running(test_cfg) == []  # listeners and sink stopped and forgotten
+    assert Cluster(test_cfg).running() == []  # listeners and sink stopped and forgotten
 
 
 @pytest.mark.slow

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from lab_utils.cluster import LocalNode, get_node, state_file
+from lab_utils.cluster import Cluster, LocalNode
 from lab_utils.errors import PortInUseError
 from lab_utils.on_node import proctools
 
@@ -26,8 +26,14 @@ FAMILY = (
 
 
 @pytest.fixture
-def node(test_cfg) -> LocalNode:
-    n = get_node(test_cfg, "spark-01")
+def cluster(test_cfg):
+    with Cluster(test_cfg) as c:
+        yield c
+
+
+@pytest.fixture
+def node(cluster) -> LocalNode:
+    n = cluster.node("spark-01")
     assert isinstance(n, LocalNode)
     return n
 
@@ -63,12 +69,12 @@ def test_put_file(node, tmp_path):
     assert (tmp_path / "sub" / "b.txt").read_text() == "payload"
 
 
-def test_detached_process_group_stopped_with_children(node, test_cfg, tmp_path):
+def test_detached_process_group_stopped_with_children(node, cluster, tmp_path):
     log = str(tmp_path / "family.log")
     rec = node.start_detached("family", [sys.executable, "-c", FAMILY], log_path=log,
                               env={"LAB_TEST_SECRET": "s3cret"})
     assert rec.pgid == rec.pid
-    assert state_file(test_cfg).get("family") == rec
+    assert cluster.state.get("family") == rec
     assert wait_for(lambda: "child up" in node.log_tail(rec))
     members = proctools.group_members(rec.pgid)
     assert len(members) == 2 and node.is_alive(rec)
@@ -79,11 +85,12 @@ def test_detached_process_group_stopped_with_children(node, test_cfg, tmp_path):
     assert time.monotonic() - t0 < 10
     assert proctools.group_members(rec.pgid) == []
     assert not node.is_alive(rec)
-    assert state_file(test_cfg).get("family") is None
+    assert cluster.state.get("family") is None
     assert node.stop(rec, grace_s=1.0) is False  # already gone: nothing to do
 
 
-def test_private_tmp_is_the_process_tempdir_and_goes_when_it_stops(node, tmp_path, monkeypatch):
+def test_private_tmp_is_the_process_tempdir_and_goes_when_it_stops(node, cluster, tmp_path,
+                                                                   monkeypatch):
     monkeypatch.setenv("TMPDIR", str(tmp_path))  # mktemp -t: the node's TMPDIR, else /tmp
     tmp = node.private_tmp("prefill-0")
     assert Path(tmp).parent == tmp_path and Path(tmp).name.startswith("spark-lab-prefill-0.")
@@ -97,12 +104,11 @@ def test_private_tmp_is_the_process_tempdir_and_goes_when_it_stops(node, tmp_pat
     assert not Path(tmp).exists()
     # a process that died on its own: its record is dropped when next looked up, and the
     # directory with it (a killed vLLM instance left one behind before)
-    from lab_utils.serve.launcher import alive_record
     tmp = node.private_tmp("decode-0")
     rec = node.start_detached("dies", [sys.executable, "-c", "pass"], env={"TMPDIR": tmp},
                               log_path=str(tmp_path / "d.log"), extra={"tmpdir": tmp})
     assert wait_for(lambda: not node.is_alive(rec))
-    assert Path(tmp).is_dir() and alive_record(node, "dies") is None
+    assert Path(tmp).is_dir() and cluster.alive("dies") is None
     assert not Path(tmp).exists() and node.state.get("dies") is None
     keep = tmp_path / "not-ours"
     keep.mkdir()

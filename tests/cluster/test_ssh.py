@@ -1,6 +1,7 @@
 """The SSH node against real sshd on loopback: run, copy, detached start and stop, quoting,
-host-key policy, ~/.ssh/config, secrets; then deploy + serve of the disaggregated
-topology with every serving node reached over SSH, passing the proof of transfer."""
+host-key policy, ~/.ssh/config, secrets, one connection per node reused until its cluster
+closes; then deploy + serve of the disaggregated topology with every serving node reached
+over SSH, passing the proof of transfer. No connection outlives the tests."""
 
 from __future__ import annotations
 
@@ -10,12 +11,14 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
+import paramiko
 import pytest
 
-from lab_utils.cluster import get_node, state_file
+from lab_utils.cluster import Cluster
 from lab_utils.cluster.ssh import SSHNode
 from lab_utils.errors import LabError
 from lab_utils.on_node import proctools
@@ -35,9 +38,19 @@ def sshds(tmp_path_factory):
     known = root / "known_hosts"
     known.write_text("".join(s.known_hosts_line() + "\n" for s in servers.values()))
     yield servers, known
-    SSHNode.close_all()
+    assert open_transports() == [], "an SSH connection was left open"
     for s in servers.values():
         s.stop()
+
+
+def open_transports(wait_s: float = 5.0) -> list:
+    """paramiko's transport threads still running (a closed one ends within moments)."""
+    t_end = time.monotonic() + wait_s
+    while True:
+        alive = [t for t in threading.enumerate() if isinstance(t, paramiko.Transport)]
+        if not alive or time.monotonic() > t_end:
+            return alive
+        time.sleep(0.05)
 
 
 def ssh_profile(root: Path, servers: dict, known: Path, **ssh_overrides) -> dict:
@@ -66,10 +79,65 @@ def ssh_cfg(sshds, tmp_path_factory):
 
 
 @pytest.fixture
-def node(ssh_cfg) -> SSHNode:
-    n = get_node(ssh_cfg, "spark-01")
+def cluster(ssh_cfg):
+    with Cluster(ssh_cfg) as c:
+        yield c
+
+
+@pytest.fixture
+def node(cluster) -> SSHNode:
+    n = cluster.node("spark-01")
     assert isinstance(n, SSHNode)
     return n
+
+
+@pytest.fixture
+def connects(monkeypatch) -> list[str]:
+    """The host of every SSH connection opened during the test."""
+    opened: list[str] = []
+    connect = paramiko.SSHClient.connect
+
+    def counting(self, hostname, *args, **kwargs):
+        opened.append(hostname)
+        return connect(self, hostname, *args, **kwargs)
+
+    monkeypatch.setattr(paramiko.SSHClient, "connect", counting)
+    return opened
+
+
+def test_one_connection_per_node_reused_until_the_cluster_closes(ssh_cfg, sshds, tmp_path,
+                                                                  connects):
+    servers, _ = sshds
+    with Cluster(ssh_cfg) as cluster:
+        one, two = cluster.node("spark-01"), cluster.node("spark-02")
+        assert connects == []  # nothing is opened before a node is used
+        for _ in range(3):
+            assert one.run(["echo", "hi"]).stdout.strip() == "hi"
+        src = tmp_path / "f.txt"
+        src.write_text("x")
+        one.put_file(src, f"{one.cfg.workdir}/f.txt")
+        rec = one.start_detached("sleeper", [sys.executable, "-c", "import time; time.sleep(60)"],
+                                 log_path=f"{one.cfg.workdir}/sleeper.log")
+        assert cluster.alive(rec) == rec and cluster.stop([rec], grace_s=1) == ["sleeper"]
+        assert connects == [servers["spark-01"].host]  # every command on one connection
+        conn = one._conn
+        assert two.run(["true"]).ok and cluster.node("spark-02").run(["true"]).ok
+        assert connects == [servers["spark-01"].host, servers["spark-02"].host]
+        assert one._conn is conn and len(open_transports(0)) == 2
+    assert one._conn is None and two._conn is None
+    assert not conn.get_transport()  # closed
+    assert open_transports() == []
+    assert one.run(["true"]).ok  # used again: a new connection, closed again by close()
+    assert len(connects) == 3
+    cluster.close()
+    assert open_transports() == []
+
+
+def test_a_dropped_connection_is_reopened(node, connects):
+    assert node.run(["true"]).ok
+    node._conn.get_transport().close()  # as if the network dropped it
+    assert node.run(["echo", "again"]).stdout.strip() == "again"
+    assert len(connects) == 2
 
 
 def test_run_drains_both_streams(node):
@@ -105,7 +173,7 @@ def test_copy_file(node, tmp_path):
     assert node.run([dest]).stdout.strip() == "copied"
 
 
-def test_detached_start_and_stop_leave_nothing(node, ssh_cfg):
+def test_detached_start_and_stop_leave_nothing(node):
     digest = hashlib.sha256(CANARY.encode()).hexdigest()  # the program knows only the hash
     code = ("import hashlib, os, subprocess, sys, time\n"
             "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
@@ -116,7 +184,7 @@ def test_detached_start_and_stop_leave_nothing(node, ssh_cfg):
     rec = node.start_detached("family", [sys.executable, "-c", code], log_path=log,
                               env={"HF_TOKEN": CANARY})
     try:
-        assert rec.pgid == rec.pid and state_file(ssh_cfg).get("family") == rec
+        assert rec.pgid == rec.pid and node.state.get("family") == rec
         t_end = time.monotonic() + 15
         while "token set" not in node.log_tail(rec) and time.monotonic() < t_end:
             time.sleep(0.1)
@@ -128,7 +196,7 @@ def test_detached_start_and_stop_leave_nothing(node, ssh_cfg):
                     cmdline = (pid / "cmdline").read_bytes()
                     assert CANARY.encode() not in cmdline, pid
         assert CANARY not in Path(log).read_text()
-        assert CANARY not in state_file(ssh_cfg).path.read_text()
+        assert CANARY not in node.state.path.read_text()
     finally:
         assert node.stop(rec, grace_s=2) is True
     assert proctools.group_members(rec.pgid) == []
@@ -146,12 +214,13 @@ def test_unknown_host_key_refused_unless_opted_in(sshds, tmp_path):
     empty = tmp_path / "known_hosts"
     empty.write_text("")
     cfg = write_profile(tmp_path, ssh_profile(tmp_path, servers, empty))
-    with pytest.raises(LabError, match="host key unknown") as e:
-        get_node(cfg, "spark-01").run(["true"])
+    with pytest.raises(LabError, match="host key unknown") as e, Cluster(cfg) as cluster:
+        cluster.node("spark-01").run(["true"])
     assert "accept_new_host_key" in str(e.value)
 
     cfg = write_profile(tmp_path, ssh_profile(tmp_path, servers, empty, accept_new_host_key=True))
-    assert get_node(cfg, "spark-01").run(["echo", "ok"]).stdout.strip() == "ok"
+    with Cluster(cfg) as cluster:
+        assert cluster.node("spark-01").run(["echo", "ok"]).stdout.strip() == "ok"
     assert servers["spark-01"].host_public_key_line().split()[1] in empty.read_text()
 
 
@@ -164,8 +233,8 @@ def test_changed_host_key_refused_with_fix(sshds, tmp_path):
     for accept_new in (False, True):  # opting in to new keys never accepts a changed one
         cfg = write_profile(tmp_path, ssh_profile(tmp_path, servers, wrong,
                                                   accept_new_host_key=accept_new))
-        with pytest.raises(LabError, match="CHANGED") as e:
-            get_node(cfg, "spark-01").run(["true"])
+        with pytest.raises(LabError, match="CHANGED") as e, Cluster(cfg) as cluster:
+            cluster.node("spark-01").run(["true"])
         assert "ssh-keygen -R" in str(e.value)
 
 
@@ -179,7 +248,8 @@ def test_user_ssh_config_is_honoured(sshds, tmp_path, monkeypatch):
     data = ssh_profile(tmp_path, servers, known)
     data["nodes"]["spark-02"]["ssh"] = {"host": "spark-two"}  # everything else from ~/.ssh/config
     cfg = write_profile(tmp_path, data)
-    assert get_node(cfg, "spark-02").run(["echo", "via alias"]).stdout.strip() == "via alias"
+    with Cluster(cfg) as cluster:
+        assert cluster.node("spark-02").run(["echo", "via alias"]).stdout.strip() == "via alias"
 
 
 @pytest.mark.slow
@@ -200,7 +270,8 @@ def test_deploy_then_serve_over_ssh_proves_transfer(ssh_cfg, engine_cfg, tmp_pat
         stamp = Path(ssh_cfg.nodes[name].workdir) / "lab_utils" / ".deployed"
         assert stamp.read_text() == code_digest()
     try:
-        records = serve(ssh_cfg, "baseline", "disaggregated", show_progress=False)
+        with Cluster(ssh_cfg) as cluster:
+            records = serve(cluster, "baseline", "disaggregated", show_progress=False)
         for rec in records:
             assert rec.log_path.startswith(ssh_cfg.nodes[rec.node].workdir)
             assert ssh_cfg.model_path_on(rec.node) == ssh_cfg.model.node_path

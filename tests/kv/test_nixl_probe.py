@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lab_utils.cluster import state_file
+from lab_utils.cluster import Cluster
 from lab_utils.errors import LabError, PortInUseError
 from lab_utils.kv.probe import (
     ROW_KEYS,
@@ -45,7 +45,7 @@ def cfg(test_cfg):
 
 
 def _assert_clean(cfg) -> None:
-    assert state_file(cfg).records() == []
+    assert Cluster(cfg).running() == []
     target = cfg.probe_pair()[0]
     assert proctools.port_is_free(cfg.nodes[target].data_address, cfg.kv_transfer.probe_port)
 
@@ -111,7 +111,7 @@ def test_port_in_use_names_port_and_node(cfg):
             run_probe(cfg, [64 * KiB], show_progress=False)
     assert f"port {port}" in str(e.value) and "spark-01" in str(e.value)
     assert "NIXL probe" in str(e.value)
-    assert state_file(cfg).records() == []
+    assert Cluster(cfg).running() == []
 
 
 def test_ucx_variables_come_from_config_and_overrides(cfg):
@@ -131,7 +131,7 @@ def test_invalid_arguments_are_refused_before_anything_starts(cfg):
             run_probe(cfg, [64 * KiB], show_progress=False, **kwargs)
     with pytest.raises(ValueError):
         run_probe(cfg, [0], show_progress=False)
-    assert state_file(cfg).records() == []
+    assert Cluster(cfg).running() == []
 
 
 def test_target_ignores_connections_that_are_not_its_initiator():

@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from lab_utils.cluster import Cluster
 from lab_utils.kv.shapes import kv_shape_from_dir
 from lab_utils.measure.prompts import fresh_prompts, load_tokenizer
 from lab_utils.on_node import proctools
@@ -111,8 +112,9 @@ def test_port_in_use_names_holder(rehearsal, engine_cfg):
     rehearsal.up()
     spec = engine_cfg.instances("replicated")[0]
     address = engine_cfg.nodes[spec.node].lan_address
-    with socket_held(address, spec.port), pytest.raises(PortInUseError) as e:
-        start_instance(engine_cfg, spec)
+    with socket_held(address, spec.port), pytest.raises(PortInUseError) as e, \
+            Cluster(engine_cfg) as cluster:
+        start_instance(cluster, spec)
     msg = str(e.value)
     assert f"port {spec.port}" in msg and spec.node in msg
     assert f"PID {os.getpid()}" in msg
@@ -192,9 +194,10 @@ def test_handshake_timeout_fails_the_request_and_warm_up_recovers(engine_cfg, tm
 
     cleanup(engine_cfg)  # two cores: not beside the shared instances
     cfg = write_profile(tmp_path, make_profile_data(str(tmp_path / "results")))
-    recs = [start_instance(cfg, s)[0] for s in cfg.instances("disaggregated")]
+    cluster = Cluster(cfg)
+    recs = [start_instance(cluster, s)[0] for s in cfg.instances("disaggregated")]
     try:
-        wait_ready(cfg, recs, show_progress=False)
+        wait_ready(cluster, recs, show_progress=False)
         pre, dec = recs
         cores = [p for p in proctools.group_members(pre.pgid)
                  if b"EngineCore" in Path(f"/proc/{p}/cmdline").read_bytes()]
@@ -213,5 +216,6 @@ def test_handshake_timeout_fails_the_request_and_warm_up_recovers(engine_cfg, tm
         assert warm_up(pre.url, dec.url, cfg.model.name) >= 1
         assert all(proctools.is_alive(r.pid, r.start_ticks) for r in recs)
     finally:
-        cleanup(cfg)
+        cleanup(cluster)
+        cluster.close()
     assert all(proctools.group_members(r.pgid) == [] for r in recs)

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from lab_utils.cluster import get_node
+from lab_utils.cluster import Cluster
 from lab_utils.errors import LabError, ProcessFailedError
 from lab_utils.serve import launcher
 
@@ -20,7 +20,7 @@ def spec(cfg, topology, role):
 
 def test_prefill_command_and_env(test_cfg):
     s = spec(test_cfg, "disaggregated", "prefill")
-    argv = launcher.server_command(test_cfg, s)
+    argv = launcher.server_command(Cluster(test_cfg), s)
     assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
     assert argv[argv.index("--host") + 1] == "127.0.0.2"
     assert argv[argv.index("--port") + 1] == str(s.port)
@@ -35,10 +35,10 @@ def test_prefill_command_and_env(test_cfg):
 
 
 def test_decode_is_consumer_and_baseline_has_no_connector(test_cfg):
-    d = launcher.server_command(test_cfg, spec(test_cfg, "disaggregated", "decode"))
+    d = launcher.server_command(Cluster(test_cfg), spec(test_cfg, "disaggregated", "decode"))
     assert json.loads(d[d.index("--kv-transfer-config") + 1])["kv_role"] == "kv_consumer"
     b = spec(test_cfg, "baseline", "baseline")
-    assert "--kv-transfer-config" not in launcher.server_command(test_cfg, b)
+    assert "--kv-transfer-config" not in launcher.server_command(Cluster(test_cfg), b)
     assert "VLLM_NIXL_SIDE_CHANNEL_HOST" not in launcher.server_env(test_cfg, b)
 
 
@@ -52,7 +52,7 @@ def test_cuda_profile_command(tmp_path):
 
     cfg = load_config(REPO_ROOT / "environment_config.json.example")
     s = spec(cfg, "disaggregated", "decode")
-    argv = launcher.server_command(cfg, s)
+    argv = launcher.server_command(Cluster(cfg), s)  # builds its SSH node, connects nowhere
     assert argv[0] == cfg.nodes["spark-02"].python
     assert argv[argv.index("--gpu-memory-utilization") + 1] == "0.6"
     env = launcher.server_env(cfg, s)
@@ -72,7 +72,7 @@ def test_hf_token_only_in_environment(tmp_path):
     data["hf_token_file"] = str(token)
     cfg = write_profile(tmp_path, data)
     s = spec(cfg, "baseline", "baseline")
-    assert "hf_canary_123" not in " ".join(launcher.server_command(cfg, s))
+    assert "hf_canary_123" not in " ".join(launcher.server_command(Cluster(cfg), s))
     assert launcher.server_env(cfg, s)["HF_TOKEN"] == "hf_canary_123"
     assert "hf_canary_123" not in json.dumps(cfg.snapshot())
     token.chmod(0o644)
@@ -81,14 +81,15 @@ def test_hf_token_only_in_environment(tmp_path):
 
 
 def test_death_during_startup_reports_log_tail_and_fix(test_cfg, tmp_path):
-    node = get_node(test_cfg, "spark-01")
+    cluster = Cluster(test_cfg)
+    node = cluster.node("spark-01")
     crash = ("import sys; print('starting'); "
              "print(\"OSError: [Errno 98] error while attempting to bind on address "
              "('127.0.0.2', 9100): address already in use\", file=sys.stderr); sys.exit(1)")
     rec = node.start_detached("crasher", [sys.executable, "-c", crash],
                               log_path=str(tmp_path / "crash.log"), url="http://127.0.0.2:9")
     with pytest.raises(ProcessFailedError) as e:
-        launcher.wait_ready(test_cfg, [rec], timeout=30, show_progress=False)
+        launcher.wait_ready(cluster, [rec], timeout=30, show_progress=False)
     msg = str(e.value)
     assert "crasher" in msg and "exited before it became ready" in msg
     assert "address already in use" in msg  # the log tail
@@ -96,12 +97,13 @@ def test_death_during_startup_reports_log_tail_and_fix(test_cfg, tmp_path):
 
 
 def test_not_ready_in_time_is_reported(test_cfg, tmp_path):
-    node = get_node(test_cfg, "spark-01")
+    cluster = Cluster(test_cfg)
+    node = cluster.node("spark-01")
     rec = node.start_detached("sleeper", [sys.executable, "-c", "import time; time.sleep(60)"],
                               log_path=str(tmp_path / "s.log"), url="http://127.0.0.2:9")
     try:
         with pytest.raises(ProcessFailedError, match="not ready after 2 s"):
-            launcher.wait_ready(test_cfg, [rec], timeout=2, show_progress=False)
+            launcher.wait_ready(cluster, [rec], timeout=2, show_progress=False)
     finally:
         node.stop(rec, 1.0)
 

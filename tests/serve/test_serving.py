@@ -6,13 +6,12 @@ from __future__ import annotations
 import sys
 from types import SimpleNamespace
 
-from lab_utils.cluster import get_node
-from lab_utils.serve.topology import running
+from lab_utils.cluster import Cluster
 from lab_utils.serving import ServingSession
 
 
 def _sleeper(cfg, name):
-    node = get_node(cfg, "spark-01")
+    node = Cluster(cfg).node("spark-01")
     return node, node.start_detached(name, [sys.executable, "-c", "import time; time.sleep(60)"],
                                      log_path=str(cfg.results_dir / f"{name}.log"))
 
@@ -29,7 +28,7 @@ def test_a_failed_cell_stops_what_the_session_started(test_cfg, capsys):
                                             error_before_exec=None))
         assert not node.is_alive(mine) and node.is_alive(theirs)
         assert "stopped started-here" in capsys.readouterr().out
-        assert [r.name for r in running(test_cfg)] == ["found-running"]
+        assert [r.name for r in session.cluster.running()] == ["found-running"]
         assert session.stop() == []  # nothing left of its own; twice is fine
     finally:
         node.stop(theirs, grace_s=1)

@@ -157,8 +157,10 @@ class ReplayNode(Node):
 
 
 def replay_nodes(cfg, scenario: str = "recorded", snapshots: dict | None = None) -> dict:
-    from lab_utils.cluster import state_file
+    """Replaying nodes for every node of `cfg`, sharing the profile's state file; hand
+    them to `run_checks` or `Cluster(cfg, nodes)`."""
+    from lab_utils.cluster import Cluster
 
-    state = state_file(cfg)
+    state = Cluster(cfg).state
     return {n: ReplayNode(n, c, state, scenario, (snapshots or {}).get(n, "a1b2c3"))
             for n, c in cfg.nodes.items()}

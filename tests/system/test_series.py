@@ -86,10 +86,10 @@ def test_report_with_conclusions(series):
 
 
 def test_nothing_left_running(series):
-    from lab_utils.serve.topology import running
+    from lab_utils.cluster import Cluster
 
     cfg, _ = series
-    assert running(cfg) == []
+    assert Cluster(cfg).running() == []
     # vLLM's ZMQ sockets and rendezvous files went with the instances' private TMPDIRs
     tmp = Path(tempfile.gettempdir())
     left = [n for n in TMP_ADDED if n.startswith(("vllm_dist_", "spark-lab-"))

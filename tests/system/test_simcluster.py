@@ -68,10 +68,10 @@ def test_zero_failed_requests_and_the_proof_held(sim_series):
 
 
 def test_nothing_left_running_on_any_node(sim_series, simcluster):
-    from lab_utils.serve.topology import running
+    from lab_utils.cluster import Cluster
 
     cfg, _, _, _ = sim_series
-    assert running(cfg) == []
+    assert Cluster(cfg).running() == []
     assert simcluster.strays() == []
 
 

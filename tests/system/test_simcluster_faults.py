@@ -27,12 +27,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from lab_utils.cluster import get_node
+from lab_utils.cluster import Cluster
 from lab_utils.config import LabConfig
 from lab_utils.measure.stalls import Deadline
 from lab_utils.on_node.proctools import children, comm, is_alive, proc_stat
 from lab_utils.serve.metrics import fetch_metrics, read_counters
-from lab_utils.serve.topology import running
 
 from support.leaks import cmdline_hits
 from support.profiles import CANARY_HF_TOKEN, show, simcluster_profile, write_profile
@@ -56,6 +55,11 @@ def ctl(cfg, *args: str, timeout: float = SERVE_TIMEOUT_S) -> subprocess.Complet
     """`python -m lab_utils ARGS --config CFG` inside the controller namespace."""
     argv = lab_argv("controller", *args, "--config", str(cfg.source))
     return subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+
+
+def running(cfg) -> list:
+    """The profile's records (the state file; no node is reached)."""
+    return Cluster(cfg).running()
 
 
 def served(cfg) -> dict:
@@ -181,18 +185,17 @@ def engine_core(rec) -> int:
 
 def ports_free(cfg) -> list[str]:
     """The configured ports still taken on their nodes."""
-    from lab_utils.cluster import get_node
-
     taken = []
-    for spec in cfg.instances("disaggregated"):
-        node = get_node(cfg, spec.node)
-        ports = [(node.cfg.lan_address, spec.port)]
-        if spec.side_channel_port:
-            ports.append((node.cfg.data_address, spec.side_channel_port))
-        for address, port in ports:
-            report = node.port_report(address, port)
-            if not report["free"]:
-                taken.append(f"{spec.node} {address}:{port} {report['holders']}")
+    with Cluster(cfg) as cluster:
+        for spec in cfg.instances("disaggregated"):
+            node = cluster.node(spec.node)
+            ports = [(node.cfg.lan_address, spec.port)]
+            if spec.side_channel_port:
+                ports.append((node.cfg.data_address, spec.side_channel_port))
+            for address, port in ports:
+                report = node.port_report(address, port)
+                if not report["free"]:
+                    taken.append(f"{spec.node} {address}:{port} {report['holders']}")
     # the controller is this profile's local node, but its address lives in the controller
     # namespace: ask there, with the same code the lab's own port check runs
     address = cfg.nodes[cfg.proxy.node].lan_address
@@ -431,7 +434,11 @@ def test_decode_down_before_dispatch_fails_fast(fcfg, simcluster):
     recs = {r.extra["role"]: r for r in running(fcfg)}
     if is_alive(recs["decode"].pid, recs["decode"].start_ticks):
         os.killpg(recs["decode"].pgid, signal.SIGKILL)
-    prefill_node = get_node(fcfg, recs["prefill"].node)
+    with Cluster(fcfg) as cluster:
+        _decode_down(fcfg, simcluster, recs, cluster.node(recs["prefill"].node))
+
+
+def _decode_down(fcfg, simcluster, recs, prefill_node) -> None:
     expired_before = lease_expiries(prefill_node, recs["prefill"])
     mark = proxy_log_mark(fcfg)
     t0 = time.monotonic()

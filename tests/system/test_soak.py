@@ -19,12 +19,12 @@ import aiohttp
 import httpx
 import pytest
 
+from lab_utils.cluster import Cluster
 from lab_utils.cluster.state import ProcessRecord
 from lab_utils.measure.workload import build_requests, local_tokenizer
 from lab_utils.on_node import proctools
-from lab_utils.serve.launcher import stop_records
 from lab_utils.serve.metrics import MetricsSnapshot, fetch_metrics
-from lab_utils.serve.topology import running, serve
+from lab_utils.serve.topology import serve
 
 from support.profiles import show
 
@@ -308,9 +308,10 @@ def mib(n: float) -> str:
 def test_soak_through_the_proxy_with_client_disconnects(rehearsal, engine_cfg, request):
     cfg = engine_cfg
     rehearsal.up()
+    cluster = Cluster(cfg)  # local nodes: nothing to close
     had_proxy = any(r.name == "proxy" and r.extra.get("mode") == "disaggregated"
-                    for r in running(cfg))
-    records = serve(cfg, "disaggregated", with_proxy=True, show_progress=False)
+                    for r in cluster.running())
+    records = serve(cluster, "disaggregated", with_proxy=True, show_progress=False)
     procs = {r.extra["role"]: r for r in records}
     proxy_url = procs["proxy"].url
     urls = {role: procs[role].url for role in ("prefill", "decode")}
@@ -318,7 +319,7 @@ def test_soak_through_the_proxy_with_client_disconnects(rehearsal, engine_cfg, r
         _soak(cfg, request, procs, proxy_url, urls)
     finally:
         if not had_proxy:  # leave the rehearsal as we found it
-            stop_records(cfg, [procs["proxy"]])
+            cluster.stop([procs["proxy"]])
 
 
 def _soak(cfg, request, procs, proxy_url, urls) -> None:
