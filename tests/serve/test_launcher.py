@@ -148,7 +148,7 @@ def test_kv_buffer_device_auto_follows_notebook_02(test_cfg):
     assert launcher.kv_transfer_config(test_cfg, spec)["kv_buffer_device"] == "cpu"
     kv = launcher.kv_transfer_config(test_cfg, spec, kv_buffer_device="cuda")
     assert kv["kv_buffer_device"] == "cuda"
-    argv = launcher.server_command(test_cfg, spec, kv_buffer_device="cuda")
+    argv = launcher.server_command(Cluster(test_cfg), spec, kv_buffer_device="cuda")
     assert '"kv_buffer_device":"cuda"' in argv[argv.index("--kv-transfer-config") + 1]
     forced = test_cfg.model_copy(update={"kv_transfer": test_cfg.kv_transfer.model_copy(
         update={"kv_buffer_device": "cpu"})})
