@@ -144,7 +144,9 @@ def _search(pattern: str, text: str) -> str | None:
 def nvidia_smi_summary(text: str) -> dict[str, Any]:
     """The plain `nvidia-smi` table.
 
-    Returns {"driver_version", "cuda_version", "gpus", "processes"}: gpus is a list of
+    Returns {"driver_version", "cuda_version", "gpus", "processes"}. The header says
+    "Driver Version: ... CUDA Version: ..." up to driver branch 580 (DGX Spark's) and
+    "KMD Version: ... CUDA UMD Version: ..." from branch 610 on; both are read. gpus is a list of
     {"index", "name", "persistence_mode", "bus_id", "memory_used_mib", "memory_total_mib"}
     (memory None when the table says "Not Supported", as on GB10); processes is a list of
     {"gpu", "pid", "type", "name", "memory_mib"}, [] for "No running processes found" and
@@ -161,8 +163,8 @@ def nvidia_smi_summary(text: str) -> dict[str, Any]:
     if re.search(r"^\|\s*Processes:", text, re.MULTILINE):
         processes = [_smi_process(m) for m in map(_SMI_PROCESS_ROW.match, lines) if m]
     return {
-        "driver_version": _search(r"Driver Version:\s*(\S+)", text),
-        "cuda_version": _search(r"CUDA Version:\s*(\S+)", text),
+        "driver_version": _search(r"(?:Driver|KMD) Version:\s*(\S+)", text),
+        "cuda_version": _search(r"CUDA (?:UMD )?Version:\s*(\S+)", text),
         "gpus": gpus,
         "processes": processes,
     }

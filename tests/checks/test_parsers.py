@@ -94,6 +94,21 @@ def test_nvidia_smi_summary_reads_memory_of_a_discrete_gpu() -> None:
     )
 
 
+# The header line only, NOT a GB10 recording: copied from a B200's `nvidia-smi` on driver
+# 610.43.02 in https://github.com/sgl-project/sglang/issues/27487 (as the issues index
+# returned it). Drivers 610+ print "KMD Version" / "CUDA UMD Version" where DGX Spark's 580
+# prints "Driver Version" / "CUDA Version"; no full GB10 output on a 610 driver was found.
+SMI_R610_HEADER = (
+    "| NVIDIA-SMI 610.43.02              KMD Version: 610.43.02     CUDA UMD Version: 13.3"
+    "     |\n"
+)
+
+
+def test_nvidia_smi_summary_reads_the_r610_header() -> None:
+    summary = parsers.nvidia_smi_summary(SMI_R610_HEADER)
+    assert (summary["driver_version"], summary["cuda_version"]) == ("610.43.02", "13.3")
+
+
 def test_nvidia_smi_summary_of_unrelated_text() -> None:
     summary = parsers.nvidia_smi_summary("bash: nvidia-smi: command not found\n")
     assert summary == {
