@@ -1,6 +1,6 @@
 """Pure parsers for the text that diagnostic commands print on DGX Spark (GB10) nodes.
 
-The environment checklist runs `nvidia-smi`, `ibdev2netdev`, `ibv_devinfo`, `ibstat`, `ip`,
+The environment checklist runs `nvidia-smi`, `ibdev2netdev`, `ibv_devinfo`, `ibstat`, `ip link`, `ip addr`,
 `ethtool`, `/proc/meminfo`, `ucx_info` and `ib_write_bw` on the nodes and hands their stdout
 here: text in, plain dicts, lists and numbers out, no subprocesses. The formats follow real
 GB10 output (the recordings in tests/fixtures/dgx-spark-recorded/), including its oddities:
@@ -315,6 +315,22 @@ def ip_link(text: str) -> dict[str, dict[str, Any]]:
             _apply_link_line(entry, line)
         links[name] = entry
     return links
+
+
+def ip_addr(text: str) -> dict[str, dict[str, Any]]:
+    """`ip addr show` (also `ip -4 addr show [dev IF]`): what `ip_link` gives, plus "ipv4"
+    and "ipv6", the addresses with their prefix as printed ("192.168.100.11/24"), [] for an
+    interface without one."""
+    addrs = {}
+    for name, (entry, body) in _ip_interfaces(text).items():
+        entry.update(ipv4=[], ipv6=[])
+        for line in body:
+            _apply_link_line(entry, line)
+            m = re.match(r"^inet(6?)\s+(\S+)", line)
+            if m:
+                entry["ipv6" if m[1] else "ipv4"].append(m[2])
+        addrs[name] = entry
+    return addrs
 
 
 def ethtool_speed_mbps(text: str) -> int | None:

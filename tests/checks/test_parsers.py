@@ -319,6 +319,21 @@ def test_ip_link_show_one_interface(name: str, ifname: str, index: int, mac: str
     }
 
 
+def test_ip_addr_show_ipv4_of_every_connectx7_netdev() -> None:
+    addrs = parsers.ip_addr(recorded("ip-addr-show.gb10.txt"))
+    assert {n: addrs[n]["ipv4"] for n in CX7_NETDEVS} == {
+        "enp1s0f0np0": ["192.168.100.11/24"],
+        "enp1s0f1np1": ["192.168.200.13/24"],
+        "enP2p1s0f0np0": ["192.168.100.15/24"],
+        "enP2p1s0f1np1": ["192.168.200.17/24"],
+    }
+    assert addrs["enP7s7"]["ipv4"] == [] and addrs["enP7s7"]["state"] == "DOWN"
+    assert addrs["tailscale0"]["ipv4"] == ["100.116.56.45/32"]
+    assert addrs["tailscale0"]["mac"] is None  # link/none
+    assert len(addrs["wlP9s9"]["ipv6"]) == 4
+    assert addrs["enp1s0f0np0"]["mtu"] == 1500
+
+
 def test_ibdev2netdev_netdevs_exist_in_ip_link() -> None:
     links = parsers.ip_link(recorded("ip-link-show.gb10.mtu1500.txt"))
     mapping = parsers.ibdev2netdev(recorded("ibdev2netdev.gb10.three-spark-ring.all-up.txt"))
@@ -502,6 +517,7 @@ EMPTY_RESULTS = [
     (parsers.ibv_devinfo, {}),
     (parsers.ibstat, {}),
     (parsers.ip_link, {}),
+    (parsers.ip_addr, {}),
     (parsers.ethtool_speed_mbps, None),
     (parsers.proc_meminfo, {}),
     (parsers.ucx_info_transports, []),
