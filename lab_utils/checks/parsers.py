@@ -1,8 +1,8 @@
 """Pure parsers for the text that diagnostic commands print on DGX Spark (GB10) nodes.
 
-The environment checklist runs `nvidia-smi`, `ibdev2netdev`, `ibv_devinfo`, `ibstat`, `ip link`, `ip addr`,
-`ethtool`, `/proc/meminfo`, `ucx_info` and `ib_write_bw` on the nodes and hands their stdout
-here: text in, plain dicts, lists and numbers out, no subprocesses. The formats follow real
+The environment checklist runs `nvidia-smi`, `ibdev2netdev`, `ibv_devinfo`, `ibstat`,
+`ip link`, `ip addr`, `ethtool`, `/proc/meminfo`, `ucx_info` and `ib_write_bw` on the nodes
+and hands their stdout here: text in, plain dicts, lists and numbers out, no subprocesses. The formats follow real
 GB10 output (the recordings in tests/fixtures/dgx-spark-recorded/), including its oddities:
 `Not Supported` / `[N/A]` GPU memory, RDMA `active_mtu` 1024 under an IP MTU of 1500, and
 perftest's "MB" meaning MiB. Unparseable input gives empty results or None, never an
