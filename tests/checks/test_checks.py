@@ -47,7 +47,9 @@ GOLDEN = {
     "cable_in_port0": {("rdma", "spark-01"): ("fail", "rocep1s0f0:1,roceP2p1s0f0:1"),
                        ("rails", "spark-02"): ("warn", "sudo ip link set <netdev> up")},
     "leftover_gpu_processes": {("gpu_processes", "spark-01"): ("warn", "kill <PID>")},
-    "torch_cu129": {("cuda_build", "spark-02"): ("fail", "cu130")},
+    "torch_cu129": {("cuda_build", "spark-02"): ("fail", "pip install vllm==0.32.0 nixl==1.5.1")},
+    # PyPI's vllm 0.32.0 has no +cu tag; torch.version.cuda and libcudart.so.13 say CUDA 13
+    "pypi_vllm_032": {("cuda_build", "spark-01"): ("pass", None)},
     "nixl_err_backend": {("logs", "spark-02"): ("fail", "UCX_LOG_LEVEL=debug")},
     "host_key_changed": {("ssh", "spark-02"): ("fail", "ssh-keygen -R '192.168.1.12'"),
                          ("python", "spark-02"): ("n/a", None)},
@@ -128,6 +130,33 @@ def test_link_verdict_flags_a_slow_link():
     assert slow.status == "warn" and "5%" in slow.summary
     assert rdma.link_verdict("a -> b", 92.5, 100, "seen").status == "pass"
     assert rdma.link_verdict("a -> b", 20.0, None, "seen").status == "pass"
+
+
+def test_cuda_build_fix_clears_the_nodes_venv():
+    from lab_utils.checks.gpu import install_line
+
+    assert install_line("/home/lab/spark-disagg-lab/.venv/bin/python") == (
+        "python3 -m venv --clear /home/lab/spark-disagg-lab/.venv && "
+        "/home/lab/spark-disagg-lab/.venv/bin/pip install vllm==0.32.0 nixl==1.5.1")
+
+
+def test_elf_needed_reads_what_readelf_lists():
+    """On this machine's vllm (the CPU build): its extensions link libtorch, no libcudart."""
+    import glob
+    import os
+
+    import vllm
+
+    from lab_utils.on_node import facts
+
+    so = glob.glob(os.path.join(os.path.dirname(vllm.__file__), "_C.abi3.so"))
+    if not so:
+        pytest.skip("no vllm/_C.abi3.so here")
+    needed = facts.elf_needed(so[0])
+    assert "libtorch.so" in needed and "libc.so.6" in needed
+    assert not any(lib.startswith("libcudart") for lib in needed)
+    assert facts.python_facts()["vllm_cudart"] is None
+    assert facts.elf_needed(__file__) == []  # not an ELF file
 
 
 def test_a_warning_needs_a_fix():

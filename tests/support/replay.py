@@ -32,8 +32,18 @@ def rec(name: str) -> str:
 
 def python_facts(kind: str) -> dict:
     """The `nodefacts python` answer, from recorded `pip show vllm` and torch outputs.
-    nixl's version appears in no recording: "not-recorded" stands for "installed"."""
+    nixl's version appears in no recording: "not-recorded" stands for "installed"; nor does
+    what vLLM's extensions link (vllm_cudart), which stays None (not read).
+
+    "pypi_032" is PyPI's aarch64 vllm 0.32.0 with the torch 2.13.0 it pins, recorded on no
+    Spark: the values were read from those wheels (their METADATA Version, torch/version.py's
+    cuda = '13.0', `readelf -d` of vllm/_C_stable_libtorch.abi3.so: libcudart.so.13; issue
+    18's findings, section 2)."""
     vllm = parsers_extra.pip_show_version(rec("pip-show-vllm.grep-Version.gb10-pair.notebook-formatted.txt"))
+    if kind == "pypi_032":
+        return {"python": "3.12.3", "executable": "/home/lab/spark-disagg-lab/.venv/bin/python",
+                "vllm": "0.32.0", "torch": "2.13.0", "torch_cuda": "13.0",
+                "vllm_cudart": "libcudart.so.13", "nixl": "1.5.1", "huggingface_hub": "not-recorded"}
     if kind == "cu129":
         env = parsers_extra.collect_env(rec("vllm-collect_env.gb10.torch-cu129.excerpt.txt"))
         torch, cuda = env["torch_version"], env["cuda_used_to_build"]
@@ -42,7 +52,8 @@ def python_facts(kind: str) -> dict:
         torch = re.search(r"PyTorch version: (\S+)", text)[1]
         cuda = re.search(r"CUDA version: (\S+)", text)[1]
     return {"python": "3.12.3", "executable": "/home/lab/spark-disagg-lab/.venv/bin/python",
-            "vllm": vllm, "torch": torch, "torch_cuda": cuda, "nixl": "not-recorded",
+            "vllm": vllm, "torch": torch, "torch_cuda": cuda, "vllm_cudart": None,
+            "nixl": "not-recorded",
             "huggingface_hub": "not-recorded"}
 
 
@@ -77,6 +88,7 @@ SCENARIOS: dict[str, dict] = {
         "nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader":
             "nvidia-smi-query-compute-apps.gb10.abridged.txt"},
     "torch_cu129": {"python": "cu129"},
+    "pypi_vllm_032": {"python": "pypi_032"},
     "nixl_err_backend": {"logs": "nixl-err-backend.gb10.vllm-0.15.1.excerpt.txt"},
     "host_key_changed": {"ssh_error": "spark-02"},
 }
