@@ -268,7 +268,7 @@ def test_ibv_devinfo_active_mtu(name: str, active_mtu: dict[str, int]) -> None:
         )
 
 
-def test_ibstat_rate_is_100_per_pcie_half() -> None:
+def test_ibstat_rate_100_on_every_ca() -> None:
     cas = parsers.ibstat(recorded("ibstat.gb10.txt"))
     assert sorted(cas) == sorted(CX7)
     for ca in cas.values():
@@ -278,6 +278,17 @@ def test_ibstat_rate_is_100_per_pcie_half() -> None:
         assert port["physical_state"] == "LinkUp"
         assert port["rate"] == 100
         assert port["link_layer"] == "Ethernet"
+
+
+def test_ibstat_each_half_reports_the_ports_200() -> None:
+    # a Dell Pro Max with GB10 cabled in port 0 at 200G: each PCIe half reports Rate 200,
+    # though one half moves ~100 Gb/s at most (the link check compares with that)
+    cas = parsers.ibstat(recorded("ibstat.gb10.dell-pro-max.port0-rate200.excerpt.txt"))
+    assert {n: (c["ports"][1]["state"], c["ports"][1]["rate"]) for n, c in cas.items()} == {
+        "roceP2p1s0f0": ("Active", 200),
+        "roceP2p1s0f1": ("Down", 40),
+        "rocep1s0f0": ("Active", 200),
+    }
 
 
 # --------------------------------------------------------------------------- IP links
