@@ -13,14 +13,18 @@ from lab_utils.checks import rdma, run_checks
 from lab_utils.checks.frame import ChecklistReport, CheckResult
 from lab_utils.config import parse_config
 
-from support.replay import PROFILE, SCENARIOS, replay_nodes
+from support.replay import PROFILE, REC, SCENARIOS, profile_data, replay_nodes
+
+
+def scenario_cfg(tmp_path, scenario: str = "recorded"):
+    data = profile_data(scenario)
+    data["results_root"] = str(tmp_path / "results")
+    return parse_config(data, str(PROFILE))
 
 
 @pytest.fixture
 def spark_cfg(tmp_path):
-    data = json.loads(PROFILE.read_text())
-    data["results_root"] = str(tmp_path / "results")
-    return parse_config(data, str(PROFILE))
+    return scenario_cfg(tmp_path)
 
 
 def _by_key(report: ChecklistReport) -> dict[tuple[str, str], CheckResult]:
@@ -53,6 +57,14 @@ GOLDEN = {
     "nixl_err_backend": {("logs", "spark-02"): ("fail", "UCX_LOG_LEVEL=debug")},
     "host_key_changed": {("ssh", "spark-02"): ("fail", "ssh-keygen -R '192.168.1.12'"),
                          ("python", "spark-02"): ("n/a", None)},
+    # a stock DGX OS: no perftest, no ibstat; a warning with the install line, not a fail
+    "no_perftest": {("link", "spark-02 -> spark-01"):
+                    ("warn", "sudo apt install perftest infiniband-diags"),
+                    ("link_speed", "spark-01"): ("pass", None)},
+    # 200G on port 0, Rate 200 per half, 92.6 Gb/s on one half: healthy
+    "healthy_200g": {("rdma", "spark-01"): ("pass", None), ("rails", "spark-01"): ("pass", None),
+                     ("link_speed", "spark-01"): ("pass", None),
+                     ("link", "spark-02 -> spark-01"): ("pass", None)},
 }
 
 
@@ -74,8 +86,12 @@ def test_recorded_pair(spark_cfg):
 
     assert got[("gpu", "spark-01")].data["name"] == "NVIDIA GB10"
     assert gpu_name(report.results) == "NVIDIA GB10"
-    # ib_write_bw 11031.78 MiB/s = 92.5 Gb/s over a device reporting Rate 100
-    assert "93% of the reported 100 Gb/s" in got[("link", "spark-02 -> spark-01")].summary
+    # ib_write_bw 11031.78 MiB/s = 92.5 Gb/s on one rail, one PCIe x4 half (~100 Gb/s)
+    link = got[("link", "spark-02 -> spark-01")]
+    assert link.summary == "93% of one PCIe x4 half's ~100 Gb/s"
+    assert "rocep1s0f1 reports 200 Gb/s (ethtool)" in link.evidence
+    # every configured half has an IPv4 address in the recorded `ip addr show`
+    assert "enP2p1s0f1np1 192.168.200.17/24" in got[("rails", "spark-01")].evidence
     ports = [r for r in report.results if r.check == "ports"]
     assert {r.status for r in ports} == {"pass"}
     assert any("192.168.100.10:5600" in r.summary and r.node == "spark-02 -> spark-01"
@@ -85,14 +101,41 @@ def test_recorded_pair(spark_cfg):
 
 
 @pytest.mark.parametrize("scenario", sorted(GOLDEN))
-def test_recorded_failure_cases(spark_cfg, scenario):
-    report = run_checks(spark_cfg, replay_nodes(spark_cfg, scenario), show_progress=False)
+def test_recorded_scenarios(tmp_path, scenario):
+    cfg = scenario_cfg(tmp_path, scenario)
+    report = run_checks(cfg, replay_nodes(cfg, scenario), show_progress=False)
     got = _by_key(report)
     for key, (status, fix) in GOLDEN[scenario].items():
         assert got[key].status == status, (key, got[key])
         if fix:
             assert fix in got[key].fix, (key, got[key].fix)
     assert report.failed == any(s == "fail" for s, _ in GOLDEN[scenario].values())
+
+
+def test_healthy_200g_pair_is_judged_per_half(tmp_path):
+    cfg = scenario_cfg(tmp_path, "healthy_200g")
+    got = _by_key(run_checks(cfg, replay_nodes(cfg, "healthy_200g"), show_progress=False))
+    link = got[("link", "spark-02 -> spark-01")]
+    # 92.57 Gb/s against the device's 200 would be 46%; one half moves ~100 at most
+    assert link.summary == "93% of one PCIe x4 half's ~100 Gb/s"
+    assert "rocep1s0f0 reports 200 Gb/s (ibstat)" in link.evidence
+    assert link.data["ceiling_gbps"] == 100 and link.data["reported_gbps"] == 200
+    speed = got[("link_speed", "spark-01")]
+    assert speed.summary == ("enp1s0f0np0 200 Gb/s (ibstat Rate; ethtool printed no Speed), "
+                             "enP2p1s0f0np0 200 Gb/s (ibstat Rate; ethtool printed no Speed)")
+
+
+def test_no_perftest_says_what_to_install_and_measures_nothing(tmp_path):
+    cfg = scenario_cfg(tmp_path, "no_perftest")
+    nodes = replay_nodes(cfg, "no_perftest")
+    report = run_checks(cfg, nodes, show_progress=False)
+    link = _by_key(report)[("link", "spark-02 -> spark-01")]
+    assert link.summary == ("not measured: ib_write_bw (perftest) is not installed on "
+                            "spark-02, spark-01")
+    assert "notebook 02's NIXL probe" in link.fix and link.data["measured_gbps"] is None
+    assert not report.failed  # notebooks 02-04 still run
+    assert not any(c.startswith("ib_write_bw") for n in nodes.values() for c in n.commands)
+    assert not any(n.alive for n in nodes.values())
 
 
 def test_changed_host_key_says_what_was_seen_and_the_fix_once(spark_cfg):
@@ -125,11 +168,34 @@ def test_model_snapshots_differ(spark_cfg):
     assert "model.revision" in got[("model", "cluster")].fix
 
 
-def test_link_verdict_flags_a_slow_link():
-    slow = rdma.link_verdict("a -> b", 10.0, 200, "seen")
-    assert slow.status == "warn" and "5%" in slow.summary
+def test_link_verdict_judges_one_rail_by_its_pcie_half():
+    # healthy halves: 92.57 and 97.28 Gb/s recorded (playbook), behind a port at 200
+    for gbps in (92.57, 97.28):
+        assert rdma.link_verdict("a -> b", gbps, 200, "seen").status == "pass"
     assert rdma.link_verdict("a -> b", 92.5, 100, "seen").status == "pass"
-    assert rdma.link_verdict("a -> b", 20.0, None, "seen").status == "pass"
+    # the degraded state reported on healthy-looking 200G links: 8-25 Gb/s
+    for gbps in (8.0, 13.23, 25.0):
+        slow = rdma.link_verdict("a -> b", gbps, 200, "seen")
+        assert slow.status == "warn" and "reboot" in slow.fix
+    assert rdma.link_verdict("a -> b", 10.0, 200, "seen").summary == (
+        "moves 10% of one PCIe x4 half's ~100 Gb/s")
+    # no rate known: still the half's ceiling; a device slower than a half: its rate
+    assert rdma.link_verdict("a -> b", 20.0, None, "seen").status == "warn"
+    assert rdma.link_verdict("a -> b", 22.0, 25, "seen").summary == "88% of the reported 25 Gb/s"
+
+
+def test_rails_warn_on_a_half_without_ipv4():
+    from lab_utils.checks import parsers
+
+    rows = parsers.ibdev2netdev((REC / "ibdev2netdev.gb10.one-cable-port1.txt").read_text())
+    addrs = parsers.ip_addr((REC / "ip-addr-show.gb10.txt").read_text())
+    chosen = [r for r in rows if r["state"] == "Up"]
+    assert rdma.rails_verdict("spark-01", chosen, rows, addrs).status == "pass"
+    # constructed: no recording shows a half without IPv4, so the recorded one loses its own
+    addrs["enP2p1s0f1np1"]["ipv4"] = []
+    got = rdma.rails_verdict("spark-01", chosen, rows, addrs)
+    assert got.status == "warn" and got.summary.startswith("no IPv4 address on enP2p1s0f1np1")
+    assert "enP2p1s0f1np1: {addresses:" in got.fix and "netplan apply" in got.fix
 
 
 def test_cuda_build_fix_clears_the_nodes_venv():

@@ -6,7 +6,9 @@ two-Spark profile without the hardware. A scenario picks which recording answers
 command: `SCENARIOS["recorded"]` is the pair as the recordings show it, the others swap
 in the recorded failure cases. Answers to the lab's own probes (`nodefacts`) are built
 from recordings where one exists (package versions) and are otherwise plain values
-(a clock, free disk, a listener that accepts), stated as such below.
+(a clock, free disk, a listener that accepts, `command -v` finding every tool, a missing
+tool's exit 127), stated as such below. A scenario may also change the profile's node
+settings (`profile_data`).
 """
 
 from __future__ import annotations
@@ -73,6 +75,7 @@ RECORDED = {
     "ibstat": "ibstat.gb10.txt",
     "ib_write_bw -d rocep1s0f1 -p 5800 192.168.100.10": "ib_write_bw.gb10-pair.client.mtu1024.link2.txt",
     "cat /proc/meminfo": "proc-meminfo.head-20.gb10.txt",
+    "ip addr show": "ip-addr-show.gb10.txt",
 }
 
 # Recorded failure cases, as changes to RECORDED (and to the lab-probe answers).
@@ -91,7 +94,32 @@ SCENARIOS: dict[str, dict] = {
     "pypi_vllm_032": {"python": "pypi_032"},
     "nixl_err_backend": {"logs": "nixl-err-backend.gb10.vllm-0.15.1.excerpt.txt"},
     "host_key_changed": {"ssh_error": "spark-02"},
+    # A stock DGX OS: perftest and infiniband-diags not installed (no recording of the
+    # shell's "not found" exists; the replay answers as a shell does, exit 127).
+    "no_perftest": {"missing": ["ib_write_bw", "ibstat"]},
+    # A healthy pair at 200G with the cable in port 0: both halves of it configured, each
+    # reporting Rate 200 (ibstat of a Dell Pro Max GB10, source J), ib_write_bw on one half
+    # 92.57 Gb/s (the playbook's rail 1, the same pair as the port-0 ibdev2netdev).
+    # No ethtool of a port-0 netdev is recorded: link_speed reads ibstat's Rate instead.
+    "healthy_200g": {
+        "nodes": {n: {"data_netdev": "rocep1s0f0:1,roceP2p1s0f0:1"}
+                  for n in ("spark-01", "spark-02")},
+        "ibdev2netdev": "ibdev2netdev.gb10.one-cable-port0.spark-5c2d.txt",
+        "ibstat": "ibstat.gb10.dell-pro-max.port0-rate200.excerpt.txt",
+        "ip link show enp1s0f0np0": "ip-link-show.enp1s0f0np0.gb10.mtu9000.txt",
+        "ip link show enP2p1s0f0np0": "ip-link-show.gb10.mtu1500.txt",
+        "ib_write_bw -d rocep1s0f0 -p 5800 192.168.100.10":
+            "ib_write_bw.gb10-pair.report_gbits.rail1-rocep1s0f0.txt",
+    },
 }
+
+
+def profile_data(scenario: str = "recorded") -> dict:
+    """The recorded two-Spark profile as JSON data, with the scenario's node settings."""
+    data = json.loads(PROFILE.read_text())
+    for node, fields in SCENARIOS[scenario].get("nodes", {}).items():
+        data["nodes"][node].update(fields)
+    return data
 
 
 class ReplayNode(Node):
@@ -120,6 +148,12 @@ class ReplayNode(Node):
         if argv[:2] == [self.python, "-c"] and "snapshot_download" in argv[2]:
             return RunResult(0, json.dumps(self.snapshot) + "\n", "")
         key = " ".join(argv)
+        missing = self.changes.get("missing", [])
+        if argv[:2] == ["sh", "-c"] and argv[2].startswith("command -v "):  # the lab's probe
+            tools = argv[2].removeprefix("command -v ").split(";")[0].split()
+            return RunResult(0, "".join(f"/usr/bin/{t}\n" for t in tools if t not in missing), "")
+        if argv[0] in missing:
+            return RunResult(127, "", f"sh: 1: exec: {argv[0]}: not found\n")
         if argv[0] == "true" or argv[:2] == ["rm", "-f"]:
             return RunResult(0, "", "")
         if argv[0] == "cat" and argv[1].endswith("/lab_utils/.deployed"):
