@@ -3,7 +3,9 @@
 `server_command` and `server_env` build what an instance runs with: the OpenAI API
 server module (it works for both the CUDA and the CPU build, whose `vllm` console script
 is broken), the node's LAN address for HTTP, and for prefill/decode the NixlConnector
-with the side channel on the node's data-plane address and its own port. Secrets reach
+with the side channel on the node's data-plane address and its own port; the environment
+has HF_HUB_OFFLINE=1 (the model is put on the node before start) and, on a CUDA profile,
+CUDA_HOME with its bin on PATH (run-time kernel compilation). Secrets reach
 the process through its environment, never its command line. `start_instance` refuses a
 port already taken (naming the holder) and reuses an instance that is already running;
 each instance gets its own TMPDIR (its ZMQ sockets and rendezvous files), removed when it
