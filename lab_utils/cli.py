@@ -1,6 +1,6 @@
 """The lab's command line: `python -m lab_utils COMMAND [--config F] ...`.
 
-Commands: `check` the environment (the bring-up checklist), `report` (the benchmark report), `serve` a topology (vLLM instances and the proxy), `proxy`, `bench`, `status`, `cleanup`, `deploy` (the lab's code to the
+Commands: `check` the environment (the bring-up checklist), `report` (the benchmark report), `serve` a topology (vLLM instances and the proxy; `--dry-run` prints the plan), `proxy`, `bench`, `status`, `cleanup`, `deploy` (the lab's code to the
 SSH nodes), `model fetch` (the model onto every serving node), `tiny-model`, `demo` (the
 prefill/decode proof of transfer on the configured profile), `run` (execute the
 notebooks headless) and `lab` (the main job: the notebooks if there are any, else the
@@ -23,6 +23,15 @@ def _cmd_serve(args) -> int:
     from lab_utils.serving import kv_buffer_device
 
     cfg = load_config(args.config)
+    if args.dry_run:
+        from lab_utils.serve import make_plan
+
+        total = int(args.mem_total_gib * 2**30) if args.mem_total_gib else None
+        with Cluster(cfg) as cluster:
+            plan = make_plan(cluster, args.topology, kv_buffer_device=kv_buffer_device(cfg),
+                             mem_total=total, read_nodes=not args.offline)
+        print(plan.text())
+        return 0 if plan.fits else 1
     with Cluster(cfg) as cluster:
         records = serve(cluster, args.topology, with_proxy=not args.no_proxy,
                         kv_buffer_device=kv_buffer_device(cfg))
@@ -196,6 +205,12 @@ def build_parser() -> argparse.ArgumentParser:
              "them, and wait until all are healthy")
     sp.add_argument("--topology", choices=TOPOLOGIES, required=True)
     sp.add_argument("--no-proxy", action="store_true", help="start the vLLM instances only")
+    sp.add_argument("--dry-run", action="store_true", help="print the plan (every instance's "
+                    "node, command, environment, ports, memory per node) and start nothing; "
+                    "exit 1 if it does not fit")
+    sp.add_argument("--mem-total-gib", type=float, help="with --dry-run: the nodes' MemTotal "
+                    "in GiB instead of reading /proc/meminfo on them")
+    sp.add_argument("--offline", action="store_true", help="with --dry-run: contact no node")
     sp = cmd("proxy", _cmd_proxy, "run the lab proxy in the foreground (serve starts it for you)")
     sp.add_argument("--mode", choices=TOPOLOGIES, required=True)
     cmd("report", _cmd_report, "write the benchmark report (report.html, report.md, plots) "

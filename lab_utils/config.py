@@ -70,6 +70,9 @@ class NodeConfig(_Strict):
     data_link_gbps: float | None = Field(None, gt=0)
     python: str | None = None
     workdir: str | None = None
+    # CUDA profiles: the toolkit whose bin/ (nvcc, ptxas) vLLM's instances get on PATH,
+    # for FlashInfer/Triton kernels compiled at run time (sm_121 on GB10).
+    cuda_home: str = "/usr/local/cuda"
 
     _check_addresses = field_validator("lan_address", "data_address")(_check_ip)
 

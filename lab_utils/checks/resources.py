@@ -1,24 +1,32 @@
-"""Resource checks on every node: memory for the instances the topologies start there,
-and free disk where the lab writes logs and the model.
+"""Resource checks on every node: memory for the instances the topologies start there
+(the same plan `serve` refuses when it does not fit: `serve.plan`), and free disk where
+the lab writes logs and the model.
 """
 
 from __future__ import annotations
 
 from lab_utils.checks.frame import CheckResult, Context, GiB, meminfo
+from lab_utils.config import TOPOLOGIES
+from lab_utils.errors import LabError
+from lab_utils.kv.memory import OS_RESERVE
 
 
-def _memory_needed(ctx: Context, name: str, total: int) -> tuple[int, str]:
-    """The most memory the lab's instances on this node ask for, in one topology."""
-    cfg, need, why = ctx.cfg, 0, "nothing serves here"
-    for topo in ("baseline", "replicated", "disaggregated"):
-        specs = [s for s in cfg.instances(topo) if s.node == name]
-        if cfg.vllm.device == "cpu":
-            n = sum(((s.settings.cpu_kvcache_space_gib or 4) + 1) * GiB for s in specs)
-        else:
-            n = sum(int((s.settings.gpu_memory_utilization or 0.9) * total) for s in specs)
-        if n > need:
-            need, why = n, f"{topo}: {', '.join(s.name for s in specs)}"
-    return need, why
+def _memory_needed(ctx: Context, name: str, total: int) -> tuple[int, str, list[str]]:
+    """The most memory the lab's instances on this node need in one topology, by the plan
+    `serve` checks (`serve.plan`: weights, KV cache, NIXL host mirror, processes, OS
+    reserve), with the fixes when that does not fit in `total`."""
+    from lab_utils.serve import make_plan
+
+    cfg, need, why, fixes = ctx.cfg, 0, "nothing serves here", []
+    machine = cfg.nodes[name].machine(name)
+    for topo in TOPOLOGIES:
+        if not any(s.node == name for s in cfg.instances(topo)):
+            continue
+        plan = make_plan(ctx.cluster, topo, mem_total={name: total}, read_nodes=False)
+        b = plan.nodes[machine]
+        if b.total > need:
+            need, why, fixes = b.total, f"{topo}: {', '.join(b.instances)}", b.fixes
+    return need, why, fixes
 
 
 def check_resources(ctx: Context) -> list[CheckResult]:
@@ -27,18 +35,30 @@ def check_resources(ctx: Context) -> list[CheckResult]:
     for name in names:
         mem = meminfo(ctx, name)
         total, avail = mem["MemTotal"], mem.get("MemAvailable", mem["MemFree"])
-        need, why = _memory_needed(ctx, name, total)
         seen = f"{avail / GiB:.1f} of {total / GiB:.1f} GiB available (/proc/meminfo)"
-        if avail < need:
+        try:
+            need, why, fixes = _memory_needed(ctx, name, total)
+        except LabError as e:
+            out.append(CheckResult("memory", name, "warn", f"no memory plan: {e}", evidence=seen,
+                                   fix="run `python -m lab_utils model fetch` first"))
+            out.append(_disk(ctx, name))
+            continue
+        detail = f"plan needs {need / GiB:.1f} GiB of {total / GiB:.1f} GiB MemTotal for {why}"
+        if need > total:
+            out.append(CheckResult(
+                "memory", name, "fail", f"the instances do not fit ({detail})", evidence=seen,
+                fix="; or ".join(fixes) + " (python -m lab_utils serve --topology T --dry-run "
+                    "shows the plan)"))
+        elif avail < need - OS_RESERVE[ctx.cfg.vllm.device]:  # the OS already holds its share
             setting = ("gpu_memory_utilization" if ctx.cfg.vllm.device == "cuda"
                        else "cpu_kvcache_space_gib")
             out.append(CheckResult(
                 "memory", name, "warn", f"less memory available than the instances need "
-                f"({need / GiB:.1f} GiB for {why})", evidence=seen,
+                f"({detail})", evidence=seen,
                 fix=f"stop what holds memory on {name} (see the gpu check's processes) or "
                     f"lower vllm.<role>.{setting} in the config"))
         else:
-            out.append(CheckResult("memory", name, "pass", seen))
+            out.append(CheckResult("memory", name, "pass", f"{seen}; {detail}"))
         out.append(_disk(ctx, name))
     return skipped + out
 

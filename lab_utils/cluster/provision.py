@@ -4,9 +4,9 @@
 workdir when the node's copy differs (a digest of the files is kept beside it), then
 checks that the node's Python has what its roles need and says what to install where.
 `model_fetch` makes the configured model present on every serving node: the generated
-tiny model is built here and copied; a hub model is downloaded on each node (the token,
-if any, goes through the process environment on stdin, never argv); a `path` model must
-already be there. Either way every node must end up with the same snapshot. Both take a
+tiny model is built here and copied; a hub model is downloaded on each node unless its
+snapshot is already in the node's cache (the token, if any, goes through the process
+environment on stdin, never argv); a `path` model must already be there. Either way every node must end up with the same snapshot. Both take a
 config (notebook 00, the command line) or the cluster a caller already holds.
 """
 
@@ -43,10 +43,15 @@ for f in sorted(p for p in root.rglob("*") if p.is_file() and ".cache" not in p.
     h.update(f.read_bytes() if full else str(f.stat().st_size).encode())
 print(json.dumps(h.hexdigest()))
 """
+# The snapshot already in the node's cache when there is one (no network: instances then
+# start with HF_HUB_OFFLINE=1 and find it there), else a download.
 _HUB_FETCH_CODE = """
 import json, sys
 from huggingface_hub import snapshot_download
-path = snapshot_download(sys.argv[1], revision=sys.argv[2] or None)
+try:
+    path = snapshot_download(sys.argv[1], revision=sys.argv[2] or None, local_files_only=True)
+except Exception:
+    path = snapshot_download(sys.argv[1], revision=sys.argv[2] or None)
 print(json.dumps(path))
 """
 

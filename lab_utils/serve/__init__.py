@@ -3,6 +3,9 @@ prefill/decode by hand.
 
 - `launcher`: one vLLM instance's command line and environment, started on its node,
   watched until healthy, stopped by process group.
+- `plan`: every instance of a topology before it starts: node, command line, environment
+  (secrets as set/unset), ports, and the memory budget per node; refused if it does not
+  fit (`plan_text` prints it, for `serve --dry-run`).
 - `topology`: the sets of instances notebooks 01, 03 and 04 stand up (baseline,
   replicated, disaggregated), with the proxy; what is running; cleanup.
 - `proxy`: the lab's HTTP front door (replicated and P/D modes), one for every architecture.
@@ -14,9 +17,10 @@ The proxy's web stack (fastapi, aiohttp) is imported only by `serve.proxy`.
 """
 
 from lab_utils.serve.launcher import healthy, start_instance, wait_ready
+from lab_utils.serve.plan import Plan, make_plan
 from lab_utils.serve.topology import PROXY, cleanup, serve, topology_running, urls
 
 # `proxy` and `demo` are exported as modules but imported only when asked for, so that
 # starting an instance does not load the proxy's web stack.
-__all__ = ["PROXY", "cleanup", "demo", "healthy", "proxy", "serve", "start_instance",
-           "topology_running", "urls", "wait_ready"]
+__all__ = ["PROXY", "Plan", "cleanup", "demo", "healthy", "make_plan", "proxy", "serve",
+           "start_instance", "topology_running", "urls", "wait_ready"]

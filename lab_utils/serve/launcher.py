@@ -3,7 +3,9 @@
 `server_command` and `server_env` build what an instance runs with: the OpenAI API
 server module (it works for both the CUDA and the CPU build, whose `vllm` console script
 is broken), the node's LAN address for HTTP, and for prefill/decode the NixlConnector
-with the side channel on the node's data-plane address and its own port. Secrets reach
+with the side channel on the node's data-plane address and its own port; the environment
+has HF_HUB_OFFLINE=1 (the model is put on the node before start) and, on a CUDA profile,
+CUDA_HOME with its bin on PATH (run-time kernel compilation). Secrets reach
 the process through its environment, never its command line. `start_instance` refuses a
 port already taken (naming the holder) and reuses an instance that is already running;
 each instance gets its own TMPDIR (its ZMQ sockets and rendezvous files), removed when it
@@ -15,6 +17,8 @@ and on death raises with the log tail and the fix for any known failure in it.
 from __future__ import annotations
 
 import json
+import posixpath
+import sys
 import time
 
 import httpx
@@ -29,6 +33,7 @@ from lab_utils.util.progress import progress_bar
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 KV_ROLES = {"prefill": "kv_producer", "decode": "kv_consumer"}
+BASE_PATH = ["/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"]
 
 
 def instance_url(cfg: LabConfig, spec: InstanceSpec) -> str:
@@ -83,11 +88,19 @@ def server_command(cluster: Cluster, spec: InstanceSpec, *,
 
 
 def server_env(cfg: LabConfig, spec: InstanceSpec) -> dict[str, str]:
+    """The instance's environment (added to the node's): offline Hugging Face (the model
+    is on the node before it starts), CUDA's tools on PATH on a CUDA profile (PATH is
+    replaced, not extended: the toolkit's bin, the node Python's bin, the system dirs),
+    the CPU build's KV space and thread binding, NIXL's side channel and UCX settings."""
     node = cfg.nodes[spec.node]
+    python = node.python or sys.executable
     s = spec.settings
-    env = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "PYTHONUNBUFFERED": "1"}
-    if cfg.model.source in ("tiny", "path"):
-        env["HF_HUB_OFFLINE"] = "1"
+    env = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "PYTHONUNBUFFERED": "1",
+           # start_instance puts the model (a hub model's snapshot) on the node first
+           "HF_HUB_OFFLINE": "1"}
+    if cfg.vllm.device == "cuda":
+        env["CUDA_HOME"] = node.cuda_home
+        env["PATH"] = ":".join([f"{node.cuda_home}/bin", posixpath.dirname(python), *BASE_PATH])
     if cfg.vllm.device == "cpu":
         if s.cpu_kvcache_space_gib:
             env["VLLM_CPU_KVCACHE_SPACE"] = str(s.cpu_kvcache_space_gib)

@@ -2,7 +2,8 @@
 
 `serve` starts a topology's instances (baseline: one; replicated: one per listed node;
 disaggregated: prefill and decode instances with NixlConnector), reusing any already
-running so a second call starts no duplicates, and waits until all are healthy. If
+running so a second call starts no duplicates, and waits until all are healthy; a plan
+whose memory does not fit on a node (`serve.plan`) is refused before anything starts. If
 anything fails or the user interrupts, what this call started is stopped again.
 `cleanup` stops everything the profile's state file lists, on every node. All act on a
 `Cluster` their caller built (and closes).
@@ -18,6 +19,7 @@ from lab_utils.cluster.provision import deploy
 from lab_utils.cluster.state import ProcessRecord
 from lab_utils.config import LabConfig
 from lab_utils.serve.launcher import start_instance, wait_ready
+from lab_utils.serve.plan import make_plan, merge_plans
 
 PROXY = "proxy"
 
@@ -32,6 +34,7 @@ def serve(cluster: Cluster, *topologies: str, show_progress: bool = True,
     if with_proxy and len(topologies) != 1:
         raise ValueError("the proxy fronts exactly one topology")
     cfg = cluster.cfg
+    check_plans(cluster, topologies, kv_buffer_device)
     records: list[ProcessRecord] = []
     started: list[ProcessRecord] = []
     specs = [s for t in topologies for s in cfg.instances(t)]
@@ -56,6 +59,18 @@ def serve(cluster: Cluster, *topologies: str, show_progress: bool = True,
         cluster.stop(started)
         raise
     return records
+
+
+def check_plans(cluster: Cluster, topologies: tuple[str, ...],
+                kv_buffer_device: str | None) -> None:
+    """Refuse, before anything starts, a topology whose memory plan does not fit on a node
+    (MemTotal read from the nodes, which must answer anyway to be served on). Several
+    topologies at once share their nodes, so their instances are summed per node."""
+    plans = [make_plan(cluster, t, kv_buffer_device=kv_buffer_device) for t in topologies]
+    for p in plans:
+        p.check()
+    if len(plans) > 1:
+        merge_plans(cluster.cfg, plans).check()
 
 
 def _warm_up_pairs(cfg: LabConfig, records: list[ProcessRecord]) -> None:

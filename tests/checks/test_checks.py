@@ -275,3 +275,14 @@ def test_rehearsal_port_taken(test_cfg):
     assert len(bad) == 1 and f"127.0.0.3:{port}" in bad[0].summary
     assert "spark-02" in bad[0].summary and f"PID {holder.pid}" in bad[0].evidence
     assert report.failed
+
+
+def test_memory_check_uses_the_plan_with_the_nixl_host_mirror(spark_cfg):
+    """At 0.6 with kv_buffer_device "cpu", the host copy of the KV cache does not fit on a
+    recorded Spark: a fail naming a utilization that fits (0.45 does)."""
+    for role in ("baseline", "replica", "prefill", "decode"):
+        getattr(spark_cfg.vllm, role).gpu_memory_utilization = 0.6
+    got = _by_key(run_checks(spark_cfg, replay_nodes(spark_cfg), show_progress=False))
+    mem = got[("memory", "spark-01")]
+    assert mem.status == "fail" and "do not fit" in mem.summary
+    assert "gpu_memory_utilization 0.53" in mem.fix and "kv-cache-memory-bytes" in mem.fix

@@ -54,11 +54,60 @@ def test_cuda_profile_command(tmp_path):
     s = spec(cfg, "disaggregated", "decode")
     argv = launcher.server_command(Cluster(cfg), s)  # builds its SSH node, connects nowhere
     assert argv[0] == cfg.nodes["spark-02"].python
-    assert argv[argv.index("--gpu-memory-utilization") + 1] == "0.6"
+    assert argv[argv.index("--gpu-memory-utilization") + 1] == "0.45"
     env = launcher.server_env(cfg, s)
     assert env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "192.168.100.11"
     assert env["UCX_NET_DEVICES"] == "rocep1s0f1:1,roceP2p1s0f1:1"
     assert "VLLM_CPU_KVCACHE_SPACE" not in env
+
+
+def test_cuda_instances_get_the_toolkit_and_serve_a_fetched_hub_model_offline():
+    from lab_utils.config import REPO_ROOT, load_config
+
+    cfg = load_config(REPO_ROOT / "environment_config.json.example")
+    assert cfg.model.source == "hub"
+    s = spec(cfg, "disaggregated", "prefill")
+    env = launcher.server_env(cfg, s)
+    assert env["HF_HUB_OFFLINE"] == "1"  # start_instance fetched the snapshot first
+    assert env["CUDA_HOME"] == "/usr/local/cuda"
+    path = env["PATH"].split(":")
+    assert path[0] == "/usr/local/cuda/bin"  # nvcc, ptxas for FlashInfer/Triton on sm_121
+    assert path[1] == "/home/REPLACE-user/spark-disagg-lab/.venv/bin" and "/usr/bin" in path
+    assert "$" not in env["PATH"]  # the SSH wrapper exports values literally
+    other = cfg.model_copy(deep=True)
+    other.nodes["spark-01"].cuda_home = "/opt/cuda-13.0"
+    env = launcher.server_env(other, s)
+    assert env["CUDA_HOME"] == "/opt/cuda-13.0" and env["PATH"].startswith("/opt/cuda-13.0/bin:")
+
+
+def test_cpu_instances_get_no_cuda_environment(test_cfg):
+    env = launcher.server_env(test_cfg, spec(test_cfg, "baseline", "baseline"))
+    assert "CUDA_HOME" not in env and "PATH" not in env
+
+
+@pytest.mark.parametrize("cached", [True, False])
+def test_hub_fetch_uses_the_node_cache_before_the_network(tmp_path, cached):
+    """`model fetch`/start on a node: a snapshot already in its cache is used without the
+    network; only a missing one is downloaded (a stand-in huggingface_hub records calls)."""
+    import subprocess
+
+    from lab_utils.cluster import provision
+
+    (tmp_path / "huggingface_hub").mkdir()
+    (tmp_path / "huggingface_hub" / "__init__.py").write_text(
+        "import os\n"
+        "def snapshot_download(repo, revision=None, local_files_only=False):\n"
+        "    open(os.environ['CALLS'], 'a').write(f'{local_files_only}\\n')\n"
+        f"    if local_files_only and not {cached}:\n"
+        "        raise OSError('not in the cache')\n"
+        "    return '/cache/snapshots/abc'\n")
+    calls = tmp_path / "calls"
+    r = subprocess.run([sys.executable, "-c", provision._HUB_FETCH_CODE, "org/model", ""],
+                       capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "PYTHONPATH": str(tmp_path), "CALLS": str(calls)})
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == "/cache/snapshots/abc"
+    assert calls.read_text().split() == (["True"] if cached else ["True", "False"])
 
 
 def test_hf_token_only_in_environment(tmp_path):

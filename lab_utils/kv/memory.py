@@ -1,0 +1,216 @@
+"""What one vLLM instance takes from its node's memory, computed before anything starts.
+
+On a CUDA node vLLM asks for a pool of `gpu_memory_utilization x total` and fills what
+the weights and its overhead leave with the KV cache (v1/worker/gpu_worker.py
+`determine_available_memory`); `--kv-cache-memory-bytes` fixes the KV cache instead. With
+NixlConnector and `kv_buffer_device` "cpu" on a non-CPU platform vLLM then allocates a
+host tensor as big as every layer's KV cache (nixl/base_worker.py
+`initialize_host_xfer_buffer`), after the pool was sized, so outside it. On GB10 host and
+GPU memory are one ~120 GiB pool, so that mirror counts against the same `MemTotal`. On
+the CPU build the KV cache is `cpu_kvcache_space_gib` (VLLM_CPU_KVCACHE_SPACE) and there
+is no mirror (`use_host_buffer` is False on a CPU platform). Weights come from the model's
+weight files when they are readable here, else from config.json's shape; the overheads are
+assumptions, named as such. All figures are computed, not measured on a Spark.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from lab_utils.config import LabConfig
+from lab_utils.errors import LabError
+from lab_utils.kv.shapes import DTYPE_BYTES, kv_shape
+
+GiB = 2**30
+# Inside vLLM's pool, besides weights and KV: peak activations of a profile run at
+# max_num_batched_tokens, CUDA graphs (counted since vLLM 0.21) and non-torch memory
+# (CUDA context, cuBLAS/NCCL workspaces). vLLM measures it at startup and logs
+# "Available KV cache memory"; 3 GiB is an assumption for an 8B model.
+CUDA_OVERHEAD = 3 * GiB
+# Outside the pool on every node: the API server and engine-core Python processes (torch,
+# tokenizer), assumed 2 GiB per instance; and the OS with what else runs there, assumed
+# 8 GiB on a Spark (recorded idle Sparks used 4.9 and 12 GiB: free.kB.gb10.spark-7d19.txt,
+# free-h.gb10.txt in tests/fixtures/dgx-spark-recorded) and 2 GiB on a rehearsal machine.
+PROCESS_HOST = 2 * GiB
+OS_RESERVE = {"cuda": 8 * GiB, "cpu": 2 * GiB}
+# vLLM's default --gpu-memory-utilization (config/cache.py).
+DEFAULT_UTILIZATION = 0.92
+
+# Published config.json fields, so a hub model's plan works with no node and no download.
+KNOWN_CONFIGS = {
+    "Qwen/Qwen3-8B": {"hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36,
+                      "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+                      "vocab_size": 151936, "tie_word_embeddings": False,
+                      "torch_dtype": "bfloat16"},
+    "meta-llama/Llama-3.1-8B-Instruct": {
+        "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+        "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
+        "tie_word_embeddings": False, "torch_dtype": "bfloat16"},
+}
+
+
+@dataclass(frozen=True)
+class Item:
+    """One line of a budget: what, how many bytes, whether vLLM's pool holds it, and where
+    the figure comes from ("" when it is exact arithmetic)."""
+
+    what: str
+    bytes: int
+    in_pool: bool
+    note: str = ""
+
+
+@dataclass
+class InstanceMemory:
+    """One instance's memory on its node; `pool` is None on the CPU build."""
+
+    items: list[Item]
+    pool: int | None
+    kv_bytes: int
+    kv_tokens: int
+    mirror: bool
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def total(self) -> int:
+        inside = sum(i.bytes for i in self.items if i.in_pool)
+        return max(self.pool or 0, inside) + sum(i.bytes for i in self.items if not i.in_pool)
+
+
+def param_count(hf: dict) -> int:
+    """Parameters of a dense or MoE decoder from config.json's shape (norms included)."""
+    c = hf.get("text_config", hf)
+    h, layers, vocab = c["hidden_size"], c["num_hidden_layers"], c["vocab_size"]
+    heads = c["num_attention_heads"]
+    kv_heads = c.get("num_key_value_heads") or heads
+    hd = c.get("head_dim") or h // heads
+    attn = h * heads * hd * 2 + h * kv_heads * hd * 2
+    experts = c.get("num_experts") or c.get("num_local_experts") or c.get("n_routed_experts")
+    if experts:
+        inter = c.get("moe_intermediate_size") or c["intermediate_size"]
+        shared = (c.get("n_shared_experts") or 0) * 3 * h * inter
+        mlp = experts * 3 * h * inter + shared + h * experts
+    else:
+        mlp = 3 * h * c["intermediate_size"]
+    per_layer = attn + mlp + 2 * h + 2 * hd
+    embed = vocab * h * (1 if c.get("tie_word_embeddings") else 2)
+    return layers * per_layer + embed + h
+
+
+def weight_files_bytes(model_dir: Path) -> int | None:
+    """Bytes of the weight files in a local model directory (None: none readable)."""
+    try:
+        files = [p for p in model_dir.iterdir() if p.suffix in (".safetensors", ".bin")]
+        return sum(p.stat().st_size for p in files) or None
+    except OSError:
+        return None
+
+
+def model_config(cfg: LabConfig, hf_config: dict | None = None) -> tuple[dict, Path | None, str]:
+    """The model's config.json (given, local, in this host's HF cache, or published),
+    the local directory holding it if any, and where it came from."""
+    if hf_config is not None:
+        return hf_config, None, "config.json given by the caller"
+    if cfg.model.source == "tiny":
+        from lab_utils.cluster.tiny_model import MODEL_SHAPE, VOCAB_SIZE
+
+        shape = {**MODEL_SHAPE, "vocab_size": VOCAB_SIZE, "torch_dtype": cfg.model.dtype}
+        return shape, Path(cfg.model_path), "the tiny model's recipe"
+    where: Path | None = None
+    if cfg.model.source == "path":
+        where = Path(cfg.model_path)
+    else:
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            found = try_to_load_from_cache(cfg.model.name, "config.json",
+                                           revision=cfg.model.revision)
+            where = Path(found).parent if isinstance(found, str) else None
+        except Exception:  # no hub client, or a bad cache: fall back to published values
+            where = None
+    if where is not None and (where / "config.json").is_file():
+        return json.loads((where / "config.json").read_text()), where, f"{where}/config.json"
+    if cfg.model.name in KNOWN_CONFIGS:
+        return KNOWN_CONFIGS[cfg.model.name], None, "published config.json (built in)"
+    raise LabError(f"no config.json for {cfg.model.name} on this host: run `python -m lab_utils "
+                   "model fetch`, or pass the model's config.json to the plan")
+
+
+def weights(cfg: LabConfig, hf: dict, model_dir: Path | None) -> Item:
+    files = weight_files_bytes(model_dir) if model_dir else None
+    if files:
+        return Item("weights", files, True, f"size of the weight files in {model_dir}")
+    dtype = str(cfg.model.dtype if cfg.model.dtype != "auto" else
+                hf.get("torch_dtype") or hf.get("dtype") or "bfloat16").removeprefix("torch.")
+    n = param_count(hf)
+    return Item("weights", n * DTYPE_BYTES[dtype], True,
+                f"estimate: {n / 1e9:.2f} B parameters x {DTYPE_BYTES[dtype]} B ({dtype}) from config.json")
+
+
+def instance_memory(cfg: LabConfig, hf: dict, weights_item: Item, mem_total: int, *,
+                    utilization: float | None, kv_cache_bytes: int | None,
+                    cpu_kvcache_gib: int | None, mirror: bool) -> InstanceMemory:
+    """One instance's budget on a node of `mem_total` bytes."""
+    shape = kv_shape(hf, None if cfg.model.dtype == "auto" else cfg.model.dtype)
+    w = weights_item.bytes
+    items = [weights_item]
+    notes: list[str] = []
+    if cfg.vllm.device == "cpu":
+        pool = None
+        if kv_cache_bytes is None and cpu_kvcache_gib:
+            kv_cache_bytes = cpu_kvcache_gib * GiB
+        if kv_cache_bytes is not None:
+            kv = kv_cache_bytes
+            src = "--kv-cache-memory-bytes" if cpu_kvcache_gib is None else "cpu_kvcache_space_gib"
+            items.append(Item("KV cache", kv, False, f"{src} (VLLM_CPU_KVCACHE_SPACE)"))
+        else:
+            u = utilization or DEFAULT_UTILIZATION
+            kv = int(u * mem_total) - w - PROCESS_HOST
+            items.append(Item("KV cache", kv, False, f"{u} x MemTotal less weights and process "
+                              "(vLLM's CPU default without cpu_kvcache_space_gib)"))
+        items[0] = Item("weights", w, False, weights_item.note)
+        notes.append("CPU platform: NixlConnector uses the KV cache in place, no host mirror")
+    else:
+        u = utilization or DEFAULT_UTILIZATION
+        pool = int(u * mem_total)
+        items.append(Item("activations, CUDA graphs, CUDA context", CUDA_OVERHEAD, True,
+                          "estimate (vLLM measures it at startup)"))
+        if kv_cache_bytes is not None:
+            kv = kv_cache_bytes
+            items.append(Item("KV cache", kv, True, "--kv-cache-memory-bytes"))
+            pool = w + CUDA_OVERHEAD + kv
+            notes.append(f"--kv-cache-memory-bytes: vLLM still needs {u} x total "
+                         f"({u * mem_total / GiB:.1f} GiB) free at startup")
+        else:
+            kv = pool - w - CUDA_OVERHEAD
+            items.append(Item("KV cache", kv, True,
+                              f"pool {u} x MemTotal less weights and overhead"))
+    if mirror:
+        items.append(Item("NIXL host mirror of the KV cache", kv, False,
+                          'kv_buffer_device "cpu": host copy of every layer, outside the pool'))
+    items.append(Item("API server and engine processes", PROCESS_HOST, False, "estimate"))
+    return InstanceMemory(items=items, pool=pool, kv_bytes=kv,
+                          kv_tokens=max(kv, 0) // shape.bytes_per_token, mirror=mirror,
+                          notes=notes)
+
+
+def fitting_utilization(mem_total: int, instances: list[tuple[int, bool]]) -> float:
+    """The highest `gpu_memory_utilization`, one value for every instance on a node, that
+    fits: `instances` are (weights bytes, mirror) pairs. Rounded down to 0.01."""
+    free = mem_total - OS_RESERVE["cuda"] - PROCESS_HOST * len(instances)
+    slope = 0
+    for w, mirror in instances:
+        slope += 2 if mirror else 1
+        if mirror:
+            free += w + CUDA_OVERHEAD  # the mirror is the pool less weights and overhead
+    return max(0.0, int(100 * free / (slope * mem_total)) / 100)
+
+
+def fitting_kv_bytes(mem_total: int, instances: list[tuple[int, bool]]) -> int:
+    """The largest `--kv-cache-memory-bytes`, the same for every instance on a CUDA node,
+    that fits; rounded down to whole GiB."""
+    free = mem_total - OS_RESERVE["cuda"] - sum(w + CUDA_OVERHEAD + PROCESS_HOST for w, _ in instances)
+    per = sum(2 if mirror else 1 for _, mirror in instances)
+    return max(0, free // per // GiB * GiB)

@@ -1,0 +1,224 @@
+"""The plan of a topology: every instance's node, command line, environment, ports and
+memory, built before anything starts and printed by `serve --dry-run`.
+
+`make_plan` renders each instance exactly as `launcher.server_command` and `server_env`
+would (secrets shown only as set/unset), and sums its memory on its node
+(`kv.memory.instance_memory`: weights, overhead, KV cache, the NIXL host mirror when the
+effective kv_buffer_device is "cpu" on a CUDA profile, the processes) with the OS reserve,
+against the node's `MemTotal`: read from the node when it answers, else the caller's
+value, else (CUDA profiles only) the recorded GB10 figure. `Plan.check` refuses a plan
+that does not fit, with the numbers and the fixes (a utilization that fits, a
+`--kv-cache-memory-bytes` that fits, or `kv_buffer_device: "cuda"`). Offline by design:
+no node needs to be reachable.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+
+from lab_utils.cluster import Cluster
+from lab_utils.config import InstanceSpec, LabConfig
+from lab_utils.errors import LabError
+from lab_utils.kv import memory
+from lab_utils.kv.memory import GiB, InstanceMemory
+from lab_utils.serve.launcher import instance_url, server_command, server_env
+
+# tests/fixtures/dgx-spark-recorded/proc-meminfo.head-20.gb10.txt: "MemTotal: 125511968 kB"
+GB10_MEMTOTAL = 125511968 * 1024
+_SECRET = re.compile(r"TOKEN|SECRET|PASSW|KEY", re.I)
+
+
+@dataclass
+class InstancePlan:
+    name: str
+    role: str
+    node: str
+    argv: list[str]
+    env: dict[str, str]  # secrets already replaced by "<set>"
+    url: str
+    side_channel: str | None
+    kv_buffer_device: str | None
+    memory: InstanceMemory
+
+
+@dataclass
+class NodeBudget:
+    """One machine's sum (nodes that are the same machine share it, as in the rehearsal)."""
+
+    node: str  # the node names on this machine, comma-separated
+    mem_total: int | None  # None: not known (the plan then cannot refuse)
+    mem_source: str
+    instances: list[str]
+    total: int
+    reserve: int
+    fixes: list[str] = field(default_factory=list)
+
+    @property
+    def fits(self) -> bool:
+        return self.mem_total is None or self.total <= self.mem_total
+
+
+@dataclass
+class Plan:
+    profile: str
+    topology: str
+    instances: list[InstancePlan]
+    nodes: dict[str, NodeBudget]
+    weights_source: str
+    mem_totals: dict[str, tuple[int | None, str]]  # per node: bytes (None: unknown), source
+
+    @property
+    def fits(self) -> bool:
+        return all(n.fits for n in self.nodes.values())
+
+    def check(self) -> None:
+        """Raise a LabError naming every node that does not fit, its numbers and fixes."""
+        bad = [n for n in self.nodes.values() if not n.fits]
+        if not bad:
+            return
+        lines = [f"the {self.topology} plan of profile {self.profile} does not fit in memory:"]
+        for n in bad:
+            lines.append(f"  {n.node}: needs {n.total / GiB:.1f} GiB of {(n.mem_total or 0) / GiB:.1f} "
+                         f"GiB MemTotal ({n.mem_source}) for {', '.join(n.instances)}; fix:")
+            lines += [f"    - {f}" for f in n.fixes]
+        lines.append("  (see it all: python -m lab_utils serve --topology "
+                     f"{self.topology} --dry-run)")
+        raise LabError("\n".join(lines))
+
+    def text(self) -> str:
+        from lab_utils.serve.plan_text import render
+
+        return render(self)
+
+
+def shown_env(env: dict[str, str], hub: bool) -> dict[str, str]:
+    out = {k: ("<set>" if _SECRET.search(k) and v else v) for k, v in env.items()}
+    if hub and "HF_TOKEN" not in out:
+        out["HF_TOKEN"] = "<unset>"
+    return out
+
+
+def kv_cache_bytes_arg(argv: list[str]) -> int | None:
+    """`--kv-cache-memory-bytes` from a command line (vLLM's human-readable forms)."""
+    for i, a in enumerate(argv):
+        if a.startswith("--kv-cache-memory-bytes"):
+            v = a.split("=", 1)[1] if "=" in a else argv[i + 1]
+            m = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT]?)", v.strip())
+            if not m:
+                raise LabError(f"--kv-cache-memory-bytes {v!r}: not a byte count")
+            mult = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12,
+                    "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}[m.group(2)]
+            return int(float(m.group(1)) * mult)
+    return None
+
+
+def _buffer_device(argv: list[str]) -> str | None:
+    if "--kv-transfer-config" not in argv:
+        return None
+    return json.loads(argv[argv.index("--kv-transfer-config") + 1]).get("kv_buffer_device")
+
+
+def read_mem_total(cluster: Cluster, name: str) -> int | None:
+    """The node's MemTotal in bytes, or None when it cannot be read now."""
+    try:
+        r = cluster.node(name).run(["cat", "/proc/meminfo"], timeout=15)
+    except (LabError, OSError):
+        return None
+    m = re.search(r"^MemTotal:\s+(\d+)\s*kB", r.stdout if r.ok else "", re.M)
+    return int(m.group(1)) * 1024 if m else None
+
+
+def _mem_total(cluster: Cluster, name: str, given, read_nodes: bool) -> tuple[int | None, str]:
+    value = given.get(name) if isinstance(given, dict) else given
+    if value:
+        return int(value), "given"
+    found = read_mem_total(cluster, name) if read_nodes else None
+    if found:
+        return found, f"/proc/meminfo on {name}"
+    if cluster.cfg.vllm.device == "cuda":
+        return GB10_MEMTOTAL, "assumed: the recorded GB10 /proc/meminfo, node not read"
+    return None, "unknown: node not read; give --mem-total-gib"
+
+
+def _fixes(cfg: LabConfig, budget: NodeBudget, plans: list[InstancePlan], weights: int) -> list[str]:
+    if cfg.vllm.device == "cpu":
+        return ["lower vllm.<role>.cpu_kvcache_space_gib, or place fewer instances on "
+                f"{budget.node} (topology)"]
+    inst = [(weights, p.memory.mirror) for p in plans]
+    u = memory.fitting_utilization(budget.mem_total, inst)
+    kv = memory.fitting_kv_bytes(budget.mem_total, inst)
+    roles = sorted({p.role for p in plans})
+    out = [f"gpu_memory_utilization {u:.2f} (or lower) for vllm.{'/'.join(roles)}"]
+    if kv > 0:
+        out.append(f'"--kv-cache-memory-bytes", "{kv // GiB}G" in vllm.<role>.extra_args '
+                   f"({kv / GiB:.0f} GiB KV cache per instance)")
+    if any(p.memory.mirror for p in plans):
+        out.append('kv_transfer.kv_buffer_device "cuda" (no host mirror; but NIXL reads '
+                   "VRAM at ~0.4-0.6 GB/s on GB10 against 11-13 GB/s from DRAM)")
+    return out
+
+
+def make_plan(cluster: Cluster, topology: str, *, kv_buffer_device: str | None = None,
+              mem_total: int | dict[str, int] | None = None, hf_config: dict | None = None,
+              read_nodes: bool = True) -> Plan:
+    """The plan of `topology` (see the module docstring). `mem_total`: bytes, for every
+    node or per node name; `read_nodes` False never contacts a node."""
+    cfg = cluster.cfg
+    hf, model_dir, source = memory.model_config(cfg, hf_config)
+    weights = memory.weights(cfg, hf, model_dir)
+    specs = cfg.instances(topology)
+    totals = {n: _mem_total(cluster, n, mem_total, read_nodes)
+              for n in dict.fromkeys(s.node for s in specs)}
+    plans = [_instance(cluster, spec, kv_buffer_device, hf, weights, totals[spec.node][0])
+             for spec in specs]
+    return Plan(cfg.profile, topology, plans, _budgets(cfg, plans, totals, weights.bytes),
+                f"{weights.note} ({source})", totals)
+
+
+def _budgets(cfg: LabConfig, plans: list[InstancePlan], totals: dict,
+             weights: int) -> dict[str, NodeBudget]:
+    """Per machine (nodes that are one machine share its memory)."""
+    machines: dict[str, list[str]] = {}
+    for p in plans:
+        names = machines.setdefault(cfg.nodes[p.node].machine(p.node), [])
+        if p.node not in names:
+            names.append(p.node)
+    reserve = memory.OS_RESERVE[cfg.vllm.device]
+    out: dict[str, NodeBudget] = {}
+    for machine, names in machines.items():
+        total, src = totals[names[0]]
+        mine = [p for p in plans if p.node in names]
+        label = ", ".join(names) + (f" ({machine})" if len(names) > 1 else "")
+        b = NodeBudget(label, total, src, [p.name for p in mine],
+                       sum(p.memory.total for p in mine) + reserve, reserve)
+        if not b.fits:
+            b.fixes = _fixes(cfg, b, mine, weights)
+        out[machine] = b
+    return out
+
+
+def merge_plans(cfg: LabConfig, plans: list[Plan]) -> Plan:
+    """Several topologies served together: their instances summed per machine."""
+    instances = [i for p in plans for i in p.instances]
+    totals = {k: v for p in plans for k, v in p.mem_totals.items()}
+    weights = instances[0].memory.items[0].bytes if instances else 0
+    return Plan(plans[0].profile, "+".join(p.topology for p in plans), instances,
+                _budgets(cfg, instances, totals, weights), plans[0].weights_source, totals)
+
+
+def _instance(cluster: Cluster, spec: InstanceSpec, kv_buffer_device: str | None, hf: dict,
+              weights: memory.Item, mem_total: int | None) -> InstancePlan:
+    cfg = cluster.cfg
+    argv = server_command(cluster, spec, kv_buffer_device=kv_buffer_device)
+    device = _buffer_device(argv)
+    mem = memory.instance_memory(
+        cfg, hf, weights, mem_total or 0, utilization=spec.settings.gpu_memory_utilization,
+        kv_cache_bytes=kv_cache_bytes_arg(argv), cpu_kvcache_gib=spec.settings.cpu_kvcache_space_gib,
+        mirror=cfg.vllm.device == "cuda" and device == "cpu")
+    side = (f"{cfg.nodes[spec.node].data_address}:{spec.side_channel_port}"
+            if spec.side_channel_port is not None and device else None)
+    return InstancePlan(spec.name, spec.role, spec.node, argv,
+                        shown_env(server_env(cfg, spec), cfg.model.source == "hub"),
+                        instance_url(cfg, spec), side, device, mem)

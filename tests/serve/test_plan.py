@@ -1,0 +1,147 @@
+"""The plan of a topology, offline: what each instance runs with, its memory on its node
+(the NIXL host mirror on a CUDA profile with kv_buffer_device "cpu"), refusal with
+numbers and fixes that do fit, `serve --dry-run`, and `serve` refusing before it starts."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from lab_utils.cli import main
+from lab_utils.cluster import Cluster
+from lab_utils.config import REPO_ROOT, load_config, parse_config
+from lab_utils.errors import LabError
+from lab_utils.kv import memory
+from lab_utils.kv.memory import GiB
+from lab_utils.serve import make_plan
+from lab_utils.serve.plan import GB10_MEMTOTAL
+
+EXAMPLE = REPO_ROOT / "environment_config.json.example"
+MEMINFO = REPO_ROOT / "tests/fixtures/dgx-spark-recorded/proc-meminfo.head-20.gb10.txt"
+
+
+def example(tmp_path, **role_settings):
+    data = json.loads(EXAMPLE.read_text())
+    data["results_root"] = str(tmp_path / "results")
+    for role in ("baseline", "replica", "prefill", "decode"):
+        data["vllm"][role].update(role_settings)
+    return parse_config(data, str(EXAMPLE))
+
+
+def plan_of(cfg, topology="disaggregated", **kw):
+    return make_plan(Cluster(cfg), topology, read_nodes=False, **kw)
+
+
+def test_recorded_gb10_memtotal_is_the_fallback():
+    kb = int(re.search(r"MemTotal:\s+(\d+) kB", MEMINFO.read_text()).group(1))
+    assert kb * 1024 == GB10_MEMTOTAL and round(GB10_MEMTOTAL / GiB, 1) == 119.7
+
+
+def test_weights_from_config_json():
+    # published sizes: Qwen3-8B 8.2 B parameters, Llama-3.1-8B 8.03 B
+    assert memory.param_count(memory.KNOWN_CONFIGS["Qwen/Qwen3-8B"]) == pytest.approx(8.19e9, rel=0.01)
+    llama = memory.KNOWN_CONFIGS["meta-llama/Llama-3.1-8B-Instruct"]
+    assert memory.param_count(llama) == pytest.approx(8.03e9, rel=0.01)
+    tied = {**llama, "tie_word_embeddings": True}
+    assert memory.param_count(llama) - memory.param_count(tied) == 128256 * 4096
+
+
+def test_example_disaggregated_fits_with_the_host_mirror(tmp_path):
+    cfg = load_config(EXAMPLE)
+    plan = plan_of(cfg)
+    assert plan.fits and [i.name for i in plan.instances] == ["prefill-0", "decode-0"]
+    for inst in plan.instances:
+        m = inst.memory
+        assert inst.kv_buffer_device == "cpu" and m.mirror  # "auto" without notebook 02
+        items = {i.what: i for i in m.items}
+        assert m.pool == int(0.45 * GB10_MEMTOTAL)
+        assert items["weights"].bytes == memory.param_count(memory.KNOWN_CONFIGS["Qwen/Qwen3-8B"]) * 2
+        assert "estimate" in items["weights"].note
+        assert m.kv_bytes == m.pool - items["weights"].bytes - memory.CUDA_OVERHEAD
+        mirror = items["NIXL host mirror of the KV cache"]
+        assert mirror.bytes == m.kv_bytes and not mirror.in_pool
+        assert m.kv_tokens == m.kv_bytes // (2 * 36 * 8 * 128 * 2)  # 144 KiB per token
+    b = plan.nodes["192.168.1.11:22"]
+    assert b.mem_source.startswith("assumed") and b.total < b.mem_total - 15 * GiB
+    assert inst.side_channel == "192.168.100.11:5700" and inst.url == "http://192.168.1.12:8400"
+
+
+def test_every_example_topology_fits(tmp_path):
+    cfg = load_config(EXAMPLE)
+    for topology in ("baseline", "replicated", "disaggregated"):
+        assert plan_of(cfg, topology).fits, topology
+
+
+def test_too_high_utilization_is_refused_with_fixes_that_fit(tmp_path):
+    cfg = example(tmp_path, gpu_memory_utilization=0.6)
+    plan = plan_of(cfg)
+    assert not plan.fits
+    with pytest.raises(LabError) as e:
+        plan.check()
+    msg = str(e.value)
+    assert "spark-01: needs 135.4 GiB of 119.7 GiB MemTotal" in msg
+    util = float(re.search(r"gpu_memory_utilization (0\.\d+)", msg).group(1))
+    kv_gib = int(re.search(r'"--kv-cache-memory-bytes", "(\d+)G"', msg).group(1))
+    assert 'kv_buffer_device "cuda"' in msg
+    # each fix, applied, fits
+    assert plan_of(example(tmp_path, gpu_memory_utilization=util)).fits
+    assert not plan_of(example(tmp_path, gpu_memory_utilization=round(util + 0.02, 2))).fits
+    fixed = example(tmp_path, gpu_memory_utilization=0.6,
+                    extra_args=["--kv-cache-memory-bytes", f"{kv_gib}G"])
+    p = plan_of(fixed)
+    assert p.fits and p.instances[0].memory.kv_bytes == kv_gib * GiB
+    assert plan_of(cfg, kv_buffer_device="cuda").fits  # no mirror
+    assert not plan_of(cfg, kv_buffer_device="cuda").instances[0].memory.mirror
+
+
+def test_secrets_only_as_set_or_unset(tmp_path):
+    token = tmp_path / "hf_token"
+    token.write_text("hf_canary_987\n")
+    token.chmod(0o600)
+    data = json.loads(EXAMPLE.read_text())
+    data["hf_token_file"] = str(token)
+    data["vllm"]["extra_env"] = {"MY_API_KEY": "k-canary", "UCX_LOG_LEVEL": "info"}
+    plan = plan_of(parse_config(data, str(EXAMPLE)))
+    text = plan.text()
+    assert "canary" not in text
+    env = plan.instances[0].env
+    assert env["HF_TOKEN"] == "<set>" and env["MY_API_KEY"] == "<set>"
+    assert env["UCX_LOG_LEVEL"] == "info"
+    assert plan_of(load_config(EXAMPLE)).instances[0].env["HF_TOKEN"] == "<unset>"
+
+
+def test_cpu_rehearsal_budget_has_no_mirror(test_cfg):
+    plan = plan_of(test_cfg, mem_total=16 * GiB)
+    assert plan.fits
+    for inst in plan.instances:
+        assert inst.kv_buffer_device == "cpu" and not inst.memory.mirror
+        assert inst.memory.pool is None and inst.memory.kv_bytes == GiB  # cpu_kvcache_space_gib
+    (b,) = plan.nodes.values()  # every rehearsal node is this machine: one budget
+    assert b.instances == ["prefill-0", "decode-0"] and "this machine" in b.node
+    assert not plan_of(test_cfg, mem_total=4 * GiB).fits
+
+
+def test_dry_run_prints_the_plan_and_starts_nothing(capsys, tmp_path):
+    assert main(["serve", "--topology", "disaggregated", "--dry-run", "--offline",
+                 "--config", str(EXAMPLE)]) == 0
+    out = capsys.readouterr().out
+    assert "[prefill-0] on spark-01" in out and "[decode-0] on spark-02" in out
+    assert "NIXL host mirror of the KV cache" in out and "FITS" in out
+    assert "python -m vllm.entrypoints.openai.api_server" in out
+    assert not (REPO_ROOT / "results" / "dgx-spark" / "state.json").exists()
+
+
+def test_serve_refuses_a_plan_that_does_not_fit_before_starting(test_cfg, monkeypatch):
+    from lab_utils.serve import topology
+
+    def started(*a, **k):
+        raise AssertionError("started something")
+
+    monkeypatch.setattr(topology, "deploy", started)
+    monkeypatch.setattr(topology, "start_instance", started)
+    big = test_cfg.model_copy(deep=True)
+    big.vllm.prefill.cpu_kvcache_space_gib = 100_000
+    with pytest.raises(LabError, match="does not fit in memory"):
+        topology.serve(Cluster(big), "disaggregated", show_progress=False)

@@ -1,0 +1,102 @@
+"""vLLM 0.32 judges the plan: every instance's command line of every shipped profile and
+topology goes through vLLM's own api_server argument parser and `AsyncEngineArgs`, its
+`--kv-transfer-config` through `KVTransferConfig`, and the VLLM_* names the lab sets must
+be ones `vllm.envs` knows. Nothing is started; importing vLLM takes ~10-20 s, once.
+
+The example profile is a CUDA profile; the CPU build parses the same flags (its platform
+only changes defaults), and the kv_buffer_device is checked against NixlConnector's table
+for the profile's device, not this machine's."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from lab_utils.cluster import Cluster
+from lab_utils.config import REPO_ROOT, TOPOLOGIES, parse_config
+from lab_utils.kv.memory import GiB
+from lab_utils.serve import make_plan
+from lab_utils.serve.launcher import API_SERVER_MODULE
+
+PROFILES = ["environment_config.json.example", "configs/local-cpu.json", "configs/simcluster.json"]
+# UCX reads these; the lab sets them only from the config and vLLM has no say in them.
+UCX_NAMES = {"UCX_TLS", "UCX_NET_DEVICES"}
+
+
+@pytest.fixture(scope="module")
+def vllm_judge():
+    pytest.importorskip("vllm")
+    import pydantic
+    import vllm.envs
+    from vllm.config import KVTransferConfig
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.utils import _NIXL_SUPPORTED_DEVICE
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    def parse(argv: list[str]):
+        parser = make_arg_parser(FlexibleArgumentParser())
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit as e:  # argparse: unknown flag or bad value
+            raise AssertionError(f"vLLM's parser refused {argv}: exit {e.code}") from None
+        return args, AsyncEngineArgs.from_cli_args(args)
+
+    return {"parse": parse, "kv": pydantic.TypeAdapter(KVTransferConfig),
+            "env_names": set(vllm.envs.environment_variables), "nixl": _NIXL_SUPPORTED_DEVICE}
+
+
+def _profile(tmp_path, name):
+    data = json.loads((REPO_ROOT / name).read_text())
+    text = json.dumps(data).replace("REPLACE-user", "lab").replace("REPLACE: ", "")
+    data = json.loads(text)
+    data["results_root"] = str(tmp_path / "results")
+    return parse_config(data, name)
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_vllm_accepts_every_instance_of_every_topology(vllm_judge, tmp_path, profile):
+    cfg = _profile(tmp_path, profile)
+    for topology in TOPOLOGIES:
+        plan = make_plan(Cluster(cfg), topology, mem_total=120 * GiB, read_nodes=False)
+        assert plan.fits, plan.text()
+        for inst in plan.instances:
+            assert inst.argv[1:3] == ["-m", API_SERVER_MODULE]
+            args, engine = vllm_judge["parse"](inst.argv[3:])
+            assert engine.model == cfg.model_path_on(inst.node)
+            assert engine.served_model_name in (cfg.model.name, [cfg.model.name])
+            assert args.port == int(inst.url.rsplit(":", 1)[1])
+            if cfg.vllm.device == "cuda":
+                want = getattr(cfg.vllm, inst.role)
+                assert engine.gpu_memory_utilization == want.gpu_memory_utilization
+            raw = (inst.argv[inst.argv.index("--kv-transfer-config") + 1]
+                   if "--kv-transfer-config" in inst.argv else None)
+            if inst.role in ("prefill", "decode"):
+                kv = vllm_judge["kv"].validate_json(raw)
+                parsed = engine.kv_transfer_config
+                assert [getattr(parsed, f) for f in ("kv_connector", "kv_role", "kv_buffer_device",
+                                                     "kv_connector_extra_config")] == [
+                    getattr(kv, f) for f in ("kv_connector", "kv_role", "kv_buffer_device",
+                                             "kv_connector_extra_config")]
+                assert kv.kv_role == {"prefill": "kv_producer", "decode": "kv_consumer"}[inst.role]
+                assert kv.kv_buffer_device in vllm_judge["nixl"][cfg.vllm.device]
+            else:
+                assert raw is None and engine.kv_transfer_config is None
+            for name in inst.env:
+                if name.startswith("VLLM_"):
+                    assert name in vllm_judge["env_names"], f"{name}: not a vLLM 0.32 variable"
+                elif name.startswith(("UCX_", "NIXL_")):
+                    assert name in UCX_NAMES and name not in vllm_judge["env_names"]
+
+
+def test_vllm_refuses_what_the_judge_should_catch(vllm_judge):
+    """The judge has teeth: an unknown flag, a bad value, a bad connector config."""
+    with pytest.raises(AssertionError, match="refused"):
+        vllm_judge["parse"](["--model", "m", "--no-such-flag", "1"])
+    with pytest.raises(AssertionError, match="refused"):
+        vllm_judge["parse"](["--model", "m", "--gpu-memory-utilization", "lots"])
+    with pytest.raises(AssertionError, match="refused"):
+        vllm_judge["parse"](["--model", "m", "--kv-transfer-config",
+                             '{"kv_connector":"NixlConnector","kv_rolle":"kv_producer"}'])
+    assert "auto" not in vllm_judge["nixl"]["cuda"]  # why "auto" is resolved before launch
