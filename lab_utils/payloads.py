@@ -122,6 +122,12 @@ class ProofRow(Record):
     bytes_match: bool
     tokens_match: bool | None
     tokens_equal: bool | None
+    # How the output was judged (files from before these fields: exact equality).
+    strict: bool = True  # CPU rehearsal: exact; a GPU: a late near tie is allowed
+    tokens_ok: bool | None = None
+    diverged_at: int | None = None  # first token that differs from the baseline
+    divergence_margin: float | None = None  # decode's chosen minus baseline's token, nats
+    tokens_why: str = ""
 
 
 class Proof(Record):

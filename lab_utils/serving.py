@@ -196,7 +196,8 @@ def prove_transfer(cfg: LabConfig, served: Served, reference: Reference) -> list
     return prove_via_proxy(reference.prompts, reference.tokens, model=cfg.model.name,
                            proxy_url=served.proxy_url, decode_urls=served.urls("decode"), kv=kv,
                            max_tokens=reference.max_tokens,
-                           timeout=cfg.workload.request_timeout_s)
+                           timeout=cfg.workload.request_timeout_s,
+                           strict=cfg.vllm.device == "cpu")
 
 
 def roofline(cfg: LabConfig, gpu_name: str | None) -> Roofline:
@@ -302,4 +303,6 @@ def proof_frame(proofs: list):
         "prompt tokens": p.prompt_tokens, "via NIXL": p.external_kv_transfer,
         "computed": p.local_compute, "cache hit": p.local_cache_hit, "NIXL bytes": p.nixl_bytes,
         "expected bytes": p.expected_bytes, "transfer ms": round(p.nixl_xfer_ms, 2),
-        "same tokens as 01": p.tokens_match, "ok": p.ok} for p in proofs])
+        "same tokens as 01": p.tokens_match, "diverged at": p.verdict.diverged_at,
+        "margin (nats)": p.verdict.margin, "tokens": p.verdict.why, "ok": p.ok}
+        for p in proofs])

@@ -353,10 +353,37 @@ def test_old_format_loads_typed_and_rewrites_the_same_keys(cfg, notebook):
     assert isinstance(env.payload, PAYLOADS[notebook])
     path = results.write_results(cfg, notebook, env.payload, software={}, hardware={})
     again = json.loads(path.read_text())["payload"]
-    added = {"gpu_name"} if notebook == "00" else set()
-    assert set(again) == set(old) | added
-    assert {k: v for k, v in again.items() if k not in added} == json.loads(json.dumps(old))
+    kept, added = _without_new_keys(again, json.loads(json.dumps(old)))
+    assert added == NEW_KEYS.get(notebook, set())
+    assert kept == json.loads(json.dumps(old))
     assert results.load_results(cfg, notebook).payload == env.payload
+
+
+# Keys the payload models added since the old format (with defaults, so old files load).
+NEW_KEYS = {
+    "00": {"gpu_name"},
+    "02": {"probe.plan"},
+    "04": {f"proof.prompts[].{k}" for k in ("strict", "tokens_ok", "diverged_at",
+                                            "divergence_margin", "tokens_why")},
+}
+
+
+def _without_new_keys(new, old, where: str = ""):
+    """`new` without the dict keys `old` lacks (at any depth), and those keys' paths."""
+    if isinstance(new, dict) and isinstance(old, dict):
+        kept, added = {}, set()
+        for k, v in new.items():
+            path = f"{where}.{k}" if where else k
+            if k not in old:
+                added.add(path)
+                continue
+            kept[k], more = _without_new_keys(v, old[k], path)
+            added |= more
+        return kept, added
+    if isinstance(new, list) and isinstance(old, list) and len(new) == len(old):
+        pairs = [_without_new_keys(a, b, where + "[]") for a, b in zip(new, old, strict=True)]
+        return [p[0] for p in pairs], set().union(*(p[1] for p in pairs))
+    return new, set()
 
 
 def test_typed_attributes_of_each_notebook(cfg):

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict
 
 from lab_utils.config import LabConfig
 from lab_utils.errors import LabError
-from lab_utils.kv.probe import ProbeResult
+from lab_utils.kv.probe import ProbePlan, ProbeResult, plan_probe, planning_rates
 from lab_utils.kv.shapes import KVShape, kv_shape
 
 FALLBACK_BUFFER_DEVICE = "cpu"  # kv_buffer_device "auto" before notebook 02 has measured
@@ -152,6 +152,18 @@ def probe_sizes(shape: KVShape, lengths: list[int], bs: int) -> list[int]:
     return sorted({shape.transfer_bytes(n, bs) for n in lengths})
 
 
+PROBE_TIMEOUT_S = 300.0  # notebook 02's limit for the whole probe (both memory types)
+
+
+def probe_plan(cfg: LabConfig, sizes: list[int], *,
+               timeout_s: float = PROBE_TIMEOUT_S) -> ProbePlan:
+    """The probe run for these sizes that fits `timeout_s` at this profile's expected
+    rates (`kv.probe.plan_probe`); `describe()` says what it moves and how long that takes."""
+    rates, basis = planning_rates(cfg.vllm.device)
+    return plan_probe(sizes, seg_types=seg_types(cfg), rates_GBps=rates, rate_basis=basis,
+                      timeout_s=timeout_s)
+
+
 def predicted_vs_measured(shape: KVShape, lengths: list[int], bs: int, rows: list[dict],
                           seg_type: str = "DRAM", op: str = "READ") -> list[dict]:
     """One row per prompt length: KV bytes, time at the probe's best bandwidth, measured."""
@@ -202,12 +214,24 @@ def seg_types(cfg: LabConfig) -> tuple[str, ...]:
     return ("DRAM", "VRAM") if cfg.vllm.device == "cuda" else ("DRAM",)
 
 
-def link_rate(checks: Iterable[Any]) -> float | None:
-    """The data-plane rate (Gb/s) the checklist saw reported, if any (`checks`: notebook
-    00's check results)."""
+def rails(cfg: LabConfig) -> int:
+    """Rails the probe's path uses: the devices in `data_netdev` (comma-separated), the
+    fewer of its two ends; 1 when a node names none."""
+    def count(name: str) -> int:
+        netdev = cfg.nodes[name].data_netdev
+        return max(1, len([d for d in (netdev or "").split(",") if d.strip()]))
+
+    return min(count(name) for name in cfg.probe_pair())
+
+
+def link_rate(checks: Iterable[Any], cfg: LabConfig | None = None) -> float | None:
+    """The data-plane rate (Gb/s) the probe is held to, if the checklist saw one reported
+    (`checks`: notebook 00's check results). The check reports one device's rate (ibstat
+    `Rate: 100` for one half of a Spark's ConnectX-7 port), while UCX stripes a transfer
+    over every device in UCX_NET_DEVICES, so with `cfg` the rate is that times `rails`."""
     for c in checks:
         if c.check == "link" and c.data.get("reported_gbps"):
-            return c.data["reported_gbps"]
+            return c.data["reported_gbps"] * (rails(cfg) if cfg is not None else 1)
     return None
 
 

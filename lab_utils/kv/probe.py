@@ -9,6 +9,15 @@ collects the initiator's rows. Per size and operation the probe reports bandwidt
 the median time, latency percentiles, whether the destination's checksum matches the
 source, and the bandwidth as a fraction of its limit: the host's memory-copy bandwidth
 when both agents share a machine, else the link rate the caller gives.
+
+Before anything starts, `plan_probe` sizes the run to its time limit: the bytes it will
+move (every size, READ and WRITE, warm-up and timed passes, per memory type) divided by
+an expected rate per memory type must take at most PLAN_SHARE of `timeout_s`, which
+also covers start-up, CUDA context, registration and checksums. On a GPU profile the
+expected rates are the slowest nixlbench recorded between two GB10 Sparks
+(GB10_PLAN_GBps: VRAM-sourced transfers move ~0.3-0.6 GB/s there, no GPUDirect RDMA);
+elsewhere one conservative rate. Warm-up, then timed passes, then the largest sizes are
+cut until the estimate fits.
 """
 
 from __future__ import annotations
@@ -29,8 +38,9 @@ if TYPE_CHECKING:  # the node layer is imported lazily
     from lab_utils.cluster import Cluster
     from lab_utils.config import LabConfig
 
-__all__ = ["OPS", "ROW_KEYS", "SEG_TYPES", "KiB", "MiB", "ProbeResult", "apply_limits",
-           "default_sizes", "fraction_of_limit", "run_probe", "summarize"]
+__all__ = ["OPS", "ROW_KEYS", "SEG_TYPES", "KiB", "MiB", "ProbePlan", "ProbeResult",
+           "apply_limits", "default_sizes", "fraction_of_limit", "plan_probe", "planning_rates",
+           "run_probe", "summarize"]
 
 AGENT = "lab_utils.on_node.nixl_agent"
 TARGET = "nixl-probe-target"
@@ -38,6 +48,16 @@ SEG_TYPES = ("DRAM", "VRAM")
 ROW_KEYS = ("seg_type", "op", "bytes", "blocks", "iterations", "median_us", "p50_us", "p90_us",
             "p99_us", "bandwidth_GBps", "bandwidth_Gbps", "limit_GBps", "limit_kind",
             "fraction_of_limit", "checksum_ok")
+
+# Expected NIXL rates (GB/s) for planning on a GPU profile: the slowest bandwidth nixlbench
+# recorded between two GB10 Sparks (UCX WRITE, batch 1, 64 KiB-64 MiB transfers, single and
+# dual rail; recordings nixlbench.gb10-pair.*.txt from elizabetht/spark 03_NixlBench.ipynb,
+# see tests/fixtures/dgx-spark-recorded/SOURCES.md): DRAM 6.56-13.17, VRAM 0.26-0.61.
+GB10_PLAN_GBps = {"DRAM": 6.5, "VRAM": 0.25}
+# Any other profile (the CPU rehearsal, an unknown GPU): one rate slower than both.
+CONSERVATIVE_GBps = 0.25
+PLAN_SHARE = 0.5  # share of timeout_s the estimated transfers may take; the rest is margin
+MIN_ITERATIONS, MIN_WARMUP = 5, 1  # fewest timed and warm-up passes the plan cuts down to
 
 
 # ----- arithmetic (pure) ----------------------------------------------------------------
@@ -77,6 +97,103 @@ def apply_limits(rows: list[dict], same_machine: bool, memcpy_GBps: Mapping[int,
     return notes
 
 
+def passes(op: str, iterations: int, warmup: int) -> int:
+    """How often the initiator moves each size for `op`: warm-up and timed passes, and for
+    WRITE one more that carries the notification (as a KV connector sends it)."""
+    return warmup + iterations + (1 if op == "WRITE" else 0)
+
+
+def planning_rates(device: str) -> tuple[dict[str, float], str]:
+    """Expected GB/s per memory type for a profile's `vllm.device`, and where they come from."""
+    if device == "cuda":
+        return dict(GB10_PLAN_GBps), "slowest nixlbench rates recorded between two GB10 Sparks"
+    return {s: CONSERVATIVE_GBps for s in SEG_TYPES}, "a conservative rate (no recording)"
+
+
+@dataclass
+class ProbePlan:
+    """What the probe will move and how long that should take at the expected rates."""
+
+    sizes: list[int]
+    seg_types: tuple[str, ...]
+    ops: tuple[str, ...]
+    iterations: int
+    warmup: int
+    timeout_s: float
+    rates_GBps: dict[str, float]
+    rate_basis: str = ""
+    dropped: list[int] = field(default_factory=list)
+    asked: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def bytes_per_seg(self) -> int:
+        """Bytes the initiator moves for one memory type (every size, op and pass)."""
+        return sum(self.sizes) * sum(passes(op, self.iterations, self.warmup) for op in self.ops)
+
+    @property
+    def planned_bytes(self) -> int:
+        return self.bytes_per_seg * len(self.seg_types)
+
+    @property
+    def estimate_s(self) -> float:
+        return sum(self.bytes_per_seg / (self.rates_GBps[s] * 1e9) for s in self.seg_types)
+
+    @property
+    def budget_s(self) -> float:
+        return PLAN_SHARE * self.timeout_s
+
+    @property
+    def fits(self) -> bool:
+        return self.estimate_s <= self.budget_s
+
+    def summary(self) -> dict:
+        return {"sizes": self.sizes, "seg_types": list(self.seg_types), "ops": list(self.ops),
+                "iterations": self.iterations, "warmup": self.warmup,
+                "timeout_s": self.timeout_s, "rates_GBps": self.rates_GBps,
+                "planned_bytes": self.planned_bytes, "estimate_s": self.estimate_s,
+                "dropped": self.dropped, "text": self.describe()}
+
+    def describe(self) -> str:
+        rates = ", ".join(f"{s} {self.rates_GBps[s]:g} GB/s" for s in self.seg_types)
+        text = (f"probe plan: {len(self.sizes)} sizes ({sum(self.sizes) / 1e9:.3g} GB per pass) x "
+                f"{'/'.join(self.ops)} x {self.warmup} warm-up + {self.iterations} timed passes x "
+                f"{len(self.seg_types)} memory type(s) = {self.planned_bytes / 1e9:.3g} GB; "
+                f"at {rates} ({self.rate_basis}) ~{self.estimate_s:.0f} s of transfer, "
+                f"limit {self.timeout_s:.0f} s (plan for at most {self.budget_s:.0f} s)")
+        if self.asked:
+            text += ("; cut from " + ", ".join(f"{k} {v}" for k, v in self.asked.items())
+                     + " to fit")
+        if self.dropped:
+            text += f"; largest sizes dropped to fit: {self.dropped}"
+        if not self.fits:
+            text += "; still over: raise timeout_s or pass fewer sizes"
+        return text
+
+
+def plan_probe(sizes: Sequence[int], *, seg_types: Sequence[str], ops: Sequence[str] = OPS,
+               iterations: int = 20, warmup: int = 3, timeout_s: float = 300.0,
+               rates_GBps: Mapping[str, float], rate_basis: str = "") -> ProbePlan:
+    """The run that fits `timeout_s`: as asked when its estimate (bytes / expected rate per
+    memory type) is within PLAN_SHARE of the limit; else fewer warm-up passes (down to
+    MIN_WARMUP), then fewer timed passes (down to MIN_ITERATIONS), then without the
+    largest sizes (the smallest always stays)."""
+    plan = ProbePlan(sizes=sorted(sizes), seg_types=tuple(seg_types), ops=tuple(ops),
+                     iterations=iterations, warmup=warmup, timeout_s=timeout_s,
+                     rates_GBps={s: rates_GBps[s] for s in seg_types}, rate_basis=rate_basis)
+    if plan.fits:
+        return plan
+    seconds_per_pass = sum(sum(plan.sizes) / (plan.rates_GBps[s] * 1e9) for s in seg_types)
+    writes = sum(op == "WRITE" for op in ops)
+    room = max(0, int(plan.budget_s / seconds_per_pass) - writes) // max(1, len(ops))
+    plan.warmup = max(min(warmup, MIN_WARMUP), min(warmup, room - iterations))
+    plan.iterations = max(min(iterations, MIN_ITERATIONS), min(iterations, room - plan.warmup))
+    plan.asked = {k: v for k, v, now in (("warm-up", warmup, plan.warmup),
+                                         ("iterations", iterations, plan.iterations)) if now != v}
+    while not plan.fits and len(plan.sizes) > 1:
+        plan.dropped.insert(0, plan.sizes.pop())
+    return plan
+
+
 # ----- the driver (runs where the notebook runs) ----------------------------------------
 
 @dataclass
@@ -95,6 +212,7 @@ class ProbeResult:
     memcpy_GBps: dict[int, float] = field(default_factory=dict)
     pids: dict[str, int] = field(default_factory=dict)
     elapsed_s: float = 0.0
+    plan: dict = field(default_factory=dict)  # ProbePlan.summary(): what was planned
 
     @property
     def ok(self) -> bool:
@@ -139,10 +257,16 @@ def run_probe(cluster: Cluster | LabConfig, sizes: Sequence[int] | None = None, 
               iterations: int = 20, warmup: int = 3, block_bytes: int = 64 * KiB,
               link_rate_gbps: float | None = None, ucx_tls: str | None = None,
               ucx_net_devices: str | Mapping[str, str] | None = None,
-              timeout_s: float = 300.0, show_progress: bool = True) -> ProbeResult:
+              timeout_s: float = 300.0, show_progress: bool = True,
+              plan: ProbePlan | None = None) -> ProbeResult:
     """Measure NIXL READ/WRITE from the decode node (initiator) to the prefill node
     (target) for each size (bytes; rounded up to whole blocks of `block_bytes`). Takes a
-    config too (a cluster is then built for the probe and closed after it)."""
+    config too (a cluster is then built for the probe and closed after it).
+
+    The run is `plan` when given (its sizes, memory types, operations, passes and limit
+    replace the arguments), else `plan_probe` of the arguments at the profile's expected
+    rates: passes and sizes are cut so the estimate fits `timeout_s`. The result records
+    the plan (`ProbeResult.plan`)."""
     from lab_utils.cluster import Cluster
     from lab_utils.cluster.provision import deploy_node
     from lab_utils.util.progress import progress_bar
@@ -152,8 +276,11 @@ def run_probe(cluster: Cluster | LabConfig, sizes: Sequence[int] | None = None, 
             return run_probe(own, sizes, seg_types=seg_types, ops=ops, iterations=iterations,
                              warmup=warmup, block_bytes=block_bytes, link_rate_gbps=link_rate_gbps,
                              ucx_tls=ucx_tls, ucx_net_devices=ucx_net_devices,
-                             timeout_s=timeout_s, show_progress=show_progress)
+                             timeout_s=timeout_s, show_progress=show_progress, plan=plan)
 
+    if plan is not None:
+        sizes, seg_types, ops = plan.sizes, plan.seg_types, plan.ops
+        iterations, warmup, timeout_s = plan.iterations, plan.warmup, plan.timeout_s
     bad = ([s for s in seg_types if s not in SEG_TYPES] + [o for o in ops if o not in OPS]
            + [s for s in (sizes or []) if s <= 0])
     if bad or iterations < 1 or block_bytes < 1 or (sizes is not None and not sizes):
@@ -164,6 +291,12 @@ def run_probe(cluster: Cluster | LabConfig, sizes: Sequence[int] | None = None, 
     notes = [f"sizes rounded up to whole {block_bytes} B blocks: {s} -> {m}"
              for s in asked if (m := math.ceil(s / block_bytes) * block_bytes) != s]
     cfg = cluster.cfg
+    if plan is None:
+        rates, basis = planning_rates(cfg.vllm.device)
+        plan = plan_probe(moved, seg_types=seg_types, ops=ops, iterations=iterations,
+                          warmup=warmup, timeout_s=timeout_s, rates_GBps=rates,
+                          rate_basis=basis)
+        moved, iterations, warmup = plan.sizes, plan.iterations, plan.warmup
     t_name, i_name = cfg.probe_pair()
     for name in dict.fromkeys((t_name, i_name)):
         if cfg.nodes[name].connection == "ssh":
@@ -236,5 +369,5 @@ def run_probe(cluster: Cluster | LabConfig, sizes: Sequence[int] | None = None, 
                        initiator=i_name, target_address=t_addr, initiator_address=i_addr,
                        port=port, same_machine=same, env=ucx, notes=notes, memcpy_GBps=memcpy,
                        pids={"target": rec.pid, "initiator": out["pid"]},
-                       elapsed_s=time.monotonic() - t0)
+                       elapsed_s=time.monotonic() - t0, plan=plan.summary())
 

@@ -18,7 +18,9 @@ def format_proofs(proofs: list[TransferProof]) -> str:
             f"{'expected':>10} {'xfer ms':>7} {'same tokens as one instance':>28}")
     rows = [head]
     for p in proofs:
-        match = {True: "yes", False: "NO", None: "-"}[p.tokens_match]
+        v = p.verdict
+        match = ("-" if p.tokens_match is None else "yes" if p.tokens_match
+                 else f"near tie at {v.diverged_at}" if v.ok else "NO")
         rows.append(f"{p.prompt_tokens:>6} {p.external_kv_transfer:>8} {p.local_compute:>5} "
                     f"{p.local_cache_hit:>6} {p.nixl_bytes:>10} {p.expected_bytes:>10} "
                     f"{p.nixl_xfer_ms:>7.2f} {match:>28}")
@@ -41,7 +43,7 @@ def run_demo(cfg: LabConfig, n_prompts: int = 1, max_tokens: int = 16, *,
         # The reference output: the prefill instance generating the whole answer itself.
         proofs = prove_transfer(prompts, model=cfg.model.name, prefill_url=prefill_url,
                                 decode_url=urls(records, "decode")[0], kv=kv, max_tokens=max_tokens,
-                                baseline_url=prefill_url)
+                                baseline_url=prefill_url, strict=cfg.vllm.device == "cpu")
     layout = (f"{kv.layers} layers x {kv.head_dim} latent x {kv.dtype_bytes} bytes" if kv.mla else
               f"{kv.layers} layers x {kv.kv_heads} KV heads x {kv.head_dim} head dim x 2 (K,V) "
               f"x {kv.dtype_bytes} bytes")
@@ -52,7 +54,7 @@ def run_demo(cfg: LabConfig, n_prompts: int = 1, max_tokens: int = 16, *,
         print(f"first decode tokens: {p.pd_tokens[:12]}")
     verdict = all(p.ok for p in proofs)
     print("\nproof of transfer: " + ("every prompt token came over NIXL, bytes as predicted, "
-                                     "and the output equals one instance's" if verdict
+                                     "and the output equals one instance's (on a GPU: up to a late near tie)" if verdict
                                      else "FAILED (see the table above)"))
     print("all instances stopped.")
     return proofs

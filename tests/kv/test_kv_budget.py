@@ -65,6 +65,21 @@ def test_link_rate_from_the_checklist():
     assert kv_budget.link_rate([]) is None
 
 
+def test_link_rate_sums_the_configured_rails(test_cfg):
+    link = CheckResult("link", "cluster", "pass", "ok",
+                       data={"measured_gbps": 92.5, "reported_gbps": 100})
+    assert kv_budget.rails(test_cfg) == 1  # no data_netdev: one path
+    assert kv_budget.link_rate([link], test_cfg) == 100
+    nodes = {n: v.model_copy() for n, v in test_cfg.nodes.items()}
+    target, initiator = test_cfg.probe_pair()
+    nodes[target].data_netdev = "rocep1s0f1:1,roceP2p1s0f1:1"
+    nodes[initiator].data_netdev = "rocep1s0f1:1, roceP2p1s0f1:1"
+    both = test_cfg.model_copy(update={"nodes": nodes})
+    assert kv_budget.rails(both) == 2 and kv_budget.link_rate([link], both) == 200
+    nodes[initiator].data_netdev = "rocep1s0f1:1"  # the path is as wide as its narrower end
+    assert kv_budget.link_rate([link], test_cfg.model_copy(update={"nodes": nodes})) == 100
+
+
 def _with_device(cfg, device: str):
     return cfg.model_copy(update={"kv_transfer": cfg.kv_transfer.model_copy(
         update={"kv_buffer_device": device})})
@@ -204,3 +219,70 @@ def test_recommend_cuda_when_vram_keeps_up() -> None:
 
 
 # --------------------------------------------------------------------------- robustness
+
+
+# The probe's plan against its time limit, at the recorded GB10 rates (computed, no run).
+
+# Qwen/Qwen3-8B's published config.json (the example profile's model): 36 layers, 8 KV
+# heads of 128, bf16 = 144 KiB per token.
+QWEN3_8B = {"hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8,
+            "head_dim": 128, "num_hidden_layers": 36, "torch_dtype": "bfloat16"}
+
+
+def _slowest(seg: str) -> float:
+    """The slowest bandwidth nixlbench recorded between two GB10s from this memory type."""
+    return min(r["bw_GBps"] for rails in ("single-rail", "dual-rail")
+               for r in extra.nixlbench(recorded(f"nixlbench.gb10-pair.{rails}.{seg}.txt"))["rows"])
+
+
+def _spark_plan(timeout_s: float = kv_budget.PROBE_TIMEOUT_S):
+    from lab_utils.config import REPO_ROOT, load_config
+
+    cfg = load_config(REPO_ROOT / "environment_config.json.example")
+    assert cfg.model.name == "Qwen/Qwen3-8B" and cfg.vllm.device == "cuda"
+    shape, bs = kv_shape(QWEN3_8B), kv_budget.block_size(cfg)
+    sizes = kv_budget.probe_sizes(shape, kv_budget.prompt_lengths(cfg), bs)
+    return sizes, kv_budget.probe_plan(cfg, sizes, timeout_s=timeout_s)
+
+
+def test_planning_rates_are_no_faster_than_the_recordings():
+    from lab_utils.kv.probe import GB10_PLAN_GBps
+
+    assert GB10_PLAN_GBps["DRAM"] <= _slowest("DRAM") == pytest.approx(6.56, abs=0.01)
+    assert GB10_PLAN_GBps["VRAM"] <= _slowest("VRAM") == pytest.approx(0.26, abs=0.01)
+
+
+def test_probe_plan_fits_its_limit_at_the_recorded_gb10_rates():
+    from lab_utils.kv.probe import PLAN_SHARE
+
+    sizes, plan = _spark_plan()
+    assert plan.seg_types == ("DRAM", "VRAM")
+    # what the notebook asked for before plans existed: 2.4 GB per pass, 3 warm-up + 20
+    # timed passes of READ and WRITE (+1 WRITE carrying the notification) = 47 passes
+    asked = sum(sizes) * 47
+    assert sum(sizes) == pytest.approx(2.397e9, rel=1e-3)
+    assert asked / (_slowest("VRAM") * 1e9) > kv_budget.PROBE_TIMEOUT_S  # it could not fit
+    rates = {"DRAM": _slowest("DRAM"), "VRAM": _slowest("VRAM")}
+    seconds = sum(plan.bytes_per_seg / (rates[s] * 1e9) for s in plan.seg_types)
+    assert seconds <= PLAN_SHARE * plan.timeout_s == 150.0
+    assert plan.fits and plan.sizes == sizes and not plan.dropped  # every prompt length kept
+    assert (plan.warmup, plan.iterations) == (1, 6)
+    text = plan.describe()
+    assert "71.9 GB" in text and "~149 s" in text and "limit 300 s" in text
+
+
+def test_probe_plan_drops_the_largest_sizes_last():
+    from lab_utils.kv.probe import MIN_ITERATIONS, MIN_WARMUP
+
+    sizes, plan = _spark_plan(timeout_s=60)
+    assert (plan.warmup, plan.iterations) == (MIN_WARMUP, MIN_ITERATIONS)
+    assert plan.fits and plan.sizes == sizes[:4] and plan.dropped == sizes[4:]
+    assert "largest sizes dropped" in plan.describe()
+
+
+def test_probe_plan_keeps_what_fits(test_cfg):
+    # the rehearsal: the tiny model's KV is a few MB, so nothing is cut at 0.25 GB/s
+    sizes = [64 * 1024, 1024 * 1024]
+    plan = kv_budget.probe_plan(test_cfg, sizes)
+    assert (plan.warmup, plan.iterations, plan.sizes, plan.asked) == (3, 20, sizes, {})
+    assert plan.planned_bytes == sum(sizes) * 47 and plan.seg_types == ("DRAM",)
