@@ -23,6 +23,7 @@ from lab_utils.checks.frame import CheckResult
 from lab_utils.kv.budget import KvRecommendation, KvTransferPayload
 from lab_utils.measure.benchmark import BenchmarkResult
 from lab_utils.measure.loadgen import RequestRecord
+from lab_utils.serve.pd import ProofRow
 
 __all__ = ["PAYLOADS", "BaselinePayload", "DisaggregatedPayload", "EnvironmentPayload",
            "Instance", "KvRecommendation", "KvTransferPayload", "Payload", "Proof", "ProofRow",
@@ -99,35 +100,6 @@ class Reference(Record):
     max_tokens: int
     prompts: list[list[int]]
     tokens: list[list[int]]
-
-
-class ProofRow(Record):
-    """One prompt's proof of transfer (`pd.TransferProof.as_dict()`: the decode instance's
-    counter deltas) and whether its greedy output equals notebook 01's."""
-
-    prompt_tokens: int
-    external_kv_transfer: int
-    local_compute: int
-    local_cache_hit: int
-    nixl_bytes: int
-    expected_bytes: int
-    nixl_transfers: int
-    nixl_xfer_ms: float | None
-    block_size: int
-    prefill_ms: float | None
-    decode_ms: float | None
-    pd_tokens: list[int]
-    baseline_tokens: list[int] | None
-    all_external: bool
-    bytes_match: bool
-    tokens_match: bool | None
-    tokens_equal: bool | None
-    # How the output was judged (files from before these fields: exact equality).
-    strict: bool = True  # CPU rehearsal: exact; a GPU: a late near tie is allowed
-    tokens_ok: bool | None = None
-    diverged_at: int | None = None  # first token that differs from the baseline
-    divergence_margin: float | None = None  # decode's chosen minus baseline's token, nats
-    tokens_why: str = ""
 
 
 class Proof(Record):

@@ -33,7 +33,6 @@ from lab_utils.payloads import (
     DisaggregatedPayload,
     Instance,
     Proof,
-    ProofRow,
     Reference,
     ReplicatedPayload,
     Roofline,
@@ -291,9 +290,7 @@ def compare_frame(reference: ResultsEnvelope, result: BenchmarkResult, names: tu
 
 def proof_record(proofs: list) -> Proof:
     """The proof of transfer as notebook 04 records it."""
-    rows = [ProofRow.model_validate({**p.as_dict(), "tokens_equal": p.tokens_match})
-            for p in proofs]
-    return Proof(ok=bool(proofs) and all(p.ok for p in proofs), prompts=rows)
+    return Proof(ok=bool(proofs) and all(p.ok for p in proofs), prompts=[p.row() for p in proofs])
 
 
 def proof_frame(proofs: list):

@@ -22,9 +22,10 @@ logprobs at that step, or trails its chosen token by more than NEAR_TIE_NATS.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 
 import httpx
+from pydantic import BaseModel, ConfigDict, Field
 
 from lab_utils.errors import LabError
 from lab_utils.kv.shapes import KVShape
@@ -195,9 +196,11 @@ def warm_up(prefill_url: str, decode_url: str, model: str, attempts: int = 3,
                    "'NIXL transfer failure' (side channel unreachable or handshake timeout).")
 
 
-@dataclass
-class TransferProof:
-    """One prompt's evidence, from the decode instance's per-request counter deltas."""
+class ProofCounts(BaseModel):
+    """One prompt's evidence as it is kept: the decode instance's per-request counter deltas,
+    the tokens both sides produced, and whether they had to match exactly."""
+
+    model_config = ConfigDict(extra="forbid")
 
     prompt_tokens: int
     external_kv_transfer: int
@@ -206,14 +209,33 @@ class TransferProof:
     nixl_bytes: int
     expected_bytes: int
     nixl_transfers: int
-    nixl_xfer_ms: float
+    nixl_xfer_ms: float | None
     block_size: int
-    prefill_ms: float
-    decode_ms: float
+    prefill_ms: float | None
+    decode_ms: float | None
     pd_tokens: list[int]
     baseline_tokens: list[int] | None
     strict: bool = True  # the CPU rehearsal: tokens and bytes must be exactly equal
-    pd_logprobs: list[dict[int, float]] | None = field(default=None, repr=False)
+
+
+class ProofRow(ProofCounts):
+    """A prompt's proof as notebook 04 records it: the evidence and the verdicts drawn from it
+    (files written before the GPU verdict fields were added judged by exact equality)."""
+
+    all_external: bool
+    bytes_match: bool
+    tokens_match: bool | None
+    tokens_equal: bool | None
+    tokens_ok: bool | None = None
+    diverged_at: int | None = None  # first token that differs from the baseline
+    divergence_margin: float | None = None  # decode's chosen minus baseline's token, nats
+    tokens_why: str = ""
+
+
+class TransferProof(ProofCounts):
+    """One prompt's evidence while it is judged (with the decode's logprobs, not kept)."""
+
+    pd_logprobs: list[dict[int, float]] | None = Field(default=None, repr=False)
 
     @property
     def all_external(self) -> bool:
@@ -241,13 +263,16 @@ class TransferProof:
     def ok(self) -> bool:
         return self.all_external and self.bytes_ok and self.verdict.ok
 
-    def as_dict(self) -> dict:
+    def row(self) -> ProofRow:
+        """The proof as it is recorded (the logprobs stay out)."""
         v = self.verdict
-        out = {k: val for k, val in asdict(self).items() if k != "pd_logprobs"}
-        return {**out, "all_external": self.all_external, "bytes_match": self.bytes_match,
-                "tokens_match": self.tokens_match, "tokens_ok": v.ok,
-                "diverged_at": v.diverged_at, "divergence_margin": v.margin,
-                "tokens_why": v.why}
+        return ProofRow(**self.model_dump(exclude={"pd_logprobs"}), all_external=self.all_external,
+                        bytes_match=self.bytes_match, tokens_match=self.tokens_match,
+                        tokens_equal=self.tokens_match, tokens_ok=v.ok, diverged_at=v.diverged_at,
+                        divergence_margin=v.margin, tokens_why=v.why)
+
+    def as_dict(self) -> dict:
+        return self.row().model_dump()
 
 
 def block_size_of(snapshot: MetricsSnapshot) -> int:

@@ -7,7 +7,6 @@ import math
 
 import pytest
 
-from lab_utils.payloads import ProofRow
 from lab_utils.serve.pd import (
     NEAR_TIE_NATS,
     TransferProof,
@@ -104,7 +103,7 @@ def test_proof_on_a_gpu_fails_only_on_a_broken_transfer():
 def test_proof_row_records_the_verdict():
     pd = BASE[:4] + [77, 78]
     p = _proof(strict=False, pd_tokens=pd, pd_logprobs=_steps(pd, {4: (15, -0.3)}))
-    row = ProofRow.model_validate({**p.as_dict(), "tokens_equal": p.tokens_match})
+    row = p.row()
     assert (row.tokens_ok, row.diverged_at, row.strict) == (True, 4, False)
     assert row.divergence_margin == pytest.approx(0.2) and "near tie" in row.tokens_why
     assert "pd_logprobs" not in p.as_dict()
