@@ -22,7 +22,8 @@ from lab_utils.config import LabConfig
 __all__ = ["CHECKS", "ChecklistReport", "CheckResult", "Context", "run_checks", "views"]
 
 CHECKS = [software.check_ssh, software.check_code, software.check_python, gpu.check_gpu,
-          gpu.check_cuda_build, rdma.check_rdma, rdma.check_ucx, network.check_ports,
+          gpu.check_cuda_build, rdma.check_rdma, rdma.check_ucx, rdma.check_memlock,
+          network.check_ports,
           network.check_link, software.check_model, resources.check_resources,
           software.check_clock, software.check_hf_token, software.check_logs]
 

@@ -216,6 +216,35 @@ def check_ucx(ctx: Context) -> list[CheckResult]:
     return out
 
 
+MEMLOCK_FIX = ("let the SSH user lock memory: `echo '* - memlock unlimited' | sudo tee "
+               "/etc/security/limits.d/90-rdma-memlock.conf`, log in again, and check that "
+               "`ssh <node> 'ulimit -l'` prints unlimited")
+
+
+def memlock_verdict(name: str, answer: str | None) -> CheckResult:
+    """The memory-lock limit of the lab's SSH session (`ulimit -l`, KiB or "unlimited").
+    NIXL registers vLLM's KV transfer buffer with the RDMA device, which locks its pages;
+    with kv_buffer_device "cpu" that buffer is the size of the whole KV cache (tens of GiB),
+    far above a distribution's default limit, so only "unlimited" passes."""
+    if answer is None:
+        return CheckResult("memlock", name, "warn", "could not read the memory-lock limit",
+                           evidence="`sh -c 'ulimit -l'` gave no answer", fix=MEMLOCK_FIX)
+    value = answer.strip()
+    if value == "unlimited":
+        return CheckResult("memlock", name, "pass", "ulimit -l: unlimited")
+    return CheckResult("memlock", name, "warn", f"ulimit -l is {value} KiB: too small to "
+                       "register the KV transfer buffer for RDMA", evidence=f"ulimit -l: {value}",
+                       fix=MEMLOCK_FIX)
+
+
+def check_memlock(ctx: Context) -> list[CheckResult]:
+    names, out = _rdma_nodes(ctx, "memlock")
+    for name in names:
+        r = ctx.run(name, ["sh", "-c", "ulimit -l"])
+        out.append(memlock_verdict(name, r.stdout if r.ok and r.stdout.strip() else None))
+    return out
+
+
 PERFTEST_INSTALL = "sudo apt install perftest infiniband-diags"
 
 

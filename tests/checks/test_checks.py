@@ -42,6 +42,8 @@ RECORDED_STATUS = {
     ("link", "spark-02 -> spark-01"): "pass", ("model", "cluster"): "pass",
     ("memory", "spark-01"): "pass", ("clock", "spark-01"): "pass",
     ("hf_token", "cluster"): "pass", ("logs", "spark-02"): "n/a",
+    # no recording answers `ulimit -l`: the check says it could not read the limit
+    ("memlock", "spark-01"): "warn",
 }
 
 # scenario -> {(check, node): (status, text the fix must contain)}
@@ -286,3 +288,12 @@ def test_memory_check_uses_the_plan_with_the_nixl_host_mirror(spark_cfg):
     mem = got[("memory", "spark-01")]
     assert mem.status == "fail" and "do not fit" in mem.summary
     assert "gpu_memory_utilization 0.53" in mem.fix and "kv-cache-memory-bytes" in mem.fix
+
+
+def test_memlock_only_unlimited_passes():
+    """The verdict on `ulimit -l` answers (constructed strings: the shell prints a number of
+    KiB or "unlimited"); the check is n/a where NIXL does not use RDMA."""
+    assert rdma.memlock_verdict("spark-01", "unlimited\n").status == "pass"
+    low = rdma.memlock_verdict("spark-01", "8192\n")
+    assert low.status == "warn" and "8192 KiB" in low.summary and "limits.d" in low.fix
+    assert rdma.memlock_verdict("spark-01", None).status == "warn"
