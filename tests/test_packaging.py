@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -33,8 +34,13 @@ def test_declared_dependencies_match_requirements_txt():
 def wheel_install(tmp_path_factory) -> Path:
     """The lab built as a wheel and unpacked into a folder of its own (no checkout around it)."""
     out = tmp_path_factory.mktemp("wheel")
-    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(ROOT)],
-                       capture_output=True, text=True, timeout=300)
+    # built from a copy: setuptools leaves build/ in the tree it builds, and a stale build/
+    # would carry deleted modules into the next wheel made from the checkout
+    src = out / "src"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "results", "models", "build", "*.egg-info", "__pycache__"))
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out),
+                        str(src)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     wheel = next(out.glob("spark_disagg_lab-*.whl"))
     target = out / "site"
