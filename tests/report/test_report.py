@@ -381,7 +381,7 @@ def test_expected_link_from_rdma_check(tmp_path):
     assert row["measured from"] == "00's link check, spark-b -> spark-a, ib_write_bw on one rail"
     md = report.build_report(cfg).md.read_text()
     assert "Blessed: no check failed (1 pass, 1 warn, 0 fail, 0 n/a)." in md
-    assert "| link | spark-b -> spark-a | warn | moves 40% of its reported 100 Gb/s |" in md
+    assert "| link | spark-b -> spark-a | warn | moves 40% of one PCIe x4 half's ~100 Gb/s |" in md
     write_environment(cfg, link_verdict("spark-b -> spark-a", 94.5, 100.0, "ib_write_bw"))
     assert link_row(cfg)["verdict"] == "ok (within 2x)"
 
