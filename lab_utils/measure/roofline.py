@@ -5,7 +5,7 @@ memory bandwidth / bytes read per token tokens per second. The input embedding i
 exception: a lookup reads one row per token (hidden_size elements), not the matrix, so
 its bytes are left out; when the embedding is tied to the LM head the same matrix is read
 whole as the LM head, so it then counts once (`decode_weight_bytes`). On a GB10 the bandwidth is the published
-273 GB/s (DESIGN section 8); on a CPU node it is measured there (a streaming read of a
+273 GB/s (NVIDIA's DGX Spark specifications); on a CPU node it is measured there (a streaming read of a
 large array, best of a few); elsewhere it is unknown and the roofline is not drawn. Both
 figures take the cluster a caller holds, or a config (a cluster is built for the call).
 """

@@ -19,10 +19,14 @@ from lab_utils.report.tables import checks, kv_table, points_table, probe_rows
 
 FAR_OFF = 2.0  # a measured figure this many times above or below the expected one is flagged
 
-# Expected figures for a two-Spark cluster, from public sources collected in DESIGN.md
-# section 8. Verify them on the cluster; the report flags a real run more than FAR_OFF away.
+# Expected figures for a two-Spark cluster: NVIDIA's published GB10 memory bandwidth, and the
+# recorded GB10 runs shipped in tests/fixtures/dgx-spark-recorded/ (nixlbench, ib_write_bw;
+# SOURCES.md there names each one's origin). Verify them on the cluster; the report flags a
+# real run more than FAR_OFF away.
 EXPECTED_TWO_SPARK: dict[str, Any] = {
-    "source": "DESIGN.md section 8 (public figures for GB10 / DGX Spark; verify on the cluster)",
+    "source": ("NVIDIA's DGX Spark specifications (273 GB/s LPDDR5x) and recorded GB10 runs "
+               "(tests/fixtures/dgx-spark-recorded/, sources in its SOURCES.md); verify on the "
+               "cluster"),
     "memory_bandwidth_GBps": 273.0,  # GB10 unified LPDDR5x
     "decode_tokens_per_s_per_stream": 17.0,  # 273 GB/s / 16 GB: an 8B model in bf16
     "decode_weight_bytes": 16e9,
@@ -145,7 +149,7 @@ def _show(v: float | tuple[float, float]) -> str:
 
 
 def expected_figures(data: ReportData, table: pd.DataFrame | None = None) -> pd.DataFrame:
-    """DESIGN section 8's figures for two Sparks beside this run's (real cluster only)."""
+    """The expected figures for two Sparks beside this run's (real cluster only)."""
     table = points_table(data) if table is None else table
     e = EXPECTED_TWO_SPARK
     dec_exp, dec_basis = _expected_decode(data)
