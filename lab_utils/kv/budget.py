@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict
 from lab_utils.config import LabConfig
 from lab_utils.errors import LabError
 from lab_utils.kv.probe import ProbePlan, ProbeResult, plan_probe, planning_rates
-from lab_utils.kv.shapes import KVShape, kv_shape
+from lab_utils.kv.shapes import PUBLISHED_CONFIGS, KVShape, kv_shape
 
 FALLBACK_BUFFER_DEVICE = "cpu"  # kv_buffer_device "auto" before notebook 02 has measured
 
@@ -88,16 +88,9 @@ def choose_buffer_device(cfg: LabConfig, recommendation: KvRecommendation | None
         return cfg.kv_transfer.kv_buffer_device
     return recommendation.kv_buffer_device if recommendation else FALLBACK_BUFFER_DEVICE
 
-# The config.json fields that set the KV layout, as published with each model.
-REFERENCE_MODELS = {
-    "meta-llama/Llama-3.1-8B": {"hidden_size": 4096, "num_attention_heads": 32,
-                                "num_key_value_heads": 8, "num_hidden_layers": 32,
-                                "torch_dtype": "bfloat16"},
-    "meta-llama/Llama-3.1-70B": {"hidden_size": 8192, "num_attention_heads": 64,
-                                 "num_key_value_heads": 8, "num_hidden_layers": 80,
-                                 "torch_dtype": "bfloat16"},
-}
-
+# Notebook 02's reference models, beside the configured one.
+REFERENCE_MODELS = {name: PUBLISHED_CONFIGS[name]
+                    for name in ("meta-llama/Llama-3.1-8B", "meta-llama/Llama-3.1-70B")}
 
 
 def block_size(cfg: LabConfig) -> int:

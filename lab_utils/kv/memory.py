@@ -21,7 +21,7 @@ from pathlib import Path
 
 from lab_utils.config import LabConfig
 from lab_utils.errors import LabError
-from lab_utils.kv.shapes import DTYPE_BYTES, kv_shape
+from lab_utils.kv.shapes import DTYPE_BYTES, PUBLISHED_CONFIGS, kv_shape
 
 GiB = 2**30
 # Inside vLLM's pool, besides weights and KV: peak activations of a profile run at
@@ -37,19 +37,6 @@ PROCESS_HOST = 2 * GiB
 OS_RESERVE = {"cuda": 8 * GiB, "cpu": 2 * GiB}
 # vLLM's default --gpu-memory-utilization (config/cache.py).
 DEFAULT_UTILIZATION = 0.92
-
-# Published config.json fields, so a hub model's plan works with no node and no download.
-KNOWN_CONFIGS = {
-    "Qwen/Qwen3-8B": {"hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36,
-                      "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
-                      "vocab_size": 151936, "tie_word_embeddings": False,
-                      "torch_dtype": "bfloat16"},
-    "meta-llama/Llama-3.1-8B-Instruct": {
-        "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
-        "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
-        "tie_word_embeddings": False, "torch_dtype": "bfloat16"},
-}
-
 
 @dataclass(frozen=True)
 class Item:
@@ -132,8 +119,8 @@ def model_config(cfg: LabConfig, hf_config: dict | None = None) -> tuple[dict, P
             where = None
     if where is not None and (where / "config.json").is_file():
         return json.loads((where / "config.json").read_text()), where, f"{where}/config.json"
-    if cfg.model.name in KNOWN_CONFIGS:
-        return KNOWN_CONFIGS[cfg.model.name], None, "published config.json (built in)"
+    if cfg.model.name in PUBLISHED_CONFIGS:
+        return PUBLISHED_CONFIGS[cfg.model.name], None, "published config.json (built in)"
     raise LabError(f"no config.json for {cfg.model.name} on this host: run `python -m lab_utils "
                    "model fetch`, or pass the model's config.json to the plan")
 

@@ -17,6 +17,27 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+# Published config.json fields of the models the lab knows without a download: the KV layout
+# (notebook 02's reference models) and what the memory plan needs to count the weights.
+PUBLISHED_CONFIGS = {
+    "Qwen/Qwen3-8B": {"hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36,
+                      "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+                      "vocab_size": 151936, "tie_word_embeddings": False,
+                      "torch_dtype": "bfloat16"},
+    "meta-llama/Llama-3.1-8B-Instruct": {
+        "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+        "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
+        "tie_word_embeddings": False, "torch_dtype": "bfloat16"},
+    "meta-llama/Llama-3.1-8B": {
+        "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+        "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
+        "tie_word_embeddings": False, "torch_dtype": "bfloat16"},
+    "meta-llama/Llama-3.1-70B": {
+        "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
+        "num_attention_heads": 64, "num_key_value_heads": 8, "vocab_size": 128256,
+        "tie_word_embeddings": False, "torch_dtype": "bfloat16"},
+}
+
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4,
                "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
 

@@ -41,8 +41,8 @@ def test_recorded_gb10_memtotal_is_the_fallback():
 
 def test_weights_from_config_json():
     # published sizes: Qwen3-8B 8.2 B parameters, Llama-3.1-8B 8.03 B
-    assert memory.param_count(memory.KNOWN_CONFIGS["Qwen/Qwen3-8B"]) == pytest.approx(8.19e9, rel=0.01)
-    llama = memory.KNOWN_CONFIGS["meta-llama/Llama-3.1-8B-Instruct"]
+    assert memory.param_count(memory.PUBLISHED_CONFIGS["Qwen/Qwen3-8B"]) == pytest.approx(8.19e9, rel=0.01)
+    llama = memory.PUBLISHED_CONFIGS["meta-llama/Llama-3.1-8B-Instruct"]
     assert memory.param_count(llama) == pytest.approx(8.03e9, rel=0.01)
     tied = {**llama, "tie_word_embeddings": True}
     assert memory.param_count(llama) - memory.param_count(tied) == 128256 * 4096
@@ -57,7 +57,7 @@ def test_example_disaggregated_fits_with_the_host_mirror(tmp_path):
         assert inst.kv_buffer_device == "cpu" and m.mirror  # "auto" without notebook 02
         items = {i.what: i for i in m.items}
         assert m.pool == int(0.45 * GB10_MEMTOTAL)
-        assert items["weights"].bytes == memory.param_count(memory.KNOWN_CONFIGS["Qwen/Qwen3-8B"]) * 2
+        assert items["weights"].bytes == memory.param_count(memory.PUBLISHED_CONFIGS["Qwen/Qwen3-8B"]) * 2
         assert "estimate" in items["weights"].note
         assert m.kv_bytes == m.pool - items["weights"].bytes - memory.CUDA_OVERHEAD
         mirror = items["NIXL host mirror of the KV cache"]
