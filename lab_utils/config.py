@@ -11,11 +11,13 @@ with `_` are comments and are ignored, so example files can explain every field.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import ipaddress
 import json
 import os
 import re
+import shlex
 import types
 import typing
 from dataclasses import dataclass
@@ -42,10 +44,88 @@ class _Strict(BaseModel):
 
 
 def _check_ip(value: str) -> str:
+    """A unicast IP address one host can bind and others can dial: not a host name, not a
+    wildcard (binding it listens on every interface, and a peer told to dial it dials
+    itself), not multicast, broadcast or reserved."""
     try:
-        return str(ipaddress.ip_address(value))
+        ip = ipaddress.ip_address(value)
     except ValueError:
         raise ValueError("not an IP address") from None
+    if ip.is_unspecified:
+        raise ValueError("a wildcard address listens on every interface and cannot be "
+                         "dialled by the other nodes; use the node's own address on that network")
+    if ip.is_multicast or ip == ipaddress.IPv4Address("255.255.255.255"):
+        raise ValueError("a multicast or broadcast address names a group, not a node; use the "
+                         "node's own address")
+    if ip.version == 4 and ip.is_reserved:
+        raise ValueError("a reserved address (240.0.0.0/4) is not routable; use the node's own address")
+    return str(ip)
+
+
+# Values that reach a shell, an environment or a command line on a node are checked by
+# what they are; quoting stays in place behind this (a second wall, not a replacement).
+_PATH_CHARS = r"[A-Za-z0-9._/+@~=,-]"
+_SAFE_PATH = re.compile(rf"^{_PATH_CHARS}+$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_REVISION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]*$")
+_UCX_TLS = re.compile(r"^\^?[A-Za-z0-9_]+(,[A-Za-z0-9_]+)*$")
+_NETDEV_LIST = re.compile(r"^[A-Za-z0-9_.-]+(:[0-9]+)?(,[A-Za-z0-9_.-]+(:[0-9]+)?)*$")
+# vLLM 0.32's --dtype choices (vllm.config.model.ModelDType; a test keeps them equal)
+VLLM_DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
+# Where the lab must never write results (nor create directories): the root and the
+# system's own trees.
+SYSTEM_DIRS = ("/", "/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/proc",
+               "/sbin", "/sys", "/usr", "/var", "/run", "/snap")
+
+
+def _check_path(value: str | None, *, absolute: bool = False) -> str | None:
+    """A file-system path written as on a POSIX node: letters, digits and . _ / + @ ~ = , -
+    (no spaces, quotes, `;`, `$`, backslashes or control characters)."""
+    if value is None:
+        return value
+    if "\\" in value or re.match(r"^[A-Za-z]:", value):
+        raise ValueError("a Windows path; write the path as the node sees it "
+                         "(e.g. /home/lab/spark-disagg-lab)")
+    if not _SAFE_PATH.match(value):
+        bad = sorted({c for c in value if not re.match(_PATH_CHARS, c)})
+        raise ValueError(f"contains {' '.join(repr(c) for c in bad)}: a path here may hold only "
+                         "letters, digits and . _ / + @ ~ = , -; rename the directory or pick "
+                         "another")
+    if absolute and not value.startswith("/"):
+        raise ValueError("must be an absolute path (starting with /)")
+    return value
+
+
+def is_system_dir(path: str | os.PathLike) -> bool:
+    """Whether `path` is the root or inside one of the system's own trees."""
+    p = os.path.normpath(str(path))
+    return p == "/" or any(p == d or p.startswith(d + "/") for d in SYSTEM_DIRS if d != "/")
+
+
+def _check_env(env: dict[str, str]) -> dict[str, str]:
+    for name in env:
+        if not _ENV_NAME.match(name):
+            raise ValueError(f"{name!r} is not an environment variable name: use letters, "
+                             "digits and _ (not starting with a digit), no '=' or spaces")
+    return env
+
+
+# Flags that would put a secret on a command line (visible in `ps`, kept in state.json
+# and in results): refused in extra_args, with where the secret goes instead.
+_SECRET_FLAG = re.compile(r"^--?[A-Za-z0-9-]*(api-?key|token|secret|passw|credential)",
+                          re.I)
+
+
+def _check_args(args: list[str]) -> list[str]:
+    for a in args:
+        if _SECRET_FLAG.match(a):
+            flag = a.split("=", 1)[0]
+            raise ValueError(
+                f"{flag} would put a secret on the command line (visible in `ps`, saved in "
+                "state.json and results); name a file instead: proxy.api_key_file / "
+                "vllm.api_key_file for API keys, hf_token_file (or $HF_TOKEN) for the "
+                "Hugging Face token")
+    return args
 
 
 class SSHConfig(_Strict):
@@ -73,8 +153,33 @@ class NodeConfig(_Strict):
     # CUDA profiles: the toolkit whose bin/ (nvcc, ptxas) vLLM's instances get on PATH,
     # for FlashInfer/Triton kernels compiled at run time (sm_121 on GB10).
     cuda_home: str = "/usr/local/cuda"
+    # A GPU profile refuses a serving node whose data_address equals its lan_address (the
+    # KV cache would cross the LAN, beside everyone's traffic); true says that is meant.
+    data_over_lan: bool = False
 
     _check_addresses = field_validator("lan_address", "data_address")(_check_ip)
+
+    @field_validator("data_netdev")
+    @classmethod
+    def _netdevs(cls, v: str | None) -> str | None:
+        if v is not None and not _NETDEV_LIST.match(v):
+            raise ValueError("must be RDMA or network devices, comma-separated, each "
+                             "optionally with :port (e.g. rocep1s0f1:1,roceP2p1s0f1:1)")
+        return v
+
+    @field_validator("python", "cuda_home")
+    @classmethod
+    def _absolute(cls, v: str | None) -> str | None:
+        return _check_path(v, absolute=True)
+
+    @field_validator("workdir")
+    @classmethod
+    def _workdir(cls, v: str | None) -> str | None:
+        v = _check_path(v)
+        if v is not None and v.startswith("/") and is_system_dir(v):
+            raise ValueError("is the root or a system directory; the lab writes its code and "
+                             "logs there: use a directory of its own (e.g. /home/lab/spark-disagg-lab)")
+        return v
 
     def machine(self, name: str) -> str:
         """Identity of the physical machine, for port-conflict checks."""
@@ -90,8 +195,20 @@ class ModelConfig(_Strict):
     path: str | None = None
     node_path: str | None = None
     revision: str | None = None
-    dtype: str = "bfloat16"
+    dtype: Literal[VLLM_DTYPES] = "bfloat16"  # type: ignore[valid-type]
     tiny_seed: int = 0
+
+    @field_validator("path", "node_path")
+    @classmethod
+    def _paths(cls, v: str | None) -> str | None:
+        return _check_path(v)
+
+    @field_validator("revision")
+    @classmethod
+    def _revision(cls, v: str | None) -> str | None:
+        if v is not None and not _REVISION.match(v):
+            raise ValueError("must be a branch, tag or commit hash (letters, digits, . _ / -)")
+        return v
 
 
 class InstanceSettings(_Strict):
@@ -103,6 +220,9 @@ class InstanceSettings(_Strict):
     max_model_len: int | None = Field(None, gt=0)
     extra_args: list[str] = []
     extra_env: dict[str, str] = {}
+
+    _args = field_validator("extra_args")(_check_args)
+    _env = field_validator("extra_env")(_check_env)
 
 
 class VllmConfig(_Strict):
@@ -120,6 +240,9 @@ class VllmConfig(_Strict):
     prefill: InstanceSettings
     decode: InstanceSettings
 
+    _args = field_validator("extra_args")(_check_args)
+    _env = field_validator("extra_env")(_check_env)
+
 
 class KVTransferConfig(_Strict):
     connector: Literal["NixlConnector"] = "NixlConnector"
@@ -129,6 +252,14 @@ class KVTransferConfig(_Strict):
     extra_config: dict[str, Any] = {}
     # The NIXL transfer probe (notebook 02) listens here on the target node's data address.
     probe_port: Port = 5800
+
+    @field_validator("ucx_tls")
+    @classmethod
+    def _tls(cls, v: str | None) -> str | None:
+        if v is not None and not _UCX_TLS.match(v):
+            raise ValueError("must be UCX transport names, comma-separated, optionally "
+                             "starting with ^ to exclude (e.g. rc,cuda_copy or tcp,self)")
+        return v
 
 
 class BaselineTopology(_Strict):
@@ -214,6 +345,19 @@ class LabConfig(_Strict):
 
     _source: Path | None = PrivateAttr(default=None)
 
+    @field_validator("results_root")
+    @classmethod
+    def _results_root(cls, v: str) -> str:
+        _check_path(v)
+        if v.startswith("/") and is_system_dir(v):
+            raise ValueError("is the root or a system directory; results go in a directory "
+                             'of the lab\'s (e.g. "results", inside the checkout)')
+        return v
+
+    @field_validator("hf_token_file")
+    @classmethod
+    def _secret_path(cls, v: str | None) -> str | None:
+        return _check_path(v)
 
     # ----- derived values -------------------------------------------------------------
     @property
@@ -306,9 +450,9 @@ class LabConfig(_Strict):
 
     def snapshot(self) -> dict[str, Any]:
         """The config as plain data for results files. Secrets live in files the config
-        only names; secret-looking `extra_env` values are redacted in case one was put
-        there anyway."""
-        return _redact(self.model_dump(mode="json"))
+        only names; in case one was put in the config anyway, `extra_env` values with a
+        secret-looking name and any occurrence of a known secret value are redacted."""
+        return _redact(self.model_dump(mode="json"), known_secrets(self))
 
 
 # ----- cross-field checks ----------------------------------------------------------------
@@ -368,8 +512,20 @@ def _cross_check(cfg: LabConfig) -> list[str]:
                 f"vllm.{role}.side_channel_port: missing; NixlConnector needs a side-channel "
                 "port per instance (e.g. 5600 for prefill, 5700 for decode)"
             )
+    problems += _address_problems(cfg)
+    problems += _control_characters(cfg.model_dump(mode="json"), "")
     if problems:
         return problems  # port checks need valid node references
+    for topo in TOPOLOGIES:
+        for spec in cfg.instances(topo):
+            for what, port in (("port", spec.port), ("side_channel_port", spec.side_channel_port)):
+                if port is not None and port > 65535:
+                    problems.append(
+                        f"vllm.{spec.role}.{what}: {spec.name} on {spec.node} would get port "
+                        f"{port} (the role's port + {spec.index}, one per instance on a node), "
+                        "past 65535; lower the role's port")
+    if problems:
+        return problems
 
     # Services on one machine need distinct ports: HTTP ports of all topologies (so any
     # two topologies can run side by side) and the proxy may share a port number only on
@@ -404,6 +560,51 @@ def _cross_check(cfg: LabConfig) -> list[str]:
             )
             break
     return problems
+
+
+def loopback_problems(name: str, node: NodeConfig, ssh_host: str) -> list[str]:
+    """A node reached over SSH at a host other than this machine cannot serve on a loopback
+    address (the other nodes would reach their own loopback). `ssh_host` is the address SSH
+    connects to; a host name is judged once ~/.ssh/config and DNS have resolved it."""
+    try:
+        if ipaddress.ip_address(ssh_host).is_loopback:
+            return []
+    except ValueError:
+        return []
+    return [f"nodes.{name}.{field}: {getattr(node, field)!r} is a loopback address on a node "
+            f"reached over SSH at {ssh_host}: the other nodes cannot reach it there; use the "
+            "node's own address on that network"
+            for field in ("lan_address", "data_address")
+            if ipaddress.ip_address(getattr(node, field)).is_loopback]
+
+
+def _address_problems(cfg: LabConfig) -> list[str]:
+    """Addresses that are valid IPs but wrong for where they are used."""
+    problems = []
+    for name, node in cfg.nodes.items():
+        if node.connection == "ssh" and node.ssh is not None:
+            problems += loopback_problems(name, node, node.ssh.host)
+        if (cfg.vllm.device == "cuda" and "serving" in node.roles
+                and node.data_address == node.lan_address and not node.data_over_lan):
+            problems.append(
+                f"nodes.{name}.data_address: {node.data_address!r} equals its lan_address: the "
+                "KV cache would cross the LAN (and NIXL's unauthenticated side channel would "
+                "listen there); use the ConnectX-7 link's address, or set "
+                f"nodes.{name}.data_over_lan: true if that is really meant")
+    return problems
+
+
+def _control_characters(value: Any, where: str) -> list[str]:
+    """Strings holding a newline or another control character, by field (such a value
+    would split a command, an environment line or a log line on a node)."""
+    if isinstance(value, dict):
+        return [p for k, v in value.items() for p in _control_characters(v, f"{where}.{k}" if where else str(k))]
+    if isinstance(value, list):
+        return [p for i, v in enumerate(value) for p in _control_characters(v, f"{where}[{i}]")]
+    if isinstance(value, str) and any(ord(c) < 32 or ord(c) == 127 for c in value):
+        return [f"{where}: {json.dumps(value)} contains a control character (a newline?); "
+                "write the value on one line"]
+    return []
 
 
 # ----- loading and error messages -----------------------------------------------------
@@ -545,28 +746,87 @@ def load_config(path: str | os.PathLike | None = None) -> LabConfig:
     return cfg
 
 
-_SECRET_ENV = re.compile(r"(TOKEN|SECRET|PASSWORD|API_KEY)", re.I)
+# Environment names that hold secrets, by pattern (TOKEN, SECRET, PASSWORD, API_KEY,
+# ACCESS_KEY, AUTH, CREDENTIALS, PRIVATE ...): their values never go into results.
+_SECRET_ENV = re.compile(r"(TOKEN|SECRET|PASSW|API_?KEY|ACCESS_?KEY|AUTH|CREDENTIAL|PRIVATE"
+                         r"|SESSION|COOKIE|SIGNATURE)", re.I)
+REDACTED = "<redacted>"
 
 
-def _redact(value: Any) -> Any:
+def _redact(value: Any, secrets: tuple[str, ...] = ()) -> Any:
+    """`value` with secret-named `extra_env` values and every occurrence of a known secret
+    value replaced."""
     if isinstance(value, list):
-        return [_redact(v) for v in value]
+        return [_redact(v, secrets) for v in value]
+    if isinstance(value, str):
+        for secret in secrets:
+            value = value.replace(secret, REDACTED)
+        return value
     if not isinstance(value, dict):
         return value
-    out = {k: _redact(v) for k, v in value.items()}
+    out = {k: _redact(v, secrets) for k, v in value.items()}
     if isinstance(out.get("extra_env"), dict):
-        out["extra_env"] = {k: "<redacted>" if _SECRET_ENV.search(k) else v
+        out["extra_env"] = {k: REDACTED if _SECRET_ENV.search(k) else v
                             for k, v in out["extra_env"].items()}
     return out
 
 
+# Environment variables of this process that may hold the lab's secrets.
+SECRET_ENV_VARS = ("HF_TOKEN", "OPENAI_API_KEY", "VLLM_API_KEY")
+
+
+def known_secrets(cfg: LabConfig) -> tuple[str, ...]:
+    """The secret values this config can reach (the files it names, readable or not, and
+    the secret environment variables), longest first, for redaction by value."""
+    found = {os.environ.get(v, "") for v in SECRET_ENV_VARS}
+    for field in _secret_files(cfg):
+        with contextlib.suppress(OSError):
+            found.add(cfg.resolve_path(field).read_text().strip())
+    return tuple(sorted((v for v in found if len(v) >= 8), key=len, reverse=True))
+
+
+def _secret_files(cfg: LabConfig) -> list[str]:
+    return [f for f in (cfg.hf_token_file, cfg.proxy.api_key_file) if f]
+
+
+def hf_token(cfg: LabConfig) -> str | None:
+    """The Hugging Face token, for a hub model only (read when needed, not before):
+    `hf_token_file` when the config names one, else `$HF_TOKEN`. The same rule for the
+    download (`model fetch`), the instances and the checklist."""
+    if cfg.model.source != "hub":
+        return None
+    if cfg.hf_token_file:
+        return read_secret_file(cfg, cfg.hf_token_file, "HF token") or None
+    return os.environ.get("HF_TOKEN") or None
+
+
+def secret_file_problem(cfg: LabConfig, path: str, what: str) -> tuple[str, str] | None:
+    """(problem, fix) when the secret file at `path` cannot be used, else None: it must
+    exist, be readable by its owner only and not be empty. One rule for `serve`, `model
+    fetch`, `bench` and the checklist."""
+    p = cfg.resolve_path(path)
+    quoted = shlex.quote(str(p))
+    try:
+        mode = p.stat().st_mode
+        if mode & 0o077:
+            return (f"{what} file {p} is readable by others (mode {mode & 0o777:o})",
+                    f"chmod 600 {quoted}")
+        if not p.read_text().strip():
+            return f"{what} file {p} is empty", f"write the {what} into {quoted}"
+    except FileNotFoundError:
+        return (f"{what} file {p} (named in the config) does not exist",
+                f"write the {what} to {quoted} and `chmod 600 {quoted}`")
+    except OSError as e:
+        return f"{what} file {p} cannot be read: {e.strerror}", f"check {quoted}"
+    return None
+
+
 def read_secret_file(cfg: LabConfig, path: str | None, what: str) -> str | None:
+    """The secret in `path` (None when no file is named); LabError naming the fix when the
+    file cannot be used (see `secret_file_problem`)."""
     if not path:
         return None
-    p = cfg.resolve_path(path)
-    try:
-        if p.stat().st_mode & 0o077:
-            raise LabError(f"{what} file {p} is readable by others: run `chmod 600 {p}`")
-        return p.read_text().strip()
-    except FileNotFoundError:
-        raise LabError(f"{what} file {p} (named in the config) does not exist") from None
+    problem = secret_file_problem(cfg, path, what)
+    if problem:
+        raise LabError(f"{problem[0]}: {problem[1]}")
+    return cfg.resolve_path(path).read_text().strip()

@@ -150,7 +150,8 @@ def test_cli_prints_message_without_traceback(tmp_path, change, expect):
 def test_ssh_serving_nodes_need_a_shared_absolute_model_path():
     def to_ssh(d):
         d["nodes"]["spark-01"].update(connection="ssh", python="/usr/bin/python3",
-                                      workdir="/srv/lab", ssh={"host": "10.0.0.1"})
+                                      workdir="/srv/lab", ssh={"host": "10.0.0.1"},
+                                      lan_address="10.0.0.1", data_address="10.0.1.1")
     msg = error_of(mutated(to_ssh))
     assert "model.node_path" in msg and "absolute path" in msg and "spark-01" in msg
     cfg = parse_config(mutated(lambda d: (to_ssh(d), d["model"].update(node_path="/srv/models/tiny"))))
@@ -160,5 +161,6 @@ def test_ssh_serving_nodes_need_a_shared_absolute_model_path():
 
 def test_ssh_node_needs_python_and_absolute_workdir():
     msg = error_of(mutated(lambda d: d["nodes"]["spark-02"].update(
-        connection="ssh", ssh={"host": "10.0.0.2"}, workdir="lab")))
+        connection="ssh", ssh={"host": "10.0.0.2"}, workdir="lab", lan_address="10.0.0.2",
+        data_address="10.0.1.2")))
     assert "nodes.spark-02.python" in msg and "nodes.spark-02.workdir" in msg

@@ -4,11 +4,11 @@ versions, the model on every serving node, clock skew, the HF token, known failu
 
 from __future__ import annotations
 
-import os
 import time
 
 from lab_utils.checks.frame import CheckResult, Context
 from lab_utils.cluster import provision
+from lab_utils.config import hf_token, secret_file_problem
 from lab_utils.errors import LabError
 from lab_utils.known_failures import match_failures
 
@@ -213,22 +213,16 @@ def check_hf_token(ctx: Context) -> list[CheckResult]:
         return [CheckResult("hf_token", "cluster", "n/a",
                             f"model source is {cfg.model.source!r}: no download")]
     gated = cfg.model.name.startswith(GATED_PREFIXES)
-    if cfg.hf_token_file:
-        p = cfg.resolve_path(cfg.hf_token_file)
-        if not p.exists():
-            return [CheckResult("hf_token", "cluster", "fail", f"token file {p} does not exist",
-                                fix=f"write the token to {p} and `chmod 600 {p}`")]
-        mode = p.stat().st_mode & 0o777
-        if mode & 0o077:
-            return [CheckResult("hf_token", "cluster", "warn", f"token file {p} is mode {mode:o}",
-                                fix=f"chmod 600 {p}")]
-        size = len(p.read_text().strip())
-        return [CheckResult("hf_token", "cluster", "pass" if size else "fail",
-                            f"token file {p} present, mode 600, {size} characters (not shown)",
-                            fix=None if size else f"write the token into {p}")]
-    if os.environ.get("HF_TOKEN"):
+    if cfg.hf_token_file:  # the rule `serve` and `model fetch` apply
+        problem = secret_file_problem(cfg, cfg.hf_token_file, "HF token")
+        if problem:
+            return [CheckResult("hf_token", "cluster", "fail", problem[0], fix=problem[1])]
+    token = hf_token(cfg)
+    if token:
+        where = (f"token file {cfg.resolve_path(cfg.hf_token_file)}, mode 600" if cfg.hf_token_file
+                 else "HF_TOKEN set in this environment")
         return [CheckResult("hf_token", "cluster", "pass",
-                            "HF_TOKEN set in this environment (value not shown)")]
+                            f"{where}, {len(token)} characters (not shown)")]
     if gated:
         return [CheckResult("hf_token", "cluster", "fail", f"{cfg.model.name} is gated; no token",
                             fix="accept the licence on huggingface.co, save a read token to a "

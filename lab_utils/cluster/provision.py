@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 
 from lab_utils.cluster.cluster import Cluster, as_cluster
 from lab_utils.cluster.nodes import Node
-from lab_utils.config import PACKAGE_DIR, LabConfig, read_secret_file
+from lab_utils.config import PACKAGE_DIR, LabConfig, hf_token
 from lab_utils.errors import LabError
 
 PACKAGE = PACKAGE_DIR  # the package as installed: a checkout or a wheel
@@ -174,7 +173,7 @@ def ensure_model_on(cluster: Cluster, name: str) -> str:
         return have
     if cfg.model.source == "hub":
 
-        token = read_secret_file(cfg, cfg.hf_token_file, "HF token") or os.environ.get("HF_TOKEN")
+        token = hf_token(cfg)
         r = node.run([node.python, "-c", _HUB_FETCH_CODE, cfg.model.name,
                       cfg.model.revision or ""], env={"HF_TOKEN": token} if token else None,
                      timeout=7200)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import inspect
 import os
 import shlex
+import socket
 import threading
 import time
 from pathlib import Path
@@ -24,7 +25,7 @@ import paramiko
 
 from lab_utils.cluster.nodes import Node, RunResult
 from lab_utils.cluster.state import ProcessRecord, StateFile
-from lab_utils.config import NodeConfig
+from lab_utils.config import NodeConfig, loopback_problems
 from lab_utils.errors import LabError
 from lab_utils.on_node import proctools
 
@@ -107,6 +108,7 @@ class SSHNode(Node):
 
     def _connect(self) -> paramiko.SSHClient:
         r = self._resolved()
+        self._check_not_loopback(r["hostname"])
         client = paramiko.SSHClient()
         if r["known_hosts"].exists():
             client.load_host_keys(str(r["known_hosts"]))
@@ -144,6 +146,16 @@ class SSHNode(Node):
             raise LabError(f"node {self.name} ({where}): cannot connect: {e}") from None
         client.get_transport().set_keepalive(15)
         return client
+
+    def _check_not_loopback(self, hostname: str) -> None:
+        """The config's loopback rule, for a host name the config could not judge."""
+        try:
+            address = socket.getaddrinfo(hostname, None)[0][4][0]
+        except OSError:
+            return  # connecting names the problem
+        problems = loopback_problems(self.name, self.cfg, address)
+        if problems:
+            raise LabError(f"{problems[0]} ({self.ssh.host} resolves to {address})")
 
     # ----- Node interface -------------------------------------------------------------
     def _exec(self, command: str, stdin_text: str, timeout: float) -> RunResult:

@@ -26,7 +26,7 @@ import httpx
 from lab_utils.cluster import Cluster, Node
 from lab_utils.cluster.provision import ensure_model_on
 from lab_utils.cluster.state import ProcessRecord
-from lab_utils.config import InstanceSpec, LabConfig, read_secret_file
+from lab_utils.config import InstanceSpec, LabConfig, hf_token
 from lab_utils.errors import ProcessFailedError
 from lab_utils.kv.budget import choose_buffer_device
 from lab_utils.util.progress import progress_bar
@@ -118,8 +118,8 @@ def server_env(cfg: LabConfig, spec: InstanceSpec) -> dict[str, str]:
             env["UCX_NET_DEVICES"] = node.data_netdev
     env.update(cfg.vllm.extra_env)
     env.update(s.extra_env)
-    token = read_secret_file(cfg, cfg.hf_token_file, "HF token")
-    if token and cfg.model.source == "hub":
+    token = hf_token(cfg)
+    if token:
         env["HF_TOKEN"] = token
     return env
 

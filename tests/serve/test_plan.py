@@ -96,7 +96,7 @@ def test_too_high_utilization_is_refused_with_fixes_that_fit(tmp_path):
     assert not plan_of(cfg, kv_buffer_device="cuda").instances[0].memory.mirror
 
 
-def test_secrets_only_as_set_or_unset(tmp_path):
+def test_secrets_only_as_set_or_unset(tmp_path, monkeypatch):
     token = tmp_path / "hf_token"
     token.write_text("hf_canary_987\n")
     token.chmod(0o600)
@@ -109,6 +109,9 @@ def test_secrets_only_as_set_or_unset(tmp_path):
     env = plan.instances[0].env
     assert env["HF_TOKEN"] == "<set>" and env["MY_API_KEY"] == "<set>"
     assert env["UCX_LOG_LEVEL"] == "info"
+    # without a file, $HF_TOKEN (the rule `model fetch` follows too)
+    assert plan_of(load_config(EXAMPLE)).instances[0].env["HF_TOKEN"] == "<set>"
+    monkeypatch.delenv("HF_TOKEN")
     assert plan_of(load_config(EXAMPLE)).instances[0].env["HF_TOKEN"] == "<unset>"
 
 
