@@ -64,8 +64,14 @@ def _check_ip(value: str) -> str:
 
 # Values that reach a shell, an environment or a command line on a node are checked by
 # what they are; quoting stays in place behind this (a second wall, not a replacement).
+# Files only this host reads (token and key files, results_root) may hold any character
+# but a control character (refused everywhere).
 _PATH_CHARS = r"[A-Za-z0-9._/+@~=,-]"
 _SAFE_PATH = re.compile(rf"^{_PATH_CHARS}+$")
+_HOST = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._:-]*$")
+_USER = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")
+# VLLM_CPU_OMP_THREADS_BIND: "auto", "nobind", or CPU ids and ranges, "|" between ranks
+_THREADS_BIND = re.compile(r"^(auto|nobind|[0-9]+(-[0-9]+)?([,|][0-9]+(-[0-9]+)?)*)$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _REVISION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]*$")
 _UCX_TLS = re.compile(r"^\^?[A-Za-z0-9_]+(,[A-Za-z0-9_]+)*$")
@@ -136,6 +142,20 @@ class SSHConfig(_Strict):
     known_hosts: str | None = None
     accept_new_host_key: bool = False
     connect_timeout_s: float = Field(10.0, gt=0)
+
+    @field_validator("host")
+    @classmethod
+    def _host(cls, v: str) -> str:
+        if not _HOST.match(v):
+            raise ValueError("must be a host name, an alias from ~/.ssh/config or an IP address")
+        return v
+
+    @field_validator("user")
+    @classmethod
+    def _user(cls, v: str | None) -> str | None:
+        if v is not None and not _USER.match(v):
+            raise ValueError("must be a login name (letters, digits, . _ -)")
+        return v
 
 
 class NodeConfig(_Strict):
@@ -223,6 +243,15 @@ class InstanceSettings(_Strict):
 
     _args = field_validator("extra_args")(_check_args)
     _env = field_validator("extra_env")(_check_env)
+
+    @field_validator("cpu_threads_bind")
+    @classmethod
+    def _bind(cls, v: str | dict[str, str] | None) -> str | dict[str, str] | None:
+        for bind in (v.values() if isinstance(v, dict) else [v] if v is not None else []):
+            if not _THREADS_BIND.match(bind):
+                raise ValueError(f"{bind!r} is not a CPU list: use CPU ids and ranges such as "
+                                 '"0", "0-3" or "0-3|4-7", or "auto" / "nobind"')
+        return v
 
 
 class VllmConfig(_Strict):
@@ -348,16 +377,10 @@ class LabConfig(_Strict):
     @field_validator("results_root")
     @classmethod
     def _results_root(cls, v: str) -> str:
-        _check_path(v)
         if v.startswith("/") and is_system_dir(v):
             raise ValueError("is the root or a system directory; results go in a directory "
                              'of the lab\'s (e.g. "results", inside the checkout)')
         return v
-
-    @field_validator("hf_token_file")
-    @classmethod
-    def _secret_path(cls, v: str | None) -> str | None:
-        return _check_path(v)
 
     # ----- derived values -------------------------------------------------------------
     @property

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from lab_utils.config import DEFAULT_PROFILE, REPO_ROOT, find_config_path, load_config, parse_config
-from lab_utils.errors import ConfigError
+from lab_utils.errors import ConfigError, LabError
 
 BASE = json.loads(DEFAULT_PROFILE.read_text())
 
@@ -164,3 +164,79 @@ def test_ssh_node_needs_python_and_absolute_workdir():
         connection="ssh", ssh={"host": "10.0.0.2"}, workdir="lab", lan_address="10.0.0.2",
         data_address="10.0.1.2")))
     assert "nodes.spark-02.python" in msg and "nodes.spark-02.workdir" in msg
+
+
+def test_dtype_choices_are_vllms():
+    pytest.importorskip("vllm", reason="needs the rehearsal's vLLM (installed by make venv)")
+    import typing
+
+    from vllm.config.model import ModelDType
+
+    from lab_utils.config import VLLM_DTYPES
+
+    assert set(VLLM_DTYPES) == set(typing.get_args(ModelDType))
+
+
+def test_secrets_redacted_by_name_pattern_and_by_value(tmp_path, monkeypatch):
+    key = tmp_path / "proxy_key"
+    key.write_text("sk-proxy-canary-4711\n")
+    key.chmod(0o600)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-env-canary-0815")
+
+    def change(d):
+        d["proxy"]["api_key_file"] = str(key)
+        d["vllm"]["extra_env"] = {"AUTH": "a-canary-1", "CREDENTIALS": "c-canary-2",
+                                  "AWS_ACCESS_KEY_ID": "k-canary-3", "OMP_NUM_THREADS": "4"}
+        # secrets where no name says so: a description, an unflagged argument
+        d["description"] = "key is sk-proxy-canary-4711"
+        d["vllm"]["decode"]["extra_args"] = ["--served-model-name", "sk-env-canary-0815"]
+    snap = json.dumps(parse_config(mutated(change)).snapshot())
+    for canary in ("a-canary-1", "c-canary-2", "k-canary-3", "sk-proxy-canary-4711",
+                   "sk-env-canary-0815"):
+        assert canary not in snap
+    assert '"OMP_NUM_THREADS": "4"' in snap
+
+
+def test_hf_token_one_rule(tmp_path, monkeypatch):
+    from lab_utils.config import hf_token
+
+    token = tmp_path / "hf_token"
+    token.write_text("hf_file_canary\n")
+    token.chmod(0o644)
+    hub = {"source": "hub", "name": "org/model", "path": None}
+    # a tiny model needs no token: the file is not even read (its bad mode is not an error)
+    cfg = parse_config(mutated(lambda d: d.update(hf_token_file=str(token))))
+    assert hf_token(cfg) is None
+    cfg = parse_config(mutated(lambda d: (d.update(hf_token_file=str(token)), d["model"].update(hub))))
+    with pytest.raises(LabError, match=r"readable by others .*chmod 600"):
+        hf_token(cfg)
+    token.chmod(0o600)
+    assert hf_token(cfg) == "hf_file_canary"
+    # no file: $HF_TOKEN, for the download and the instances alike
+    monkeypatch.setenv("HF_TOKEN", "hf_env_canary")
+    assert hf_token(parse_config(mutated(lambda d: d["model"].update(hub)))) == "hf_env_canary"
+    token.write_text("\n")
+    with pytest.raises(LabError, match="is empty"):
+        hf_token(cfg)
+
+
+def test_loopback_rule_applies_to_an_alias_once_resolved(tmp_path, monkeypatch):
+    """A host name hides where it points until ~/.ssh/config resolves it: the rule is
+    applied then, before any connection is attempted."""
+    from lab_utils.cluster import Cluster
+
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "config").write_text("Host far-spark\n  HostName 192.0.2.7\n")
+    monkeypatch.setenv("HOME", str(home))
+    connects = []
+    import paramiko
+
+    monkeypatch.setattr(paramiko.SSHClient, "connect", lambda *a, **k: connects.append(a))
+    cfg = parse_config(mutated(lambda d: d["nodes"]["spark-01"].update(
+        connection="ssh", ssh={"host": "far-spark"}, python="/usr/bin/python3",
+        workdir="/srv/lab")) | {"model": {**BASE["model"], "node_path": "/srv/models/tiny"}})
+    with Cluster(cfg) as cluster, pytest.raises(LabError) as e:
+        cluster.node("spark-01").run(["true"])
+    assert "nodes.spark-01.lan_address" in str(e.value) and "192.0.2.7" in str(e.value)
+    assert connects == []

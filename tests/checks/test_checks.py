@@ -297,3 +297,25 @@ def test_memlock_only_unlimited_passes():
     low = rdma.memlock_verdict("spark-01", "8192\n")
     assert low.status == "warn" and "8192 KiB" in low.summary and "limits.d" in low.fix
     assert rdma.memlock_verdict("spark-01", None).status == "warn"
+
+
+def test_token_check_refuses_what_serve_refuses(tmp_path, monkeypatch):
+    """The checklist and `serve` apply one rule to the token file: a file others can read
+    fails (it no longer merely warns), with the chmod fix quoted."""
+    from types import SimpleNamespace
+
+    from lab_utils.checks import software
+    from lab_utils.config import DEFAULT_PROFILE, parse_config
+
+    token = tmp_path / "my token"
+    token.write_text("hf_x_canary\n")
+    token.chmod(0o644)
+    data = json.loads(DEFAULT_PROFILE.read_text())
+    data["model"].update(source="hub", name="org/model", path=None)
+    data["hf_token_file"] = str(token)
+    ctx = SimpleNamespace(cfg=parse_config(data))
+    [r] = software.check_hf_token(ctx)
+    assert r.status == "fail" and r.fix == f"chmod 600 '{token}'"
+    token.chmod(0o600)
+    [r] = software.check_hf_token(ctx)
+    assert r.status == "pass" and "hf_x_canary" not in r.summary

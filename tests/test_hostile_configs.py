@@ -1,0 +1,126 @@
+"""The hostile-config corpus: bad configs a workshop attendee (or a hostile colleague)
+could write, each refused by every CLI entry point before any process starts or any
+remote command runs, with its message and no traceback, leaving no state behind.
+
+Each case in tests/fixtures/hostile-configs/ is a small diff from a shipped profile:
+`set` maps a dotted field to a value (a value "@other.field" copies that field),
+`text_replace` edits the file's text (for JSON mistakes), `expect` lists fragments the
+message must contain.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+from pathlib import Path
+
+import paramiko
+import pytest
+
+from lab_utils import cli
+from lab_utils.config import REPO_ROOT
+
+CORPUS = Path(__file__).parent / "fixtures" / "hostile-configs"
+CASES = sorted(CORPUS.glob("*.json"))
+
+# Every entry point that takes --config; the bench's URL is a closed loopback port.
+COMMANDS = [
+    ["serve", "--topology", "disaggregated"],
+    ["serve", "--topology", "baseline", "--dry-run", "--offline"],
+    ["proxy", "--mode", "disaggregated"],
+    ["check"], ["status"], ["cleanup"], ["deploy"], ["model", "fetch"], ["report"],
+    ["demo"], ["run"], ["lab"],
+    ["bench", "--url", "http://127.0.0.1:9", "--out", "{tmp}/bench.json"],
+]
+
+
+def _walk(data: dict, dotted: str) -> tuple[dict, str]:
+    *parents, last = dotted.split(".")
+    for key in parents:
+        data = data[key]
+    return data, last
+
+
+def build_case(case_file: Path, tmp: Path) -> tuple[Path, list[str]]:
+    """Write the case's config into `tmp` (results under `tmp/results`); return its path
+    and the expected fragments."""
+    case = json.loads(case_file.read_text())
+    text = (REPO_ROOT / case["base"]).read_text()
+    if "text_replace" in case:
+        old, new = case["text_replace"]
+        assert old in text, f"{case_file.name}: the text to replace is not in {case['base']}"
+        text = text.replace(old, new).replace('"results_root": "results"',
+                                              json.dumps({"results_root": str(tmp / "results")})[1:-1])
+    else:
+        data = json.loads(text)
+        data["results_root"] = str(tmp / "results")
+        for dotted, value in case["set"].items():
+            if isinstance(value, str) and value.startswith("@"):
+                parent, key = _walk(data, value[1:])
+                value = parent[key]
+            parent, key = _walk(data, dotted)
+            assert key in parent or dotted.endswith(("extra_env", "extra_args", "revision")), \
+                f"{case_file.name}: {dotted} is not a field of {case['base']}"
+            parent[key] = value
+        text = json.dumps(data, indent=2)
+    path = tmp / "config.json"
+    path.write_text(text)
+    return path, case["expect"]
+
+
+@pytest.fixture
+def no_node_reached(monkeypatch):
+    """Fail the test if anything would start a process, open SSH or dial a socket."""
+    calls: list[str] = []
+
+    def refuse(what):
+        def _refuse(*args, **kwargs):
+            calls.append(what)
+            raise AssertionError(f"{what} was called for a refused config")
+        return _refuse
+
+    monkeypatch.setattr(subprocess, "Popen", refuse("subprocess.Popen"))
+    monkeypatch.setattr(paramiko.SSHClient, "connect", refuse("paramiko connect"))
+    monkeypatch.setattr(socket, "create_connection", refuse("socket.create_connection"))
+    monkeypatch.setattr(socket.socket, "connect", refuse("socket.connect"))
+    return calls
+
+
+def test_the_corpus_covers_each_kind_of_mistake():
+    names = {c.stem.split("-", 1)[1] for c in CASES}
+    assert len(CASES) >= 25
+    for must in ("wildcard-lan", "kv-over-lan", "loopback-on-ssh-node", "workdir-semicolon",
+                 "relative-python", "dtype-substitution", "results-in-etc",
+                 "derived-port-past-65535", "env-name-with-equals", "newline-in-value",
+                 "api-key-on-argv", "trailing-comma", "windows-path", "hostname-as-address",
+                 "duplicate-port", "role-not-held"):
+        assert must in names
+
+
+@pytest.mark.parametrize("case_file", CASES, ids=[c.stem for c in CASES])
+def test_refused_by_every_entry_point(case_file, tmp_path, capsys, no_node_reached):
+    config, expect = build_case(case_file, tmp_path)
+    for argv in COMMANDS:
+        argv = [a.format(tmp=tmp_path) for a in argv]
+        rc = cli.main([*argv, "--config", str(config)])
+        out = capsys.readouterr()
+        said = out.err + out.out
+        assert rc == 2, f"{argv[0]}: exit {rc}, not refused:\n{said}"
+        for fragment in expect:
+            assert fragment in said, f"{argv[0]}: {fragment!r} not in:\n{said}"
+        assert "Traceback" not in said
+    assert no_node_reached == []
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == ["config.json"], f"state left behind: {left}"
+
+
+def test_a_refused_config_prints_no_traceback_from_a_real_process(tmp_path):
+    """The in-process runs above, once for real: the messages reach a terminal as is."""
+    import sys
+
+    config, expect = build_case(CORPUS / "08-workdir-semicolon.json", tmp_path)
+    p = subprocess.run([sys.executable, "-m", "lab_utils", "serve", "--topology", "baseline",
+                        "--config", str(config)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2
+    assert all(f in p.stderr for f in expect) and "Traceback" not in p.stderr + p.stdout
