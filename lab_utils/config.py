@@ -16,6 +16,7 @@ import ipaddress
 import json
 import os
 import re
+import shlex
 import types
 import typing
 from dataclasses import dataclass
@@ -566,7 +567,7 @@ def read_secret_file(cfg: LabConfig, path: str | None, what: str) -> str | None:
     p = cfg.resolve_path(path)
     try:
         if p.stat().st_mode & 0o077:
-            raise LabError(f"{what} file {p} is readable by others: run `chmod 600 {p}`")
+            raise LabError(f"{what} file {p} is readable by others: run `chmod 600 {shlex.quote(str(p))}`")
         return p.read_text().strip()
     except FileNotFoundError:
         raise LabError(f"{what} file {p} (named in the config) does not exist") from None

@@ -5,6 +5,7 @@ versions, the model on every serving node, clock skew, the HF token, known failu
 from __future__ import annotations
 
 import os
+import shlex
 import time
 
 from lab_utils.checks.frame import CheckResult, Context
@@ -33,7 +34,7 @@ def check_ssh(ctx: Context) -> list[CheckResult]:
             ctx.unreachable[name] = "commands fail there (see the ssh check)"
             out.append(CheckResult("ssh", name, "fail", f"`true` failed on {where}",
                                    evidence=r.stderr.strip()[-300:],
-                                   fix=f"log in with `ssh -p {ssh.port} {where.rsplit(':', 1)[0]}` "
+                                   fix=f"log in with `ssh -p {ssh.port} {shlex.quote(where.rsplit(':', 1)[0])}` "
                                        "and fix the shell start-up error shown"))
             continue
         policy = "accept-new" if ssh.accept_new_host_key else "known_hosts only"
@@ -54,7 +55,8 @@ def _ssh_fix(error: str, where: str) -> tuple[str, str]:
         return error, (f"ssh to {where} once to check and record its host key in known_hosts, "
                        "or set ssh.accept_new_host_key: true in the config")
     return error, (f"check that {where} is up and the SSH user/key are right: "
-                   f"`ssh {where.rsplit(':', 1)[0]} true` must work without a password")
+                   f"`ssh {shlex.quote(where.rsplit(':', 1)[0])} true` must work without a "
+                   "password")
 
 
 def check_code(ctx: Context) -> list[CheckResult]:
@@ -217,11 +219,11 @@ def check_hf_token(ctx: Context) -> list[CheckResult]:
         p = cfg.resolve_path(cfg.hf_token_file)
         if not p.exists():
             return [CheckResult("hf_token", "cluster", "fail", f"token file {p} does not exist",
-                                fix=f"write the token to {p} and `chmod 600 {p}`")]
+                                fix=f"write the token to {p} and `chmod 600 {shlex.quote(str(p))}`")]
         mode = p.stat().st_mode & 0o777
         if mode & 0o077:
             return [CheckResult("hf_token", "cluster", "warn", f"token file {p} is mode {mode:o}",
-                                fix=f"chmod 600 {p}")]
+                                fix=f"`chmod 600 {shlex.quote(str(p))}`")]
         size = len(p.read_text().strip())
         return [CheckResult("hf_token", "cluster", "pass" if size else "fail",
                             f"token file {p} present, mode 600, {size} characters (not shown)",
