@@ -68,7 +68,7 @@ def check_code(ctx: Context) -> list[CheckResult]:
         if node_cfg.connection == "local":
             out.append(CheckResult("code", name, "n/a", "local node: runs this checkout"))
             continue
-        r = ctx.run(name, ["cat", f"{node_cfg.workdir}/lab_utils/.deployed"])
+        r = ctx.run(name, ["cat", f"{node_cfg.workdir}/lab_utils/{provision.DEPLOYED_STAMP}"])
         have = r.stdout.strip() if r.ok else None
         if have == digest:
             out.append(CheckResult("code", name, "pass", f"lab_utils {digest[:12]} deployed"))
