@@ -40,6 +40,15 @@ def private_tmps_removed():
 
 
 @pytest.fixture
+def umask():
+    """Call with a mask to set the process's umask for the test; the old one comes back."""
+    old = os.umask(0o022)
+    os.umask(old)
+    yield os.umask
+    os.umask(old)
+
+
+@pytest.fixture
 def test_cfg(tmp_path) -> LabConfig:
     """The rehearsal profile with results (and the state file) under tmp_path."""
     return write_profile(tmp_path, make_profile_data(str(tmp_path / "results")))

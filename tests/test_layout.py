@@ -31,7 +31,8 @@ LAYERS = [
 ]
 LAYER = {part: n for n, parts in enumerate(LAYERS) for part in parts}
 # Sent as source over SSH before anything is deployed: the standard library only.
-SENT_AS_SOURCE = ["lab_utils.on_node.proctools", "lab_utils.on_node.facts"]
+SENT_AS_SOURCE = ["lab_utils.on_node.proctools", "lab_utils.on_node.facts",
+                  "lab_utils.on_node.dirs"]
 FRONT_DOOR_USERS = ["lab_utils.cli"]
 
 

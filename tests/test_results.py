@@ -127,6 +127,21 @@ def test_history_keeps_previous_file(cfg):
     assert data(results.load_results(cfg, "01")) == {"run": 3}
 
 
+@pytest.mark.parametrize("mask", [0o077, 0o027])
+def test_results_files_are_no_more_open_than_the_umask(cfg, umask, mask):
+    umask(mask)
+    write(cfg, {"run": 1})
+    write(cfg, {"run": 2})  # the first goes to history/
+    files = [p for p in cfg.results_dir.rglob("*") if p.is_file()]
+    assert len(files) == 2
+    for f in files:
+        assert f.stat().st_mode & 0o777 == 0o666 & ~mask, f
+    path = cfg.results_dir / "baseline_metrics.json"
+    path.chmod(0o644)  # a mode its owner chose is kept
+    write(cfg, {"run": 3})
+    assert path.stat().st_mode & 0o777 == 0o644
+
+
 def test_history_unreadable_old_file_and_collisions(cfg):
     path = cfg.results_dir / "baseline_metrics.json"
     path.parent.mkdir(parents=True)

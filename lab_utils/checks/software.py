@@ -4,6 +4,7 @@ versions, the model on every serving node, clock skew, the HF token, known failu
 
 from __future__ import annotations
 
+import shlex
 import time
 
 from lab_utils.checks.frame import CheckResult, Context
@@ -33,7 +34,7 @@ def check_ssh(ctx: Context) -> list[CheckResult]:
             ctx.unreachable[name] = "commands fail there (see the ssh check)"
             out.append(CheckResult("ssh", name, "fail", f"`true` failed on {where}",
                                    evidence=r.stderr.strip()[-300:],
-                                   fix=f"log in with `ssh -p {ssh.port} {where.rsplit(':', 1)[0]}` "
+                                   fix=f"log in with `ssh -p {ssh.port} {shlex.quote(where.rsplit(':', 1)[0])}` "
                                        "and fix the shell start-up error shown"))
             continue
         policy = "accept-new" if ssh.accept_new_host_key else "known_hosts only"
@@ -54,7 +55,8 @@ def _ssh_fix(error: str, where: str) -> tuple[str, str]:
         return error, (f"ssh to {where} once to check and record its host key in known_hosts, "
                        "or set ssh.accept_new_host_key: true in the config")
     return error, (f"check that {where} is up and the SSH user/key are right: "
-                   f"`ssh {where.rsplit(':', 1)[0]} true` must work without a password")
+                   f"`ssh {shlex.quote(where.rsplit(':', 1)[0])} true` must work without a "
+                   "password")
 
 
 def check_code(ctx: Context) -> list[CheckResult]:
@@ -66,7 +68,7 @@ def check_code(ctx: Context) -> list[CheckResult]:
         if node_cfg.connection == "local":
             out.append(CheckResult("code", name, "n/a", "local node: runs this checkout"))
             continue
-        r = ctx.run(name, ["cat", f"{node_cfg.workdir}/lab_utils/.deployed"])
+        r = ctx.run(name, ["cat", f"{node_cfg.workdir}/lab_utils/{provision.DEPLOYED_STAMP}"])
         have = r.stdout.strip() if r.ok else None
         if have == digest:
             out.append(CheckResult("code", name, "pass", f"lab_utils {digest[:12]} deployed"))

@@ -1,8 +1,8 @@
 """Nodes: the one interface the lab uses to act on a machine of the cluster.
 
 A node runs commands (exit code, stdout, stderr, timeout), copies files, starts detached
-processes in their own process group with a log file (recorded in the profile's state
-file), tells whether one is alive, shows its log tail, stops it by process group, and
+processes in their own process group with a log file (0600: it holds command lines;
+recorded in the profile's state file), tells whether one is alive, shows its log tail, stops it by process group, and
 says who holds a port. `LocalNode` implements it for this machine; the SSH node
 implements the same methods over paramiko. `Cluster` picks the implementation from
 the config and builds each node once.
@@ -157,7 +157,9 @@ class LocalNode(Node):
 
     def _spawn(self, argv, env, log_path, cwd):
         Path(log_path).parent.mkdir(parents=True, exist_ok=True)
-        with open(log_path, "ab") as log:
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        os.fchmod(fd, 0o600)  # it holds command lines: its owner's only, also when it existed
+        with open(fd, "ab") as log:
             p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,
                                  stderr=subprocess.STDOUT, start_new_session=True,
                                  env={**os.environ, **env}, cwd=cwd)

@@ -6,8 +6,10 @@ checks that the node's Python has what its roles need and says what to install w
 `model_fetch` makes the configured model present on every serving node: the generated
 tiny model is built here and copied; a hub model is downloaded on each node unless its
 snapshot is already in the node's cache (the token, if any, goes through the process
-environment on stdin, never argv); a `path` model must already be there. Either way every node must end up with the same snapshot. Both take a
-config (notebook 00, the command line) or the cluster a caller already holds.
+environment on stdin, never argv); a `path` model must already be there. Either way every
+node must end up with the same snapshot. Both replace only what the lab made (a directory
+carrying its marker, `lab_utils.on_node.dirs`). Both take a config (notebook 00, the
+command line) or the cluster a caller already holds.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from lab_utils.cluster.cluster import Cluster, as_cluster
 from lab_utils.cluster.nodes import Node
 from lab_utils.config import PACKAGE_DIR, LabConfig, hf_token
 from lab_utils.errors import LabError
+from lab_utils.on_node import dirs
 
 PACKAGE = PACKAGE_DIR  # the package as installed: a checkout or a wheel
 ROLE_MODULES = {
@@ -88,8 +91,12 @@ def code_digest() -> str:
     return h.hexdigest()
 
 
+DEPLOYED_STAMP = ".deployed"  # in the deployed lab_utils/: the code's digest, the lab's marker
+
+
 def _write_remote(node: Node, path: str, text: str) -> None:
-    code = "import sys, pathlib; pathlib.Path(sys.argv[1]).write_text(sys.stdin.read())"
+    code = ("import sys, pathlib; p = pathlib.Path(sys.argv[1]); "
+            "p.parent.mkdir(parents=True, exist_ok=True); p.write_text(sys.stdin.read())")
     r = node.run([node.python, "-c", code, path], input=text)
     if not r.ok:
         raise LabError(f"node {node.name}: cannot write {path}: {r.why}")
@@ -119,10 +126,15 @@ def deploy_node(cluster: Cluster, name: str, force: bool = False) -> str:
     if node.cfg.connection == "local":
         return f"{name}: local, runs the code in this checkout"
     digest = code_digest()
-    stamp = f"{node.cfg.workdir}/lab_utils/.deployed"
+    target = f"{node.cfg.workdir}/lab_utils"
+    stamp = f"{target}/{DEPLOYED_STAMP}"
     current = node.run(["cat", stamp])
     if not force and current.ok and current.stdout.strip() == digest:
         return f"{name}: up to date ({digest[:12]})"
+    node.check_workdir()
+    if json.loads(node.run_sent(dirs, "owner", target, DEPLOYED_STAMP)) == "other":
+        raise LabError(_not_the_labs(name, target, DEPLOYED_STAMP, f"nodes.{name}.workdir"))
+    _write_remote(node, stamp, "deploying")  # marks the directory as the lab's from the start
     for f in package_files():
         node.put_file(f, f"{node.cfg.workdir}/lab_utils/{f.relative_to(PACKAGE).as_posix()}")
     _write_remote(node, stamp, digest)
@@ -144,14 +156,25 @@ def model_snapshot(node: Node, path: str, full: bool) -> str | None:
     return json.loads(r.stdout)
 
 
-def _copy_dir(node: Node, local: Path, remote: str) -> None:
+def _not_the_labs(node: str, path: str, marker: str, field: str) -> str:
+    return (f"node {node}: {path} exists and is not the lab's (it is not empty and has no "
+            f"{marker}); the lab replaces only what it made. Choose another {field}, or "
+            "remove that directory yourself if it is yours.")
+
+
+def _copy_dir(node: Node, local: Path, remote: str, marker: str) -> None:
+    """Copy `local` to `remote` through a staging directory next to it; `remote` and the
+    staging directory are replaced only when they are the lab's (empty or marked)."""
     partial = f"{remote}.partial"
-    node.run(["rm", "-rf", partial])
-    for f in sorted(p for p in local.rglob("*") if p.is_file()):
+    for path in (remote, partial):
+        if json.loads(node.run_sent(dirs, "owner", path, marker)) == "other":
+            raise LabError(_not_the_labs(node.name, path, marker, "model.node_path"))
+    node.run_sent(dirs, "remove", partial, marker)
+    files = sorted(p for p in local.rglob("*") if p.is_file())
+    for f in sorted(files, key=lambda p: p.name != marker):  # the marker first
         node.put_file(f, f"{partial}/{f.relative_to(local).as_posix()}")
-    r = node.run(["sh", "-c", 'rm -rf "$1" && mv "$2" "$1"', "sh", remote, partial])
-    if not r.ok:
-        raise LabError(f"node {node.name}: cannot move the model into {remote}: {r.stderr.strip()}")
+    if json.loads(node.run_sent(dirs, "replace", partial, remote, marker)) == "other":
+        raise LabError(_not_the_labs(node.name, remote, marker, "model.node_path"))
 
 
 def ensure_model_on(cluster: Cluster, name: str) -> str:
@@ -166,7 +189,7 @@ def ensure_model_on(cluster: Cluster, name: str) -> str:
         if node.cfg.connection == "local":  # `where` is the model just generated here
             return want
         if model_snapshot(node, where, full=True) != want:
-            _copy_dir(node, local, where)
+            _copy_dir(node, local, where, tiny_model.MARKER)
         have = model_snapshot(node, where, full=True)
         if have != want:
             raise LabError(f"node {name}: the tiny model at {where} differs from this host's")

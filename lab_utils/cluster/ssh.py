@@ -1,10 +1,14 @@
 """Nodes reached over SSH (paramiko), with the same interface as the local node.
 
 Each node keeps one connection to its host, opened on first use and reused for every
-command (keep-alive, connect timeout) until `close()`; its cluster closes it. Host keys are checked against known_hosts; an unknown key is accepted only when
-the config opts in (`accept_new_host_key`, like OpenSSH's accept-new) and a changed key
-is always refused, with the command that fixes it. The user's `~/.ssh/config` supplies
-host name, user, port and identity files. Commands are passed as argument lists, each
+command (keep-alive, connect timeout) until `close()`; its cluster closes it. Host keys
+are checked against every known_hosts file OpenSSH reads (each entry of
+UserKnownHostsFile, then GlobalKnownHostsFile or /etc/ssh/ssh_known_hosts); an unknown key
+is accepted only when the config opts in (`accept_new_host_key`, like OpenSSH's
+accept-new), and then recorded in the user's file; a changed key is always refused, with
+the command that fixes it. The user's `~/.ssh/config` supplies host name, user, port,
+identity and known_hosts files. Before anything is written on a node, its workdir is
+checked to be a directory of the lab's own (`lab_utils.on_node.dirs`). Commands are passed as argument lists, each
 argument quoted; environment variables (secrets included) travel on the channel's stdin
 and are exported by a small shell wrapper, so they never appear on a command line.
 Process facts (alive, stop by group, port holders) are decided on the node by
@@ -14,6 +18,7 @@ Process facts (alive, stop by group, port holders) are decided on the node by
 from __future__ import annotations
 
 import inspect
+import json
 import os
 import shlex
 import socket
@@ -27,17 +32,22 @@ from lab_utils.cluster.nodes import Node, RunResult
 from lab_utils.cluster.state import ProcessRecord, StateFile
 from lab_utils.config import NodeConfig, loopback_problems
 from lab_utils.errors import LabError
-from lab_utils.on_node import proctools
+from lab_utils.on_node import dirs, proctools
 
 # Reads NAME=VALUE lines from stdin up to an empty line, exports them, runs the command.
 _ENV_THEN_EXEC = 'while IFS= read -r kv && [ -n "$kv" ]; do export "$kv"; done; exec "$@"'
 # Same, then starts the command detached in its own session (so its PID is its process
-# group), output appended to a log file, and prints the PID.
+# group), output appended to a log file readable by the user only (it holds command
+# lines), and prints the PID.
 _ENV_THEN_DETACH = (
     'while IFS= read -r kv && [ -n "$kv" ]; do export "$kv"; done; '
     'cd "${1:-$HOME}" || exit 97; log="$2"; shift 2; mkdir -p "$(dirname "$log")"; '
+    '(umask 077 && : >>"$log") && chmod 600 "$log" || exit 96; '
     'setsid "$@" >>"$log" 2>&1 </dev/null & echo "$!"'
 )
+# Read after the user's files when ~/.ssh/config names no GlobalKnownHostsFile (OpenSSH's
+# default); a module constant, so tests point it elsewhere.
+GLOBAL_KNOWN_HOSTS = ("/etc/ssh/ssh_known_hosts", "/etc/ssh/ssh_known_hosts2")
 
 
 class _AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
@@ -51,6 +61,16 @@ class _AcceptNewPolicy(paramiko.MissingHostKeyPolicy):
         self.known_hosts.parent.mkdir(parents=True, exist_ok=True)
         with open(self.known_hosts, "a") as f:
             f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+
+
+def _files(value: str | None) -> list[str]:
+    """The files of a multi-valued ssh_config option (quoted like OpenSSH); none for
+    "none". paramiko drops the quotes around a value that is one quoted path, so a value
+    naming an existing file is that one file."""
+    if value and Path(value).expanduser().is_file():
+        return [value]
+    files = shlex.split(value or "")
+    return [] if [f.lower() for f in files] == ["none"] else files
 
 
 def _env_lines(env: dict[str, str]) -> str:
@@ -71,6 +91,7 @@ class SSHNode(Node):
         self.ssh = node_cfg.ssh
         self._conn: paramiko.SSHClient | None = None  # this node's one connection
         self._conn_lock = threading.Lock()  # commands may run from several threads
+        self._workdir_checked = False
 
     # ----- connection -----------------------------------------------------------------
     def _resolved(self) -> dict:
@@ -80,13 +101,16 @@ class SSHNode(Node):
         if user_cfg.exists():
             found = paramiko.SSHConfig.from_path(str(user_cfg)).lookup(self.ssh.host)
         keys = [self.ssh.key_file] if self.ssh.key_file else found.get("identityfile", [])
-        known = self.ssh.known_hosts or (found.get("userknownhostsfile") or "").split(" ")[0]
+        user_files = ([self.ssh.known_hosts] if self.ssh.known_hosts
+                      else _files(found.get("userknownhostsfile")) or ["~/.ssh/known_hosts"])
+        global_files = _files(found.get("globalknownhostsfile")) or list(GLOBAL_KNOWN_HOSTS)
         return {
             "hostname": found.get("hostname", self.ssh.host),
             "port": self.ssh.port if self.ssh.port != 22 else int(found.get("port", 22)),
             "username": self.ssh.user or found.get("user") or os.environ.get("USER", "root"),
             "key_filename": [str(Path(k).expanduser()) for k in keys] or None,
-            "known_hosts": Path(known or "~/.ssh/known_hosts").expanduser(),
+            "known_hosts": Path(user_files[0]).expanduser(),  # where new keys are recorded
+            "known_hosts_read": [Path(f).expanduser() for f in user_files + global_files],
         }
 
     def _client(self) -> paramiko.SSHClient:
@@ -110,8 +134,9 @@ class SSHNode(Node):
         r = self._resolved()
         self._check_not_loopback(r["hostname"])
         client = paramiko.SSHClient()
-        if r["known_hosts"].exists():
-            client.load_host_keys(str(r["known_hosts"]))
+        read = [f for f in r["known_hosts_read"] if f.is_file() and os.access(f, os.R_OK)]
+        for f in read:  # in OpenSSH's order: a host's first recorded key of a type counts
+            client.get_host_keys().load(str(f))
         client.set_missing_host_key_policy(
             _AcceptNewPolicy(r["known_hosts"]) if self.ssh.accept_new_host_key
             else paramiko.RejectPolicy())
@@ -128,18 +153,24 @@ class SSHNode(Node):
                 client.close()  # no half-open transport left behind
                 raise
         except paramiko.BadHostKeyException:
+            holding = ([f for f in read if paramiko.HostKeys(str(f)).lookup(entry)]
+                       or [r["known_hosts"]])
+            fixes = " and ".join(f"`ssh-keygen -R {shlex.quote(entry)} -f {shlex.quote(str(f))}`"
+                                 for f in holding)
             raise LabError(
                 f"node {self.name} ({where}): the host key CHANGED since it was recorded in "
-                f"{r['known_hosts']}. If the node was reinstalled, remove the old key with "
-                f"`ssh-keygen -R '{entry}' -f {r['known_hosts']}` and connect once with "
-                "`ssh` to check and record the new one; otherwise treat it as an attack."
+                f"{', '.join(map(str, holding))}. If the node was reinstalled, remove the old "
+                f"key with {fixes} and connect once with `ssh` to check and record the new "
+                "one; otherwise treat it as an attack."
             ) from None
         except paramiko.SSHException as e:
             if "not found in known_hosts" in str(e):
+                login = shlex.quote(f"{r['username']}@{r['hostname']}")
                 raise LabError(
-                    f"node {self.name} ({where}): host key unknown (not in {r['known_hosts']}). "
-                    f"Run `ssh -p {r['port']} {r['username']}@{r['hostname']}` once and check "
-                    "the fingerprint, or set ssh.accept_new_host_key: true in the config."
+                    f"node {self.name} ({where}): host key unknown (not in "
+                    f"{', '.join(map(str, r['known_hosts_read']))}). Run "
+                    f"`ssh -p {r['port']} {login}` once and check the fingerprint, or set "
+                    "ssh.accept_new_host_key: true in the config."
                 ) from None
             raise LabError(f"node {self.name} ({where}): SSH failed: {e}") from None
         except (TimeoutError, OSError) as e:
@@ -194,7 +225,30 @@ class SSHNode(Node):
     def _sftp(self) -> paramiko.SFTPClient:
         return self._client().open_sftp()
 
+    def run_sent(self, module, *args: str) -> str:
+        """Run an `on_node` module's entry point on the node, its source sent over stdin
+        (nothing needs to be deployed); its answer (stdout)."""
+        r = self.run([self.python, "-", *args], input=inspect.getsource(module), timeout=60)
+        if not r.ok:
+            raise LabError(f"node {self.name}: {args[0]} failed: {r.stderr.strip()[-500:]}")
+        return r.stdout.strip()
+
+    def check_workdir(self) -> None:
+        """Refuse a workdir that is not a directory of the lab's own (see
+        `lab_utils.on_node.dirs`), before anything is written on the node."""
+        if self._workdir_checked:
+            return
+        found = json.loads(self.run_sent(dirs, "workdir", self.cfg.workdir))
+        if found["problem"]:
+            raise LabError(
+                f"nodes.{self.name}.workdir: {self.cfg.workdir!r} is refused: "
+                f"{found['problem']}, and the lab writes its code (lab_utils/) and logs "
+                "(logs/) into the workdir. Set it to a directory of the lab's own, e.g. "
+                f"{json.dumps(found['home'].rstrip('/') + '/spark-disagg-lab')}.")
+        self._workdir_checked = True
+
     def put_file(self, local, remote) -> None:
+        self.check_workdir()
         r = self.run(["mkdir", "-p", str(Path(remote).parent)])
         if not r.ok:
             raise LabError(f"node {self.name}: cannot create {Path(remote).parent}: {r.stderr.strip()}")
@@ -203,13 +257,10 @@ class SSHNode(Node):
             sftp.chmod(str(remote), os.stat(local).st_mode & 0o777)
 
     def _proctools(self, *args: str) -> str:
-        source = inspect.getsource(proctools)
-        r = self.run([self.python, "-", *args], input=source, timeout=60)
-        if not r.ok:
-            raise LabError(f"node {self.name}: process check failed: {r.stderr.strip()[-500:]}")
-        return r.stdout.strip()
+        return self.run_sent(proctools, *args)
 
     def _spawn(self, argv, env, log_path, cwd):
+        self.check_workdir()
         command = ("sh -c " + shlex.quote(_ENV_THEN_DETACH) + " sh "
                    + shlex.join([cwd or self.cfg.workdir or "", log_path, *argv]))
         r = self._exec(command, _env_lines(env), 30)

@@ -2,8 +2,9 @@
 
 One JSON file per profile (`results/<profile>/state.json`) lists each process with its
 node, PID, process group, start time (to tell a recycled PID from ours), log path and
-what it serves. Updates take an exclusive lock and replace the file atomically, so two
-commands running at once never lose each other's records.
+what it serves; it is readable by its owner only (0600), as are the logs. Updates take
+an exclusive lock and replace the file atomically, so two commands running at once never
+lose each other's records.
 """
 
 from __future__ import annotations
@@ -63,7 +64,8 @@ class StateFile:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
     def _write(self, records: list[ProcessRecord]) -> None:
-        atomic_write_text(self.path, json.dumps({"processes": [asdict(r) for r in records]}, indent=2))
+        atomic_write_text(self.path, json.dumps({"processes": [asdict(r) for r in records]},
+                                                indent=2), private=True)
 
     def add(self, record: ProcessRecord) -> None:
         with self._locked():

@@ -5,7 +5,9 @@ wrong KV transfer shows up as different tokens) yet loads in seconds. This build
 byte-level BPE tokenizer trained with `tokenizers` on a seeded synthetic corpus, and a
 4-layer Llama with seeded random weights saved as bf16 safetensors, plus the config,
 generation config and a chat template. The same seed gives the same bytes; generation is
-skipped when the directory already holds a model made with the same recipe.
+skipped when the directory already holds a model made with the same recipe. The recipe
+file marks the directory as the lab's: a directory without it that is not empty is
+someone else's and is never replaced.
 """
 
 from __future__ import annotations
@@ -14,9 +16,11 @@ import fcntl
 import hashlib
 import json
 import random
-import shutil
 import tempfile
 from pathlib import Path
+
+from lab_utils.errors import LabError
+from lab_utils.on_node import dirs
 
 RECIPE_VERSION = 1
 VOCAB_SIZE = 512
@@ -133,16 +137,23 @@ def generate(out_dir: str | Path, seed: int = 0, force: bool = False) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not force and is_current(out_dir, seed):
             return out_dir
+        if dirs.owner(str(out_dir), MARKER) == "other":
+            raise LabError(_not_ours(out_dir))
         with tempfile.TemporaryDirectory(dir=out_dir.parent, prefix=".tiny-") as tmp:
             build = Path(tmp) / "model"
             build.mkdir()
             ids = _build_tokenizer(seed, build)
             _build_weights(seed, build, ids)
             (build / MARKER).write_text(json.dumps(_recipe(seed)))
-            if out_dir.exists():
-                shutil.rmtree(out_dir)
-            build.rename(out_dir)
+            if dirs.replace(str(build), str(out_dir), MARKER) == "other":
+                raise LabError(_not_ours(out_dir))
     return out_dir
+
+
+def _not_ours(out_dir: Path) -> str:
+    return (f"{out_dir} exists and is not a tiny model the lab generated (it is not empty "
+            f"and has no {MARKER}); the lab replaces only what it made. Choose another "
+            "directory (model.path in the config), or remove that one yourself if it is yours.")
 
 
 def fingerprint(model_dir: str | Path) -> str:

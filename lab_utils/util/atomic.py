@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import stat
-import tempfile
 import time
 from contextlib import suppress
 from pathlib import Path
@@ -23,25 +23,27 @@ STALE_TEMP_AGE_S = 300.0
 _TEMP_NAME = re.compile(r"^\..+\.(\d+)\.[a-z0-9_]+\.tmp$")
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+def atomic_write_text(path: str | os.PathLike, text: str, *, private: bool = False) -> None:
     """Write `text` (UTF-8) to `path` atomically (see `atomic_write_bytes`)."""
-    atomic_write_bytes(path, text.encode("utf-8"))
+    atomic_write_bytes(path, text.encode("utf-8"), private=private)
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+def atomic_write_bytes(path: str | os.PathLike, data: bytes, *, private: bool = False) -> None:
     """Write `data` to `path` so readers see the old file or the new one, never a part:
     temp file in the same directory, flush + fsync, os.replace, fsync of the directory.
-    Afterwards, stale temp files of killed writers in that directory are removed."""
+    A new file gets the mode the umask allows, an existing one keeps its mode; a `private`
+    file is always 0600 (readable by its owner only). Afterwards, stale temp files of
+    killed writers in that directory are removed."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    mode = path.stat().st_mode & 0o777 if path.exists() else 0o644
-    prefix = f".{path.name}.{os.getpid()}."
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=prefix, suffix=".tmp")
+    mode = 0o600 if private else path.stat().st_mode & 0o777 if path.exists() else None
+    fd, tmp = _create_temp(path, 0o600 if private else 0o666)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
-            os.fchmod(f.fileno(), mode)
+            if mode is not None:
+                os.fchmod(f.fileno(), mode)
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
@@ -53,6 +55,17 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     os.close(dir_fd)
     with suppress(OSError):  # housekeeping only: never fail a write that succeeded
         remove_stale_temps(path.parent)
+
+
+def _create_temp(path: Path, mode: int) -> tuple[int, str]:
+    """A new temp file `.<name>.<pid>.<random>.tmp` beside `path`, created with `mode`
+    less the umask (as `open` does; `tempfile.mkstemp` would always make it 0600)."""
+    while True:
+        tmp = str(path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(6)}.tmp")
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode), tmp
+        except FileExistsError:
+            continue
 
 
 def _pid_alive(pid: int) -> bool:

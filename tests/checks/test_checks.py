@@ -149,6 +149,30 @@ def test_changed_host_key_says_what_was_seen_and_the_fix_once(spark_cfg):
                               "`ssh-keygen -R '192.168.1.12' -f ~/.ssh/known_hosts`")
 
 
+def test_token_file_fixes_quote_the_path(tmp_path):
+    from lab_utils.checks import software
+    from lab_utils.checks.frame import Context
+    from lab_utils.cluster import Cluster
+    from lab_utils.config import read_secret_file
+    from lab_utils.errors import LabError
+
+    token = tmp_path / "my tokens" / "hf token"
+    token.parent.mkdir()
+    token.write_text("hf_x\n")
+    token.chmod(0o644)
+    data = profile_data()
+    data["model"].update(source="hub", name="org/model", path=None)
+    data["hf_token_file"] = str(token)
+    cfg = parse_config(data)
+    quoted = f"chmod 600 '{token}'"
+    assert quoted in software.check_hf_token(Context(Cluster(cfg)))[0].fix
+    with pytest.raises(LabError) as e:
+        read_secret_file(cfg, cfg.hf_token_file, "HF token")
+    assert quoted in str(e.value)
+    token.unlink()
+    assert quoted in software.check_hf_token(Context(Cluster(cfg)))[0].fix
+
+
 def test_replayed_commands_are_the_recorded_ones(spark_cfg):
     from lab_utils.cluster import Cluster
 

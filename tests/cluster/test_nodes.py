@@ -89,6 +89,22 @@ def test_detached_process_group_stopped_with_children(node, cluster, tmp_path):
     assert node.stop(rec, grace_s=1.0) is False  # already gone: nothing to do
 
 
+def test_state_and_logs_are_the_owners_only(node, cluster, tmp_path, umask):
+    """They hold PIDs and command lines: 0600 whatever the umask, also when they existed."""
+    umask(0o022)
+    old_log = tmp_path / "old.log"
+    old_log.write_text("earlier run\n")
+    old_log.chmod(0o644)
+    for name, log in (("new", tmp_path / "logs" / "new.log"), ("old", old_log)):
+        rec = node.start_detached(name, [sys.executable, "-c", "print('up', flush=True)"],
+                                  log_path=str(log))
+        assert wait_for(lambda rec=rec: "up" in node.log_tail(rec))
+        assert log.stat().st_mode & 0o777 == 0o600, log
+        node.forget(rec)
+    assert "earlier run" in old_log.read_text()
+    assert cluster.state.path.stat().st_mode & 0o777 == 0o600
+
+
 def test_private_tmp_is_the_process_tempdir_and_goes_when_it_stops(node, cluster, tmp_path,
                                                                    monkeypatch):
     monkeypatch.setenv("TMPDIR", str(tmp_path))  # mktemp -t: the node's TMPDIR, else /tmp

@@ -9,6 +9,7 @@ import contextlib
 import hashlib
 import json
 import os
+import shlex
 import subprocess
 import sys
 import threading
@@ -18,7 +19,7 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from lab_utils.cluster import Cluster
+from lab_utils.cluster import Cluster, provision, ssh, tiny_model
 from lab_utils.cluster.ssh import SSHNode
 from lab_utils.errors import LabError
 from lab_utils.on_node import proctools
@@ -41,6 +42,12 @@ def sshds(tmp_path_factory):
     assert open_transports() == [], "an SSH connection was left open"
     for s in servers.values():
         s.stop()
+
+
+@pytest.fixture(autouse=True)
+def no_system_known_hosts(monkeypatch, tmp_path):
+    """This machine's /etc/ssh/ssh_known_hosts plays no part; a test names its own."""
+    monkeypatch.setattr(ssh, "GLOBAL_KNOWN_HOSTS", (str(tmp_path / "no-global-known-hosts"),))
 
 
 def open_transports(wait_s: float = 5.0) -> list:
@@ -185,6 +192,7 @@ def test_detached_start_and_stop_leave_nothing(node):
                               env={"HF_TOKEN": CANARY})
     try:
         assert rec.pgid == rec.pid and node.state.get("family") == rec
+        assert Path(log).stat().st_mode & 0o777 == 0o600  # it holds command lines
         t_end = time.monotonic() + 15
         while "token set" not in node.log_tail(rec) and time.monotonic() < t_end:
             time.sleep(0.1)
@@ -228,14 +236,58 @@ def test_changed_host_key_refused_with_fix(sshds, tmp_path):
     servers, _ = sshds
     other = LoopbackSSHD(tmp_path / "other", address="127.0.0.2")  # keys only, never started
     s = servers["spark-01"]
-    wrong = tmp_path / "known_hosts"
-    wrong.write_text(f"[{s.host}]:{s.port} {other.host_public_key_line()}\n")
+    wrong = tmp_path / "known hosts"  # the fix quotes it
+    entry = f"[{s.host}]:{s.port}"
+    wrong.write_text(f"{entry} {other.host_public_key_line()}\n")
     for accept_new in (False, True):  # opting in to new keys never accepts a changed one
         cfg = write_profile(tmp_path, ssh_profile(tmp_path, servers, wrong,
                                                   accept_new_host_key=accept_new))
         with pytest.raises(LabError, match="CHANGED") as e, Cluster(cfg) as cluster:
             cluster.node("spark-01").run(["true"])
-        assert "ssh-keygen -R" in str(e.value)
+        fix = f"`ssh-keygen -R {shlex.quote(entry)} -f {shlex.quote(str(wrong))}`"
+        assert fix in str(e.value)
+
+
+def test_host_key_known_system_wide_is_accepted(sshds, tmp_path, monkeypatch):
+    servers, known = sshds
+    s = servers["spark-01"]
+    user_file = tmp_path / "known_hosts"
+    user_file.write_text("")
+    cfg = write_profile(tmp_path, ssh_profile(tmp_path, servers, user_file))
+    monkeypatch.setattr(ssh, "GLOBAL_KNOWN_HOSTS", (str(known),))  # /etc/ssh/ssh_known_hosts
+    with Cluster(cfg) as cluster:
+        assert cluster.node("spark-01").run(["echo", "global"]).stdout.strip() == "global"
+    # or the GlobalKnownHostsFile that ~/.ssh/config names
+    monkeypatch.setattr(ssh, "GLOBAL_KNOWN_HOSTS", (str(tmp_path / "absent"),))
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "config").write_text(f"Host {s.host}\n    GlobalKnownHostsFile {known}\n")
+    monkeypatch.setenv("HOME", str(home))
+    with Cluster(cfg) as cluster:
+        assert cluster.node("spark-01").run(["echo", "config"]).stdout.strip() == "config"
+    assert user_file.read_text() == ""  # nothing needed recording
+
+
+def test_every_user_known_hosts_file_is_read(sshds, tmp_path, monkeypatch):
+    servers, known = sshds
+    s = servers["spark-02"]
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.write_text("")
+    second.write_text("")
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "config").write_text(s.ssh_config_block("spark-two", [first, known])
+                                          + s.ssh_config_block("spark-new", [first, second]))
+    monkeypatch.setenv("HOME", str(home))
+    data = ssh_profile(tmp_path, servers, known)
+    data["nodes"]["spark-02"]["ssh"] = {"host": "spark-two"}  # its key is in the second file
+    with Cluster(write_profile(tmp_path, data)) as cluster:
+        assert cluster.node("spark-02").run(["echo", "second"]).stdout.strip() == "second"
+    data["nodes"]["spark-02"]["ssh"] = {"host": "spark-new", "accept_new_host_key": True}
+    with Cluster(write_profile(tmp_path, data)) as cluster:
+        assert cluster.node("spark-02").run(["echo", "new"]).stdout.strip() == "new"
+    assert s.host_public_key_line() in first.read_text()  # a new key goes to the user's file
+    assert second.read_text() == ""
 
 
 def test_user_ssh_config_is_honoured(sshds, tmp_path, monkeypatch):
@@ -250,6 +302,86 @@ def test_user_ssh_config_is_honoured(sshds, tmp_path, monkeypatch):
     cfg = write_profile(tmp_path, data)
     with Cluster(cfg) as cluster:
         assert cluster.node("spark-02").run(["echo", "via alias"]).stdout.strip() == "via alias"
+
+
+def fake_model(root: Path, weights: bytes) -> Path:
+    """A directory shaped like a model: config.json, weights, the tiny model's marker."""
+    root.mkdir(parents=True)
+    (root / "config.json").write_text("{}")
+    (root / "model.safetensors").write_bytes(weights)
+    (root / tiny_model.MARKER).write_text("{}")
+    return root
+
+
+def test_model_copy_replaces_only_the_labs_own_directory(sshds, tmp_path, monkeypatch):
+    servers, known = sshds
+    local = fake_model(tmp_path / "generated", b"lab weights")
+    monkeypatch.setattr(tiny_model, "generate", lambda *a, **k: local)  # built on this host
+    theirs = tmp_path / "node" / "their-model"
+    theirs.mkdir(parents=True)
+    (theirs / "config.json").write_text('{"theirs": true}')
+    (theirs / "model.safetensors").write_bytes(b"their weights")
+    data = ssh_profile(tmp_path, servers, known)
+    data["model"]["node_path"] = str(theirs)
+    with Cluster(write_profile(tmp_path, data)) as cluster, pytest.raises(LabError) as e:
+        provision.ensure_model_on(cluster, "spark-01")
+    assert str(theirs) in str(e.value) and "model.node_path" in str(e.value)
+    assert "remove that directory yourself" in str(e.value)
+    assert (theirs / "model.safetensors").read_bytes() == b"their weights"
+    assert sorted(p.name for p in theirs.parent.iterdir()) == ["their-model"]
+
+    ours = tmp_path / "node" / "tiny"
+    data["model"]["node_path"] = str(ours)
+    cfg = write_profile(tmp_path, data)
+    with Cluster(cfg) as cluster:
+        want = provision.ensure_model_on(cluster, "spark-01")
+        assert want == tiny_model.fingerprint(ours)
+        (ours / "stale.bin").write_text("left by an older copy")  # still the lab's: marked
+        assert provision.ensure_model_on(cluster, "spark-01") == want
+        assert not (ours / "stale.bin").exists()
+        staging = Path(f"{ours}.partial")  # someone's, where the copy would be staged
+        staging.mkdir()
+        (staging / "notes.txt").write_text("mine")
+        (ours / "stale.bin").write_text("again")
+        with pytest.raises(LabError, match=str(staging)):
+            provision.ensure_model_on(cluster, "spark-01")
+    assert (staging / "notes.txt").read_text() == "mine" and (ours / "stale.bin").exists()
+
+
+def test_workdir_that_is_the_home_directory_is_refused(tmp_path):
+    home = tmp_path / "home"
+    (home / "spark-disagg-lab" / ".venv").mkdir(parents=True)  # the README's layout
+    (home / ".bashrc").write_text("# the user's\n")
+    before = sorted(str(p.relative_to(home)) for p in home.rglob("*"))
+    with LoopbackSSHD(tmp_path / "sshd", address="127.0.0.4", home=home) as server:
+        known = server.write_known_hosts(tmp_path / "known_hosts")
+        data = ssh_profile(tmp_path, {"spark-01": server}, known)
+        for workdir in (str(home), f"{home}/"):
+            data["nodes"]["spark-01"]["workdir"] = workdir
+            cfg = write_profile(tmp_path, data)
+            with pytest.raises(LabError) as e:
+                provision.deploy(cfg, ["spark-01"])
+            msg = str(e.value)
+            assert f"nodes.spark-01.workdir: {workdir!r}" in msg and "home directory" in msg
+            assert f'"{home}/spark-disagg-lab"' in msg  # the fix
+            with Cluster(cfg) as cluster, pytest.raises(LabError, match="workdir"):
+                cluster.node("spark-01").start_detached(
+                    "x", ["true"], log_path=f"{workdir}/logs/x.log")
+            assert cluster.state.records() == []
+        assert sorted(str(p.relative_to(home)) for p in home.rglob("*")) == before
+
+        project = home / "project"  # a lab_utils/ the lab did not deploy is not replaced
+        (project / "lab_utils").mkdir(parents=True)
+        (project / "lab_utils" / "mine.py").write_text("x = 1\n")
+        data["nodes"]["spark-01"]["workdir"] = str(project)
+        with pytest.raises(LabError, match="no .deployed"):
+            provision.deploy(write_profile(tmp_path, data), ["spark-01"])
+        assert os.listdir(project / "lab_utils") == ["mine.py"]
+
+        data["nodes"]["spark-01"]["workdir"] = str(home / "spark-disagg-lab")  # the README's
+        assert "deployed" in provision.deploy(write_profile(tmp_path, data), ["spark-01"])[0]
+        assert sorted(os.listdir(home / "spark-disagg-lab")) == [".venv", "lab_utils"]
+    assert open_transports() == []
 
 
 @pytest.mark.slow

@@ -93,11 +93,13 @@ class LoopbackSSHD:
     """
 
     def __init__(self, workdir: Path, address: str = "127.0.0.1", port: int | None = None,
-                 netns: str | None = None, client_key: Path | None = None):
+                 netns: str | None = None, client_key: Path | None = None,
+                 home: Path | None = None):
         """With `netns`, sshd runs inside that network namespace (made by the caller) and
         may listen on any of its addresses; `port` is then required. `client_key` shares
         one client key pair between servers (a user with one key for the whole cluster);
-        by default each server makes its own."""
+        by default each server makes its own. `home` is the sessions' $HOME (sshd's
+        SetEnv) instead of the user's real one."""
         if netns is None and not ipaddress.ip_address(address).is_loopback:
             raise ValueError(f"LoopbackSSHD listens on loopback addresses only, not {address}")
         if netns is not None and port is None:
@@ -106,6 +108,7 @@ class LoopbackSSHD:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self._address = address
         self._netns = netns
+        self._home = home
         self._port = port if port is not None else _free_port(address)
         self._user = getpass.getuser()
         self.host_key = self.workdir / "ssh_host_ed25519_key"
@@ -173,10 +176,14 @@ class LoopbackSSHD:
         path.write_text(self.known_hosts_line() + "\n")
         return path
 
-    def ssh_config_block(self, alias: str, known_hosts: Path | None = None) -> str:
+    def ssh_config_block(self, alias: str, known_hosts: Path | list[Path] | None = None) -> str:
         """A `Host alias` block for an ssh_config file pointing at this server. Without
-        `known_hosts`, `workdir/known_hosts` is (re)written with the current host key."""
-        kh = Path(known_hosts) if known_hosts is not None else self.write_known_hosts()
+        `known_hosts`, `workdir/known_hosts` is (re)written with the current host key;
+        a list names several files (all are read)."""
+        if known_hosts is None:
+            known_hosts = self.write_known_hosts()
+        files = known_hosts if isinstance(known_hosts, list) else [known_hosts]
+        kh = " ".join(_quote(str(f)) for f in files)
         return (
             f"Host {alias}\n"
             f"    HostName {self._address}\n"
@@ -184,7 +191,7 @@ class LoopbackSSHD:
             f"    User {self._user}\n"
             f"    IdentityFile {_quote(str(self._client_key))}\n"
             f"    IdentitiesOnly yes\n"
-            f"    UserKnownHostsFile {_quote(str(kh))}\n"
+            f"    UserKnownHostsFile {kh}\n"
             f"    StrictHostKeyChecking yes\n"
         )
 
@@ -217,6 +224,8 @@ class LoopbackSSHD:
             "PrintMotd no",
             "# No AcceptEnv line: the client may not pass any environment variable.",
         ]
+        if self._home is not None:
+            lines.append(f"SetEnv {_quote(f'HOME={self._home}')}")
         if sshd_version() >= (9, 8):
             # Refused host keys and probe connections must not get 127.0.0.1 penalised.
             lines.append("PerSourcePenalties no")
