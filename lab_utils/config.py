@@ -27,6 +27,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
 from lab_utils.errors import ConfigError, LabError
+from lab_utils.on_node.dirs import SYSTEM_TREES
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 REPO_ROOT = PACKAGE_DIR.parent  # the checkout, when lab_utils is used from one (editable install)
@@ -78,10 +79,6 @@ _UCX_TLS = re.compile(r"^\^?[A-Za-z0-9_]+(,[A-Za-z0-9_]+)*$")
 _NETDEV_LIST = re.compile(r"^[A-Za-z0-9_.-]+(:[0-9]+)?(,[A-Za-z0-9_.-]+(:[0-9]+)?)*$")
 # vLLM 0.32's --dtype choices (vllm.config.model.ModelDType; a test keeps them equal)
 VLLM_DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
-# Where the lab must never write results (nor create directories): the root and the
-# system's own trees.
-SYSTEM_DIRS = ("/", "/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/proc",
-               "/sbin", "/sys", "/usr", "/var", "/run", "/snap")
 
 
 def _check_path(value: str | None, *, absolute: bool = False) -> str | None:
@@ -103,9 +100,10 @@ def _check_path(value: str | None, *, absolute: bool = False) -> str | None:
 
 
 def is_system_dir(path: str | os.PathLike) -> bool:
-    """Whether `path` is the root or inside one of the system's own trees."""
+    """Whether `path` is the root or inside one of the system's own trees (the list the
+    nodes apply to a workdir)."""
     p = os.path.normpath(str(path))
-    return p == "/" or any(p == d or p.startswith(d + "/") for d in SYSTEM_DIRS if d != "/")
+    return p == "/" or any(p == d or p.startswith(d + "/") for d in SYSTEM_TREES)
 
 
 def _check_env(env: dict[str, str]) -> dict[str, str]:
