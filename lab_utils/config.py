@@ -115,6 +115,9 @@ class VllmConfig(_Strict):
     stop_grace_s: float = Field(15.0, ge=0)
     extra_args: list[str] = []
     extra_env: dict[str, str] = {}
+    # A file (mode 600) holding the instances' API key: their /v1 API answers 401 without
+    # it. Unset: the proxy's key (proxy.api_key_file), when that is set.
+    api_key_file: str | None = None
     baseline: InstanceSettings
     replica: InstanceSettings
     prefill: InstanceSettings
@@ -570,3 +573,18 @@ def read_secret_file(cfg: LabConfig, path: str | None, what: str) -> str | None:
         return p.read_text().strip()
     except FileNotFoundError:
         raise LabError(f"{what} file {p} (named in the config) does not exist") from None
+
+
+def api_key(cfg: LabConfig, service: Literal["proxy", "vllm"]) -> str | None:
+    """The API key of the proxy or of the vLLM instances (None: none is set). The
+    instances have `vllm.api_key_file`, else the proxy's `proxy.api_key_file`."""
+    if service == "proxy":
+        field, path = "proxy.api_key_file", cfg.proxy.api_key_file
+    else:
+        field = "vllm.api_key_file" if cfg.vllm.api_key_file else "proxy.api_key_file"
+        path = cfg.vllm.api_key_file or cfg.proxy.api_key_file
+    key = read_secret_file(cfg, path, f"API key ({field})")
+    if key == "":
+        raise LabError(f"{field}: the file {cfg.resolve_path(path)} is empty; write the key "
+                       "into it (one line) or remove the field")
+    return key
