@@ -7,7 +7,8 @@ with the side channel on the node's data-plane address and its own port; the env
 has HF_HUB_OFFLINE=1 (the model is put on the node before start) and, on a CUDA profile,
 CUDA_HOME with its bin on PATH (run-time kernel compilation). Secrets (the HF token, the
 instances' API key as VLLM_API_KEY) reach the process through its environment, never its
-command line. `start_instance` refuses a
+command line. With a key, every route but /health and /metrics wants it
+(`lab_utils.on_node.api_guard`, loaded with --middleware). `start_instance` refuses a
 port already taken (naming the holder) and reuses an instance that is already running;
 each instance gets its own TMPDIR (its ZMQ sockets and rendezvous files), removed when it
 is stopped;
@@ -18,6 +19,7 @@ and on death raises with the log tail and the fix for any known failure in it.
 from __future__ import annotations
 
 import json
+import os
 import posixpath
 import sys
 import time
@@ -27,7 +29,7 @@ import httpx
 from lab_utils.cluster import Cluster, Node
 from lab_utils.cluster.provision import ensure_model_on
 from lab_utils.cluster.state import ProcessRecord
-from lab_utils.config import InstanceSpec, LabConfig, api_key, read_secret_file
+from lab_utils.config import PACKAGE_DIR, InstanceSpec, LabConfig, api_key, read_secret_file
 from lab_utils.errors import ProcessFailedError
 from lab_utils.kv.budget import choose_buffer_device
 from lab_utils.measure.loadgen import auth_headers
@@ -35,6 +37,8 @@ from lab_utils.util.progress import progress_bar
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 KV_ROLES = {"prefill": "kv_producer", "decode": "kv_consumer"}
+# vLLM wants the key only under /v1, /v2, /inference and /cohere; this wants it elsewhere too
+KEY_GUARD = "lab_utils.on_node.api_guard.RequireKey"
 BASE_PATH = ["/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"]
 
 
@@ -86,6 +90,8 @@ def server_command(cluster: Cluster, spec: InstanceSpec, *,
     kv = kv_transfer_config(cfg, spec, kv_buffer_device=kv_buffer_device)
     if kv:
         argv += ["--kv-transfer-config", json.dumps(kv, separators=(",", ":"))]
+    if api_key(cfg, "vllm"):  # the key on every route but /health and /metrics
+        argv += ["--middleware", KEY_GUARD]
     return argv + list(cfg.vllm.extra_args) + list(s.extra_args)
 
 
@@ -128,6 +134,10 @@ def server_env(cfg: LabConfig, spec: InstanceSpec) -> dict[str, str]:
     key = api_key(cfg, "vllm")
     if key:
         env["VLLM_API_KEY"] = key
+        # KEY_GUARD is imported from the lab's code: the deployed copy on an SSH node
+        lab = node.workdir if node.connection == "ssh" else str(PACKAGE_DIR.parent)
+        env["PYTHONPATH"] = ":".join(p for p in (lab, env.get("PYTHONPATH") or (
+            os.environ.get("PYTHONPATH", "") if node.connection == "local" else "")) if p)
     return env
 
 

@@ -85,8 +85,9 @@ def test_proof_of_transfer(rehearsal, engine_cfg):
 
 
 def test_an_instance_with_a_key_refuses_v1_without_it(rehearsal, engine_cfg):
-    """The rehearsal's instances got vllm.api_key_file's key through VLLM_API_KEY: /v1
-    answers 401 without it and serves with it; /health and /metrics stay open."""
+    """The rehearsal's instances got vllm.api_key_file's key through VLLM_API_KEY: /v1,
+    and with the lab's guard /invocations (vLLM's SageMaker route, which runs completions)
+    and /tokenize, answer 401 without it and serve with it; /health and /metrics stay open."""
     url = rehearsal.up()["baseline"]
     key = api_key(engine_cfg, "vllm")
     rec = next(r for r in rehearsal.records() if r.extra["role"] == "baseline")
@@ -96,6 +97,10 @@ def test_an_instance_with_a_key_refuses_v1_without_it(rehearsal, engine_cfg):
     with httpx.Client(timeout=60) as c:
         assert c.get(f"{url}/v1/models").status_code == 401
         assert c.post(f"{url}/v1/completions", json=body).status_code == 401
+        assert c.post(f"{url}/invocations", json=body).status_code == 401
+        assert c.post(f"{url}/tokenize", json={"model": engine_cfg.model.name,
+                                               "prompt": "hi"}).status_code == 401
+        assert c.post(f"{url}/invocations", json=body, headers=auth_headers(key)).status_code == 200
         wrong = {"Authorization": "Bearer sk-wrong"}
         assert c.post(f"{url}/v1/completions", json=body, headers=wrong).status_code == 401
         assert c.get(f"{url}/v1/models", headers=auth_headers(key)).status_code == 200

@@ -166,6 +166,43 @@ def test_the_instances_get_the_api_key_by_environment_only(tmp_path):
         launcher.server_env(keyed_profile(tmp_path, vllm=""), s)
 
 
+def test_a_keyed_instance_wants_the_key_on_every_route_but_health_and_metrics(tmp_path, monkeypatch):
+    """vLLM checks the key under /v1 only; its /invocations runs completions (with
+    kv_transfer_params) for anyone, so the launcher loads the lab's guard with the key."""
+    import httpx
+    from fastapi import FastAPI
+
+    from lab_utils.on_node.api_guard import RequireKey
+
+    from support.fakes import ServerThread
+
+    cfg = keyed_profile(tmp_path, vllm="sk-canary-vllm")
+    s = spec(cfg, "disaggregated", "decode")
+    argv = launcher.server_command(Cluster(cfg), s)
+    assert argv[argv.index("--middleware") + 1] == launcher.KEY_GUARD
+    assert "--middleware" not in launcher.server_command(Cluster(keyed_profile(tmp_path)), s)
+    env = launcher.server_env(cfg, s)
+    assert env["PYTHONPATH"].split(":")[0] == str(launcher.PACKAGE_DIR.parent)
+
+    app = FastAPI()
+    for path in ("/invocations", "/tokenize", "/v1/completions"):
+        app.post(path)(lambda: {"ok": True})
+    for path in ("/health", "/metrics"):
+        app.get(path)(lambda: {"ok": True})
+    module, name = launcher.KEY_GUARD.rsplit(".", 1)
+    assert name == RequireKey.__name__ and module == RequireKey.__module__
+    monkeypatch.setenv("VLLM_API_KEY", "sk-canary-vllm")
+    app.add_middleware(RequireKey)
+    with ServerThread(app, "127.0.0.5") as server:
+        for path in ("/invocations", "/tokenize", "/v1/completions"):
+            assert httpx.post(f"{server.url}{path}").status_code == 401, path
+            assert httpx.post(f"{server.url}{path}", headers={"Authorization": "Bearer nope"}).status_code == 401
+            assert httpx.post(f"{server.url}{path}",
+                              headers={"Authorization": "Bearer sk-canary-vllm"}).status_code == 200
+        for path in ("/health", "/metrics"):
+            assert httpx.get(f"{server.url}{path}").status_code == 200, path
+
+
 def test_the_proxy_gets_the_keys_by_environment_only(tmp_path, monkeypatch):
     """start_proxy hands both keys to the proxy process in its environment (over SSH: on
     stdin), where the proxy prefers them to the key files, which a remote controller lacks."""

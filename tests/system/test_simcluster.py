@@ -105,10 +105,14 @@ def test_without_the_key_the_lan_gets_401_from_the_proxy_and_every_instance(sim_
         assert serve.returncode == 0, (serve.stdout + serve.stderr)[-3000:]
         from lab_utils.cluster import Cluster
 
-        urls = [r.url for r in Cluster(cfg).running()]
-        assert len(urls) == 3 and any(r.kind == "proxy" for r in Cluster(cfg).running())
+        records = Cluster(cfg).running()
+        urls = [r.url for r in records]
+        instances = [r.url for r in records if r.kind == "vllm"]
+        assert len(instances) == 2 and len(urls) == 3, urls
         asks = [(m, f"{u}{path}", False) for u in urls
                 for m, path in (("GET", "/v1/models"), ("POST", "/v1/completions"))]
+        # vLLM's own SageMaker route, guarded by the lab's middleware
+        asks += [("POST", f"{u}/invocations", False) for u in instances]
         assert ask_from("controller", asks) == [401] * len(asks), urls
         opened = [("GET", f"{u}/health", False) for u in urls] + \
                  [("POST", f"{u}/v1/completions", True) for u in urls]
