@@ -11,7 +11,9 @@ closes it when done. Errors the user can fix are printed as one message, without
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from pathlib import Path
 
 from lab_utils.config import TOPOLOGIES, load_config
 from lab_utils.errors import LabError
@@ -53,6 +55,7 @@ def _floats(text: str | None) -> list[float] | None:
 
 
 def _cmd_bench(args) -> int:
+    from lab_utils.config import read_secret_file
     from lab_utils.measure import sweep, workload
     from lab_utils.results import write_envelope
 
@@ -68,11 +71,13 @@ def _cmd_bench(args) -> int:
         overrides["concurrency"] = []
     w = cfg.workload.model_copy(update=overrides)
     model = args.model or cfg.model.name
+    key = (read_secret_file(cfg, str(Path(args.api_key_file).resolve()), "API key (--api-key-file)")
+           if args.api_key_file else os.environ.get("OPENAI_API_KEY"))
     tok, detok = (workload.local_tokenizer(args.tokenizer) if args.tokenizer
-                  else workload.server_tokenizer(args.url, model))
+                  else workload.server_tokenizer(args.url, model, key))
     result = sweep(args.url, model,
                    lambda n, seed: workload.build_requests(w, n, tok, detok, mixed=args.mixed, seed=seed), w,
-                   mixed=args.mixed)
+                   mixed=args.mixed, api_key=key)
     out = write_envelope(cfg, args.out, "benchmark", "cli", result.model_dump())
     print(f"{'point':<18}{'req/s':>8}{'out tok/s':>11}{'TTFT p50':>10}{'p99':>9}"
           f"{'TPOT p50':>10}{'ITL p99':>9}  valid")
@@ -87,16 +92,19 @@ def _cmd_bench(args) -> int:
 
 def _cmd_status(args) -> int:
     from lab_utils.cluster import Cluster
+    from lab_utils.config import api_key
     from lab_utils.serve import healthy
 
     cfg = load_config(args.config)
+    keys = {"proxy": api_key(cfg, "proxy"), "vllm": api_key(cfg, "vllm")}
     with Cluster(cfg) as cluster:
         recs = cluster.running()
         if not recs:
             print(f"nothing recorded for profile {cfg.profile}")
         for rec in recs:
             alive = cluster.knows(rec.node) and cluster.node(rec.node).is_alive(rec)
-            state = ("healthy" if rec.url and healthy(rec.url) else "alive") if alive else "dead"
+            key = keys["proxy" if rec.kind == "proxy" else "vllm"]
+            state = ("healthy" if rec.url and healthy(rec.url, api_key=key) else "alive") if alive else "dead"
             print(f"{rec.name:<12} {rec.node:<12} {rec.url or '':<28} pid {rec.pid:<8} {state}")
     return 0
 
@@ -222,6 +230,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp = cmd("bench", _cmd_bench, "measure a serving endpoint (streaming completions): sweep "
              "concurrency levels and/or Poisson request rates; defaults from the config's workload")
     sp.add_argument("--url", required=True, help="base URL, e.g. http://127.0.0.4:8000")
+    sp.add_argument("--api-key-file", help="file (mode 600) holding the endpoint's API key, "
+                    "sent as a bearer token (default: $OPENAI_API_KEY, if set)")
     sp.add_argument("--model", help="served model name (default: the config's)")
     sp.add_argument("--out", required=True, help="results JSON to write")
     sp.add_argument("--concurrency", help="comma-separated levels, e.g. 1,4,16")

@@ -262,6 +262,9 @@ class VllmConfig(_Strict):
     stop_grace_s: float = Field(15.0, ge=0)
     extra_args: list[str] = []
     extra_env: dict[str, str] = {}
+    # A file (mode 600) holding the instances' API key: their /v1 API answers 401 without
+    # it. Unset: the proxy's key (proxy.api_key_file), when that is set.
+    api_key_file: str | None = None
     baseline: InstanceSettings
     replica: InstanceSettings
     prefill: InstanceSettings
@@ -807,7 +810,7 @@ def known_secrets(cfg: LabConfig) -> tuple[str, ...]:
 
 
 def _secret_files(cfg: LabConfig) -> list[str]:
-    return [f for f in (cfg.hf_token_file, cfg.proxy.api_key_file) if f]
+    return [f for f in (cfg.hf_token_file, cfg.proxy.api_key_file, cfg.vllm.api_key_file) if f]
 
 
 def hf_token(cfg: LabConfig) -> str | None:
@@ -851,3 +854,14 @@ def read_secret_file(cfg: LabConfig, path: str | None, what: str) -> str | None:
     if problem:
         raise LabError(f"{problem[0]}: {problem[1]}")
     return cfg.resolve_path(path).read_text().strip()
+
+
+def api_key(cfg: LabConfig, service: Literal["proxy", "vllm"]) -> str | None:
+    """The API key of the proxy or of the vLLM instances (None: none is set). The
+    instances have `vllm.api_key_file`, else the proxy's `proxy.api_key_file`."""
+    if service == "proxy":
+        field, path = "proxy.api_key_file", cfg.proxy.api_key_file
+    else:
+        field = "vllm.api_key_file" if cfg.vllm.api_key_file else "proxy.api_key_file"
+        path = cfg.vllm.api_key_file or cfg.proxy.api_key_file
+    return read_secret_file(cfg, path, f"API key ({field})")

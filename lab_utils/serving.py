@@ -20,12 +20,12 @@ from pathlib import Path
 
 from lab_utils.cluster import Cluster
 from lab_utils.cluster.state import ProcessRecord
-from lab_utils.config import LabConfig
+from lab_utils.config import LabConfig, api_key
 from lab_utils.errors import LabError
 from lab_utils.kv.budget import choose_buffer_device, model_hf_config
 from lab_utils.kv.shapes import kv_shape
 from lab_utils.measure.benchmark import BenchmarkResult, sweep
-from lab_utils.measure.loadgen import RequestRecord, RequestSpec, run_point, run_sync
+from lab_utils.measure.loadgen import RequestRecord, RequestSpec, auth_headers, run_point, run_sync
 from lab_utils.measure.prompts import exact_prompt
 from lab_utils.measure.workload import build_requests, server_tokenizer
 from lab_utils.payloads import (
@@ -124,7 +124,7 @@ class ServingSession:
 
 def tokenizer_of(served: Served, cfg: LabConfig):
     """Tokenize with the serving instance itself (no local copy of the model needed)."""
-    return server_tokenizer(served.instance_urls()[0], cfg.model.name)
+    return server_tokenizer(served.instance_urls()[0], cfg.model.name, api_key(cfg, "vllm"))
 
 
 def single_request(cfg: LabConfig, served: Served) -> RequestRecord:
@@ -133,7 +133,8 @@ def single_request(cfg: LabConfig, served: Served) -> RequestRecord:
     w = cfg.workload
     spec = RequestSpec(exact_prompt(tokenize, w.input_len, random.Random(w.seed + 7)), w.output_len)
     records, _ = run_sync(run_point(served.proxy_url, cfg.model.name, [spec], concurrency=1,
-                                       timeout_s=w.request_timeout_s, show_progress=False))
+                                       timeout_s=w.request_timeout_s, show_progress=False,
+                                       api_key=api_key(cfg, "proxy")))
     return records[0]
 
 
@@ -159,7 +160,7 @@ def run_sweep(cfg: LabConfig, served: Served, *, mixed: bool = False) -> Benchma
         w = w.model_copy(update={"concurrency": [max(w.concurrency or [1])], "request_rates": []})
     return sweep(served.proxy_url, cfg.model.name,
                  lambda n, seed: build_requests(w, n, tokenize, detokenize, mixed=mixed, seed=seed),
-                 w, mixed=mixed)
+                 w, mixed=mixed, api_key=api_key(cfg, "proxy"))
 
 
 def sweep_frame(result: BenchmarkResult):
@@ -181,7 +182,8 @@ def reference_outputs(cfg: LabConfig, served: Served) -> Reference:
     seed = random.SystemRandom().randrange(2**31)
     rng = random.Random(seed)
     prompts = [exact_prompt(tokenize, n, rng) for n in REFERENCE_LENGTHS]
-    with httpx.Client(timeout=cfg.workload.request_timeout_s) as client:
+    with httpx.Client(timeout=cfg.workload.request_timeout_s,
+                      headers=auth_headers(api_key(cfg, "proxy"))) as client:
         tokens = [complete(client, served.proxy_url, cfg.model.name, p, REFERENCE_TOKENS)
                   for p in prompts]
     return Reference(seed=seed, max_tokens=REFERENCE_TOKENS, prompts=prompts, tokens=tokens)
@@ -196,7 +198,8 @@ def prove_transfer(cfg: LabConfig, served: Served, reference: Reference) -> list
                            proxy_url=served.proxy_url, decode_urls=served.urls("decode"), kv=kv,
                            max_tokens=reference.max_tokens,
                            timeout=cfg.workload.request_timeout_s,
-                           strict=cfg.vllm.device == "cpu")
+                           strict=cfg.vllm.device == "cpu", api_key=api_key(cfg, "proxy"),
+                           instance_key=api_key(cfg, "vllm"))
 
 
 def roofline(cfg: LabConfig, gpu_name: str | None) -> Roofline:

@@ -20,7 +20,13 @@ import pytest
 from lab_utils.cluster.nodes import PRIVATE_TMP_PREFIX
 from lab_utils.config import LabConfig
 
-from support.profiles import CANARY_HF_TOKEN, make_profile_data, write_profile
+from support.profiles import (
+    CANARY_API_KEY,
+    CANARY_HF_TOKEN,
+    make_profile_data,
+    write_profile,
+    write_secret,
+)
 
 
 def pytest_configure(config):
@@ -56,8 +62,12 @@ def test_cfg(tmp_path) -> LabConfig:
 
 @pytest.fixture(scope="session")
 def engine_cfg(tmp_path_factory) -> LabConfig:
+    """The rehearsal's profile; its instances want an API key (vllm.api_key_file), which
+    the lab's clients and its proxy send them (the proxy itself wants none)."""
     root = tmp_path_factory.mktemp("engine")
-    return write_profile(root, make_profile_data(str(root / "results")))
+    data = make_profile_data(str(root / "results"))
+    data["vllm"]["api_key_file"] = str(write_secret(root / "vllm_api_key", CANARY_API_KEY))
+    return write_profile(root, data)
 
 
 class Rehearsal:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -67,15 +68,17 @@ print(json.dumps({k: result.get(k) for k in keys}))
 """
 
 
-def _vllm_bench(url: str, model: str, tokenizer: str, w: WorkloadConfig, conc: int, seed: int) -> dict:
+def _vllm_bench(url: str, model: str, tokenizer: str, w: WorkloadConfig, conc: int, seed: int,
+                api_key: str | None = None) -> dict:
     argv = ["--backend", "vllm", "--base-url", url, "--model", model, "--tokenizer", tokenizer,
             "--dataset-name", "random", "--random-input-len", str(w.input_len),
             "--random-output-len", str(w.output_len), "--num-prompts", str(w.num_prompts),
             "--max-concurrency", str(conc), "--ignore-eos", "--num-warmups", str(w.warmup),
             "--percentile-metrics", "ttft,tpot,itl,e2el", "--disable-tqdm", "--seed", str(seed),
             "--temperature", "0"]
+    env = {**os.environ, "OPENAI_API_KEY": api_key} if api_key else None  # how vLLM's reads it
     p = subprocess.run([sys.executable, "-c", _VLLM_BENCH, *argv], capture_output=True, text=True,
-                       timeout=1800)
+                       timeout=1800, env=env)
     if p.returncode != 0:
         raise RuntimeError(f"vllm bench serve failed:\n{p.stderr[-2000:]}")
     return json.loads(p.stdout.strip().splitlines()[-1])
@@ -83,17 +86,19 @@ def _vllm_bench(url: str, model: str, tokenizer: str, w: WorkloadConfig, conc: i
 
 def agreement(cfg, repeats: int, conc: int) -> list[tuple[str, str, float, float, float]]:
     from lab_utils.cluster import Cluster
+    from lab_utils.config import api_key
     from lab_utils.measure.workload import build_requests, local_tokenizer
     from lab_utils.serve.topology import serve
 
     w = cfg.workload
+    key = api_key(cfg, "vllm")  # the instance is measured directly
     with Cluster(cfg) as cluster:
         records = serve(cluster, "baseline")
     url = next(r.url for r in records if r.extra.get("role") == "baseline")
     tok, detok = local_tokenizer(cfg.model_path)
     # One untimed pass first: a fresh instance's first batches of a new shape are slow.
     asyncio.run(run_point(url, cfg.model.name, build_requests(w, w.num_prompts, tok, detok, seed=99),
-                          concurrency=conc, show_progress=False))
+                          concurrency=conc, show_progress=False, api_key=key))
     ours, theirs = [], []
     for rep in range(repeats):
         order = ("ours", "vllm") if rep % 2 == 0 else ("vllm", "ours")
@@ -102,10 +107,10 @@ def agreement(cfg, repeats: int, conc: int) -> list[tuple[str, str, float, float
             if who == "ours":
                 specs = build_requests(w, w.warmup + w.num_prompts, tok, detok, seed=seed)
                 records, wall = asyncio.run(run_point(url, cfg.model.name, specs, concurrency=conc,
-                                                      warmup=w.warmup, show_progress=False))
+                                                      warmup=w.warmup, show_progress=False, api_key=key))
                 ours.append(summarize(records, wall, w))
             else:
-                theirs.append(_vllm_bench(url, cfg.model.name, cfg.model_path, w, conc, seed))
+                theirs.append(_vllm_bench(url, cfg.model.name, cfg.model_path, w, conc, seed, key))
             last = (ours if who == "ours" else theirs)[-1]
             print(f"  repeat {rep + 1} {who:<4}: TTFT {last['median_ttft_ms']:.2f} ms, TPOT "
                   f"{last['median_tpot_ms']:.2f} ms, {last['output_throughput']:.0f} tok/s", flush=True)

@@ -123,8 +123,9 @@ def _say(text: str) -> None:
 
 
 def sweep(url: str, model: str, make_requests, w: WorkloadConfig, *, mixed: bool = False,
-          show_progress: bool = True) -> BenchmarkResult:
-    """Run the workload at every configured concurrency and rate, `w.repeats` times.
+          show_progress: bool = True, api_key: str | None = None) -> BenchmarkResult:
+    """Run the workload at every configured concurrency and rate, `w.repeats` times
+    (`api_key`: the endpoint's, sent as a bearer token).
     `make_requests(n, seed)` returns n RequestSpecs; each repeat uses its own seed so
     the prefix cache cannot turn repeats into cache hits."""
     plan = [("concurrency", c) for c in w.concurrency] + [("rate", r) for r in w.request_rates]
@@ -139,7 +140,7 @@ def sweep(url: str, model: str, make_requests, w: WorkloadConfig, *, mixed: bool
                     concurrency=int(value) if mode == "concurrency" else None,
                     rate=value if mode == "rate" else None, burstiness=w.burstiness,
                     duration_s=w.duration_s, timeout_s=w.request_timeout_s,
-                    show_progress=show_progress, desc=f"{label} #{rep + 1}"))
+                    show_progress=show_progress, desc=f"{label} #{rep + 1}", api_key=api_key))
             s = summarize(records, wall, w)
             s.update(mode=mode, value=value, repeat=rep, mixed=mixed,
                      held_up_s=round(watch.held_up_s, 2), stalls=len(watch.stalls))

@@ -60,6 +60,11 @@ class RequestRecord:
         return asdict(self)
 
 
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    """The header that carries an API key (none without one), as vLLM and the proxy read it."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
 def _body(model: str, spec: RequestSpec, chat: bool) -> dict:
     body = {"model": model, "max_tokens": spec.max_tokens, "temperature": 0.0,
             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
@@ -177,9 +182,10 @@ async def run_point(url: str, model: str, requests: list[RequestSpec], *,
                     burstiness: float = 1.0, warmup: int = 0, seed: int = 0,
                     duration_s: float | None = None, chat: bool = False,
                     timeout_s: float = 600.0, show_progress: bool = True,
-                    desc: str = "") -> tuple[list[RequestRecord], float]:
+                    desc: str = "", api_key: str | None = None) -> tuple[list[RequestRecord], float]:
     """Run one load point; return (records, wall seconds of the measured part).
-    With `duration_s`, no request is started after that many seconds."""
+    With `duration_s`, no request is started after that many seconds; `api_key` is sent
+    as a bearer token."""
     if (concurrency is None) == (rate is None):
         raise ValueError("give exactly one of concurrency or rate")
     path = "/v1/chat/completions" if chat else "/v1/completions"
@@ -187,7 +193,7 @@ async def run_point(url: str, model: str, requests: list[RequestSpec], *,
     limit = concurrency or 1024
     timeout = aiohttp.ClientTimeout(total=timeout_s)
     connector = aiohttp.TCPConnector(limit=limit, limit_per_host=limit)
-    async with aiohttp.ClientSession(timeout=timeout, connector=connector,
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector, headers=auth_headers(api_key),
                                      trace_configs=[trace_config()]) as session:
         for spec in requests[:warmup]:  # warm-up: connections, caches; not recorded
             await send_one(session, target, _body(model, spec, chat),

@@ -16,7 +16,7 @@ import httpx
 
 from lab_utils.config import WorkloadConfig
 from lab_utils.errors import LabError
-from lab_utils.measure.loadgen import RequestSpec
+from lab_utils.measure.loadgen import RequestSpec, auth_headers
 from lab_utils.measure.prompts import exact_prompt, load_tokenizer
 
 Tokenize = Callable[[str], list[int]]
@@ -27,9 +27,10 @@ def local_tokenizer(model_dir: str) -> tuple[Tokenize, Callable[[list[int]], str
     return (lambda text: tok.encode(text, add_special_tokens=False).ids), tok.decode
 
 
-def server_tokenizer(url: str, model: str) -> tuple[Tokenize, Callable[[list[int]], str]]:
+def server_tokenizer(url: str, model: str, api_key: str | None = None
+                     ) -> tuple[Tokenize, Callable[[list[int]], str]]:
     """Tokenize with the served model's tokenizer through vLLM's /tokenize endpoint."""
-    client = httpx.Client(base_url=url.rstrip("/"), timeout=60)
+    client = httpx.Client(base_url=url.rstrip("/"), timeout=60, headers=auth_headers(api_key))
 
     def tokenize(text: str) -> list[int]:
         r = client.post("/tokenize", json={"model": model, "prompt": text, "add_special_tokens": False})

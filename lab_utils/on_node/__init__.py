@@ -6,6 +6,8 @@
 - `nixl_agent`: one side of the NIXL transfer probe (`python -m lab_utils.on_node.nixl_agent`),
   started by `lab_utils.kv.probe` on each serving node from the deployed copy of the lab;
   it needs numpy, nixl and torch there.
+- `api_guard`: the ASGI middleware that makes a vLLM instance with a key want it on every
+  route but /health and /metrics (loaded by vLLM from the deployed copy).
 
 `proctools`, `facts` and `dirs` are sent as source over SSH before anything is deployed, so they
 import only the standard library; nothing here imports lab_utils outside this folder

@@ -6,7 +6,7 @@ instance generating the whole answer itself), everything stopped again."""
 from __future__ import annotations
 
 from lab_utils.cluster import Cluster
-from lab_utils.config import LabConfig
+from lab_utils.config import LabConfig, api_key
 from lab_utils.kv.shapes import kv_shape_from_dir
 from lab_utils.measure.prompts import fresh_prompts, load_tokenizer
 from lab_utils.serve.pd import TransferProof, prove_transfer
@@ -43,7 +43,8 @@ def run_demo(cfg: LabConfig, n_prompts: int = 1, max_tokens: int = 16, *,
         # The reference output: the prefill instance generating the whole answer itself.
         proofs = prove_transfer(prompts, model=cfg.model.name, prefill_url=prefill_url,
                                 decode_url=urls(records, "decode")[0], kv=kv, max_tokens=max_tokens,
-                                baseline_url=prefill_url, strict=cfg.vllm.device == "cpu")
+                                baseline_url=prefill_url, strict=cfg.vllm.device == "cpu",
+                                api_key=api_key(cfg, "vllm"))
     layout = (f"{kv.layers} layers x {kv.head_dim} latent x {kv.dtype_bytes} bytes" if kv.mla else
               f"{kv.layers} layers x {kv.kv_heads} KV heads x {kv.head_dim} head dim x 2 (K,V) "
               f"x {kv.dtype_bytes} bytes")

@@ -5,8 +5,10 @@ server module (it works for both the CUDA and the CPU build, whose `vllm` consol
 is broken), the node's LAN address for HTTP, and for prefill/decode the NixlConnector
 with the side channel on the node's data-plane address and its own port; the environment
 has HF_HUB_OFFLINE=1 (the model is put on the node before start) and, on a CUDA profile,
-CUDA_HOME with its bin on PATH (run-time kernel compilation). Secrets reach
-the process through its environment, never its command line. `start_instance` refuses a
+CUDA_HOME with its bin on PATH (run-time kernel compilation). Secrets (the HF token, the
+instances' API key as VLLM_API_KEY) reach the process through its environment, never its
+command line. With a key, every route but /health and /metrics wants it
+(`lab_utils.on_node.api_guard`, loaded with --middleware). `start_instance` refuses a
 port already taken (naming the holder) and reuses an instance that is already running;
 each instance gets its own TMPDIR (its ZMQ sockets and rendezvous files), removed when it
 is stopped;
@@ -17,6 +19,7 @@ and on death raises with the log tail and the fix for any known failure in it.
 from __future__ import annotations
 
 import json
+import os
 import posixpath
 import sys
 import time
@@ -26,13 +29,16 @@ import httpx
 from lab_utils.cluster import Cluster, Node
 from lab_utils.cluster.provision import ensure_model_on
 from lab_utils.cluster.state import ProcessRecord
-from lab_utils.config import InstanceSpec, LabConfig, hf_token
+from lab_utils.config import PACKAGE_DIR, InstanceSpec, LabConfig, api_key, hf_token
 from lab_utils.errors import ProcessFailedError
 from lab_utils.kv.budget import choose_buffer_device
+from lab_utils.measure.loadgen import auth_headers
 from lab_utils.util.progress import progress_bar
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 KV_ROLES = {"prefill": "kv_producer", "decode": "kv_consumer"}
+# vLLM wants the key only under /v1, /v2, /inference and /cohere; this wants it elsewhere too
+KEY_GUARD = "lab_utils.on_node.api_guard.RequireKey"
 BASE_PATH = ["/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"]
 
 
@@ -84,6 +90,8 @@ def server_command(cluster: Cluster, spec: InstanceSpec, *,
     kv = kv_transfer_config(cfg, spec, kv_buffer_device=kv_buffer_device)
     if kv:
         argv += ["--kv-transfer-config", json.dumps(kv, separators=(",", ":"))]
+    if api_key(cfg, "vllm"):  # the key on every route but /health and /metrics
+        argv += ["--middleware", KEY_GUARD]
     return argv + list(cfg.vllm.extra_args) + list(s.extra_args)
 
 
@@ -121,6 +129,15 @@ def server_env(cfg: LabConfig, spec: InstanceSpec) -> dict[str, str]:
     token = hf_token(cfg)
     if token:
         env["HF_TOKEN"] = token
+    # vLLM's API server requires it on /v1 (read from VLLM_API_KEY: never on the command
+    # line, which `ps` shows and the state file records)
+    key = api_key(cfg, "vllm")
+    if key:
+        env["VLLM_API_KEY"] = key
+        # KEY_GUARD is imported from the lab's code: the deployed copy on an SSH node
+        lab = node.workdir if node.connection == "ssh" else str(PACKAGE_DIR.parent)
+        env["PYTHONPATH"] = ":".join(p for p in (lab, env.get("PYTHONPATH") or (
+            os.environ.get("PYTHONPATH", "") if node.connection == "local" else "")) if p)
     return env
 
 
@@ -128,9 +145,10 @@ def _log_path(cfg: LabConfig, spec: InstanceSpec) -> str:
     return f"{cfg.log_dir_on(spec.node)}/{spec.name}.log"
 
 
-def healthy(url: str, timeout: float = 2.0) -> bool:
+def healthy(url: str, timeout: float = 2.0, api_key: str | None = None) -> bool:
     try:
-        return httpx.get(f"{url}/health", timeout=timeout).status_code == 200
+        return httpx.get(f"{url}/health", timeout=timeout,
+                         headers=auth_headers(api_key)).status_code == 200
     except httpx.HTTPError:
         return False
 
@@ -184,12 +202,13 @@ def wait_ready(cluster: Cluster, records: list[ProcessRecord], timeout: float | 
     pending = {r.name: r for r in records}
     ready: dict[str, float] = {}
     nodes = {r.node: cluster.node(r.node) for r in records}
+    keys = {s: api_key(cluster.cfg, s) for s in ("proxy", "vllm")}
     with progress_bar(total=len(records), desc="waiting for vLLM /health", unit="instance",
                       disable=not show_progress) as bar:
         while pending:
             for name, rec in list(pending.items()):
                 node = nodes[rec.node]
-                if healthy(rec.url):
+                if healthy(rec.url, api_key=keys["proxy" if rec.kind == "proxy" else "vllm"]):
                     ready[name] = time.monotonic() - t0
                     del pending[name]
                     bar.update(1)

@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from lab_utils.errors import LabError
 from lab_utils.kv.shapes import KVShape
+from lab_utils.measure.loadgen import auth_headers
 from lab_utils.measure.stalls import Deadline
 from lab_utils.serve.metrics import InstanceCounters, MetricsSnapshot, fetch_metrics, read_counters
 from lab_utils.serve.protocol import decode_request, prefill_request, transfer_params
@@ -176,14 +177,14 @@ def decode_scored(client: httpx.Client, url: str, model: str, prompt_ids: list[i
 
 
 def warm_up(prefill_url: str, decode_url: str, model: str, attempts: int = 3,
-            timeout: float = 120.0) -> int:
+            timeout: float = 120.0, api_key: str | None = None) -> int:
     """One small prefill-then-decode round trip, retried: the first request between two
     instances carries the NIXL handshake, which on a busy machine can time out (vLLM
     waits 5 s for the side channel). Returns the attempts used; raises with the last
-    error when none succeeds."""
+    error when none succeeds. `api_key`: the instances'."""
     ids = list(range(100, 116))
     last = ""
-    with httpx.Client(timeout=timeout) as client:
+    with httpx.Client(timeout=timeout, headers=auth_headers(api_key)) as client:
         for attempt in range(1, attempts + 1):
             try:
                 decode(client, decode_url, model, ids, 2, prefill(client, prefill_url, model, ids))
@@ -316,13 +317,15 @@ def _proof(ids: list[int], d: InstanceCounters, kv: KVShape, block_size: int, pr
 
 def prove_transfer(prompts: list[list[int]], *, model: str, prefill_url: str, decode_url: str,
                    kv: KVShape, max_tokens: int = 16, baseline_url: str | None = None,
-                   timeout: float = 120.0, strict: bool = True) -> list[TransferProof]:
+                   timeout: float = 120.0, strict: bool = True,
+                   api_key: str | None = None) -> list[TransferProof]:
     """Prefill then decode each prompt sequentially, with per-request counter deltas.
     Use fresh prompts: a decode instance that has seen a prompt counts it as a local
     cache hit, not a transfer. `strict`: the output must equal the baseline's exactly
-    (the CPU rehearsal); else `judge_tokens` allows a late near tie."""
+    (the CPU rehearsal); else `judge_tokens` allows a late near tie. `api_key`: the
+    instances'."""
     proofs = []
-    with httpx.Client(timeout=timeout) as client:
+    with httpx.Client(timeout=timeout, headers=auth_headers(api_key)) as client:
         block_size = block_size_of(fetch_metrics(decode_url, client))
         for ids in prompts:
             before = read_counters(fetch_metrics(decode_url, client), require_nixl=False)
@@ -340,20 +343,23 @@ def prove_transfer(prompts: list[list[int]], *, model: str, prefill_url: str, de
 
 def prove_via_proxy(prompts: list[list[int]], baseline_tokens: list[list[int]], *, model: str,
                     proxy_url: str, decode_urls: list[str], kv: KVShape, max_tokens: int,
-                    timeout: float = 120.0, strict: bool = True) -> list[TransferProof]:
+                    timeout: float = 120.0, strict: bool = True, api_key: str | None = None,
+                    instance_key: str | None = None) -> list[TransferProof]:
     """Each prompt through the proxy (prefill then decode), one at a time, with the decode
     instances' per-request counter deltas, compared with notebook 01's greedy tokens
-    (`strict`: exactly, as on the CPU rehearsal; else `judge_tokens` allows a late near tie)."""
+    (`strict`: exactly, as on the CPU rehearsal; else `judge_tokens` allows a late near tie).
+    `api_key` is the proxy's, `instance_key` the instances'."""
     proofs = []
-    with httpx.Client(timeout=timeout) as client:
-        block_size = block_size_of(fetch_metrics(decode_urls[0], client))
+    with httpx.Client(timeout=timeout, headers=auth_headers(api_key)) as client, \
+            httpx.Client(timeout=timeout, headers=auth_headers(instance_key)) as instances:
+        block_size = block_size_of(fetch_metrics(decode_urls[0], instances))
         for ids, base in zip(prompts, baseline_tokens, strict=True):
-            before = [read_counters(fetch_metrics(u, client), require_nixl=False)
+            before = [read_counters(fetch_metrics(u, instances), require_nixl=False)
                       for u in decode_urls]
             t0 = time.perf_counter()
             tokens, logprobs = complete_scored(client, proxy_url, model, ids, max_tokens)
             e2e = (time.perf_counter() - t0) * 1000.0
-            deltas = [_counters_after(client, u, b, deadline_s=3.0 if len(decode_urls) > 1
+            deltas = [_counters_after(instances, u, b, deadline_s=3.0 if len(decode_urls) > 1
                                       else 10.0) - b for u, b in zip(decode_urls, before,
                                                                      strict=True)]
             d = sum(deltas[1:], deltas[0])

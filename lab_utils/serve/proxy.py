@@ -16,6 +16,12 @@ that breaks ends with an error event (never a clean end), and a client that goes
 cancels its upstream requests. A backend connect that hangs is retried on a fresh socket
 within the connect timeout (nothing has been sent yet); the retries are counted in
 `proxy_connect_retries_total`.
+
+With an API key every endpoint but `/health` wants it (compared in constant time), and
+`/health` then says only whether the backends are healthy, not where they are. The body
+is read up to `max_body_bytes` and no further. `kv_transfer_params` are the proxy's to
+set: a client's own are refused (they would tell an instance where to read KV from).
+The instances' key goes with every request to a backend.
 """
 
 from __future__ import annotations
@@ -23,7 +29,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import hmac
 import json
+import os
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -54,7 +62,13 @@ class ProxySettings:
     connect_timeout_s: float = 5.0
     request_timeout_s: float = 300.0
     max_body_bytes: int = 8 * 1024 * 1024
-    api_key: str | None = None
+    api_key: str | None = None  # what clients of the proxy must send
+    backend_api_key: str | None = None  # what the proxy sends to the instances
+
+
+# The keys reach a proxy started by the lab through its environment (over SSH on a remote
+# controller, where the key files named in the config are not); else from those files.
+KEY_ENV = {"proxy": "LAB_PROXY_API_KEY", "vllm": "VLLM_API_KEY"}
 
 
 class Metrics:
@@ -102,16 +116,19 @@ async def _until_disconnect(request: Request, work: asyncio.Future):
 
 def settings_from_config(cfg, mode: str) -> ProxySettings:
     """The proxy's backends and limits for `mode`, from a `LabConfig`."""
-    from lab_utils.config import read_secret_file
+    from lab_utils.config import api_key
     from lab_utils.serve.launcher import instance_url
 
     def urls(topology: str, role: str) -> list[str]:
         return [instance_url(cfg, s) for s in cfg.instances(topology) if s.role == role]
 
+    def key(service: str) -> str | None:
+        return os.environ.get(KEY_ENV[service]) or api_key(cfg, service)
+
     p = cfg.proxy
     common = dict(connect_timeout_s=p.connect_timeout_s, request_timeout_s=p.request_timeout_s,
-                  max_body_bytes=p.max_body_bytes,
-                  api_key=read_secret_file(cfg, p.api_key_file, "proxy API key"))
+                  max_body_bytes=p.max_body_bytes, api_key=key("proxy"),
+                  backend_api_key=key("vllm"))
     if mode == "replicated":
         return ProxySettings(mode=mode, backends=urls("replicated", "replica"),
                              policy=cfg.topology.replicated.policy, **common)
@@ -142,8 +159,11 @@ class Proxy:
             roles = {"replica": settings.backends}
         else:
             roles = {"prefill": settings.prefill, "decode": settings.decode}
+        backend_auth = ({"Authorization": f"Bearer {settings.backend_api_key}"}
+                        if settings.backend_api_key else None)
         self.pools = {role: Pool(role, urls, settings.policy, timeout,
-                                 on_connect_retry=self.metrics.connect_retries.labels(role).inc)
+                                 on_connect_retry=self.metrics.connect_retries.labels(role).inc,
+                                 headers=backend_auth)
                       for role, urls in roles.items()}
         self.front = self.pools.get("replica") or self.pools["decode"]
 
@@ -166,17 +186,33 @@ class Proxy:
             pool.in_flight[url] -= 1
             self.metrics.in_flight.labels(pool.role, url).dec()
 
-    async def read_json(self, request: Request) -> dict:
-        """The request's JSON object, once the API key and the body size are checked."""
-        s = self.settings
-        if s.api_key and request.headers.get("authorization") != f"Bearer {s.api_key}":
+    def authorize(self, request: Request) -> None:
+        """Refuse a request without the API key (when one is set); constant-time compare."""
+        key = self.settings.api_key
+        if not key:
+            return
+        sent = request.headers.get("authorization", "")
+        if not hmac.compare_digest(sent.encode(), f"Bearer {key}".encode()):
             raise ProxyError(401, "unauthorized", "missing or wrong API key (Authorization: Bearer ...)")
+
+    async def read_json(self, request: Request) -> dict:
+        """The request's JSON object, once the API key and the body size are checked. A
+        body is read until it passes `max_body_bytes`, not further (chunked bodies too)."""
+        s = self.settings
+        self.authorize(request)
+        too_large = ProxyError(413, "body_too_large", f"body over {s.max_body_bytes} bytes")
         declared = request.headers.get("content-length")
+        if declared and not declared.isdigit():
+            raise ProxyError(400, "invalid_request", f"Content-Length {declared[:40]!r} is not a number")
         if declared and int(declared) > s.max_body_bytes:
-            raise ProxyError(413, "body_too_large", f"body over {s.max_body_bytes} bytes")
-        raw = await request.body()
-        if len(raw) > s.max_body_bytes:
-            raise ProxyError(413, "body_too_large", f"body over {s.max_body_bytes} bytes")
+            raise too_large
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > s.max_body_bytes:
+                raise too_large
+            chunks.append(chunk)
+        raw = b"".join(chunks)
         try:
             body = json.loads(raw)
         except ValueError as e:
@@ -191,6 +227,10 @@ class Proxy:
         self.metrics.requests.labels(path).inc()
         try:
             body = await self.read_json(request)
+            if "kv_transfer_params" in body:
+                raise ProxyError(400, "kv_transfer_params_refused",
+                                 "kv_transfer_params are set by the proxy, not by clients: remove "
+                                 "the field from the request")
             if self.settings.mode == "disaggregated":
                 body = decode_request(body, await self.prefill(request, path, body))
             return await self.forward(request, path, body, self.front)
@@ -278,7 +318,11 @@ class Proxy:
         except UPSTREAM_ERRORS as e:
             return upstream_error(e, url, self.front.role).response()
 
-    async def models(self) -> Response:
+    async def models(self, request: Request) -> Response:
+        try:
+            self.authorize(request)
+        except ProxyError as e:
+            return e.response()
         return await self.ask_front("GET", "/v1/models")
 
     async def tokenizer(self, request: Request, *, path: str) -> Response:
@@ -299,12 +343,18 @@ class Proxy:
     async def health(self) -> JSONResponse:
         checks = [(p, u) for p in self.pools.values() for u in p.urls]
         states = await asyncio.gather(*(self.backend_health(p, u) for p, u in checks))
-        backends = {f"{p.role} {u}": s for (p, u), s in zip(checks, states, strict=True)}
         ok = all(s == "ok" for s in states)
-        return JSONResponse({"status": "ok" if ok else "degraded", "mode": self.settings.mode,
-                             "backends": backends}, status_code=200 if ok else 503)
+        answer = {"status": "ok" if ok else "degraded"}
+        if not self.settings.api_key:  # open to anyone on the LAN when a key is set: no URLs
+            answer.update(mode=self.settings.mode, backends={
+                f"{p.role} {u}": s for (p, u), s in zip(checks, states, strict=True)})
+        return JSONResponse(answer, status_code=200 if ok else 503)
 
-    async def prometheus(self) -> Response:
+    async def prometheus(self, request: Request) -> Response:
+        try:
+            self.authorize(request)
+        except ProxyError as e:
+            return e.response()
         return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 

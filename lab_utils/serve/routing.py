@@ -49,8 +49,9 @@ class Pool:
     Clients are opened by `open()` inside the server's event loop."""
 
     def __init__(self, role: str, urls: list[str], policy: str, timeout: aiohttp.ClientTimeout,
-                 on_connect_retry=None):
+                 on_connect_retry=None, headers: dict[str, str] | None = None):
         self.role, self.urls, self.policy, self.timeout = role, urls, policy, timeout
+        self.headers = headers or {}  # sent with every request (the instances' API key)
         self.clients: dict[str, aiohttp.ClientSession] = {}
         self.in_flight = dict.fromkeys(urls, 0)
         self._cycle = itertools.cycle(urls)
@@ -60,7 +61,7 @@ class Pool:
         self._on_connect_retry = on_connect_retry or (lambda: None)
 
     def open(self) -> None:
-        self.clients = {u: aiohttp.ClientSession(base_url=u, timeout=self.timeout,
+        self.clients = {u: aiohttp.ClientSession(base_url=u, timeout=self.timeout, headers=self.headers,
                                                  connector=aiohttp.TCPConnector(
                                                      limit=0, keepalive_timeout=BACKEND_KEEPALIVE_S))
                         for u in self.urls}

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from lab_utils.cluster import Cluster, as_cluster
 from lab_utils.cluster.provision import deploy
 from lab_utils.cluster.state import ProcessRecord
-from lab_utils.config import LabConfig
+from lab_utils.config import LabConfig, api_key
 from lab_utils.serve.launcher import start_instance, wait_ready
 from lab_utils.serve.plan import make_plan, merge_plans
 
@@ -78,9 +78,10 @@ def _warm_up_pairs(cfg: LabConfig, records: list[ProcessRecord]) -> None:
     request (and a handshake that fails transiently is retried)."""
     from lab_utils.serve.pd import warm_up
 
+    key = api_key(cfg, "vllm")
     for p in urls(records, "prefill"):
         for d in urls(records, "decode"):
-            warm_up(p, d, cfg.model.name)
+            warm_up(p, d, cfg.model.name, api_key=key)
 
 
 def start_proxy(cluster: Cluster, mode: str) -> tuple[ProcessRecord, bool]:
@@ -95,11 +96,15 @@ def start_proxy(cluster: Cluster, mode: str) -> tuple[ProcessRecord, bool]:
         cluster.stop([existing])
     address = node.cfg.lan_address
     node.ensure_port_free(address, cfg.proxy.port, "the lab proxy")
-    config_path, env, cwd = str(cfg.source), {}, None
+    from lab_utils.serve.proxy import KEY_ENV
+
+    # the API keys by environment (over SSH: on the channel's stdin), never on argv
+    env = {KEY_ENV[s]: key for s in ("proxy", "vllm") if (key := api_key(cfg, s))}
+    config_path, cwd = str(cfg.source), None
     if node.cfg.connection == "ssh":  # run the deployed copy with a copy of this config
         config_path = f"{node.cfg.workdir}/configs/{cfg.profile}.json"
         node.put_file(cfg.source, config_path)
-        env, cwd = {"PYTHONPATH": node.cfg.workdir}, node.cfg.workdir
+        env["PYTHONPATH"], cwd = node.cfg.workdir, node.cfg.workdir
     argv = [node.python, "-m", "lab_utils", "proxy", "--config", config_path, "--mode", mode]
     rec = node.start_detached(PROXY, argv, env=env, cwd=cwd, kind="proxy", port=cfg.proxy.port,
                               log_path=f"{cfg.log_dir_on(cfg.proxy.node)}/proxy.log",

@@ -24,7 +24,7 @@ from lab_utils.cluster.ssh import SSHNode
 from lab_utils.errors import LabError
 from lab_utils.on_node import proctools
 
-from support.profiles import PORT_SHIFT, make_profile_data, write_profile
+from support.profiles import CANARY_API_KEY, PORT_SHIFT, make_profile_data, write_profile
 from support.sshd_server import LoopbackSSHD
 
 CANARY = "hf_canary_ssh_7f3a9c"
@@ -181,15 +181,17 @@ def test_copy_file(node, tmp_path):
 
 
 def test_detached_start_and_stop_leave_nothing(node):
-    digest = hashlib.sha256(CANARY.encode()).hexdigest()  # the program knows only the hash
-    code = ("import hashlib, os, subprocess, sys, time\n"
+    secrets = {"HF_TOKEN": CANARY, "VLLM_API_KEY": CANARY_API_KEY}
+    digest = {k: hashlib.sha256(v.encode()).hexdigest() for k, v in secrets.items()}
+    code = ("import hashlib, os, subprocess, sys, time\n"  # the program knows only the hashes
             "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
-            "token = os.environ.get('HF_TOKEN', '').encode()\n"
-            f"print('token set:', hashlib.sha256(token).hexdigest() == {digest!r}, flush=True)\n"
+            "seen = {k: hashlib.sha256(os.environ.get(k, '').encode()).hexdigest() for k in "
+            f"{sorted(secrets)!r}}}\n"
+            f"print('token set:', seen == {digest!r}, flush=True)\n"
             "time.sleep(600)\n")
     log = f"{node.cfg.workdir}/logs/family.log"
     rec = node.start_detached("family", [sys.executable, "-c", code], log_path=log,
-                              env={"HF_TOKEN": CANARY})
+                              env=secrets)
     try:
         assert rec.pgid == rec.pid and node.state.get("family") == rec
         assert Path(log).stat().st_mode & 0o777 == 0o600  # it holds command lines
@@ -202,9 +204,9 @@ def test_detached_start_and_stop_leave_nothing(node):
             if pid.name.isdigit():
                 with contextlib.suppress(OSError):
                     cmdline = (pid / "cmdline").read_bytes()
-                    assert CANARY.encode() not in cmdline, pid
-        assert CANARY not in Path(log).read_text()
-        assert CANARY not in node.state.path.read_text()
+                    assert not any(v.encode() in cmdline for v in secrets.values()), pid
+        for v in secrets.values():
+            assert v not in Path(log).read_text() and v not in node.state.path.read_text()
     finally:
         assert node.stop(rec, grace_s=2) is True
     assert proctools.group_members(rec.pgid) == []

@@ -197,3 +197,35 @@ def test_workload_prompts_are_exact_seeded_and_mixed():
     assert [len(s.prompt_ids) for s in mixed] == [300, 50, 50, 50, 300, 50, 50, 50, 300]
     with pytest.raises(LabError, match="mixed_long_len"):
         build_requests(WorkloadConfig(), 2, tokenize, mixed=True)
+
+
+def test_the_load_generator_and_the_bench_command_send_the_api_key(test_cfg, tmp_path, monkeypatch):
+    """Through a proxy that wants a key: with it (given, from --api-key-file, from
+    $OPENAI_API_KEY) every request and the tokenizer's get through; without it, 401."""
+    from lab_utils.cli import main
+    from lab_utils.serve.proxy import ProxySettings, create_app
+
+    from support.fakes import FakeBackend, ServerThread
+    from support.profiles import write_secret
+
+    fake = FakeBackend()
+    with ServerThread(fake.app, "127.0.0.5") as backend, \
+            ServerThread(create_app(ProxySettings("replicated", backends=[backend.url],
+                                                  api_key="k3y")), ADDR) as proxy:
+        one = [RequestSpec([1, 2, 3], 2)]
+        ok, _ = asyncio.run(run_point(proxy.url, "fake", one, concurrency=1, api_key="k3y",
+                                      show_progress=False))
+        refused, _ = asyncio.run(run_point(proxy.url, "fake", one, concurrency=1, show_progress=False))
+        assert ok[0].ok, ok[0].error
+        assert refused[0].error.startswith("HTTP 401")
+        bench = ["bench", "--config", str(test_cfg.source), "--url", proxy.url, "--concurrency", "1",
+                 "--num-prompts", "2", "--warmup", "0", "--repeats", "1", "--input-len", "6",
+                 "--output-len", "2"]
+        key = write_secret(tmp_path / "api_key", "k3y")
+        monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+        assert main([*bench, "--api-key-file", str(key), "--out", str(tmp_path / "a.json")]) == 0
+        assert main([*bench, "--out", str(tmp_path / "b.json")]) != 0
+        monkeypatch.setenv("OPENAI_API_KEY", "k3y")
+        assert main([*bench, "--out", str(tmp_path / "c.json")]) == 0
+    assert (tmp_path / "a.json").exists() and (tmp_path / "c.json").exists()
+    assert len(fake.requests) == 1 + 2 + 2  # /tokenize is not a completion: only these

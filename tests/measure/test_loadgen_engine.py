@@ -18,7 +18,8 @@ def test_cli_sweep_on_a_real_instance(rehearsal, engine_cfg, tmp_path):
     urls = rehearsal.up()
     out = tmp_path / "bench.json"
     p = subprocess.run([sys.executable, "-m", "lab_utils", "bench", "--config", str(engine_cfg.source),
-                        "--url", urls["baseline"], "--concurrency", "1,4", "--num-prompts", "8",
+                        "--url", urls["baseline"], "--api-key-file", engine_cfg.vllm.api_key_file,
+                        "--concurrency", "1,4", "--num-prompts", "8",
                         "--input-len", "48", "--output-len", "12", "--warmup", "1", "--repeats", "1",
                         "--out", str(out)], capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout + p.stderr
@@ -38,6 +39,7 @@ def test_cli_sweep_on_a_real_instance(rehearsal, engine_cfg, tmp_path):
 def test_chat_completions_stream_through_the_generator(rehearsal, engine_cfg):
     import asyncio
 
+    from lab_utils.config import api_key
     from lab_utils.measure.benchmark import summarize
     from lab_utils.measure.loadgen import run_point
     from lab_utils.measure.workload import build_requests, local_tokenizer
@@ -48,7 +50,8 @@ def test_chat_completions_stream_through_the_generator(rehearsal, engine_cfg):
     specs = build_requests(w, 4, tok, detok, seed=11)
     assert all(s.prompt_text for s in specs)
     records, wall = asyncio.run(run_point(urls["baseline"], engine_cfg.model.name, specs,
-                                          concurrency=2, chat=True, show_progress=False))
+                                          concurrency=2, chat=True, show_progress=False,
+                                          api_key=api_key(engine_cfg, "vllm")))
     s = summarize(records, wall, w)
     assert s["valid"] and s["completed"] == 4, s["errors"]
     # Exact token counts come from usage. How many chunks carry them is the server's

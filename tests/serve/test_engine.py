@@ -16,7 +16,9 @@ import httpx
 import pytest
 
 from lab_utils.cluster import Cluster
+from lab_utils.config import api_key
 from lab_utils.kv.shapes import kv_shape_from_dir
+from lab_utils.measure.loadgen import auth_headers
 from lab_utils.measure.prompts import fresh_prompts, load_tokenizer
 from lab_utils.on_node import proctools
 from lab_utils.serve.pd import complete, prove_transfer
@@ -54,7 +56,7 @@ def test_proof_of_transfer(rehearsal, engine_cfg):
     prompts, seed = fresh_prompts(tok, LENGTHS)
     proofs = prove_transfer(prompts, model=cfg.model.name, prefill_url=urls["prefill"],
                             decode_url=urls["decode"], baseline_url=urls["baseline"],
-                            kv=kv, max_tokens=MAX_TOKENS)
+                            kv=kv, max_tokens=MAX_TOKENS, api_key=api_key(cfg, "vllm"))
     report = "\n".join(json.dumps({k: v for k, v in p.as_dict().items()
                                    if k not in ("pd_tokens", "baseline_tokens")}) for p in proofs)
     print(f"\nprompt seed {seed}\n{report}")
@@ -77,9 +79,35 @@ def test_proof_of_transfer(rehearsal, engine_cfg):
     assert changed != base
     proof_changed = prove_transfer([changed], model=cfg.model.name, prefill_url=urls["prefill"],
                                    decode_url=urls["decode"], baseline_url=urls["baseline"],
-                                   kv=kv, max_tokens=MAX_TOKENS)[0]
+                                   kv=kv, max_tokens=MAX_TOKENS, api_key=api_key(cfg, "vllm"))[0]
     assert proof_changed.tokens_match and proof_changed.external_kv_transfer == len(changed)
     assert proof_changed.pd_tokens != proofs[3].pd_tokens
+
+
+def test_an_instance_with_a_key_refuses_v1_without_it(rehearsal, engine_cfg):
+    """The rehearsal's instances got vllm.api_key_file's key through VLLM_API_KEY: /v1,
+    and with the lab's guard /invocations (vLLM's SageMaker route, which runs completions)
+    and /tokenize, answer 401 without it and serve with it; /health and /metrics stay open."""
+    url = rehearsal.up()["baseline"]
+    key = api_key(engine_cfg, "vllm")
+    rec = next(r for r in rehearsal.records() if r.extra["role"] == "baseline")
+    assert key not in Path(f"/proc/{rec.pid}/cmdline").read_text()
+    assert key not in json.dumps(rec.argv) and key not in Path(rec.log_path).read_text()
+    body = {"model": engine_cfg.model.name, "prompt": [5, 6, 7], "max_tokens": 2}
+    with httpx.Client(timeout=60) as c:
+        assert c.get(f"{url}/v1/models").status_code == 401
+        assert c.post(f"{url}/v1/completions", json=body).status_code == 401
+        assert c.post(f"{url}/invocations", json=body).status_code == 401
+        assert c.post(f"{url}/tokenize", json={"model": engine_cfg.model.name,
+                                               "prompt": "hi"}).status_code == 401
+        assert c.post(f"{url}/invocations", json=body, headers=auth_headers(key)).status_code == 200
+        wrong = {"Authorization": "Bearer sk-wrong"}
+        assert c.post(f"{url}/v1/completions", json=body, headers=wrong).status_code == 401
+        assert c.get(f"{url}/v1/models", headers=auth_headers(key)).status_code == 200
+        ok = c.post(f"{url}/v1/completions", json=body, headers=auth_headers(key))
+        assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 2
+        assert c.get(f"{url}/health").status_code == 200
+        assert c.get(f"{url}/metrics").status_code == 200
 
 
 def test_serve_starts_the_proxy_and_no_duplicates(rehearsal, engine_cfg):
@@ -125,7 +153,8 @@ def test_cleanup_from_another_directory(rehearsal, engine_cfg, tmp_path):
     urls = rehearsal.up()
     records = rehearsal.records()
     assert {r.extra["role"] for r in records} >= {"baseline", "prefill", "decode"}
-    with httpx.Client(timeout=60) as c:  # the instances really serve before we stop them
+    with httpx.Client(timeout=60, headers=auth_headers(api_key(engine_cfg, "vllm"))) as c:
+        # the instances really serve before we stop them
         assert complete(c, urls["baseline"], engine_cfg.model.name, [5, 6, 7], 2)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()

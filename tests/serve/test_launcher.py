@@ -129,6 +129,105 @@ def test_hf_token_only_in_environment(tmp_path):
         launcher.server_env(cfg, s)
 
 
+def keyed_profile(tmp_path, **key_files):
+    """The rehearsal profile with key files: proxy=VALUE and/or vllm=VALUE."""
+    from support.profiles import make_profile_data, write_profile, write_secret
+
+    data = make_profile_data(str(tmp_path / "results"))
+    for section, value in key_files.items():
+        data[section]["api_key_file"] = str(write_secret(tmp_path / f"{section}_key", value))
+    return write_profile(tmp_path, data)
+
+
+def test_the_instances_get_the_api_key_by_environment_only(tmp_path):
+    from lab_utils.serve.plan import make_plan
+    from lab_utils.serve.proxy import settings_from_config
+
+    cfg = keyed_profile(tmp_path, proxy="sk-canary-proxy")  # the instances use it too
+    for topology in ("baseline", "replicated", "disaggregated"):
+        plan = make_plan(Cluster(cfg), topology, read_nodes=False)
+        for s in cfg.instances(topology):
+            assert launcher.server_env(cfg, s)["VLLM_API_KEY"] == "sk-canary-proxy"
+            assert "sk-canary" not in " ".join(launcher.server_command(Cluster(cfg), s))
+        assert all(i.env["VLLM_API_KEY"] == "<set>" for i in plan.instances)
+        assert "sk-canary" not in plan.text()
+    assert "sk-canary" not in json.dumps(cfg.snapshot())
+    p = settings_from_config(cfg, "disaggregated")
+    assert p.api_key == p.backend_api_key == "sk-canary-proxy"
+
+    cfg = keyed_profile(tmp_path, proxy="sk-canary-proxy", vllm="sk-canary-vllm")
+    s = spec(cfg, "disaggregated", "decode")
+    assert launcher.server_env(cfg, s)["VLLM_API_KEY"] == "sk-canary-vllm"
+    p = settings_from_config(cfg, "replicated")
+    assert (p.api_key, p.backend_api_key) == ("sk-canary-proxy", "sk-canary-vllm")
+
+    assert "VLLM_API_KEY" not in launcher.server_env(keyed_profile(tmp_path), s)
+    with pytest.raises(LabError, match=r"API key \(vllm.api_key_file\) file .* is empty"):
+        launcher.server_env(keyed_profile(tmp_path, vllm=""), s)
+
+
+def test_a_keyed_instance_wants_the_key_on_every_route_but_health_and_metrics(tmp_path, monkeypatch):
+    """vLLM checks the key under /v1 only; its /invocations runs completions (with
+    kv_transfer_params) for anyone, so the launcher loads the lab's guard with the key."""
+    import httpx
+    from fastapi import FastAPI
+
+    from lab_utils.on_node.api_guard import RequireKey
+
+    from support.fakes import ServerThread
+
+    cfg = keyed_profile(tmp_path, vllm="sk-canary-vllm")
+    s = spec(cfg, "disaggregated", "decode")
+    argv = launcher.server_command(Cluster(cfg), s)
+    assert argv[argv.index("--middleware") + 1] == launcher.KEY_GUARD
+    assert "--middleware" not in launcher.server_command(Cluster(keyed_profile(tmp_path)), s)
+    env = launcher.server_env(cfg, s)
+    assert env["PYTHONPATH"].split(":")[0] == str(launcher.PACKAGE_DIR.parent)
+
+    app = FastAPI()
+    for path in ("/invocations", "/tokenize", "/v1/completions"):
+        app.post(path)(lambda: {"ok": True})
+    for path in ("/health", "/metrics"):
+        app.get(path)(lambda: {"ok": True})
+    module, name = launcher.KEY_GUARD.rsplit(".", 1)
+    assert name == RequireKey.__name__ and module == RequireKey.__module__
+    monkeypatch.setenv("VLLM_API_KEY", "sk-canary-vllm")
+    app.add_middleware(RequireKey)
+    with ServerThread(app, "127.0.0.5") as server:
+        for path in ("/invocations", "/tokenize", "/v1/completions"):
+            assert httpx.post(f"{server.url}{path}").status_code == 401, path
+            assert httpx.post(f"{server.url}{path}", headers={"Authorization": "Bearer nope"}).status_code == 401
+            assert httpx.post(f"{server.url}{path}",
+                              headers={"Authorization": "Bearer sk-canary-vllm"}).status_code == 200
+        for path in ("/health", "/metrics"):
+            assert httpx.get(f"{server.url}{path}").status_code == 200, path
+
+
+def test_the_proxy_gets_the_keys_by_environment_only(tmp_path, monkeypatch):
+    """start_proxy hands both keys to the proxy process in its environment (over SSH: on
+    stdin), where the proxy prefers them to the key files, which a remote controller lacks."""
+    from lab_utils.cluster.nodes import LocalNode
+    from lab_utils.serve.proxy import settings_from_config
+    from lab_utils.serve.topology import start_proxy
+
+    cfg = keyed_profile(tmp_path, proxy="sk-canary-proxy", vllm="sk-canary-vllm")
+    started = {}
+    monkeypatch.setattr(LocalNode, "ensure_port_free", lambda *a: None)
+    monkeypatch.setattr(LocalNode, "start_detached",
+                        lambda self, name, argv, **kw: started.update(argv=argv, **kw))
+    start_proxy(Cluster(cfg), "disaggregated")
+    assert "sk-canary" not in " ".join(started["argv"]) + json.dumps(started.get("extra"))
+    env = started["env"]
+    assert (env["LAB_PROXY_API_KEY"], env["VLLM_API_KEY"]) == ("sk-canary-proxy", "sk-canary-vllm")
+
+    for section in ("proxy", "vllm"):
+        (tmp_path / f"{section}_key").unlink()  # as on a remote controller
+    for name in ("LAB_PROXY_API_KEY", "VLLM_API_KEY"):
+        monkeypatch.setenv(name, env[name])
+    p = settings_from_config(cfg, "disaggregated")
+    assert (p.api_key, p.backend_api_key) == ("sk-canary-proxy", "sk-canary-vllm")
+
+
 def test_death_during_startup_reports_log_tail_and_fix(test_cfg, tmp_path):
     cluster = Cluster(test_cfg)
     node = cluster.node("spark-01")

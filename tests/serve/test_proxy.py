@@ -33,6 +33,7 @@ def backends():
 def fresh(backends):
     for fake, _ in backends:
         fake.requests.clear()
+        fake.auth.clear()
         for ev in (fake.go_ahead, fake.first_chunk_sent, fake.stream_cancelled):
             ev.clear()
 
@@ -223,7 +224,7 @@ def test_bad_requests_never_reach_a_backend(backends):
         assert httpx.post(url, json=body(), headers={"Authorization": "Bearer nope"}).status_code == 401
         assert fake.requests == []
         assert httpx.post(url, json=body(), headers=auth).status_code == 200
-        metrics = httpx.get(f"{p.url}/metrics").text
+        metrics = httpx.get(f"{p.url}/metrics", headers=auth).text
     assert len(fake.requests) == 1
     assert 'proxy_errors_total{kind="invalid_json"} 2.0' in metrics
     assert 'proxy_errors_total{kind="unauthorized"} 2.0' in metrics
@@ -245,3 +246,68 @@ def test_health_models_and_metrics(backends):
     with proxy(ProxySettings("replicated", backends=[dead], connect_timeout_s=0.5)) as p:
         h = httpx.get(f"{p.url}/health", timeout=10)
     assert h.status_code == 503 and h.json()["status"] == "degraded"
+
+
+def test_with_a_key_every_endpoint_but_health_wants_it_and_health_names_no_backend(backends):
+    with proxy(pd_settings(backends, api_key="k3y")) as p:
+        for path in ("/v1/models", "/metrics"):
+            assert httpx.get(f"{p.url}{path}").status_code == 401, path
+            assert httpx.get(f"{p.url}{path}", headers={"Authorization": "Bearer k3y"}).status_code == 200
+        assert httpx.post(f"{p.url}/tokenize", json={"model": "m", "prompt": "hi"}).status_code == 401
+        h = httpx.get(f"{p.url}/health")
+    assert h.status_code == 200 and h.json() == {"status": "ok"}
+    assert "127.0.0.5" not in h.text
+
+
+def test_the_key_is_compared_in_constant_time(backends, monkeypatch):
+    import lab_utils.serve.proxy as proxy_module
+
+    compared = []
+
+    def spy(a, b):
+        compared.append((a, b))
+        return a == b
+
+    monkeypatch.setattr(proxy_module.hmac, "compare_digest", spy)
+    with proxy(ProxySettings("replicated", backends=[backends[0][1].url], api_key="k3y")) as p:
+        r = httpx.post(f"{p.url}/v1/completions", json=body(), headers={"Authorization": "Bearer nope"})
+    assert r.status_code == 401 and compared == [(b"Bearer nope", b"Bearer k3y")]
+
+
+def test_a_chunked_body_is_refused_as_soon_as_it_passes_the_limit(backends):
+    """The client sends more than the limit in chunks and then nothing: the 413 comes
+    without waiting for the rest of the body."""
+    with proxy(ProxySettings("replicated", backends=[backends[0][1].url], max_body_bytes=1000)) as p, \
+            socket.create_connection((ADDR, p.port), timeout=5) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Transfer-Encoding: chunked\r\n\r\n")
+        for _ in range(3):
+            s.sendall(b"200\r\n" + b" " * 0x200 + b"\r\n")  # 1536 bytes, the body not ended
+        t0 = time.monotonic()
+        head = s.recv(200)
+    assert head.startswith(b"HTTP/1.1 413"), head
+    assert time.monotonic() - t0 < 3
+    assert backends[0][0].requests == []
+
+
+def test_a_clients_kv_transfer_params_are_refused(backends):
+    """They would tell an instance which host to read KV from: only the proxy sets them."""
+    theirs = {"do_remote_prefill": True, "remote_host": "203.0.113.9", "remote_port": 5600,
+              "remote_engine_id": "x", "remote_block_ids": [[1]]}
+    for settings in (ProxySettings("replicated", backends=[backends[0][1].url]), pd_settings(backends)):
+        with proxy(settings) as p:
+            r = httpx.post(f"{p.url}/v1/completions", json=body(kv_transfer_params=theirs), timeout=10)
+        assert r.status_code == 400 and "kv_transfer_params" in r.json()["error"]["message"]
+    assert all(f.requests == [] for f, _ in backends)
+
+
+def test_the_instances_key_goes_with_every_request_to_a_backend(backends):
+    (pre, _), (dec, _) = backends[0], backends[1]
+    with proxy(pd_settings(backends, api_key="proxy-key", backend_api_key="vllm-key")) as p:
+        auth = {"Authorization": "Bearer proxy-key"}
+        assert httpx.post(f"{p.url}/v1/completions", json=body(stream=True), headers=auth,
+                          timeout=10).status_code == 200
+        assert httpx.get(f"{p.url}/v1/models", headers=auth).status_code == 200
+        assert httpx.get(f"{p.url}/health").status_code == 200
+    assert pre.auth and dec.auth
+    assert set(pre.auth) | set(dec.auth) == {"Bearer vllm-key"}  # never the client's key

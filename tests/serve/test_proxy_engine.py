@@ -9,6 +9,8 @@ import time
 import httpx
 import pytest
 
+from lab_utils.config import api_key
+from lab_utils.measure.loadgen import auth_headers
 from lab_utils.measure.prompts import fresh_prompts, load_tokenizer
 from lab_utils.serve.metrics import fetch_metrics, read_counters
 from lab_utils.serve.pd import complete
@@ -20,9 +22,10 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
-def pd_proxy(rehearsal):
+def pd_proxy(rehearsal, engine_cfg):
     urls = rehearsal.up()
-    settings = ProxySettings("disaggregated", prefill=[urls["prefill"]], decode=[urls["decode"]])
+    settings = ProxySettings("disaggregated", prefill=[urls["prefill"]], decode=[urls["decode"]],
+                             backend_api_key=api_key(engine_cfg, "vllm"))
     with ServerThread(create_app(settings), "127.0.0.4") as p:
         yield p, urls
 
@@ -43,7 +46,8 @@ def test_streamed_pd_output_equals_baseline(pd_proxy, engine_cfg):
     proxy, urls = pd_proxy
     model = engine_cfg.model.name
     prompts, _ = fresh_prompts(load_tokenizer(engine_cfg.model_path), [24, 77, 150])
-    with httpx.Client(timeout=120) as c:
+    # the instances want their key; the proxy wants none and ignores it
+    with httpx.Client(timeout=120, headers=auth_headers(api_key(engine_cfg, "vllm"))) as c:
         for ids in prompts:
             before = read_counters(fetch_metrics(urls["decode"], c), require_nixl=False)
             body = {"model": model, "prompt": ids, "max_tokens": 20, "temperature": 0,

@@ -1,7 +1,8 @@
 """Test doubles for HTTP backends, and a helper to serve any ASGI app in a thread.
 
 `FakeBackend` speaks just enough of vLLM's OpenAI API for fault injection: it records what
-it received and behaves as the request's `model` field asks ("gaps": stream chunks that
+it received (bodies, and the Authorization header of every request) and behaves as the
+request's `model` field asks ("gaps": stream chunks that
 wait for the test's go-ahead, "hang", "die": break off mid-stream, "no_kv": a prefill
 answer without kv_transfer_params, anything else: an instant answer).
 """
@@ -57,6 +58,7 @@ class FakeBackend:
     def __init__(self, name: str = "fake"):
         self.name = name
         self.requests: list[dict] = []
+        self.auth: list[str | None] = []  # each request's Authorization header
         self.go_ahead = threading.Event()  # "gaps": the test allows the second chunk
         self.first_chunk_sent = threading.Event()
         self.stream_cancelled = threading.Event()
@@ -65,6 +67,17 @@ class FakeBackend:
     def _build(self) -> FastAPI:
         app = FastAPI()
         fake = self
+
+        class RecordAuth:  # plain ASGI: a client that leaves still cancels the stream
+            def __init__(self, inner):
+                self.inner = inner
+
+            async def __call__(self, scope, receive, send):
+                if scope["type"] == "http":
+                    fake.auth.append(dict(scope["headers"]).get(b"authorization", b"").decode() or None)
+                await self.inner(scope, receive, send)
+
+        app.add_middleware(RecordAuth)
 
         def chunk(i: int) -> bytes:
             return f"data: {json.dumps({'choices': [{'index': 0, 'text': f't{i}'}], 'from': fake.name})}\n\n".encode()
@@ -101,6 +114,9 @@ class FakeBackend:
                     if behaviour == "die":
                         raise RuntimeError("backend died mid-stream")
                     yield chunk(1)
+                    if (body.get("stream_options") or {}).get("include_usage"):
+                        usage = {"prompt_tokens": len(body.get("prompt") or ""), "completion_tokens": 2}
+                        yield f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n".encode()
                     yield b"data: [DONE]\n\n"
                 except asyncio.CancelledError:
                     fake.stream_cancelled.set()

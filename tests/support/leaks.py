@@ -45,17 +45,19 @@ def file_hits(secret: str, *roots: Path, skip: tuple[str, ...] = ()) -> tuple[li
 
 
 class CmdlineWatch(Background):
-    """Samples every process's command line in a thread while a `with` block runs."""
+    """Samples every process's command line for any of `secrets` in a thread while a
+    `with` block runs."""
 
-    def __init__(self, secret: str, interval_s: float = 0.5):
+    def __init__(self, *secrets: str, interval_s: float = 0.5):
         super().__init__("cmdline-watch")
-        self.secret, self.interval_s = secret, interval_s
+        self.secrets, self.interval_s = secrets, interval_s
         self.hits: set[str] = set()
         self.samples = 0
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.hits.update(cmdline_hits(self.secret))
+            for secret in self.secrets:
+                self.hits.update(cmdline_hits(secret))
             self.samples += 1
             self._stop.wait(self.interval_s)
 

@@ -11,6 +11,14 @@ PORT_SHIFT = 1000  # keep tests off the ports of a lab the user may have running
 
 
 CANARY_HF_TOKEN = "hf_canaryLabTestToken7c41e0d9b2"
+CANARY_API_KEY = "sk-canaryLabTestApiKey3f9a62e1d4"
+
+
+def write_secret(path, value: str):
+    """A secret file as the lab wants it: one line, mode 600."""
+    path.write_text(value + "\n")
+    path.chmod(0o600)
+    return path
 
 
 def make_profile_data(results_root: str) -> dict:
@@ -48,19 +56,20 @@ def show(request, line: str) -> None:
         reporter.write_line("\n" + line)
 
 
-def simcluster_profile(tmp_dir, name: str, kv_extra: dict | None = None, **proxy) -> LabConfig:
+def simcluster_profile(tmp_dir, name: str, kv_extra: dict | None = None, *,
+                       api_key: bool = False, **proxy) -> LabConfig:
     """configs/simcluster.json with its results under `tmp_dir`, the canary token in an
-    hf_token_file (so the instances get it the way a real run does), `proxy` settings and
-    `kv_extra` for kv_transfer.extra_config."""
+    hf_token_file (so the instances get it the way a real run does), with `api_key` the
+    canary API key in proxy.api_key_file (the proxy's and so the instances' key), `proxy`
+    settings and `kv_extra` for kv_transfer.extra_config."""
     from support.simcluster import CONFIG
 
     data = json.loads(CONFIG.read_text())
     data["profile"] = name
     data["results_root"] = str(tmp_dir / "results")
-    token = tmp_dir / "hf_token"
-    token.write_text(CANARY_HF_TOKEN + "\n")
-    token.chmod(0o600)
-    data["hf_token_file"] = str(token)
+    data["hf_token_file"] = str(write_secret(tmp_dir / "hf_token", CANARY_HF_TOKEN))
+    if api_key:
+        data["proxy"]["api_key_file"] = str(write_secret(tmp_dir / "api_key", CANARY_API_KEY))
     data["proxy"].update(proxy)
     data["kv_transfer"].setdefault("extra_config", {}).update(kv_extra or {})
     return write_profile(tmp_dir, data)
