@@ -316,6 +316,8 @@ def test_broken_optional_sweep_reported_as_missing(test_cfg):
 def cuda_cfg(tmp_path):
     data = make_profile_data(str(tmp_path / "results"))
     data["vllm"]["device"] = "cuda"
+    for node in data["nodes"].values():  # one machine: no separate data-plane link
+        node["data_over_lan"] = True
     return write_profile(tmp_path, data)
 
 

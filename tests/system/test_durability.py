@@ -65,7 +65,8 @@ def payload_for(seq: int):
 
 
 SERVER_MAIN = r"""
-import os, signal, sys, tempfile
+import os, signal, sys
+from lab_utils.util import atomic
 from pathlib import Path
 from lab_utils.config import load_config
 from lab_utils.results import write_results
@@ -84,10 +85,10 @@ def hold(point):
         os.read(0, 1)  # the test SIGKILLs us here; EOF means the test is gone
         os._exit(3)
 
-real_mkstemp, real_replace = tempfile.mkstemp, os.replace
+real_create_temp, real_replace = atomic._create_temp, os.replace
 
-def mkstemp(*args, **kwargs):  # announce each temp file as soon as it exists
-    fd, name = real_mkstemp(*args, **kwargs)
+def create_temp(*args, **kwargs):  # announce each temp file as soon as it exists
+    fd, name = real_create_temp(*args, **kwargs)
     say("temp", step(name))
     return fd, name
 
@@ -96,7 +97,7 @@ def replace(src, dst):  # the rename that publishes a temp file: archive copy or
     real_replace(src, dst)
     hold(f"after-{step(dst)}-replace")
 
-tempfile.mkstemp, os.replace = mkstemp, replace  # as lab_utils.util.atomic calls them
+atomic._create_temp, os.replace = create_temp, replace  # as atomic_write_bytes calls them
 
 def writer(config_file, first):
     os.setsid()  # its own process group, which the test kills
