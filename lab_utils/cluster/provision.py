@@ -132,12 +132,9 @@ def deploy_node(cluster: Cluster, name: str, force: bool = False) -> str:
     if not force and current.ok and current.stdout.strip() == digest:
         return f"{name}: up to date ({digest[:12]})"
     node.check_workdir()
-    if json.loads(node.run_sent(dirs, "owner", target, DEPLOYED_STAMP)) == "other":
-        raise LabError(_not_the_labs(name, target, DEPLOYED_STAMP, f"nodes.{name}.workdir"))
-    _write_remote(node, stamp, "deploying")  # marks the directory as the lab's from the start
-    for f in package_files():
-        node.put_file(f, f"{node.cfg.workdir}/lab_utils/{f.relative_to(PACKAGE).as_posix()}")
-    _write_remote(node, stamp, digest)
+    # the whole copy is replaced, so a module the package no longer has does not linger
+    _copy_files(node, [(f, f.relative_to(PACKAGE).as_posix()) for f in package_files()],
+                target, DEPLOYED_STAMP, f"nodes.{name}.workdir", stamp=digest)
     return f"{name}: deployed lab_utils {digest[:12]} to {node.cfg.workdir}"
 
 
@@ -162,19 +159,26 @@ def _not_the_labs(node: str, path: str, marker: str, field: str) -> str:
             "remove that directory yourself if it is yours.")
 
 
-def _copy_dir(node: Node, local: Path, remote: str, marker: str) -> None:
-    """Copy `local` to `remote` through a staging directory next to it; `remote` and the
-    staging directory are replaced only when they are the lab's (empty or marked)."""
+def _copy_files(node: Node, files: list[tuple[Path, str]], remote: str, marker: str,
+                field: str, stamp: str | None = None) -> None:
+    """Copy `files` (local path, path under `remote`) to `remote` on the node through a
+    staging directory beside it, then move it in place: nothing stale survives, and
+    `remote` and the staging directory are replaced only when they are the lab's (absent,
+    empty or holding `marker`). The marker goes first, so an interrupted copy is still
+    the lab's; `stamp` (when given) is written into the marker last."""
     partial = f"{remote}.partial"
     for path in (remote, partial):
         if json.loads(node.run_sent(dirs, "owner", path, marker)) == "other":
-            raise LabError(_not_the_labs(node.name, path, marker, "model.node_path"))
+            raise LabError(_not_the_labs(node.name, path, marker, field))
     node.run_sent(dirs, "remove", partial, marker)
-    files = sorted(p for p in local.rglob("*") if p.is_file())
-    for f in sorted(files, key=lambda p: p.name != marker):  # the marker first
-        node.put_file(f, f"{partial}/{f.relative_to(local).as_posix()}")
+    if stamp is not None:
+        _write_remote(node, f"{partial}/{marker}", "copying")
+    for local, rel in sorted(files, key=lambda f: f[1] != marker):
+        node.put_file(local, f"{partial}/{rel}")
+    if stamp is not None:
+        _write_remote(node, f"{partial}/{marker}", stamp)
     if json.loads(node.run_sent(dirs, "replace", partial, remote, marker)) == "other":
-        raise LabError(_not_the_labs(node.name, remote, marker, "model.node_path"))
+        raise LabError(_not_the_labs(node.name, remote, marker, field))
 
 
 def ensure_model_on(cluster: Cluster, name: str) -> str:
@@ -189,7 +193,8 @@ def ensure_model_on(cluster: Cluster, name: str) -> str:
         if node.cfg.connection == "local":  # `where` is the model just generated here
             return want
         if model_snapshot(node, where, full=True) != want:
-            _copy_dir(node, local, where, tiny_model.MARKER)
+            files = [(f, f.relative_to(local).as_posix()) for f in local.rglob("*") if f.is_file()]
+            _copy_files(node, files, where, tiny_model.MARKER, "model.node_path")
         have = model_snapshot(node, where, full=True)
         if have != want:
             raise LabError(f"node {name}: the tiny model at {where} differs from this host's")

@@ -438,11 +438,14 @@ def test_deploy_copies_when_stale_and_names_missing_packages(sshds, tmp_path):
     first = deploy(cfg, ["spark-01"])
     assert first[0].startswith("spark-01: deployed lab_utils")
     copied = Path(cfg.nodes["spark-01"].workdir) / "lab_utils"
-    assert (copied / "config.py").read_bytes() == (Path(__file__).parents[2] / "lab_utils" / "config.py").read_bytes()
+    here = Path(__file__).parents[2] / "lab_utils"
+    assert (copied / "config" / "model.py").read_bytes() == (here / "config" / "model.py").read_bytes()
     assert deploy(cfg, ["spark-01"])[0].startswith("spark-01: up to date")
     (copied / ".deployed").write_text("stale")
+    (copied / "gone.py").write_text("a module the package no longer has")  # an older copy's
     assert "deployed" in deploy(cfg, ["spark-01"])[0]
     assert (copied / ".deployed").read_text() == code_digest()
+    assert not (copied / "gone.py").exists() and not Path(f"{copied}.partial").exists()
 
     bare = tmp_path / "bare-venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)

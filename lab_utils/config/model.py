@@ -16,8 +16,6 @@ import difflib
 import ipaddress
 import json
 import os
-import re
-import shlex
 import types
 import typing
 from dataclasses import dataclass
@@ -26,10 +24,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
+from lab_utils.config import values
 from lab_utils.errors import ConfigError, LabError
-from lab_utils.on_node.dirs import SYSTEM_TREES
 
-PACKAGE_DIR = Path(__file__).resolve().parent
+PACKAGE_DIR = Path(__file__).resolve().parent.parent
 REPO_ROOT = PACKAGE_DIR.parent  # the checkout, when lab_utils is used from one (editable install)
 DEFAULT_PROFILE = REPO_ROOT / "configs" / "local-cpu.json"
 USER_CONFIG = REPO_ROOT / "environment_config.json"
@@ -44,94 +42,6 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-def _check_ip(value: str) -> str:
-    """A unicast IP address one host can bind and others can dial: not a host name, not a
-    wildcard (binding it listens on every interface, and a peer told to dial it dials
-    itself), not multicast, broadcast or reserved."""
-    try:
-        ip = ipaddress.ip_address(value)
-    except ValueError:
-        raise ValueError("not an IP address") from None
-    if ip.is_unspecified:
-        raise ValueError("a wildcard address listens on every interface and cannot be "
-                         "dialled by the other nodes; use the node's own address on that network")
-    if ip.is_multicast or ip == ipaddress.IPv4Address("255.255.255.255"):
-        raise ValueError("a multicast or broadcast address names a group, not a node; use the "
-                         "node's own address")
-    if ip.version == 4 and ip.is_reserved:
-        raise ValueError("a reserved address (240.0.0.0/4) is not routable; use the node's own address")
-    return str(ip)
-
-
-# Values that reach a shell, an environment or a command line on a node are checked by
-# what they are; quoting stays in place behind this (a second wall, not a replacement).
-# Files only this host reads (token and key files, results_root) may hold any character
-# but a control character (refused everywhere).
-_PATH_CHARS = r"[A-Za-z0-9._/+@~=,-]"
-_SAFE_PATH = re.compile(rf"^{_PATH_CHARS}+$")
-_HOST = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._:-]*$")
-_USER = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")
-# VLLM_CPU_OMP_THREADS_BIND: "auto", "nobind", or CPU ids and ranges, "|" between ranks
-_THREADS_BIND = re.compile(r"^(auto|nobind|[0-9]+(-[0-9]+)?([,|][0-9]+(-[0-9]+)?)*)$")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_REVISION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]*$")
-_UCX_TLS = re.compile(r"^\^?[A-Za-z0-9_]+(,[A-Za-z0-9_]+)*$")
-_NETDEV_LIST = re.compile(r"^[A-Za-z0-9_.-]+(:[0-9]+)?(,[A-Za-z0-9_.-]+(:[0-9]+)?)*$")
-# vLLM 0.32's --dtype choices (vllm.config.model.ModelDType; a test keeps them equal)
-VLLM_DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
-
-
-def _check_path(value: str | None, *, absolute: bool = False) -> str | None:
-    """A file-system path written as on a POSIX node: letters, digits and . _ / + @ ~ = , -
-    (no spaces, quotes, `;`, `$`, backslashes or control characters)."""
-    if value is None:
-        return value
-    if "\\" in value or re.match(r"^[A-Za-z]:", value):
-        raise ValueError("a Windows path; write the path as the node sees it "
-                         "(e.g. /home/lab/spark-disagg-lab)")
-    if not _SAFE_PATH.match(value):
-        bad = sorted({c for c in value if not re.match(_PATH_CHARS, c)})
-        raise ValueError(f"contains {' '.join(repr(c) for c in bad)}: a path here may hold only "
-                         "letters, digits and . _ / + @ ~ = , -; rename the directory or pick "
-                         "another")
-    if absolute and not value.startswith("/"):
-        raise ValueError("must be an absolute path (starting with /)")
-    return value
-
-
-def is_system_dir(path: str | os.PathLike) -> bool:
-    """Whether `path` is the root or inside one of the system's own trees (the list the
-    nodes apply to a workdir)."""
-    p = os.path.normpath(str(path))
-    return p == "/" or any(p == d or p.startswith(d + "/") for d in SYSTEM_TREES)
-
-
-def _check_env(env: dict[str, str]) -> dict[str, str]:
-    for name in env:
-        if not _ENV_NAME.match(name):
-            raise ValueError(f"{name!r} is not an environment variable name: use letters, "
-                             "digits and _ (not starting with a digit), no '=' or spaces")
-    return env
-
-
-# Flags that would put a secret on a command line (visible in `ps`, kept in state.json
-# and in results): refused in extra_args, with where the secret goes instead.
-_SECRET_FLAG = re.compile(r"^--?[A-Za-z0-9-]*(api-?key|token|secret|passw|credential)",
-                          re.I)
-
-
-def _check_args(args: list[str]) -> list[str]:
-    for a in args:
-        if _SECRET_FLAG.match(a):
-            flag = a.split("=", 1)[0]
-            raise ValueError(
-                f"{flag} would put a secret on the command line (visible in `ps`, saved in "
-                "state.json and results); name a file instead: proxy.api_key_file / "
-                "vllm.api_key_file for API keys, hf_token_file (or $HF_TOKEN) for the "
-                "Hugging Face token")
-    return args
-
-
 class SSHConfig(_Strict):
     host: str
     user: str | None = None
@@ -141,19 +51,8 @@ class SSHConfig(_Strict):
     accept_new_host_key: bool = False
     connect_timeout_s: float = Field(10.0, gt=0)
 
-    @field_validator("host")
-    @classmethod
-    def _host(cls, v: str) -> str:
-        if not _HOST.match(v):
-            raise ValueError("must be a host name, an alias from ~/.ssh/config or an IP address")
-        return v
-
-    @field_validator("user")
-    @classmethod
-    def _user(cls, v: str | None) -> str | None:
-        if v is not None and not _USER.match(v):
-            raise ValueError("must be a login name (letters, digits, . _ -)")
-        return v
+    _host = field_validator("host")(values.check_host)
+    _user = field_validator("user")(values.check_user)
 
 
 class NodeConfig(_Strict):
@@ -175,29 +74,11 @@ class NodeConfig(_Strict):
     # KV cache would cross the LAN, beside everyone's traffic); true says that is meant.
     data_over_lan: bool = False
 
-    _check_addresses = field_validator("lan_address", "data_address")(_check_ip)
+    _check_addresses = field_validator("lan_address", "data_address")(values.check_ip)
 
-    @field_validator("data_netdev")
-    @classmethod
-    def _netdevs(cls, v: str | None) -> str | None:
-        if v is not None and not _NETDEV_LIST.match(v):
-            raise ValueError("must be RDMA or network devices, comma-separated, each "
-                             "optionally with :port (e.g. rocep1s0f1:1,roceP2p1s0f1:1)")
-        return v
-
-    @field_validator("python", "cuda_home")
-    @classmethod
-    def _absolute(cls, v: str | None) -> str | None:
-        return _check_path(v, absolute=True)
-
-    @field_validator("workdir")
-    @classmethod
-    def _workdir(cls, v: str | None) -> str | None:
-        v = _check_path(v)
-        if v is not None and v.startswith("/") and is_system_dir(v):
-            raise ValueError("is the root or a system directory; the lab writes its code and "
-                             "logs there: use a directory of its own (e.g. /home/lab/spark-disagg-lab)")
-        return v
+    _netdevs = field_validator("data_netdev")(values.check_netdevs)
+    _absolute = field_validator("python", "cuda_home")(values.check_absolute_path)
+    _workdir = field_validator("workdir")(values.check_workdir)
 
     def machine(self, name: str) -> str:
         """Identity of the physical machine, for port-conflict checks."""
@@ -213,20 +94,11 @@ class ModelConfig(_Strict):
     path: str | None = None
     node_path: str | None = None
     revision: str | None = None
-    dtype: Literal[VLLM_DTYPES] = "bfloat16"  # type: ignore[valid-type]
+    dtype: Literal[values.VLLM_DTYPES] = "bfloat16"  # type: ignore[valid-type]
     tiny_seed: int = 0
 
-    @field_validator("path", "node_path")
-    @classmethod
-    def _paths(cls, v: str | None) -> str | None:
-        return _check_path(v)
-
-    @field_validator("revision")
-    @classmethod
-    def _revision(cls, v: str | None) -> str | None:
-        if v is not None and not _REVISION.match(v):
-            raise ValueError("must be a branch, tag or commit hash (letters, digits, . _ / -)")
-        return v
+    _paths = field_validator("path", "node_path")(values.check_path)
+    _revision = field_validator("revision")(values.check_revision)
 
 
 class InstanceSettings(_Strict):
@@ -239,17 +111,10 @@ class InstanceSettings(_Strict):
     extra_args: list[str] = []
     extra_env: dict[str, str] = {}
 
-    _args = field_validator("extra_args")(_check_args)
-    _env = field_validator("extra_env")(_check_env)
+    _args = field_validator("extra_args")(values.check_args)
+    _env = field_validator("extra_env")(values.check_env)
 
-    @field_validator("cpu_threads_bind")
-    @classmethod
-    def _bind(cls, v: str | dict[str, str] | None) -> str | dict[str, str] | None:
-        for bind in (v.values() if isinstance(v, dict) else [v] if v is not None else []):
-            if not _THREADS_BIND.match(bind):
-                raise ValueError(f"{bind!r} is not a CPU list: use CPU ids and ranges such as "
-                                 '"0", "0-3" or "0-3|4-7", or "auto" / "nobind"')
-        return v
+    _bind = field_validator("cpu_threads_bind")(values.check_threads_bind)
 
 
 class VllmConfig(_Strict):
@@ -270,8 +135,8 @@ class VllmConfig(_Strict):
     prefill: InstanceSettings
     decode: InstanceSettings
 
-    _args = field_validator("extra_args")(_check_args)
-    _env = field_validator("extra_env")(_check_env)
+    _args = field_validator("extra_args")(values.check_args)
+    _env = field_validator("extra_env")(values.check_env)
 
 
 class KVTransferConfig(_Strict):
@@ -283,13 +148,7 @@ class KVTransferConfig(_Strict):
     # The NIXL transfer probe (notebook 02) listens here on the target node's data address.
     probe_port: Port = 5800
 
-    @field_validator("ucx_tls")
-    @classmethod
-    def _tls(cls, v: str | None) -> str | None:
-        if v is not None and not _UCX_TLS.match(v):
-            raise ValueError("must be UCX transport names, comma-separated, optionally "
-                             "starting with ^ to exclude (e.g. rc,cuda_copy or tcp,self)")
-        return v
+    _tls = field_validator("ucx_tls")(values.check_ucx_tls)
 
 
 class BaselineTopology(_Strict):
@@ -378,7 +237,7 @@ class LabConfig(_Strict):
     @field_validator("results_root")
     @classmethod
     def _results_root(cls, v: str) -> str:
-        if v.startswith("/") and is_system_dir(v):
+        if v.startswith("/") and values.is_system_dir(v):
             raise ValueError("is the root or a system directory; results go in a directory "
                              'of the lab\'s (e.g. "results", inside the checkout)')
         return v
@@ -476,7 +335,7 @@ class LabConfig(_Strict):
         """The config as plain data for results files. Secrets live in files the config
         only names; in case one was put in the config anyway, `extra_env` values with a
         secret-looking name and any occurrence of a known secret value are redacted."""
-        return _redact(self.model_dump(mode="json"), known_secrets(self))
+        return values.redact(self.model_dump(mode="json"), known_secrets(self))
 
 
 # ----- cross-field checks ----------------------------------------------------------------
@@ -537,7 +396,7 @@ def _cross_check(cfg: LabConfig) -> list[str]:
                 "port per instance (e.g. 5600 for prefill, 5700 for decode)"
             )
     problems += _address_problems(cfg)
-    problems += _control_characters(cfg.model_dump(mode="json"), "")
+    problems += values.control_characters(cfg.model_dump(mode="json"))
     if problems:
         return problems  # port checks need valid node references
     for topo in TOPOLOGIES:
@@ -616,19 +475,6 @@ def _address_problems(cfg: LabConfig) -> list[str]:
                 "listen there); use the ConnectX-7 link's address, or set "
                 f"nodes.{name}.data_over_lan: true if that is really meant")
     return problems
-
-
-def _control_characters(value: Any, where: str) -> list[str]:
-    """Strings holding a newline or another control character, by field (such a value
-    would split a command, an environment line or a log line on a node)."""
-    if isinstance(value, dict):
-        return [p for k, v in value.items() for p in _control_characters(v, f"{where}.{k}" if where else str(k))]
-    if isinstance(value, list):
-        return [p for i, v in enumerate(value) for p in _control_characters(v, f"{where}[{i}]")]
-    if isinstance(value, str) and any(ord(c) < 32 or ord(c) == 127 for c in value):
-        return [f"{where}: {json.dumps(value)} contains a control character (a newline?); "
-                "write the value on one line"]
-    return []
 
 
 # ----- loading and error messages -----------------------------------------------------
@@ -770,39 +616,10 @@ def load_config(path: str | os.PathLike | None = None) -> LabConfig:
     return cfg
 
 
-# Environment names that hold secrets, by pattern (TOKEN, SECRET, PASSWORD, API_KEY,
-# ACCESS_KEY, AUTH, CREDENTIALS, PRIVATE ...): their values never go into results.
-_SECRET_ENV = re.compile(r"(TOKEN|SECRET|PASSW|API_?KEY|ACCESS_?KEY|AUTH|CREDENTIAL|PRIVATE"
-                         r"|SESSION|COOKIE|SIGNATURE)", re.I)
-REDACTED = "<redacted>"
-
-
-def _redact(value: Any, secrets: tuple[str, ...] = ()) -> Any:
-    """`value` with secret-named `extra_env` values and every occurrence of a known secret
-    value replaced."""
-    if isinstance(value, list):
-        return [_redact(v, secrets) for v in value]
-    if isinstance(value, str):
-        for secret in secrets:
-            value = value.replace(secret, REDACTED)
-        return value
-    if not isinstance(value, dict):
-        return value
-    out = {k: _redact(v, secrets) for k, v in value.items()}
-    if isinstance(out.get("extra_env"), dict):
-        out["extra_env"] = {k: REDACTED if _SECRET_ENV.search(k) else v
-                            for k, v in out["extra_env"].items()}
-    return out
-
-
-# Environment variables of this process that may hold the lab's secrets.
-SECRET_ENV_VARS = ("HF_TOKEN", "OPENAI_API_KEY", "VLLM_API_KEY")
-
-
 def known_secrets(cfg: LabConfig) -> tuple[str, ...]:
     """The secret values this config can reach (the files it names, readable or not, and
     the secret environment variables), longest first, for redaction by value."""
-    found = {os.environ.get(v, "") for v in SECRET_ENV_VARS}
+    found = {os.environ.get(v, "") for v in values.SECRET_ENV_VARS}
     for field in _secret_files(cfg):
         with contextlib.suppress(OSError):
             found.add(cfg.resolve_path(field).read_text().strip())
@@ -811,57 +628,3 @@ def known_secrets(cfg: LabConfig) -> tuple[str, ...]:
 
 def _secret_files(cfg: LabConfig) -> list[str]:
     return [f for f in (cfg.hf_token_file, cfg.proxy.api_key_file, cfg.vllm.api_key_file) if f]
-
-
-def hf_token(cfg: LabConfig) -> str | None:
-    """The Hugging Face token, for a hub model only (read when needed, not before):
-    `hf_token_file` when the config names one, else `$HF_TOKEN`. The same rule for the
-    download (`model fetch`), the instances and the checklist."""
-    if cfg.model.source != "hub":
-        return None
-    if cfg.hf_token_file:
-        return read_secret_file(cfg, cfg.hf_token_file, "HF token") or None
-    return os.environ.get("HF_TOKEN") or None
-
-
-def secret_file_problem(cfg: LabConfig, path: str, what: str) -> tuple[str, str] | None:
-    """(problem, fix) when the secret file at `path` cannot be used, else None: it must
-    exist, be readable by its owner only and not be empty. One rule for `serve`, `model
-    fetch`, `bench` and the checklist."""
-    p = cfg.resolve_path(path)
-    quoted = shlex.quote(str(p))
-    try:
-        mode = p.stat().st_mode
-        if mode & 0o077:
-            return (f"{what} file {p} is readable by others (mode {mode & 0o777:o})",
-                    f"chmod 600 {quoted}")
-        if not p.read_text().strip():
-            return f"{what} file {p} is empty", f"write the {what} into {quoted}"
-    except FileNotFoundError:
-        return (f"{what} file {p} (named in the config) does not exist",
-                f"write the {what} to {quoted} and `chmod 600 {quoted}`")
-    except OSError as e:
-        return f"{what} file {p} cannot be read: {e.strerror}", f"check {quoted}"
-    return None
-
-
-def read_secret_file(cfg: LabConfig, path: str | None, what: str) -> str | None:
-    """The secret in `path` (None when no file is named); LabError naming the fix when the
-    file cannot be used (see `secret_file_problem`)."""
-    if not path:
-        return None
-    problem = secret_file_problem(cfg, path, what)
-    if problem:
-        raise LabError(f"{problem[0]}: {problem[1]}")
-    return cfg.resolve_path(path).read_text().strip()
-
-
-def api_key(cfg: LabConfig, service: Literal["proxy", "vllm"]) -> str | None:
-    """The API key of the proxy or of the vLLM instances (None: none is set). The
-    instances have `vllm.api_key_file`, else the proxy's `proxy.api_key_file`."""
-    if service == "proxy":
-        field, path = "proxy.api_key_file", cfg.proxy.api_key_file
-    else:
-        field = "vllm.api_key_file" if cfg.vllm.api_key_file else "proxy.api_key_file"
-        path = cfg.vllm.api_key_file or cfg.proxy.api_key_file
-    return read_secret_file(cfg, path, f"API key ({field})")

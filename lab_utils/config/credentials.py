@@ -1,0 +1,65 @@
+"""Secrets the config names: the Hugging Face token and the API keys, read from files
+only their owner can read (or from the environment), one rule for every command."""
+
+from __future__ import annotations
+
+import os
+import shlex
+from typing import Literal
+
+from lab_utils.config.model import LabConfig
+from lab_utils.errors import LabError
+
+
+def hf_token(cfg: LabConfig) -> str | None:
+    """The Hugging Face token, for a hub model only (read when needed, not before):
+    `hf_token_file` when the config names one, else `$HF_TOKEN`. The same rule for the
+    download (`model fetch`), the instances and the checklist."""
+    if cfg.model.source != "hub":
+        return None
+    if cfg.hf_token_file:
+        return read_secret_file(cfg, cfg.hf_token_file, "HF token") or None
+    return os.environ.get("HF_TOKEN") or None
+
+
+def secret_file_problem(cfg: LabConfig, path: str, what: str) -> tuple[str, str] | None:
+    """(problem, fix) when the secret file at `path` cannot be used, else None: it must
+    exist, be readable by its owner only and not be empty. One rule for `serve`, `model
+    fetch`, `bench` and the checklist."""
+    p = cfg.resolve_path(path)
+    quoted = shlex.quote(str(p))
+    try:
+        mode = p.stat().st_mode
+        if mode & 0o077:
+            return (f"{what} file {p} is readable by others (mode {mode & 0o777:o})",
+                    f"chmod 600 {quoted}")
+        if not p.read_text().strip():
+            return f"{what} file {p} is empty", f"write the {what} into {quoted}"
+    except FileNotFoundError:
+        return (f"{what} file {p} (named in the config) does not exist",
+                f"write the {what} to {quoted} and `chmod 600 {quoted}`")
+    except OSError as e:
+        return f"{what} file {p} cannot be read: {e.strerror}", f"check {quoted}"
+    return None
+
+
+def read_secret_file(cfg: LabConfig, path: str | None, what: str) -> str | None:
+    """The secret in `path` (None when no file is named); LabError naming the fix when the
+    file cannot be used (see `secret_file_problem`)."""
+    if not path:
+        return None
+    problem = secret_file_problem(cfg, path, what)
+    if problem:
+        raise LabError(f"{problem[0]}: {problem[1]}")
+    return cfg.resolve_path(path).read_text().strip()
+
+
+def api_key(cfg: LabConfig, service: Literal["proxy", "vllm"]) -> str | None:
+    """The API key of the proxy or of the vLLM instances (None: none is set). The
+    instances have `vllm.api_key_file`, else the proxy's `proxy.api_key_file`."""
+    if service == "proxy":
+        field, path = "proxy.api_key_file", cfg.proxy.api_key_file
+    else:
+        field = "vllm.api_key_file" if cfg.vllm.api_key_file else "proxy.api_key_file"
+        path = cfg.vllm.api_key_file or cfg.proxy.api_key_file
+    return read_secret_file(cfg, path, f"API key ({field})")

@@ -1,0 +1,182 @@
+"""What each config value must be, checked by what it is: the rules behind the config's
+field validators, and the redaction of secrets in config snapshots.
+
+Most values end up in a command line, an environment or a path on a node; quoting stays
+in place behind these checks (a second wall, not a replacement).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import re
+from typing import Any
+
+from lab_utils.on_node.dirs import SYSTEM_TREES
+
+
+def check_ip(value: str) -> str:
+    """A unicast IP address one host can bind and others can dial: not a host name, not a
+    wildcard (binding it listens on every interface, and a peer told to dial it dials
+    itself), not multicast, broadcast or reserved."""
+    try:
+        ip = ipaddress.ip_address(value)
+    except ValueError:
+        raise ValueError("not an IP address") from None
+    if ip.is_unspecified:
+        raise ValueError("a wildcard address listens on every interface and cannot be "
+                         "dialled by the other nodes; use the node's own address on that network")
+    if ip.is_multicast or ip == ipaddress.IPv4Address("255.255.255.255"):
+        raise ValueError("a multicast or broadcast address names a group, not a node; use the "
+                         "node's own address")
+    if ip.version == 4 and ip.is_reserved:
+        raise ValueError("a reserved address (240.0.0.0/4) is not routable; use the node's own address")
+    return str(ip)
+
+
+# Files only this host reads (token and key files, results_root) may hold any character
+# but a control character (refused everywhere).
+_PATH_CHARS = r"[A-Za-z0-9._/+@~=,-]"
+_SAFE_PATH = re.compile(rf"^{_PATH_CHARS}+$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# vLLM 0.32's --dtype choices (vllm.config.model.ModelDType; a test keeps them equal)
+VLLM_DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
+
+
+def check_path(value: str | None, *, absolute: bool = False) -> str | None:
+    """A file-system path written as on a POSIX node: letters, digits and . _ / + @ ~ = , -
+    (no spaces, quotes, `;`, `$`, backslashes or control characters)."""
+    if value is None:
+        return value
+    if "\\" in value or re.match(r"^[A-Za-z]:", value):
+        raise ValueError("a Windows path; write the path as the node sees it "
+                         "(e.g. /home/lab/spark-disagg-lab)")
+    if not _SAFE_PATH.match(value):
+        bad = sorted({c for c in value if not re.match(_PATH_CHARS, c)})
+        raise ValueError(f"contains {' '.join(repr(c) for c in bad)}: a path here may hold only "
+                         "letters, digits and . _ / + @ ~ = , -; rename the directory or pick "
+                         "another")
+    if absolute and not value.startswith("/"):
+        raise ValueError("must be an absolute path (starting with /)")
+    return value
+
+
+def is_system_dir(path: str | os.PathLike) -> bool:
+    """Whether `path` is the root or inside one of the system's own trees (the list the
+    nodes apply to a workdir)."""
+    p = os.path.normpath(str(path))
+    return p == "/" or any(p == d or p.startswith(d + "/") for d in SYSTEM_TREES)
+
+
+def check_env(env: dict[str, str]) -> dict[str, str]:
+    for name in env:
+        if not _ENV_NAME.match(name):
+            raise ValueError(f"{name!r} is not an environment variable name: use letters, "
+                             "digits and _ (not starting with a digit), no '=' or spaces")
+    return env
+
+
+# Flags that would put a secret on a command line (visible in `ps`, kept in state.json
+# and in results): refused in extra_args, with where the secret goes instead.
+_SECRET_FLAG = re.compile(r"^--?[A-Za-z0-9-]*(api-?key|token|secret|passw|credential)",
+                          re.I)
+
+
+def check_args(args: list[str]) -> list[str]:
+    for a in args:
+        if _SECRET_FLAG.match(a):
+            flag = a.split("=", 1)[0]
+            raise ValueError(
+                f"{flag} would put a secret on the command line (visible in `ps`, saved in "
+                "state.json and results); name a file instead: proxy.api_key_file / "
+                "vllm.api_key_file for API keys, hf_token_file (or $HF_TOKEN) for the "
+                "Hugging Face token")
+    return args
+
+
+def control_characters(value: Any, where: str = "") -> list[str]:
+    """Strings holding a newline or another control character, by field (such a value
+    would split a command, an environment line or a log line on a node)."""
+    if isinstance(value, dict):
+        return [p for k, v in value.items() for p in control_characters(v, f"{where}.{k}" if where else str(k))]
+    if isinstance(value, list):
+        return [p for i, v in enumerate(value) for p in control_characters(v, f"{where}[{i}]")]
+    if isinstance(value, str) and any(ord(c) < 32 or ord(c) == 127 for c in value):
+        return [f"{where}: {json.dumps(value)} contains a control character (a newline?); "
+                "write the value on one line"]
+    return []
+
+
+# Environment names that hold secrets, by pattern (TOKEN, SECRET, PASSWORD, API_KEY,
+# ACCESS_KEY, AUTH, CREDENTIALS, PRIVATE ...): their values never go into results.
+_SECRET_ENV = re.compile(r"(TOKEN|SECRET|PASSW|API_?KEY|ACCESS_?KEY|AUTH|CREDENTIAL|PRIVATE"
+                         r"|SESSION|COOKIE|SIGNATURE)", re.I)
+REDACTED = "<redacted>"
+
+
+def redact(value: Any, secrets: tuple[str, ...] = ()) -> Any:
+    """`value` with secret-named `extra_env` values and every occurrence of a known secret
+    value replaced."""
+    if isinstance(value, list):
+        return [redact(v, secrets) for v in value]
+    if isinstance(value, str):
+        for secret in secrets:
+            value = value.replace(secret, REDACTED)
+        return value
+    if not isinstance(value, dict):
+        return value
+    out = {k: redact(v, secrets) for k, v in value.items()}
+    if isinstance(out.get("extra_env"), dict):
+        out["extra_env"] = {k: REDACTED if _SECRET_ENV.search(k) else v
+                            for k, v in out["extra_env"].items()}
+    return out
+
+
+# Environment variables of this process that may hold the lab's secrets.
+SECRET_ENV_VARS = ("HF_TOKEN", "OPENAI_API_KEY", "VLLM_API_KEY")
+
+
+def _matching(pattern: str, what: str):
+    """A field check: None passes, else the value must match `pattern` ("must be `what`")."""
+    regex = re.compile(pattern)
+
+    def check(value: str | None) -> str | None:
+        if value is not None and not regex.match(value):
+            raise ValueError(f"must be {what}")
+        return value
+    return check
+
+
+check_host = _matching(r"^[A-Za-z0-9_][A-Za-z0-9._:-]*$",
+                       "a host name, an alias from ~/.ssh/config or an IP address")
+check_user = _matching(r"^[A-Za-z0-9_][A-Za-z0-9._-]*$", "a login name (letters, digits, . _ -)")
+check_revision = _matching(r"^[A-Za-z0-9][A-Za-z0-9._/-]*$",
+                           "a branch, tag or commit hash (letters, digits, . _ / -)")
+check_ucx_tls = _matching(r"^\^?[A-Za-z0-9_]+(,[A-Za-z0-9_]+)*$",
+                          "UCX transport names, comma-separated, optionally starting with ^ to "
+                          "exclude (e.g. rc,cuda_copy or tcp,self)")
+check_netdevs = _matching(r"^[A-Za-z0-9_.-]+(:[0-9]+)?(,[A-Za-z0-9_.-]+(:[0-9]+)?)*$",
+                          "RDMA or network devices, comma-separated, each optionally with :port "
+                          "(e.g. rocep1s0f1:1,roceP2p1s0f1:1)")
+# VLLM_CPU_OMP_THREADS_BIND: "auto", "nobind", or CPU ids and ranges, "|" between ranks
+_check_bind = _matching(r"^(auto|nobind|[0-9]+(-[0-9]+)?([,|][0-9]+(-[0-9]+)?)*)$",
+                        'CPU ids and ranges such as "0", "0-3" or "0-3|4-7", or "auto" / "nobind"')
+
+
+def check_threads_bind(value: str | dict[str, str] | None) -> str | dict[str, str] | None:
+    for bind in (value.values() if isinstance(value, dict) else [value]):
+        _check_bind(bind)
+    return value
+
+
+def check_absolute_path(value: str | None) -> str | None:
+    return check_path(value, absolute=True)
+
+
+def check_workdir(value: str | None) -> str | None:
+    value = check_path(value)
+    if value is not None and value.startswith("/") and is_system_dir(value):
+        raise ValueError("is the root or a system directory; the lab writes its code and logs "
+                         "there: use a directory of its own (e.g. /home/lab/spark-disagg-lab)")
+    return value
