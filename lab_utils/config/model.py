@@ -1,13 +1,6 @@
-"""The lab's configuration: one typed, validated object loaded from a JSON profile.
-
-A profile describes the nodes (how to reach them, their LAN and data-plane addresses),
-the model, the vLLM settings per role, the topologies of the serving notebooks, the
-proxy and the benchmark workload. The same file is found the same way by the CLI, the
-notebooks and headless kernels: `--config F`, else `$LAB_CONFIG`, else
-`environment_config.json` at the repo root, else the shipped rehearsal profile
-`configs/local-cpu.json`. Errors name the field, the bad value and the fix. Keys starting
-with `_` are comments and are ignored, so example files can explain every field.
-"""
+"""The typed profile (`LabConfig` and its parts), the checks that span fields (node
+references, roles, ports per machine, addresses by where they are used), and finding,
+reading and validating the file, with errors that name the field, the value and the fix."""
 
 from __future__ import annotations
 
