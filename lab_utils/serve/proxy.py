@@ -14,8 +14,9 @@ measured with `python -m lab_utils.bench.proxy`, it halves the latency the proxy
 Failures become JSON errors in bounded time (502 unreachable, 504 timed out), a stream
 that breaks ends with an error event (never a clean end), and a client that goes away
 cancels its upstream requests. A backend connect that hangs is retried on a fresh socket
-within the connect timeout (nothing has been sent yet); the retries are counted in
-`proxy_connect_retries_total`.
+within the connect timeout (nothing has been sent yet), and a request whose pooled
+connection was lost before any answer is sent once more on a new one; both are counted in
+`/metrics` (`proxy_connect_retries_total`, `proxy_resends_total`) and logged.
 
 With an API key every endpoint but `/health` wants it (compared in constant time), and
 `/health` then says only whether the backends are healthy, not where they are. The body
@@ -81,6 +82,9 @@ class Metrics:
         self.prefill_s = Histogram("proxy_prefill_seconds", "Prefill request time", registry=r)
         self.connect_retries = Counter("proxy_connect_retries",
                                        "Backend connect attempts that hung and were retried", ["role"], registry=r)
+        self.resends = Counter("proxy_resends", "Requests whose pooled backend connection was "
+                               "lost before any answer, sent again on a new one", ["role"],
+                               registry=r)
         self.decode_ttfb_s = Histogram("proxy_decode_ttfb_seconds",
                                        "Time to the decode backend's first response byte", registry=r)
 
@@ -163,6 +167,7 @@ class Proxy:
                         if settings.backend_api_key else None)
         self.pools = {role: Pool(role, urls, settings.policy, timeout,
                                  on_connect_retry=self.metrics.connect_retries.labels(role).inc,
+                                 on_resend=self.metrics.resends.labels(role).inc,
                                  headers=backend_auth)
                       for role, urls in roles.items()}
         self.front = self.pools.get("replica") or self.pools["decode"]

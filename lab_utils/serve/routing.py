@@ -4,12 +4,16 @@ A `Pool` holds the backends of one role (replica, prefill or decode), each with 
 pooled aiohttp client session (opened inside the server's event loop) and in-flight
 count, and picks one per request: round-robin or least-outstanding. A backend connect
 that hangs is retried on a fresh socket within the connect timeout (nothing has been sent
-yet). Failures become `ProxyError`s, which answer as OpenAI-style JSON errors.
+yet). A request whose pooled connection was lost before any answer (the backend closed
+it while the proxy was held up between taking it from the pool and writing) is sent once
+more on a new connection. Failures become
+`ProxyError`s, which answer as OpenAI-style JSON errors.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import itertools
 import logging
 import math
@@ -49,22 +53,25 @@ class Pool:
     Clients are opened by `open()` inside the server's event loop."""
 
     def __init__(self, role: str, urls: list[str], policy: str, timeout: aiohttp.ClientTimeout,
-                 on_connect_retry=None, headers: dict[str, str] | None = None):
+                 on_connect_retry=None, on_resend=None, headers: dict[str, str] | None = None):
         self.role, self.urls, self.policy, self.timeout = role, urls, policy, timeout
         self.headers = headers or {}  # sent with every request (the instances' API key)
         self.clients: dict[str, aiohttp.ClientSession] = {}
+        self.fresh: dict[str, aiohttp.ClientSession] = {}  # a new connection per request
         self.in_flight = dict.fromkeys(urls, 0)
         self._cycle = itertools.cycle(urls)
         self.connect_attempts = max(2, math.ceil(timeout.connect / CONNECT_ATTEMPT_S))
         self._attempt = aiohttp.ClientTimeout(total=None, connect=timeout.connect / self.connect_attempts,
                                               sock_read=timeout.sock_read)
         self._on_connect_retry = on_connect_retry or (lambda: None)
+        self._on_resend = on_resend or (lambda: None)
 
     def open(self) -> None:
-        self.clients = {u: aiohttp.ClientSession(base_url=u, timeout=self.timeout, headers=self.headers,
-                                                 connector=aiohttp.TCPConnector(
-                                                     limit=0, keepalive_timeout=BACKEND_KEEPALIVE_S))
-                        for u in self.urls}
+        def session(url: str, **pooling) -> aiohttp.ClientSession:
+            return aiohttp.ClientSession(base_url=url, timeout=self.timeout, headers=self.headers,
+                                         connector=aiohttp.TCPConnector(limit=0, **pooling))
+        self.clients = {u: session(u, keepalive_timeout=BACKEND_KEEPALIVE_S) for u in self.urls}
+        self.fresh = {u: session(u, force_close=True) for u in self.urls}
 
     def pick(self) -> str:
         if self.policy == "least_outstanding":
@@ -73,15 +80,18 @@ class Pool:
 
     async def post(self, url: str, path: str, body: dict) -> aiohttp.ClientResponse:
         """POST `body` to `url`; a connect that does not complete within its share of
-        connect_timeout_s is given up and tried again on a fresh socket."""
+        connect_timeout_s is given up and tried again on a fresh socket, and a request
+        that could not be written on a pooled connection is sent once more on a new one."""
         t0 = time.monotonic()
-        for attempt in range(1, self.connect_attempts + 1):
+        client, resent, attempt = self.clients[url], False, 0
+        while True:
+            attempt += 1
             t1 = time.monotonic()
             try:
-                return await self.clients[url].post(path, json=body, timeout=self._attempt)
+                return await client.post(path, json=body, timeout=self._attempt)
             except aiohttp.ConnectionTimeoutError:
                 now = time.monotonic()
-                if attempt == self.connect_attempts:
+                if attempt >= self.connect_attempts:
                     raise ProxyError(504, "upstream_timeout",
                                      f"{self.role} backend {url} accepted no connection in {now - t0:.1f} s "
                                      f"({attempt} attempts): is it overloaded, or is a firewall dropping "
@@ -89,10 +99,30 @@ class Pool:
                 log.warning("%s backend %s: connect attempt %d gave up after %.1f s (limit %.1f s); "
                             "trying a fresh socket", self.role, url, attempt, now - t1, self._attempt.connect)
                 self._on_connect_retry()
-        raise AssertionError("unreachable")
+            except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError) as e:
+                if resent or not _connection_lost(e):
+                    raise
+                log.warning("%s backend %s: a pooled connection was lost before any answer "
+                            "(%r); sending the request once more on a new connection",
+                            self.role, url, e)
+                self._on_resend()
+                client, resent = self.fresh[url], True
 
     async def aclose(self) -> None:
-        await asyncio.gather(*(c.close() for c in self.clients.values()))
+        await asyncio.gather(*(c.close() for c in [*self.clients.values(), *self.fresh.values()]))
+
+
+def _connection_lost(exc: Exception) -> bool:
+    """Whether `exc` (raised before any response header arrived) is how a connection the
+    backend closed or reset shows: the request could not be written, the peer reset it,
+    or it closed without an answer. Typically the backend dropped an idle pooled
+    connection while the proxy was held up between taking it and writing, so the backend
+    never saw the request. Were the connection lost after the backend had the request,
+    the request runs twice; vLLM aborts the first, whose client is gone."""
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return True
+    return ("Can not write request body" in str(exc)
+            or getattr(exc, "errno", None) in (errno.ECONNRESET, errno.EPIPE))
 
 
 UPSTREAM_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)

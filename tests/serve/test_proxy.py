@@ -311,3 +311,113 @@ def test_the_instances_key_goes_with_every_request_to_a_backend(backends):
         assert httpx.get(f"{p.url}/health").status_code == 200
     assert pre.auth and dec.auth
     assert set(pre.auth) | set(dec.auth) == {"Bearer vllm-key"}  # never the client's key
+
+
+class ResettingBackend:
+    """A raw HTTP/1.1 backend that keeps connections alive and, when told, resets its idle
+    ones (RST, as a backend dropping a keep-alive connection with unread data does)."""
+
+    def __init__(self, host: str = "127.0.0.5"):
+        import threading
+
+        self.listener = socket.create_server((host, 0))
+        self.url = f"http://{host}:{self.listener.getsockname()[1]}"
+        self.seen: list[int] = []  # the connection (in order of accept) of each request
+        self.reset = threading.Event()
+        self.open_connections = 0
+        self._n = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import threading
+
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            self._n += 1
+            threading.Thread(target=self._serve, args=(conn, self._n - 1), daemon=True).start()
+
+    def _serve(self, conn: socket.socket, n: int) -> None:
+        import struct
+
+        self.open_connections += 1
+        conn.settimeout(0.02)
+        buf = b""
+        try:
+            while True:
+                if b"\r\n\r\n" not in buf:
+                    try:
+                        chunk = conn.recv(65536)
+                    except TimeoutError:
+                        if self.reset.is_set() and not buf:  # idle: drop it, hard
+                            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                                            struct.pack("ii", 1, 0))
+                            return
+                        continue
+                    if not chunk:
+                        return
+                    buf += chunk
+                    continue
+                head, buf = buf.split(b"\r\n\r\n", 1)
+                length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                                  if line.lower().startswith(b"content-length")))
+                while len(buf) < length:
+                    buf += conn.recv(65536)
+                buf = buf[length:]
+                self.seen.append(n)
+                out = json.dumps({"choices": [{"text": "ok"}]}).encode()
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                             b"Content-Length: %d\r\n\r\n%s" % (len(out), out))
+        except OSError:
+            return
+        finally:
+            conn.close()
+            self.open_connections -= 1
+
+    def reset_idle(self) -> None:
+        """Reset every idle connection and wait until they are gone; later ones are kept."""
+        self.reset.set()
+        deadline = time.monotonic() + 5
+        while self.open_connections and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self.reset.clear()
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def test_a_request_not_written_on_a_pooled_connection_is_sent_again(monkeypatch):
+    """The proxy takes a pooled connection, is held up (its event loop blocked, as when the
+    whole machine stands still), and meanwhile the backend drops that connection: writing
+    the request fails ("Can not write request body"). The backend never saw it, so the
+    proxy sends it once more on a new connection; the client gets its answer and the
+    resend is counted."""
+    import aiohttp
+
+    backend = ResettingBackend()
+    real_get = aiohttp.TCPConnector._get
+    held = []
+
+    async def reuse_after_a_stall(self, key, traces):
+        conn = await real_get(self, key, traces)
+        if conn is not None and not held:
+            held.append(conn)
+            backend.reset_idle()  # the backend drops the idle connection while the
+            time.sleep(0.1)  # proxy's loop is held up (this runs inside that loop)
+        return conn
+
+    try:
+        with proxy(ProxySettings("replicated", backends=[backend.url])) as p:
+            assert httpx.post(f"{p.url}/v1/completions", json=body(), timeout=10).status_code == 200
+            monkeypatch.setattr(aiohttp.TCPConnector, "_get", reuse_after_a_stall)
+            r = httpx.post(f"{p.url}/v1/completions", json=body(), timeout=10)
+            m = httpx.get(f"{p.url}/metrics").text
+    finally:
+        backend.close()
+    assert held, "the pooled connection was not reused: the test did not set up the race"
+    assert r.status_code == 200, r.text
+    # the first request, then the second once, on a new connection (never on the reset one)
+    assert backend.seen == [0, 1]
+    assert 'proxy_resends_total{role="replica"} 1.0' in m
