@@ -63,10 +63,17 @@ def running(cfg) -> list:
 
 
 def served(cfg) -> dict:
-    """Serve the disaggregated topology (reusing what runs); role -> record."""
+    """Serve the disaggregated topology (reusing what runs), with one P/D round trip done
+    directly first: the first transfer between two fresh instances carries NIXL's
+    handshake, which on this 2-core box can outlast the proxy's short request timeout
+    that the frozen-prefill test needs; role -> record."""
+    from lab_utils.serve.pd import warm_up
+
     p = ctl(cfg, "serve", "--topology", "disaggregated")
     assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
-    return {r.extra["role"]: r for r in running(cfg)}
+    recs = {r.extra["role"]: r for r in running(cfg)}
+    warm_up(recs["prefill"].url, recs["decode"].url, cfg.model.name, timeout=300)
+    return recs
 
 
 def record_time(label: str, seconds: float, extra: str = "") -> None:
