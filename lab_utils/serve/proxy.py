@@ -49,6 +49,7 @@ from prometheus_client import (
     generate_latest,
 )
 
+from lab_utils.measure.loadgen import auth_headers
 from lab_utils.serve.protocol import decode_request, prefill_request, transfer_params
 from lab_utils.serve.routing import UPSTREAM_ERRORS, Pool, ProxyError, log, upstream_error
 
@@ -163,12 +164,10 @@ class Proxy:
             roles = {"replica": settings.backends}
         else:
             roles = {"prefill": settings.prefill, "decode": settings.decode}
-        backend_auth = ({"Authorization": f"Bearer {settings.backend_api_key}"}
-                        if settings.backend_api_key else None)
         self.pools = {role: Pool(role, urls, settings.policy, timeout,
                                  on_connect_retry=self.metrics.connect_retries.labels(role).inc,
                                  on_resend=self.metrics.resends.labels(role).inc,
-                                 headers=backend_auth)
+                                 headers=auth_headers(settings.backend_api_key))
                       for role, urls in roles.items()}
         self.front = self.pools.get("replica") or self.pools["decode"]
 
