@@ -63,7 +63,9 @@ def test_results_are_valid(series):
     assert load_results(cfg, "00").payload.blessed
     for notebook in ("01", "03", "04"):
         sweep = load_results(cfg, notebook).payload.sweep
-        assert sweep.combined and all(c["valid"] for c in sweep.combined), notebook
+        reasons = [f"{p.mode} {p.value} #{p.repeat + 1}: {p.summary['invalid_reason']}"
+                   for p in sweep.points if not p.summary["valid"]]
+        assert sweep.combined and all(c["valid"] for c in sweep.combined), (notebook, reasons)
 
 
 def test_proof_of_transfer(series):

@@ -1,0 +1,216 @@
+"""Reproduce the rehearsal's disaggregated stall and vary one setting at a time.
+
+`python -m lab_utils.measure.pd_stall --set kv_transfer.ucx_tls=tcp --set ...` starts the
+disaggregated topology of a local profile with the given config changes, then measures:
+
+- **idle spin**: for 10 s with no request, the threads of the instances' processes that
+  used more than half a CPU, and their share of user and system time;
+- **one at a time**: `--single` requests sent one after another through the proxy, each
+  with its TTFT, TPOT and the time the machine stood still during it;
+- **load**: `--num-prompts` requests at concurrency `--concurrency` through the proxy
+  (the lab's load generator, as notebook 04 runs it): wall time, median TPOT, stood still.
+
+It stops everything it started and prints one markdown row per run, so the README's table
+of experiments can be reproduced row by row. Local profiles only: it reads the instances'
+threads from /proc.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from lab_utils import config as labconfig
+from lab_utils.measure import stalls
+
+IDLE_S = 10.0
+BUSY_SHARE = 0.5
+
+
+def _apply(raw: dict[str, Any], setting: str) -> None:
+    """`a.b.c=VALUE` (VALUE parsed as JSON when it is JSON, else kept as a string)."""
+    key, _, value = setting.partition("=")
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError:
+        parsed = value
+    *path, last = key.split(".")
+    node = raw
+    for part in path:
+        node = node.setdefault(part, {})
+    node[last] = parsed
+
+
+def _lab(cfg_path: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "lab_utils", *args, "--config", str(cfg_path)],
+                          capture_output=True, text=True)
+
+
+def _tasks(pid: int) -> dict[int, tuple[int, int]]:
+    """Every thread of `pid` and of its descendants: tid -> (utime, stime) in ticks."""
+    out: dict[int, tuple[int, int]] = {}
+    pending = [pid]
+    while pending:
+        p = pending.pop()
+        try:
+            for tid in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{tid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                out[int(tid)] = (int(fields[11]), int(fields[12]))
+                with open(f"/proc/{p}/task/{tid}/children") as f:
+                    pending += [int(c) for c in f.read().split()]
+        except OSError:
+            continue
+    return out
+
+
+def idle_spin(pids: list[int], seconds: float = IDLE_S) -> dict[str, Any]:
+    """Threads under `pids` busy while nothing is asked of them."""
+    tick = os.sysconf("SC_CLK_TCK")
+    before = {tid: t for pid in pids for tid, t in _tasks(pid).items()}
+    time.sleep(seconds)
+    after = {tid: t for pid in pids for tid, t in _tasks(pid).items()}
+    busy, user, system = [], 0.0, 0.0
+    for tid, (u1, s1) in after.items():
+        u0, s0 = before.get(tid, (u1, s1))
+        share = (u1 - u0 + s1 - s0) / tick / seconds
+        if share > BUSY_SHARE:
+            busy.append(tid)
+            user += (u1 - u0) / tick / seconds
+            system += (s1 - s0) / tick / seconds
+    return {"busy_threads": len(busy), "tids": busy, "busy_cpu": round(user + system, 2),
+            "busy_system_share": round(system / (user + system), 2) if busy else None}
+
+
+def one_at_a_time(url: str, model: str, n: int, headers: dict[str, str]) -> list[dict[str, Any]]:
+    import httpx
+
+    rows = []
+    for i in range(n):
+        body = {"model": model, "prompt": f"{i} {time.time()} " + "the lab measures " * 30,
+                "max_tokens": 32, "ignore_eos": True, "temperature": 0, "stream": True}
+        times: list[float] = []
+        with stalls.Watch() as watch:
+            t0 = time.monotonic()
+            with httpx.stream("POST", f"{url}/v1/completions", json=body, headers=headers,
+                              timeout=300) as r:
+                for line in r.iter_lines():
+                    if line.startswith("data: ") and line != "data: [DONE]":
+                        times.append(time.monotonic())
+            e2e = time.monotonic() - t0
+        rows.append({"status": r.status_code, "ttft_ms": (times[0] - t0) * 1e3 if times else None,
+                     "tpot_ms": (times[-1] - times[0]) * 1e3 / (len(times) - 1) if len(times) > 1 else None,
+                     "e2e_s": e2e, "held_up_s": watch.held_up_s})
+        time.sleep(1.0)
+    return rows
+
+
+def _median(xs: list[float]) -> float | None:
+    xs = sorted(x for x in xs if x is not None)
+    return xs[len(xs) // 2] if xs else None
+
+
+def run(config: Path, settings: list[str], label: str, single: int, concurrency: int,
+        num_prompts: int, sched_idle: bool = False) -> dict[str, Any]:
+    raw = json.loads(config.read_text())
+    for s in settings:
+        _apply(raw, s)
+    with tempfile.TemporaryDirectory(prefix="pd-stall-") as tmp:
+        cfg_path = Path(tmp) / "config.json"
+        # relative paths in the config stay relative to the original's directory
+        raw["results_root"] = str((config.parent.parent / raw.get("results_root", "results")).resolve())
+        if not Path(raw["model"]["path"]).is_absolute():
+            raw["model"]["path"] = str((config.parent.parent / raw["model"]["path"]).resolve())
+        cfg_path.write_text(json.dumps(raw))
+        cfg = labconfig.load_config(cfg_path)
+        url = f"http://{cfg.nodes[cfg.proxy.node].lan_address}:{cfg.proxy.port}"
+        headers = {}
+        key = labconfig.api_key(cfg, "proxy")
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        row: dict[str, Any] = {"label": label, "settings": settings}
+        try:
+            t0 = time.monotonic()
+            started = _lab(cfg_path, "serve", "--topology", "disaggregated")
+            if started.returncode:
+                raise SystemExit(f"serve failed:\n{started.stdout[-2000:]}{started.stderr[-2000:]}")
+            row["start_s"] = round(time.monotonic() - t0, 1)
+            state = json.loads((cfg.results_dir / "state.json").read_text())["processes"]
+            pids = [r["pid"] for r in state if r["name"] != "proxy"]
+            row["idle"] = idle_spin(pids)
+            for tid in row["idle"]["tids"] if sched_idle else []:
+                # the busy threads run only when no other thread wants the CPU
+                os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+            if sched_idle:
+                row["idle_after"] = idle_spin(pids)
+            singles = one_at_a_time(url, cfg.model.name, single, headers)
+            row["single"] = {"ttft_ms_first": singles[0]["ttft_ms"] if singles else None,
+                             "ttft_ms_median_rest": _median([r["ttft_ms"] for r in singles[1:]]),
+                             "tpot_ms_median": _median([r["tpot_ms"] for r in singles[1:]]),
+                             "held_up_s": round(sum(r["held_up_s"] for r in singles), 1)}
+            out = Path(tmp) / "bench.json"
+            t0 = time.monotonic()
+            bench = _lab(cfg_path, "bench", "--url", url, "--out", str(out), "--concurrency",
+                         str(concurrency), "--num-prompts", str(num_prompts), "--repeats", "1")
+            wall = time.monotonic() - t0
+            if bench.returncode:
+                row["load"] = {"error": (bench.stdout + bench.stderr)[-1500:]}
+            else:
+                point = json.loads(out.read_text())["payload"]["points"][0]["summary"]
+                row["load"] = {"wall_s": round(wall, 1), "duration_s": round(point["duration"], 1),
+                               "tpot_ms_median": point.get("median_tpot_ms"),
+                               "ttft_ms_median": point.get("median_ttft_ms"),
+                               "held_up_s": point["held_up_s"], "failed": point["failed"]}
+        finally:
+            _lab(cfg_path, "cleanup")
+    return row
+
+
+def markdown(row: dict[str, Any]) -> str:
+    idle, single, load = row.get("idle", {}), row.get("single", {}), row.get("load", {})
+
+    def f(x, fmt="{:.0f}"):
+        return "-" if x is None else fmt.format(x)
+    return (f"| {row['label']} | {idle.get('busy_threads', '-')} ({f(idle.get('busy_cpu'), '{:.1f}')} CPU, "
+            f"{f(idle.get('busy_system_share'), '{:.0%}')} sys) | {f(single.get('ttft_ms_median_rest'))} | "
+            f"{f(single.get('tpot_ms_median'), '{:.1f}')} | {f(single.get('held_up_s'), '{:.1f}')} | "
+            f"{f(load.get('duration_s'), '{:.1f}')} | {f(load.get('tpot_ms_median'), '{:.1f}')} | "
+            f"{f(load.get('held_up_s'), '{:.1f}')} | {load.get('failed', load.get('error', '-'))} |")
+
+
+HEADER = ("| run | idle: busy threads | one at a time: TTFT ms | TPOT ms | stood still s "
+          "| load: duration s | TPOT ms | stood still s | failed |\n|---|---|---|---|---|---|---|---|---|")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m lab_utils.measure.pd_stall", description=__doc__.split("\n")[0])
+    ap.add_argument("--config", type=Path, default=Path("configs/local-cpu.json"))
+    ap.add_argument("--set", dest="settings", action="append", default=[],
+                    help="a config change, e.g. kv_transfer.ucx_tls=tcp (repeatable)")
+    ap.add_argument("--label", default=None)
+    ap.add_argument("--sched-idle", action="store_true",
+                    help="after the idle measurement, put the threads found busy under SCHED_IDLE")
+    ap.add_argument("--single", type=int, default=6, help="requests sent one at a time (default 6)")
+    ap.add_argument("--concurrency", type=int, default=2)
+    ap.add_argument("--num-prompts", type=int, default=24)
+    ap.add_argument("--json", type=Path, default=None, help="append the run's figures to this JSON-lines file")
+    a = ap.parse_args(argv)
+    row = run(a.config.resolve(), a.settings, a.label or (", ".join(a.settings) or "as shipped"),
+              a.single, a.concurrency, a.num_prompts, a.sched_idle)
+    if a.json:
+        with a.json.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+    print(HEADER)
+    print(markdown(row))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
