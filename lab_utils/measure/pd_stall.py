@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -28,7 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from lab_utils import config as labconfig
+from lab_utils.cluster import Cluster
 from lab_utils.measure import stalls
+from lab_utils.measure.loadgen import auth_headers
 
 IDLE_S = 10.0
 BUSY_SHARE = 0.5
@@ -112,9 +115,9 @@ def one_at_a_time(url: str, model: str, n: int, headers: dict[str, str]) -> list
     return rows
 
 
-def _median(xs: list[float]) -> float | None:
-    xs = sorted(x for x in xs if x is not None)
-    return xs[len(xs) // 2] if xs else None
+def _median(xs: list[float | None]) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
 
 
 def run(config: Path, settings: list[str], label: str, single: int, concurrency: int,
@@ -123,18 +126,12 @@ def run(config: Path, settings: list[str], label: str, single: int, concurrency:
     for s in settings:
         _apply(raw, s)
     with tempfile.TemporaryDirectory(prefix="pd-stall-") as tmp:
+        # relative paths in a config resolve against the checkout, wherever the file is
         cfg_path = Path(tmp) / "config.json"
-        # relative paths in the config stay relative to the original's directory
-        raw["results_root"] = str((config.parent.parent / raw.get("results_root", "results")).resolve())
-        if not Path(raw["model"]["path"]).is_absolute():
-            raw["model"]["path"] = str((config.parent.parent / raw["model"]["path"]).resolve())
         cfg_path.write_text(json.dumps(raw))
         cfg = labconfig.load_config(cfg_path)
         url = f"http://{cfg.nodes[cfg.proxy.node].lan_address}:{cfg.proxy.port}"
-        headers = {}
-        key = labconfig.api_key(cfg, "proxy")
-        if key:
-            headers["Authorization"] = f"Bearer {key}"
+        headers = auth_headers(labconfig.api_key(cfg, "proxy"))
         row: dict[str, Any] = {"label": label, "settings": settings}
         try:
             t0 = time.monotonic()
@@ -142,8 +139,8 @@ def run(config: Path, settings: list[str], label: str, single: int, concurrency:
             if started.returncode:
                 raise SystemExit(f"serve failed:\n{started.stdout[-2000:]}{started.stderr[-2000:]}")
             row["start_s"] = round(time.monotonic() - t0, 1)
-            state = json.loads((cfg.results_dir / "state.json").read_text())["processes"]
-            pids = [r["pid"] for r in state if r["name"] != "proxy"]
+            with Cluster(cfg) as cluster:
+                pids = [r.pid for r in cluster.running("disaggregated") if r.kind == "vllm"]
             row["idle"] = idle_spin(pids)
             for tid in row["idle"]["tids"] if sched_idle else []:
                 # the busy threads run only when no other thread wants the CPU
