@@ -159,9 +159,15 @@ class LocalNode(Node):
         Path(log_path).parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
         os.fchmod(fd, 0o600)  # it holds command lines: its owner's only, also when it existed
+        # A process group of its own (what `stop` signals), in the caller's session. Not
+        # a session of its own: Linux's autogroup scheduling puts each session in a
+        # separate CPU group, and on the 2-core rehearsal, while a prefill held KV blocks
+        # for a decode, processes in other sessions (the lab's client and proxy
+        # included) got no CPU for the whole KV lease, while processes in the
+        # instances' session ran (README, "What the rehearsal can and cannot show").
         with open(fd, "ab") as log:
             p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,
-                                 stderr=subprocess.STDOUT, start_new_session=True,
+                                 stderr=subprocess.STDOUT, process_group=0,
                                  env={**os.environ, **env}, cwd=cwd)
         # The Popen object is dropped; proctools reaps the child when it exits.
         p.returncode = 0

@@ -3,6 +3,7 @@ tail, stop by process group (children included), and who holds a port."""
 
 from __future__ import annotations
 
+import os
 import socket
 import sys
 import time
@@ -74,6 +75,9 @@ def test_detached_process_group_stopped_with_children(node, cluster, tmp_path):
     rec = node.start_detached("family", [sys.executable, "-c", FAMILY], log_path=log,
                               env={"LAB_TEST_SECRET": "s3cret"})
     assert rec.pgid == rec.pid
+    # its own group, the caller's session (and so the caller's autogroup: see _spawn)
+    assert os.getpgid(rec.pid) == rec.pid != os.getpgid(0)
+    assert os.getsid(rec.pid) == os.getsid(0)
     assert cluster.state.get("family") == rec
     assert wait_for(lambda: "child up" in node.log_tail(rec))
     members = proctools.group_members(rec.pgid)
