@@ -306,3 +306,19 @@ def proof_frame(proofs: list):
         "same tokens as 01": p.tokens_match, "diverged at": p.verdict.diverged_at,
         "margin (nats)": p.verdict.margin, "tokens": p.verdict.why, "ok": p.ok}
         for p in proofs])
+
+
+def transfer_lesson(cfg: LabConfig, proof: Proof, kv: ResultsEnvelope, baseline: ResultsEnvelope,
+                    *results: BenchmarkResult):
+    """Notebook 04's reading of its own run (`lab_utils.transfer_lesson`): the table of the
+    proof's moves against 02, and the sentences drawn from it, the first sweep's
+    concurrency-1 TTFT against 01's, and a note if any run stood still."""
+    import pandas as pd
+
+    from lab_utils import transfer_lesson as lesson
+
+    rows = lesson.transfer_rows(proof, kv.payload, kv_buffer_device(cfg))
+    said = lesson.conclusions(rows, lesson.hop_cost(baseline.payload.sweep, results[0], proof))
+    if note := lesson.stall_note(*results):
+        said += ["", note]
+    return pd.DataFrame(rows).round(3), said

@@ -24,6 +24,7 @@ LAYERS = [
     {"checks", "bench"},
     {"payloads"},
     {"results"},
+    {"transfer_lesson"},
     {"report", "environment", "serving"},
     {"runner"},
     {"cli"},

@@ -8,7 +8,6 @@
   (`BenchmarkResult`).
 - `roofline`: decode's memory-bandwidth ceiling per stream (bandwidth, weight bytes).
 - `stalls`: waiting in the harness when the machine itself stands still.
-- `pd_stall`: the disaggregated stall, reproduced with one config change at a time.
 """
 
 from lab_utils.measure import workload

@@ -13,6 +13,8 @@ stall for the requests it carries (`lab_utils.serve.proxy._report_stalls`).
 
 from __future__ import annotations
 
+import json
+import os
 import time
 
 from lab_utils.util.background import Background
@@ -116,10 +118,26 @@ def main(argv: list[str] | None = None) -> int:
         description="report when this machine stands still: a process that sleeps 0.1 s at a "
                     "time and says when it woke more than 1 s late")
     ap.add_argument("--seconds", type=float, default=60.0, help="how long to watch (default 60)")
+    ap.add_argument("--fifo", action="store_true",
+                    help="watch under the real-time SCHED_FIFO policy (root only). If such a "
+                         "watcher never stands still while a normal one does, the CPUs kept "
+                         "running and the scheduler left the normal one waiting")
+    ap.add_argument("--json", action="store_true", help="end with one JSON line of the figures")
     a = ap.parse_args(argv)
+    policy = "normal"
+    if a.fifo:
+        try:
+            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(10))
+            policy = "SCHED_FIFO"
+        except PermissionError:
+            raise SystemExit("--fifo needs root (or CAP_SYS_NICE): run without it") from None
     found = watch(a.seconds)
-    print(f"watched {a.seconds:.0f} s: {len(found)} stall(s)"
+    print(f"watched {a.seconds:.0f} s ({policy}): {len(found)} stall(s)"
           + (f", longest {max(found):.1f} s, {sum(found):.1f} s in all" if found else ""))
+    if a.json:
+        print(json.dumps({"seconds": a.seconds, "policy": policy,
+                          "stalls_s": [round(x, 2) for x in found],
+                          "held_up_s": round(sum(found), 2)}))
     return 0
 
 

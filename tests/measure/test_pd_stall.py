@@ -1,7 +1,7 @@
 """The stall experiment's config changes and its table row (the runs need vLLM and NIXL;
 they are measurements, recorded in the README, not tests)."""
 
-from lab_utils.measure.pd_stall import HEADER, _apply, markdown
+from lab_utils.bench.pd_stall import HEADER, _apply, markdown
 
 
 def test_a_setting_changes_one_key_and_keeps_its_neighbours():

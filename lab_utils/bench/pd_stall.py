@@ -1,6 +1,6 @@
 """Reproduce the rehearsal's disaggregated stall and vary one setting at a time.
 
-`python -m lab_utils.measure.pd_stall --set kv_transfer.ucx_tls=tcp --set ...` starts the
+`python -m lab_utils.bench.pd_stall --set kv_transfer.ucx_tls=tcp --set ...` starts the
 disaggregated topology of a local profile with the given config changes, then measures:
 
 - **idle spin**: for 10 s with no request, the threads of the instances' processes that
@@ -9,6 +9,14 @@ disaggregated topology of a local profile with the given config changes, then me
   with its TTFT, TPOT and the time the machine stood still during it;
 - **load**: `--num-prompts` requests at concurrency `--concurrency` through the proxy
   (the lab's load generator, as notebook 04 runs it): wall time, median TPOT, stood still.
+
+With `--hold`, also:
+
+- **hold**: one prompt sent to the prefill alone with `do_remote_decode`, which no decode
+  then reads, so the prefill holds its KV blocks for the whole lease; meanwhile watchers
+  (`python -m lab_utils.measure.stalls`) sleep 0.1 s at a time and note when they woke
+  late: one in this process's session (where the lab starts the instances), one in a
+  session of its own, and as root the same two under SCHED_FIFO.
 
 It stops everything it started and prints one markdown row per run, so the README's table
 of experiments can be reproduced row by row. Local profiles only: it reads the instances'
@@ -115,13 +123,47 @@ def one_at_a_time(url: str, model: str, n: int, headers: dict[str, str]) -> list
     return rows
 
 
+def _watcher(seconds: float, own_session: bool, fifo: bool) -> subprocess.Popen:
+    argv = [sys.executable, "-m", "lab_utils.measure.stalls", "--seconds", str(seconds), "--json"]
+    return subprocess.Popen(argv + (["--fifo"] if fifo else []), stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True, start_new_session=own_session)
+
+
+def hold(prefill_url: str, model: str, headers: dict[str, str], lease_s: float) -> dict[str, Any]:
+    """One prompt to the prefill alone, its KV blocks then held unread for `lease_s`; how
+    long each watcher stood still meanwhile (watchers: see the module's docstring)."""
+    import httpx
+
+    from lab_utils.serve import pd
+
+    seconds = lease_s + 6.0
+    kinds = [("this session", False, False), ("own session", True, False)]
+    if os.geteuid() == 0:
+        kinds += [("this session, SCHED_FIFO", False, True), ("own session, SCHED_FIFO", True, True)]
+    watchers = {name: _watcher(seconds, own, fifo) for name, own, fifo in kinds}
+    try:
+        time.sleep(1.0)
+        with httpx.Client(timeout=60, headers=headers) as client:
+            pd.prefill(client, prefill_url, model, list(range(10, 138)))
+        held = {}
+        for name, w in watchers.items():
+            out, _ = w.communicate(timeout=seconds + 120)
+            held[name] = json.loads(out.strip().splitlines()[-1])["held_up_s"]
+    finally:
+        for w in watchers.values():
+            if w.poll() is None:
+                w.kill()
+                w.wait()
+    return {"lease_s": lease_s, "watched_s": seconds, "held_up_s": held}
+
+
 def _median(xs: list[float | None]) -> float | None:
     xs = [x for x in xs if x is not None]
     return statistics.median(xs) if xs else None
 
 
 def run(config: Path, settings: list[str], label: str, single: int, concurrency: int,
-        num_prompts: int, sched_idle: bool = False) -> dict[str, Any]:
+        num_prompts: int, sched_idle: bool = False, with_hold: bool = False) -> dict[str, Any]:
     raw = json.loads(config.read_text())
     for s in settings:
         _apply(raw, s)
@@ -140,13 +182,18 @@ def run(config: Path, settings: list[str], label: str, single: int, concurrency:
                 raise SystemExit(f"serve failed:\n{started.stdout[-2000:]}{started.stderr[-2000:]}")
             row["start_s"] = round(time.monotonic() - t0, 1)
             with Cluster(cfg) as cluster:
-                pids = [r.pid for r in cluster.running("disaggregated") if r.kind == "vllm"]
-            row["idle"] = idle_spin(pids)
+                instances = [r for r in cluster.running("disaggregated") if r.kind == "vllm"]
+            row["idle"] = idle_spin([r.pid for r in instances])
+            if with_hold:
+                prefill_url = next(r.url for r in instances if r.name.startswith("prefill"))
+                lease = float(cfg.kv_transfer.extra_config.get("kv_lease_duration", 30))
+                row["hold"] = hold(prefill_url, cfg.model.name,
+                                   auth_headers(labconfig.api_key(cfg, "vllm")), lease)
             for tid in row["idle"]["tids"] if sched_idle else []:
                 # the busy threads run only when no other thread wants the CPU
                 os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
             if sched_idle:
-                row["idle_after"] = idle_spin(pids)
+                row["idle_after"] = idle_spin([r.pid for r in instances])
             singles = one_at_a_time(url, cfg.model.name, single, headers)
             row["single"] = {"ttft_ms_first": singles[0]["ttft_ms"] if singles else None,
                              "ttft_ms_median_rest": _median([r["ttft_ms"] for r in singles[1:]]),
@@ -182,12 +229,20 @@ def markdown(row: dict[str, Any]) -> str:
             f"{f(load.get('held_up_s'), '{:.1f}')} | {load.get('failed', load.get('error', '-'))} |")
 
 
+def hold_markdown(row: dict[str, Any]) -> str:
+    h = row["hold"]
+    lines = [f"| watcher, during a {h['lease_s']:.0f} s hold ({row['label']}) | stood still s |",
+             "|---|---|"]
+    lines += [f"| {name} | {s:.1f} |" for name, s in h["held_up_s"].items()]
+    return "\n".join(lines)
+
+
 HEADER = ("| run | idle: busy threads | one at a time: TTFT ms | TPOT ms | stood still s "
           "| load: duration s | TPOT ms | stood still s | failed |\n|---|---|---|---|---|---|---|---|---|")
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m lab_utils.measure.pd_stall", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m lab_utils.bench.pd_stall", description=__doc__.split("\n")[0])
     ap.add_argument("--config", type=Path, default=Path("configs/local-cpu.json"))
     ap.add_argument("--set", dest="settings", action="append", default=[],
                     help="a config change, e.g. kv_transfer.ucx_tls=tcp (repeatable)")
@@ -197,15 +252,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--single", type=int, default=6, help="requests sent one at a time (default 6)")
     ap.add_argument("--concurrency", type=int, default=2)
     ap.add_argument("--num-prompts", type=int, default=24)
+    ap.add_argument("--hold", action="store_true",
+                    help="also hold KV blocks on the prefill for one lease, with watchers in "
+                         "this session and in a session of their own")
     ap.add_argument("--json", type=Path, default=None, help="append the run's figures to this JSON-lines file")
     a = ap.parse_args(argv)
     row = run(a.config.resolve(), a.settings, a.label or (", ".join(a.settings) or "as shipped"),
-              a.single, a.concurrency, a.num_prompts, a.sched_idle)
+              a.single, a.concurrency, a.num_prompts, a.sched_idle, a.hold)
     if a.json:
         with a.json.open("a") as f:
             f.write(json.dumps(row) + "\n")
     print(HEADER)
     print(markdown(row))
+    if "hold" in row:
+        print()
+        print(hold_markdown(row))
     return 0
 
 
