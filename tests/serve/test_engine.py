@@ -110,6 +110,22 @@ def test_an_instance_with_a_key_refuses_v1_without_it(rehearsal, engine_cfg):
         assert c.get(f"{url}/metrics").status_code == 200
 
 
+def test_a_held_prefill_does_not_hold_up_the_labs_processes(rehearsal, engine_cfg):
+    """A prompt the prefill keeps for a decode that never reads it: the prefill holds its
+    blocks for the whole lease. With each instance in a session of its own (the lab's
+    start before), a process outside those sessions got no CPU for most of the lease
+    (11-12 s of a 12 s lease here). The lab now starts them in the caller's session, where
+    a watcher must not be held up; the other watchers' figures are printed, not judged."""
+    from lab_utils.bench.pd_stall import hold
+
+    urls = rehearsal.up()
+    lease = float(engine_cfg.kv_transfer.extra_config["kv_lease_duration"])
+    held = hold(urls["prefill"], engine_cfg.model.name,
+                auth_headers(api_key(engine_cfg, "vllm")), lease)["held_up_s"]
+    print(f"\nheld up during a {lease:.0f} s hold: {held}")
+    assert held["this session"] < 3.0, held
+
+
 def test_serve_starts_the_proxy_and_no_duplicates(rehearsal, engine_cfg):
     rehearsal.up()
     before = {r.name: r.pid for r in rehearsal.records()}
