@@ -9,7 +9,7 @@ PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 CONFIG ?=
 
-.PHONY: lab test test-fast test-slow lint venv cleanup clean-venv sysdeps
+.PHONY: lab test test-fast test-slow lint venv cleanup clean-venv sysdeps aiperf-venv
 
 venv: $(STAMP)
 
@@ -53,3 +53,11 @@ cleanup: $(STAMP)
 
 clean-venv:
 	rm -rf $(VENV)
+
+# NVIDIA's AIPerf, a third opinion for `python -m lab_utils.bench.loadgen --aiperf
+# .venv-aiperf/bin/aiperf`; a venv of its own, since it pins its own aiohttp and more.
+aiperf-venv:
+	@test -x .venv-aiperf/bin/python || $(PYTHON) -m venv .venv-aiperf
+	.venv-aiperf/bin/python -m pip install -qq --upgrade pip
+	.venv-aiperf/bin/python -m pip install -qq "aiperf==0.13.0"
+	.venv-aiperf/bin/aiperf --version

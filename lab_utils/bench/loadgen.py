@@ -4,13 +4,19 @@ Ceiling: against an instant stub server (`lab_utils.bench.stub_server`, own proc
 arrivals at rising rates; the ceiling is the highest rate at which the generator sent
 every request within 10 ms of its schedule (p99 send lag) with no errors.
 
-Agreement: on one rehearsal vLLM instance (the profile's baseline, started if needed),
-the same workload (input/output lengths, request count, concurrency, `ignore_eos`) run by
-this generator and by vLLM's own `vllm.benchmarks.serve` (imported from the installed
-vLLM), interleaved, `--repeats` times each; medians of TTFT, TPOT and output throughput
-side by side with their spreads.
+Agreement: on one rehearsal vLLM instance (the profile's baseline, started if needed and
+stopped again unless `--keep`), the same workload (input/output lengths, request count,
+`ignore_eos`) run by this generator and by vLLM's own `vllm.benchmarks.serve` (the
+installed vLLM, in a process of its own that imports it once), at concurrency 1, 4 and 16
+and at two Poisson rates (40% and 80% of the request rate the instance reached at the
+highest concurrency in an untimed pass first), `--repeats` times each, the two tools in
+turn and the order swapped every repeat. With `--aiperf PATH` (an `aiperf` executable in
+a venv of its own; `make aiperf-venv` makes one) NVIDIA's AIPerf runs the same points as
+a third opinion. Per point and metric: the medians over the repeats, their [min-max],
+and a verdict: agree when the lab's median is within 10% of vLLM's, or when the two
+ranges overlap (the difference is within the runs' own spread); otherwise DIFFER.
 
-    python -m lab_utils.bench.loadgen [--config F] [--repeats 3] [--skip-vllm]
+    python -m lab_utils.bench.loadgen [--config F] [--repeats 5] [--aiperf PATH] [--json F]
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import os
 import statistics
 import subprocess
 import sys
+from pathlib import Path
 
 from lab_utils.bench.stub_server import spawn_until_up
 from lab_utils.config import WorkloadConfig, load_config
@@ -30,6 +37,9 @@ from lab_utils.measure.loadgen import RequestSpec, run_point
 from lab_utils.on_node.proctools import port_is_free, stop_group
 
 HOST = "127.0.0.8"
+METRICS = ("median_ttft_ms", "median_tpot_ms", "median_itl_ms", "output_throughput",
+           "request_throughput")
+REL = 0.10  # medians this close agree whatever the spread
 
 
 def ceiling(rates: list[float], seconds: float) -> list[dict]:
@@ -52,88 +62,190 @@ def ceiling(rates: list[float], seconds: float) -> list[dict]:
         stop_group(pid, ticks, 5)
 
 
-# Runs in its own process, so vLLM's imports and threads cannot slow this generator down.
-_VLLM_BENCH = """
+def verdict(ours: list[float], theirs: list[float], rel: float = REL) -> str:
+    """'agree' (medians within `rel`), 'agree (spread)' (not within `rel`, but the two
+    [min-max] ranges overlap), or 'DIFFER'."""
+    a, b = statistics.median(ours), statistics.median(theirs)
+    if abs(a - b) <= rel * abs(b):
+        return "agree"
+    if min(ours) <= max(theirs) and min(theirs) <= max(ours):
+        return "agree (spread)"
+    return "DIFFER"
+
+
+# ---- vllm bench serve, in a process that imports vLLM once --------------------------------
+
+# Reads one JSON argv list per line, runs vLLM's benchmark with it, prints one JSON line.
+_VLLM_WORKER = """
 import contextlib, json, sys
 from vllm.benchmarks import serve
 from vllm.utils.argparse_utils import FlexibleArgumentParser
-parser = FlexibleArgumentParser()
-serve.add_cli_args(parser)
-args = parser.parse_args(sys.argv[1:])
-with contextlib.redirect_stdout(sys.stderr):
-    result = serve.main(args)
-keys = ("median_ttft_ms", "median_tpot_ms", "median_itl_ms", "output_throughput",
-        "request_throughput", "completed", "failed")
-print(json.dumps({k: result.get(k) for k in keys}))
+keys = json.loads(sys.argv[1])
+for line in sys.stdin:
+    parser = FlexibleArgumentParser()
+    serve.add_cli_args(parser)
+    args = parser.parse_args(json.loads(line))
+    with contextlib.redirect_stdout(sys.stderr):
+        result = serve.main(args)
+    print(json.dumps({k: result.get(k) for k in keys}), flush=True)
 """
 
 
-def _vllm_bench(url: str, model: str, tokenizer: str, w: WorkloadConfig, conc: int, seed: int,
-                api_key: str | None = None) -> dict:
-    argv = ["--backend", "vllm", "--base-url", url, "--model", model, "--tokenizer", tokenizer,
+def vllm_bench_argv(url: str, model: str, tokenizer: str, w: WorkloadConfig, n: int,
+                    point: tuple[str, float], seed: int) -> list[str]:
+    """`vllm bench serve` arguments for one point: ("concurrency", c) or ("rate", r/s)."""
+    kind, value = point
+    load = (["--max-concurrency", str(int(value))] if kind == "concurrency"
+            else ["--request-rate", str(value), "--burstiness", "1.0"])
+    return ["--backend", "vllm", "--base-url", url, "--model", model, "--tokenizer", tokenizer,
             "--dataset-name", "random", "--random-input-len", str(w.input_len),
-            "--random-output-len", str(w.output_len), "--num-prompts", str(w.num_prompts),
-            "--max-concurrency", str(conc), "--ignore-eos", "--num-warmups", str(w.warmup),
+            "--random-output-len", str(w.output_len), "--random-range-ratio", "0",
+            "--num-prompts", str(n), *load, "--ignore-eos", "--num-warmups", str(w.warmup),
             "--percentile-metrics", "ttft,tpot,itl,e2el", "--disable-tqdm", "--seed", str(seed),
             "--temperature", "0"]
-    env = {**os.environ, "OPENAI_API_KEY": api_key} if api_key else None  # how vLLM's reads it
-    p = subprocess.run([sys.executable, "-c", _VLLM_BENCH, *argv], capture_output=True, text=True,
-                       timeout=1800, env=env)
-    if p.returncode != 0:
-        raise RuntimeError(f"vllm bench serve failed:\n{p.stderr[-2000:]}")
-    return json.loads(p.stdout.strip().splitlines()[-1])
 
 
-def agreement(cfg, repeats: int, conc: int) -> list[tuple[str, str, float, float, float]]:
-    from lab_utils.cluster import Cluster
-    from lab_utils.config import api_key
+class VllmBench:
+    """`vllm bench serve` runs, one process for all of them (vLLM's import takes seconds)."""
+
+    def __init__(self, api_key: str | None, log: Path):
+        env = {**os.environ, "OPENAI_API_KEY": api_key} if api_key else None  # how vLLM's reads it
+        self.log = log
+        self._err = log.open("w")
+        self.proc = subprocess.Popen([sys.executable, "-c", _VLLM_WORKER, json.dumps(METRICS + ("completed", "failed"))],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err,
+                                     text=True, env=env)
+
+    def run(self, argv: list[str]) -> dict:
+        self.proc.stdin.write(json.dumps(argv) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            self._err.flush()
+            raise RuntimeError(f"vllm bench serve stopped; the end of {self.log}:\n"
+                               f"{self.log.read_text()[-2000:]}")
+        return json.loads(line)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._err.close()
+
+
+# ---- the comparison -----------------------------------------------------------------------
+
+def point_label(point: tuple[str, float]) -> str:
+    kind, value = point
+    return f"concurrency {int(value)}" if kind == "concurrency" else f"Poisson {value:g} req/s"
+
+
+def _ours(url: str, cfg, specs: list[RequestSpec], point: tuple[str, float], seed: int,
+          key: str | None) -> dict:
+    w = cfg.workload
+    kind, value = point
+    load = {"concurrency": int(value)} if kind == "concurrency" else {"rate": value, "seed": seed}
+    records, wall = asyncio.run(run_point(url, cfg.model.name, specs, warmup=w.warmup,
+                                          show_progress=False, api_key=key, **load))
+    return summarize(records, wall, w)
+
+
+def agreement(cfg, url: str, key: str | None, concurrencies: list[int], n_rates: int,
+              repeats: int, aiperf: Path | None, workdir: Path) -> dict:
+    """Run every point with every tool, `repeats` times, interleaved; return the raw runs."""
+    from lab_utils.bench import aiperf_runner
     from lab_utils.measure.workload import build_requests, local_tokenizer
-    from lab_utils.serve.topology import serve
 
     w = cfg.workload
-    key = api_key(cfg, "vllm")  # the instance is measured directly
-    with Cluster(cfg) as cluster:
-        records = serve(cluster, "baseline")
-    url = next(r.url for r in records if r.extra.get("role") == "baseline")
+    n = w.num_prompts
     tok, detok = local_tokenizer(cfg.model_path)
-    # One untimed pass first: a fresh instance's first batches of a new shape are slow.
-    asyncio.run(run_point(url, cfg.model.name, build_requests(w, w.num_prompts, tok, detok, seed=99),
-                          concurrency=conc, show_progress=False, api_key=key))
-    ours, theirs = [], []
-    for rep in range(repeats):
-        order = ("ours", "vllm") if rep % 2 == 0 else ("vllm", "ours")
-        for who in order:
-            seed = 100 + rep
-            if who == "ours":
-                specs = build_requests(w, w.warmup + w.num_prompts, tok, detok, seed=seed)
-                records, wall = asyncio.run(run_point(url, cfg.model.name, specs, concurrency=conc,
-                                                      warmup=w.warmup, show_progress=False, api_key=key))
-                ours.append(summarize(records, wall, w))
-            else:
-                theirs.append(_vllm_bench(url, cfg.model.name, cfg.model_path, w, conc, seed, key))
-            last = (ours if who == "ours" else theirs)[-1]
-            print(f"  repeat {rep + 1} {who:<4}: TTFT {last['median_ttft_ms']:.2f} ms, TPOT "
-                  f"{last['median_tpot_ms']:.2f} ms, {last['output_throughput']:.0f} tok/s", flush=True)
+    # One untimed pass at the highest concurrency: a fresh instance's first batches of a
+    # new shape are slow, and its request rate sets the Poisson points.
+    top = max(concurrencies)
+    warm = _ours(url, cfg, build_requests(w, w.warmup + n, tok, detok, seed=99), ("concurrency", top), 99, key)
+    capacity = warm["request_throughput"]
+    rates = [round(capacity * f, 1) for f in ((0.4, 0.8) if n_rates == 2 else
+                                               [(i + 1) / (n_rates + 1) for i in range(n_rates)])]
+    points = [("concurrency", float(c)) for c in concurrencies] + [("rate", r) for r in rates]
+    print(f"  untimed pass at concurrency {top}: {capacity:.1f} req/s; Poisson points at "
+          f"{', '.join(f'{r:g}' for r in rates)} req/s", flush=True)
+    tools = ["lab", "vllm bench serve"] + (["aiperf"] if aiperf else [])
+    runs: dict[str, dict[str, list[dict]]] = {point_label(p): {t: [] for t in tools} for p in points}
+    vllm = VllmBench(key, workdir / "vllm-bench.log")
+    try:
+        for rep in range(repeats):
+            order = tools[rep % len(tools):] + tools[:rep % len(tools)]
+            for i, p in enumerate(points):
+                # fresh prompts for every point and repeat: a prompt seen before is a
+                # prefix-cache hit, and its TTFT is not a prefill's
+                seed = 1000 + 100 * rep + i
+                for who in order:
+                    if who == "lab":
+                        specs = build_requests(w, w.warmup + n, tok, detok, seed=seed)
+                        s = _ours(url, cfg, specs, p, seed, key)
+                    elif who == "vllm bench serve":
+                        s = vllm.run(vllm_bench_argv(url, cfg.model.name, cfg.model_path, w, n, p, seed))
+                    else:
+                        out = workdir / f"aiperf-{rep}-{p[0]}-{p[1]:g}"
+                        s = aiperf_runner.run(aiperf, url, cfg, n, p, seed, key, out)
+                    runs[point_label(p)][who].append(s)
+                    print(f"  repeat {rep + 1} {point_label(p):<22} {who:<17} TTFT "
+                          f"{s['median_ttft_ms']:7.2f} ms  TPOT {s['median_tpot_ms']:6.2f} ms  "
+                          f"{s['request_throughput']:6.1f} req/s", flush=True)
+    finally:
+        vllm.close()
+    return {"rates": rates, "capacity_rps": capacity, "tools": tools, "runs": runs}
+
+
+def table(result: dict) -> list[dict]:
+    """One row per point, metric and tool other than the lab: medians, ranges, verdict."""
     rows = []
-    for key in ("median_ttft_ms", "median_tpot_ms", "median_itl_ms", "output_throughput",
-                "request_throughput"):
-        a = [s[key] for s in ours]
-        b = [s[key] for s in theirs]
-        rows.append((key, "lab", statistics.median(a), min(a), max(a)))
-        rows.append((key, "vllm bench serve", statistics.median(b), min(b), max(b)))
+    for label, by_tool in result["runs"].items():
+        for metric in METRICS:
+            ours = [s[metric] for s in by_tool["lab"]]
+            for other in result["tools"][1:]:
+                theirs = [s[metric] for s in by_tool[other] if s.get(metric) is not None]
+                if not theirs:
+                    continue
+                a, b = statistics.median(ours), statistics.median(theirs)
+                rows.append({"point": label, "metric": metric, "against": other,
+                             "lab": a, "lab_range": [min(ours), max(ours)],
+                             "other": b, "other_range": [min(theirs), max(theirs)],
+                             "diff_pct": (a - b) / b * 100 if b else None,
+                             "verdict": verdict(ours, theirs)})
     return rows
+
+
+def print_table(rows: list[dict]) -> None:
+    point = None
+    for r in rows:
+        if r["point"] != point:
+            point = r["point"]
+            print(f"\n  {point}")
+        (lo1, hi1), (lo2, hi2) = r["lab_range"], r["other_range"]
+        diff = f"{r['diff_pct']:+6.1f}%" if r["diff_pct"] is not None else "    n/a"
+        print(f"    {r['metric']:<20} lab {r['lab']:8.2f} [{lo1:.2f}-{hi1:.2f}]  "
+              f"{r['against']:<16} {r['other']:8.2f} [{lo2:.2f}-{hi2:.2f}]  {diff}  {r['verdict']}")
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--config")
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--concurrency", default="1,4,16", help="comma-separated concurrencies")
+    ap.add_argument("--poisson-rates", type=int, default=2, help="how many Poisson points")
     ap.add_argument("--num-prompts", type=int, default=96, help="requests per run (the "
                     "profile's workload sets the lengths)")
-    ap.add_argument("--rates", default="100,200,300,400,600")
-    ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--rates", default="100,200,300,400,600", help="the ceiling's rates")
+    ap.add_argument("--seconds", type=float, default=5.0, help="the ceiling's seconds per rate")
     ap.add_argument("--skip-vllm", action="store_true", help="measure the ceiling only")
+    ap.add_argument("--aiperf", type=Path, help="an aiperf executable (own venv) for a third opinion")
+    ap.add_argument("--keep", action="store_true", help="leave a baseline this started running")
+    ap.add_argument("--json", type=Path, help="write the runs and the table here")
     args = ap.parse_args(argv)
 
     print("\nGenerator ceiling against an instant stub server (Poisson arrivals)")
@@ -143,20 +255,48 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['failed']:>8}  {'ok' if r['ok'] else 'over the ceiling'}")
     if args.skip_vllm:
         return 0
+    if args.aiperf and not args.aiperf.exists():
+        print(f"no aiperf at {args.aiperf}: make aiperf-venv makes one (.venv-aiperf/bin/aiperf)")
+        return 2
+
+    from lab_utils.cluster import Cluster
+    from lab_utils.config import api_key
+    from lab_utils.serve.topology import serve
+
     cfg = load_config(args.config)
     cfg.workload = w = cfg.workload.model_copy(update={"num_prompts": args.num_prompts,
                                                         "warmup": max(cfg.workload.warmup, 4)})
+    concurrencies = [int(c) for c in args.concurrency.split(",")]
     print(f"\nAgreement with vllm bench serve on {cfg.profile}'s baseline instance: input "
-          f"{w.input_len}, output {w.output_len}, {w.num_prompts} requests at concurrency "
-          f"{args.concurrency}, {args.repeats} repeats each, interleaved; median [min-max]")
-    rows = agreement(cfg, args.repeats, args.concurrency)
-    for i in range(0, len(rows), 2):
-        (key, _, m1, lo1, hi1), (_, _, m2, lo2, hi2) = rows[i], rows[i + 1]
-        diff = (m1 - m2) / m2 * 100 if m2 else float("nan")
-        spread = max(hi1 - lo1, hi2 - lo2)
-        verdict = "agree" if abs(m1 - m2) <= max(0.1 * abs(m2), spread) else "DIFFER"
-        print(f"  {key:<22} lab {m1:9.2f} [{lo1:.2f}-{hi1:.2f}]   vllm {m2:9.2f} [{lo2:.2f}-{hi2:.2f}]"
-              f"   {diff:+6.1f}%  {verdict}")
+          f"{w.input_len}, output {w.output_len} tokens, {w.num_prompts} requests per run, "
+          f"concurrency {', '.join(map(str, concurrencies))} and {args.poisson_rates} Poisson "
+          f"rates, {args.repeats} repeats, tools in turn; median [min-max]")
+    key = api_key(cfg, "vllm")  # the instance is measured directly
+    with Cluster(cfg) as cluster:
+        before = {r.name for r in cluster.running()}
+        records = serve(cluster, "baseline")
+        started = [r for r in records if r.name not in before]
+        try:
+            url = next(r.url for r in records if r.extra.get("role") == "baseline")
+            workdir = cfg.results_dir / "bench-loadgen"  # vLLM's and AIPerf's logs
+            workdir.mkdir(parents=True, exist_ok=True)
+            result = agreement(cfg, url, key, concurrencies, args.poisson_rates, args.repeats,
+                               args.aiperf, workdir)
+        finally:
+            if started and not args.keep:
+                print(f"\nstopping what this started: {', '.join(cluster.stop(started))}")
+            elif started:
+                print(f"\nleft running (--keep): {', '.join(r.name for r in started)}; "
+                      f"python -m lab_utils cleanup stops it")
+    rows = table(result)
+    print_table(rows)
+    differ = [r for r in rows if r["verdict"] == "DIFFER"]
+    print(f"\n{len(rows) - len(differ)} of {len(rows)} agree"
+          + (f"; DIFFER: {', '.join(r['point'] + ' ' + r['metric'] + ' vs ' + r['against'] for r in differ)}"
+             if differ else ""))
+    if args.json:
+        args.json.write_text(json.dumps({"runs": result, "table": rows}, indent=1))
+        print(f"written: {args.json}")
     return 0
 
 

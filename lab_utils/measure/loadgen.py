@@ -2,7 +2,7 @@
 
 Streams OpenAI completions (or chat completions) over HTTP and times each request with
 `time.perf_counter()` from the moment it is on the wire: TTFT (to the first token), the inter-token latencies, TPOT
-((end-to-end - TTFT) / (output tokens - 1), as `vllm bench serve` defines it),
+((last token - first token) / (output tokens - 1), as `vllm bench serve` defines it),
 end-to-end latency, the token counts the server reports in its usage, the scheduled
 and actual send times (their difference is the generator's own lag), and how many
 tokens reached it in the same read as the token before (`read_together`). Two modes: a fixed
@@ -93,6 +93,12 @@ class TokenReader:
     """Parses a completions stream (server-sent events) into `rec` as it is read: the
     first token's time is the TTFT, each later token adds an inter-token gap.
 
+    A token is an event with a choice in it, whatever its text: vLLM sends one per
+    decoding step, and a step whose token ends in the middle of a character (a byte of a
+    multi-byte character) or is a special token carries empty text. Waiting for visible
+    text instead would count the time of the next step as the first token's, and merge
+    two gaps into one (`vllm bench serve` counts every such event too).
+
     Every token is stamped when the read that brought it returned. A read that brings
     several tokens means they waited in the client's socket (the client was late to read,
     e.g. starved of CPU) or were sent together; the gaps between them then say nothing
@@ -118,9 +124,9 @@ class TokenReader:
             choices = msg.get("choices") or []
             if not choices:
                 continue
-            c = choices[0]
-            if not (c.get("text") or (c.get("delta") or {}).get("content") or c.get("token_ids")):
-                continue
+            delta = choices[0].get("delta") or {}
+            if delta.get("role") and not delta.get("content"):
+                continue  # a chat stream's opening event names the role; no token yet
             if rec.ttft_ms is None:
                 rec.ttft_ms = (now - self.last) * 1000.0
             else:
@@ -149,8 +155,8 @@ async def send_one(session: aiohttp.ClientSession, url: str, body: dict,
             rec.error = "stream ended without a token"
         elif rec.completion_tokens is None:
             rec.error = "no usage in the response (is stream_options.include_usage supported?)"
-        elif rec.completion_tokens > 1:
-            rec.tpot_ms = (rec.e2el_ms - rec.ttft_ms) / (rec.completion_tokens - 1)
+        elif rec.completion_tokens > 1:  # first token to last token, not to the stream's end
+            rec.tpot_ms = ((reader.last - stamp["sent"]) * 1000.0 - rec.ttft_ms) / (rec.completion_tokens - 1)
     except (aiohttp.ClientError, asyncio.TimeoutError, RuntimeError, ValueError) as e:
         rec.error = f"{type(e).__name__}: {e}"[:400]
     return rec

@@ -72,7 +72,8 @@ def test_metrics_match_the_server_timing(server):
         real = truth[tuple(spec.prompt_ids)]
         ttft_gaps.append(r.ttft_ms - real["ttft_ms"])
         itl_gaps += [mine - theirs for mine, theirs in zip(r.itl_ms, real["itl_ms"], strict=True)]
-        assert r.tpot_ms == pytest.approx((r.e2el_ms - r.ttft_ms) / 7)
+        assert r.tpot_ms == pytest.approx(sum(r.itl_ms) / 7)  # first token to last
+        assert r.e2el_ms > r.ttft_ms + sum(r.itl_ms)  # the stream ends after the last token
     # The client's TTFT is the server's plus one loopback round trip; its inter-token
     # gaps are the server's. Medians, so one scheduling hiccup on a busy machine does
     # not decide the verdict; the spread is printed for the record.
@@ -156,10 +157,11 @@ def sse(msg: dict) -> bytes:
 def test_tokens_that_arrive_in_one_read_are_counted_as_read_together():
     rec = RequestRecord(0, 5, 4)
     reader = TokenReader(rec, 10.0)  # sent at t = 10 s
-    reader.feed(sse({"choices": [{"text": "a"}]}), 10.040)
-    # one token, an event without text (not a token), and the first part of the next
+    # the first token ends mid-character: its event has no text, and it is the first token
+    reader.feed(sse({"choices": [{"text": ""}]}), 10.040)
+    # one token, an event without a choice (not a token), and the first part of the next
     third = sse({"choices": [{"text": "c"}]})
-    reader.feed(sse({"choices": [{"text": "b"}]}) + sse({"choices": [{"text": ""}]}) + third[:9], 10.055)
+    reader.feed(sse({"choices": [{"text": "b"}]}) + sse({"choices": []}) + third[:9], 10.055)
     reader.feed(third[9:] + sse({"choices": [{"text": "d"}]}), 10.070)  # c completes; d came with it
     reader.feed(sse({"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 4}})
                 + b"data: [DONE]\n\n", 10.071)
@@ -179,6 +181,15 @@ def test_tokens_that_arrive_in_one_read_are_counted_as_read_together():
     assert read_together_share(s) == pytest.approx(1 / 6)
     assert summarize([steady], 1.0, WorkloadConfig())["itl_read_together_fraction"] == 0.0
     assert read_together_share(summarize([steady], 1.0, WorkloadConfig())) is None
+
+
+def test_a_chat_streams_role_event_is_not_a_token():
+    rec = RequestRecord(0, 5, 2)
+    reader = TokenReader(rec, 0.0)
+    reader.feed(sse({"choices": [{"delta": {"role": "assistant", "content": ""}}]}), 0.030)
+    reader.feed(sse({"choices": [{"delta": {"content": ""}}]}), 0.040)  # a byte: still a token
+    reader.feed(sse({"choices": [{"delta": {"content": "é"}}]}), 0.052)
+    assert rec.ttft_ms == pytest.approx(40.0) and rec.itl_ms == pytest.approx([12.0])
 
 
 def test_workload_prompts_are_exact_seeded_and_mixed():
