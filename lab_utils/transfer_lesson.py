@@ -81,6 +81,9 @@ def conclusions(rows: list[dict[str, Any]], hop: dict[str, Any] | None) -> list[
         if ratios:
             text = (f"Time: NIXL's transfers took {statistics.median(ratios):.1f}x the time "
                     "02's probe predicts from its best bandwidth (median over the prompts).")
+            if len(ratios) > 1 and max(ratios) > 3 * min(ratios):
+                text += (f" The prompts ranged from {min(ratios):.1f}x to {max(ratios):.1f}x: with "
+                         f"{len(ratios)} prompts spread this wide, read the rows above, not the median.")
             same = [(r["transfer ms"], r["probe, same bytes ms"]) for r in rows
                     if r["probe, same bytes ms"] and r["transfer ms"] is not None]
             if same:

@@ -59,6 +59,16 @@ def test_probe_at_the_same_size_is_quoted_when_02_measured_it():
     assert "the probe itself" not in lesson.conclusions(rows, None)[1]
 
 
+def test_a_wide_spread_of_transfer_times_is_said_with_the_median():
+    row = {**proof_row_dict(tokens=64), "nixl_bytes": 1048576}
+    rows = lesson.transfer_rows(_proof({**row, "nixl_xfer_ms": 0.3}, {**row, "nixl_xfer_ms": 0.4},
+                                       {**row, "nixl_xfer_ms": 7.0}), _kv(), "cpu")
+    said = lesson.conclusions(rows, None)[1]
+    assert "ranged from 1.1x to 26.7x" in said and "read the rows above" in said
+    rows = lesson.transfer_rows(_proof({**row, "nixl_xfer_ms": 0.3}, {**row, "nixl_xfer_ms": 0.4}), _kv(), "cpu")
+    assert "ranged" not in lesson.conclusions(rows, None)[1]
+
+
 def test_no_prediction_without_a_read_from_that_memory():
     rows = lesson.transfer_rows(_proof(proof_row_dict()), model("02", kv_dict()), "cuda")
     assert rows[0]["probe predicts ms"] is None and rows[0]["measured / predicted"] is None
