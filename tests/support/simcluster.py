@@ -50,6 +50,14 @@ DATA = {"spark-01": "198.19.0.1", "spark-02": "198.19.0.2"}
 HOST_VETH = {"controller": "sdl-ctl", "spark-01": "sdl-s01", "spark-02": "sdl-s02"}
 DATA_NETDEV, LAN_NETDEV, DATA_MTU = "data0", "lan0", 9000
 SSH_PORT = 22
+# One CPU cgroup for everything the cluster runs. The kernel's autogroup scheduling gives
+# each session a CPU group of its own, but only to processes in the root CPU cgroup, and
+# sshd starts every connection in a new session: without this, each instance started over
+# SSH would get a group, and on a 2-core machine a prefill holding unread KV blocks leaves
+# the processes outside its group (the proxy, the client) waiting for the whole KV lease
+# (README, "What the rehearsal can and cannot show"). Real nodes have CPUs of their own;
+# here three "nodes" share two, so they share them as one machine's processes would.
+CGROUP_NAME = "spark-disagg-simcluster"
 
 
 class SimClusterError(RuntimeError):
@@ -78,6 +86,29 @@ def unavailable_reason() -> str | None:
     if not Path("/usr/sbin/sshd").exists():
         return "/usr/sbin/sshd is missing: apt-get install openssh-server"
     return None
+
+
+def cgroup_dir() -> Path | None:
+    """Where the cluster's CPU cgroup goes (cgroup v1 `cpu` hierarchy, or cgroup v2 with
+    the cpu controller enabled for the root's children), or None where there is neither."""
+    v1 = Path("/sys/fs/cgroup/cpu")
+    if (v1 / "cpu.shares").exists():
+        return v1 / CGROUP_NAME
+    v2 = Path("/sys/fs/cgroup")
+    controls = v2 / "cgroup.subtree_control"
+    if controls.exists() and "cpu" in controls.read_text().split():
+        return v2 / CGROUP_NAME
+    return None
+
+
+def join_cgroup(pid: int) -> bool:
+    """Move `pid` (and so whatever it starts from now on) into the cluster's cgroup, when
+    there is one; False when there is none."""
+    cg = cgroup_dir()
+    if cg is None or not cg.is_dir():
+        return False
+    (cg / "cgroup.procs").write_text(f"{pid}\n")
+    return True
 
 
 def client_key() -> Path:
@@ -125,10 +156,15 @@ def up() -> dict:
     STATE.write_text(json.dumps(state))  # from here on `down` knows the network is ours
     try:
         _network()
+        cg = cgroup_dir()
+        if cg is not None:
+            cg.mkdir(exist_ok=True)
+        state["cgroup"] = str(cg) if cg else None
         lines = []
         for ns, address in LAN.items():
             sshd = LoopbackSSHD(ROOT / "sshd" / ns, address=address, port=SSH_PORT, netns=ns,
                                 client_key=client_key()).start()
+            join_cgroup(sshd.pid)  # before any connection: sshd forks one child per session
             state["sshd"][ns] = [sshd.pid, start_ticks(sshd.pid)]
             lines.append(sshd.known_hosts_line())
             # the server object is dropped; `down` stops it by PID and process tree
@@ -167,9 +203,15 @@ def strays(allowed_pgids=(), namespaces=tuple(LAN)) -> list[str]:
     return out
 
 
+def exec_argv(ns: str, *argv: str) -> list[str]:
+    """`argv` run inside namespace `ns` and the cluster's cgroup (the PID stays the one
+    the caller started: both steps exec in place)."""
+    return [sys.executable, str(Path(__file__).resolve()), "exec", ns, "--", *argv]
+
+
 def lab_argv(ns: str, *args: str) -> list[str]:
-    """`python -m lab_utils ARGS` run inside namespace `ns`."""
-    return ["ip", "netns", "exec", ns, sys.executable, "-m", "lab_utils", *args]
+    """`python -m lab_utils ARGS` run inside namespace `ns` (and the cluster's cgroup)."""
+    return exec_argv(ns, sys.executable, "-m", "lab_utils", *args)
 
 
 def stop_namespace_processes(grace_s: float = 5.0) -> list[int]:
@@ -197,10 +239,29 @@ def down() -> None:
             stop_group(pid, ticks, 5)
     for ns in existing_namespaces():
         _ip("netns", "del", ns, check=False)
+    cg = cgroup_dir()
+    if cg is not None and cg.is_dir():
+        _remove_cgroup(cg)
     _ip("link", "del", BRIDGE, check=False)
     for veth in HOST_VETH.values():
         _ip("link", "del", veth, check=False)
     STATE.unlink(missing_ok=True)
+
+
+def _remove_cgroup(cg: Path, wait_s: float = 5.0) -> None:
+    """rmdir the cgroup once the processes stopped above have left it (exiting processes
+    take a moment); one that still holds a process is named, not emptied by force."""
+    t_end = time.monotonic() + wait_s
+    while True:
+        try:
+            cg.rmdir()
+            return
+        except OSError as e:
+            if time.monotonic() > t_end:
+                left = (cg / "cgroup.procs").read_text().split()
+                raise SimClusterError(f"cannot remove {cg}: {e}; processes still in it: "
+                                      f"{', '.join(left) or 'none'}") from e
+            time.sleep(0.1)
 
 
 def status() -> str:
@@ -221,16 +282,39 @@ def netdev_bytes(ns: str, dev: str = DATA_NETDEV) -> tuple[int, int]:
     return stats["rx"]["bytes"], stats["tx"]["bytes"]
 
 
+def exec_in(ns: str, argv: list[str]) -> None:
+    """Join the cluster's cgroup, then exec `argv` in namespace `ns` (does not return)."""
+    if ns not in LAN:
+        raise SimClusterError(f"no node {ns!r}: the nodes are {', '.join(LAN)}")
+    if not STATE.exists():
+        raise SimClusterError("the cluster is down: run `python tests/support/simcluster.py up`")
+    join_cgroup(os.getpid())
+    os.execvp("ip", ["ip", "netns", "exec", ns, *argv])
+
+
+USAGE = ("usage: python tests/support/simcluster.py up|down|status\n"
+         "       python tests/support/simcluster.py exec NODE -- COMMAND...")
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["exec"]:
+        if len(argv) < 4 or argv[2] != "--":
+            print(USAGE, file=sys.stderr)
+            return 2
+        try:
+            exec_in(argv[1], argv[3:])
+        except SimClusterError as e:
+            print(f"simcluster: {e}", file=sys.stderr)
+            return 1
     if len(argv) != 1 or argv[0] not in ("up", "down", "status"):
-        print("usage: python tests/support/simcluster.py up|down|status", file=sys.stderr)
+        print(USAGE, file=sys.stderr)
         return 2
     try:
         if argv[0] == "up":
             st = up()
             print(f"simcluster up in {st['startup_s']} s: namespaces {', '.join(LAN)}; "
                   f"config {CONFIG.relative_to(REPO)}; run the lab from the controller with\n"
-                  f"  ip netns exec controller {sys.executable} -m lab_utils run "
+                  f"  {sys.executable} {sys.argv[0]} exec controller -- {sys.executable} -m lab_utils run "
                   f"--config {CONFIG.relative_to(REPO)}")
         elif argv[0] == "down":
             down()
