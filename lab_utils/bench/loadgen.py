@@ -4,8 +4,8 @@ Ceiling: against an instant stub server (`lab_utils.bench.stub_server`, own proc
 arrivals at rising rates; the ceiling is the highest rate at which the generator sent
 every request within 10 ms of its schedule (p99 send lag) with no errors.
 
-Agreement: on one rehearsal vLLM instance (the profile's baseline, started if needed and
-stopped again unless `--keep`), the same workload (input/output lengths, request count,
+Agreement: on one rehearsal vLLM instance (the profile's baseline, started for this with
+prefix caching off and stopped again unless `--keep`), the same workload (input/output lengths, request count,
 `ignore_eos`) run by this generator and by vLLM's own `vllm.benchmarks.serve` (the
 installed vLLM, in a process of its own that imports it once), at concurrency 1, 4 and 16
 and at two Poisson rates (40% and 80% of the request rate the instance reached at the
@@ -15,6 +15,14 @@ a venv of its own; `make aiperf-venv` makes one) NVIDIA's AIPerf runs the same p
 a third opinion. Per point and metric: the medians over the repeats, their [min-max],
 and a verdict: agree when the lab's median is within 10% of vLLM's, or when the two
 ranges overlap (the difference is within the runs' own spread); otherwise DIFFER.
+
+Why prefix caching is off: vLLM's random dataset makes each prompt a run of consecutive
+token ids from a random start, so on the tiny model's 512-token vocabulary its prompts
+repeat across runs, and a repeated prompt is a prefix-cache hit whose TTFT is not a
+prefill's (seen: `vllm bench serve`'s TTFT at concurrency 1 fell from 86 to 31 ms by the
+third repeat, while the lab's fresh prompts stayed at 87-88 ms). Every run records the
+share of its prompt tokens the instance served from its cache (`prefix_cache_hit_pct`,
+from the instance's counters), which is then 0.
 
     python -m lab_utils.bench.loadgen [--config F] [--repeats 5] [--aiperf PATH] [--json F]
 """
@@ -37,6 +45,7 @@ from lab_utils.measure.loadgen import RequestSpec, run_point
 from lab_utils.on_node.proctools import port_is_free, stop_group
 
 HOST = "127.0.0.8"
+NO_PREFIX_CACHING = "--no-enable-prefix-caching"
 METRICS = ("median_ttft_ms", "median_tpot_ms", "median_itl_ms", "output_throughput",
            "request_throughput")
 REL = 0.10  # medians this close agree whatever the spread
@@ -154,6 +163,22 @@ def _ours(url: str, cfg, specs: list[RequestSpec], point: tuple[str, float], see
     return summarize(records, wall, w)
 
 
+def without_prefix_caching(cfg):
+    """`cfg` with the baseline instance's prefix caching turned off (see the docstring)."""
+    b = cfg.vllm.baseline
+    if NO_PREFIX_CACHING not in b.extra_args:
+        b = b.model_copy(update={"extra_args": [*b.extra_args, NO_PREFIX_CACHING]})
+    return cfg.model_copy(update={"vllm": cfg.vllm.model_copy(update={"baseline": b})})
+
+
+def _prompt_tokens(url: str) -> tuple[float, float]:
+    """(prompt tokens, of which served from the prefix cache) from the instance's counters."""
+    from lab_utils.serve.metrics import fetch_metrics, read_counters
+
+    c = read_counters(fetch_metrics(url), require_nixl=False)
+    return c.prompt_tokens, c.prompt_tokens_local_cache_hit
+
+
 def agreement(cfg, url: str, key: str | None, concurrencies: list[int], n_rates: int,
               repeats: int, aiperf: Path | None, workdir: Path) -> dict:
     """Run every point with every tool, `repeats` times, interleaved; return the raw runs."""
@@ -184,6 +209,7 @@ def agreement(cfg, url: str, key: str | None, concurrencies: list[int], n_rates:
                 # prefix-cache hit, and its TTFT is not a prefill's
                 seed = 1000 + 100 * rep + i
                 for who in order:
+                    before = _prompt_tokens(url)
                     if who == "lab":
                         specs = build_requests(w, w.warmup + n, tok, detok, seed=seed)
                         s = _ours(url, cfg, specs, p, seed, key)
@@ -192,10 +218,14 @@ def agreement(cfg, url: str, key: str | None, concurrencies: list[int], n_rates:
                     else:
                         out = workdir / f"aiperf-{rep}-{p[0]}-{p[1]:g}"
                         s = aiperf_runner.run(aiperf, url, cfg, n, p, seed, key, out)
+                    after = _prompt_tokens(url)
+                    prompted = after[0] - before[0]
+                    s["prefix_cache_hit_pct"] = 100 * (after[1] - before[1]) / prompted if prompted else 0.0
                     runs[point_label(p)][who].append(s)
                     print(f"  repeat {rep + 1} {point_label(p):<22} {who:<17} TTFT "
                           f"{s['median_ttft_ms']:7.2f} ms  TPOT {s['median_tpot_ms']:6.2f} ms  "
-                          f"{s['request_throughput']:6.1f} req/s", flush=True)
+                          f"{s['request_throughput']:6.1f} req/s  cache hits "
+                          f"{s['prefix_cache_hit_pct']:4.1f}%", flush=True)
     finally:
         vllm.close()
     return {"rates": rates, "capacity_rps": capacity, "tools": tools, "runs": runs}
@@ -263,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     from lab_utils.config import api_key
     from lab_utils.serve.topology import serve
 
-    cfg = load_config(args.config)
+    cfg = without_prefix_caching(load_config(args.config))
     cfg.workload = w = cfg.workload.model_copy(update={"num_prompts": args.num_prompts,
                                                         "warmup": max(cfg.workload.warmup, 4)})
     concurrencies = [int(c) for c in args.concurrency.split(",")]
@@ -274,6 +304,12 @@ def main(argv: list[str] | None = None) -> int:
     key = api_key(cfg, "vllm")  # the instance is measured directly
     with Cluster(cfg) as cluster:
         before = {r.name for r in cluster.running()}
+        if any(r.extra.get("role") == "baseline" for r in cluster.running()):
+            print(f"{cfg.profile}'s baseline instance is already running, with its own settings; "
+                  f"this benchmark starts one without prefix caching (vLLM's random prompts repeat on "
+                  f"a small vocabulary, and a repeat is a cache hit). Stop it first: "
+                  f"python -m lab_utils cleanup" + (f" --config {args.config}" if args.config else ""))
+            return 2
         records = serve(cluster, "baseline")
         started = [r for r in records if r.name not in before]
         try:

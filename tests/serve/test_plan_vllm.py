@@ -100,3 +100,18 @@ def test_vllm_refuses_what_the_judge_should_catch(vllm_judge):
         vllm_judge["parse"](["--model", "m", "--kv-transfer-config",
                              '{"kv_connector":"NixlConnector","kv_rolle":"kv_producer"}'])
     assert "auto" not in vllm_judge["nixl"]["cuda"]  # why "auto" is resolved before launch
+
+
+def test_the_agreement_benchmarks_baseline_has_no_prefix_cache(vllm_judge, tmp_path):
+    """`bench.loadgen` turns prefix caching off on the instance it measures, and vLLM reads
+    the flag as meant (and the profile itself keeps vLLM's default: on)."""
+    from lab_utils.bench.loadgen import without_prefix_caching
+
+    cfg = _profile(tmp_path, "configs/local-cpu.json")
+    for c, cached in ((cfg, True), (without_prefix_caching(cfg), False),
+                      (without_prefix_caching(without_prefix_caching(cfg)), False)):
+        plan = make_plan(Cluster(c), "baseline", mem_total=120 * GiB, read_nodes=False)
+        (inst,) = plan.instances
+        _, engine = vllm_judge["parse"](inst.argv[3:])
+        assert engine.enable_prefix_caching is not False if cached else engine.enable_prefix_caching is False
+        assert inst.argv.count("--no-enable-prefix-caching") == (0 if cached else 1)
