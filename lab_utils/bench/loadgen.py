@@ -171,12 +171,11 @@ def without_prefix_caching(cfg):
     return cfg.model_copy(update={"vllm": cfg.vllm.model_copy(update={"baseline": b})})
 
 
-def _prompt_tokens(url: str) -> tuple[float, float]:
-    """(prompt tokens, of which served from the prefix cache) from the instance's counters."""
+def _counters(url: str):
+    """The instance's counters (prompt tokens, and those served from the prefix cache)."""
     from lab_utils.serve.metrics import fetch_metrics, read_counters
 
-    c = read_counters(fetch_metrics(url), require_nixl=False)
-    return c.prompt_tokens, c.prompt_tokens_local_cache_hit
+    return read_counters(fetch_metrics(url), require_nixl=False)
 
 
 def agreement(cfg, url: str, key: str | None, concurrencies: list[int], n_rates: int,
@@ -209,7 +208,7 @@ def agreement(cfg, url: str, key: str | None, concurrencies: list[int], n_rates:
                 # prefix-cache hit, and its TTFT is not a prefill's
                 seed = 1000 + 100 * rep + i
                 for who in order:
-                    before = _prompt_tokens(url)
+                    before = _counters(url)
                     if who == "lab":
                         specs = build_requests(w, w.warmup + n, tok, detok, seed=seed)
                         s = _ours(url, cfg, specs, p, seed, key)
@@ -218,9 +217,9 @@ def agreement(cfg, url: str, key: str | None, concurrencies: list[int], n_rates:
                     else:
                         out = workdir / f"aiperf-{rep}-{p[0]}-{p[1]:g}"
                         s = aiperf_runner.run(aiperf, url, cfg, n, p, seed, key, out)
-                    after = _prompt_tokens(url)
-                    prompted = after[0] - before[0]
-                    s["prefix_cache_hit_pct"] = 100 * (after[1] - before[1]) / prompted if prompted else 0.0
+                    d = _counters(url) - before
+                    s["prefix_cache_hit_pct"] = (100 * d.prompt_tokens_local_cache_hit / d.prompt_tokens
+                                                 if d.prompt_tokens else 0.0)
                     runs[point_label(p)][who].append(s)
                     print(f"  repeat {rep + 1} {point_label(p):<22} {who:<17} TTFT "
                           f"{s['median_ttft_ms']:7.2f} ms  TPOT {s['median_tpot_ms']:6.2f} ms  "
@@ -303,8 +302,9 @@ def main(argv: list[str] | None = None) -> int:
           f"rates, {args.repeats} repeats, tools in turn; median [min-max]")
     key = api_key(cfg, "vllm")  # the instance is measured directly
     with Cluster(cfg) as cluster:
-        before = {r.name for r in cluster.running()}
-        if any(r.extra.get("role") == "baseline" for r in cluster.running()):
+        running = cluster.running()
+        before = {r.name for r in running}
+        if any(r.extra.get("role") == "baseline" for r in running):
             print(f"{cfg.profile}'s baseline instance is already running, with its own settings; "
                   f"this benchmark starts one without prefix caching (vLLM's random prompts repeat on "
                   f"a small vocabulary, and a repeat is a cache hit). Stop it first: "

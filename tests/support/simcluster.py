@@ -159,7 +159,6 @@ def up() -> dict:
         cg = cgroup_dir()
         if cg is not None:
             cg.mkdir(exist_ok=True)
-        state["cgroup"] = str(cg) if cg else None
         lines = []
         for ns, address in LAN.items():
             sshd = LoopbackSSHD(ROOT / "sshd" / ns, address=address, port=SSH_PORT, netns=ns,

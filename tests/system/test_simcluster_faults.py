@@ -106,9 +106,14 @@ def lease_expiries(node, rec) -> int:
     return int(r.stdout.strip() or 0)
 
 
-def proxy_log_mark(cfg: LabConfig) -> tuple[Path, int]:
-    path = Path(cfg.log_dir_on(cfg.proxy.node), "proxy.log")
+def log_mark(path: Path) -> tuple[Path, int]:
+    """Where a log ends now, for `stalls_since`."""
     return path, path.stat().st_size
+
+
+def proxy_log(cfg: LabConfig) -> Path:
+    """The log of the proxy that `serve` started."""
+    return Path(cfg.log_dir_on(cfg.proxy.node), "proxy.log")
 
 
 def stalls_since(mark: tuple[Path, int]) -> tuple[float, str]:
@@ -404,7 +409,7 @@ def test_frozen_prefill_times_out_and_nothing_reaches_decode(fcfg, pd, tmp_path)
                       request_timeout_s=FROZEN_TIMEOUT_S) as (proxy, log):
         os.kill(pd["prefill"].pid, signal.SIGSTOP)  # the API server itself: no answer at all
         try:
-            mark = (log, log.stat().st_size)
+            mark = log_mark(log)
             t0 = time.monotonic()
             r = httpx.post(f"{proxy}/v1/completions", timeout=FROZEN_TIMEOUT_S + 30,
                            json=completion(fcfg, prompt_ids(80, 9), 8, stream=False))
@@ -461,7 +466,7 @@ def test_decode_down_before_dispatch_fails_fast(fcfg, simcluster):
 
 def _decode_down(fcfg, simcluster, recs, prefill_node) -> None:
     expired_before = lease_expiries(prefill_node, recs["prefill"])
-    mark = proxy_log_mark(fcfg)
+    mark = log_mark(proxy_log(fcfg))
     t0 = time.monotonic()
     r = httpx.post(f"{recs['proxy'].url}/v1/completions", timeout=60,
                    json=completion(fcfg, prompt_ids(40, 31), 4, stream=False))
