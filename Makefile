@@ -34,8 +34,9 @@ test: $(STAMP) sysdeps
 	$(PY) tests/run_phases.py
 
 # System packages the tests need: openssh-server (the SSH tests run a private sshd on
-# loopback) and chromium (the report test renders report.html); installed if missing
-# (as root, e.g. in CI; otherwise the script says what to install).
+# loopback), chromium (the report test renders report.html), iproute2 (the simulated
+# cluster) and wrk (bench.proxy's load); installed if missing (as root, e.g. in CI;
+# otherwise the script says what to install).
 sysdeps:
 	bash tests/ensure_sysdeps.sh
 
