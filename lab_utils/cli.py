@@ -44,9 +44,16 @@ def _cmd_serve(args) -> int:
 
 
 def _cmd_proxy(args) -> int:
+    cfg = load_config(args.config)
+    if args.kind and args.kind != cfg.proxy.kind:
+        cfg = cfg.with_proxy_kind(args.kind)
+    if cfg.proxy.kind == "vllm-router":
+        from lab_utils.serve import router
+
+        router.run(cfg, args.mode)  # replaces this process
     from lab_utils.serve import proxy
 
-    proxy.run(load_config(args.config), args.mode)
+    proxy.run(cfg, args.mode)
     return 0
 
 
@@ -219,8 +226,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--mem-total-gib", type=float, help="with --dry-run: the nodes' MemTotal "
                     "in GiB instead of reading /proc/meminfo on them")
     sp.add_argument("--offline", action="store_true", help="with --dry-run: contact no node")
-    sp = cmd("proxy", _cmd_proxy, "run the lab proxy in the foreground (serve starts it for you)")
+    sp = cmd("proxy", _cmd_proxy, "run the front door in the foreground: the lab proxy, or "
+             "vllm-router with proxy.kind \"vllm-router\" (serve starts it for you)")
     sp.add_argument("--mode", choices=TOPOLOGIES, required=True)
+    sp.add_argument("--kind", choices=("lab", "vllm-router"), help="instead of proxy.kind")
     cmd("report", _cmd_report, "write the benchmark report (report.html, report.md, plots) "
         "from the results of notebooks 00-04")
     sp = cmd("check", _cmd_check, "the bring-up checklist: every check on every node it concerns, "

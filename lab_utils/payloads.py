@@ -138,11 +138,37 @@ class ReplicatedPayload(ServingPayload):
     policy: str
 
 
+class FrontDoors(Record):
+    """Notebook 04's optional section: one sweep point through the lab's proxy, then
+    through vllm-router, in front of the same instances, back to back."""
+
+    point: str  # e.g. "concurrency 1"
+    lab: BenchmarkResult
+    vllm_router: BenchmarkResult
+    router_version: str
+
+    def frame(self):
+        """One row per metric, the lab proxy and vllm-router side by side, with the change
+        in percent (positive: vllm-router higher)."""
+        import pandas as pd
+
+        keys = ["request_throughput", "output_throughput", "median_ttft_ms", "p99_ttft_ms",
+                "median_tpot_ms", "median_itl_ms", "p99_itl_ms"]
+        a, b = self.lab.combined[0], self.vllm_router.combined[0]
+        router = f"vllm-router {self.router_version}"
+        rows = [{"metric": k, "lab proxy": a.get(k), router: b.get(k),
+                 "change %": (b[k] - a[k]) / a[k] * 100 if a.get(k) and b.get(k) is not None else None}
+                for k in keys]
+        rows.append({"metric": "valid", "lab proxy": a["valid"], router: b["valid"], "change %": None})
+        return pd.DataFrame(rows).round(2)
+
+
 class DisaggregatedPayload(ServingPayload):
     """Notebook 04 (disaggregated_metrics.json)."""
 
     kv_buffer_device: str
     proof: Proof | None = None
+    front_doors: FrontDoors | None = None
 
 
 Payload = (EnvironmentPayload | BaselinePayload | KvTransferPayload | ReplicatedPayload

@@ -31,6 +31,7 @@ from lab_utils.measure.workload import build_requests, server_tokenizer
 from lab_utils.payloads import (
     BaselinePayload,
     DisaggregatedPayload,
+    FrontDoors,
     Instance,
     Proof,
     Reference,
@@ -38,7 +39,8 @@ from lab_utils.payloads import (
     Roofline,
 )
 from lab_utils.results import ResultsEnvelope, load_optional, write_results
-from lab_utils.serve.topology import PROXY, serve, urls
+from lab_utils.serve.launcher import wait_ready
+from lab_utils.serve.topology import PROXY, serve, start_proxy, urls
 
 REFERENCE_LENGTHS = (48, 96, 160, 224)  # the prompts whose greedy output 01 records
 REFERENCE_TOKENS = 16
@@ -93,6 +95,17 @@ class ServingSession:
         for r in records:
             print(f"  {r.name:<12} {r.node:<12} {r.url}")
         return Served(topology, records, device)
+
+    def swap_front_door(self, served: Served, kind: str) -> None:
+        """Put the front door of `kind` ("lab" or "vllm-router") in front of `served`'s
+        instances, on the same port, replacing the one there; wait until it is healthy."""
+        old = next(r for r in served.records if r.name == PROXY)
+        rec, new = start_proxy(self.cluster, served.topology, kind=kind)
+        if new:
+            wait_ready(self.cluster, [rec], timeout=120, show_progress=False)
+        served.records = [rec if r is old else r for r in served.records]
+        if old in self.started or new:
+            self.started = [r for r in self.started if r is not old] + [rec]
 
     def stop(self, quiet: bool = False) -> list[str]:
         """Stop what this session started (not instances it found running), and close the
@@ -151,11 +164,12 @@ def describe(rec: RequestRecord) -> str:
             f"({len(itl)} gaps{together})\n  end-to-end {rec.e2el_ms:.1f} ms")
 
 
-def run_sweep(cfg: LabConfig, served: Served, *, mixed: bool = False) -> BenchmarkResult:
-    """The configured workload through the proxy; mixed: at the highest concurrency only,
-    one long prompt every `mixed_long_every` requests."""
+def run_sweep(cfg: LabConfig, served: Served, *, mixed: bool = False,
+              workload=None) -> BenchmarkResult:
+    """The configured workload (or `workload`) through the proxy; mixed: at the highest
+    concurrency only, one long prompt every `mixed_long_every` requests."""
     tokenize, detokenize = tokenizer_of(served, cfg)
-    w = cfg.workload
+    w = workload or cfg.workload
     if mixed:
         w = w.model_copy(update={"concurrency": [max(w.concurrency or [1])], "request_rates": []})
     return sweep(served.proxy_url, cfg.model.name,
@@ -258,13 +272,48 @@ def record_replicated(cfg: LabConfig, served: Served, result: BenchmarkResult,
 
 
 def record_disaggregated(cfg: LabConfig, served: Served, result: BenchmarkResult,
-                         mixed: BenchmarkResult | None, proof: Proof) -> Path:
+                         mixed: BenchmarkResult | None, proof: Proof,
+                         front_doors: FrontDoors | None = None) -> Path:
     """Write notebook 04's results: the sweep, the mixed run, the kv_buffer_device the
-    instances were given and the proof of transfer."""
+    instances were given, the proof of transfer and, when run, the front-door comparison."""
     device = served.kv_buffer_device or kv_buffer_device(cfg)
     return write_results(cfg, "04", DisaggregatedPayload(
         topology=served.topology, instances=instances(served), sweep=result, mixed=mixed,
-        kv_buffer_device=device, proof=proof))
+        kv_buffer_device=device, proof=proof, front_doors=front_doors))
+
+
+def compare_front_doors(cfg: LabConfig, session: ServingSession, served: Served,
+                        concurrency: int | None = None) -> FrontDoors | None:
+    """One sweep point (the sweep's lowest concurrency unless given), once through the
+    lab's proxy, then once through vllm-router on the same port in front of the same
+    instances; the lab's proxy is put back afterwards, whatever happens. None, with the reason printed,
+    when vllm-router cannot stand in here."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from lab_utils.serve import router
+
+    if cfg.proxy.api_key_file:
+        print("skipped: proxy.api_key_file is set, and vllm-router checks no client key")
+        return None
+    try:
+        got = version("vllm-router")
+    except PackageNotFoundError:
+        print(f"skipped: vllm-router is not installed (pip install vllm-router=={router.VERSION})")
+        return None
+    c = concurrency or min(cfg.workload.concurrency or [1])
+    # one repeat through each: a side-by-side look, not a ranking (the sweep has the spread)
+    w = cfg.workload.model_copy(update={"concurrency": [c], "request_rates": [], "repeats": 1})
+    runs = {}
+    try:
+        for kind in ("lab", "vllm-router"):
+            session.swap_front_door(served, kind)
+            print(f"concurrency {c} through {'the lab proxy' if kind == 'lab' else kind} "
+                  f"({w.num_prompts} requests)", flush=True)
+            runs[kind] = run_sweep(cfg, served, workload=w)
+    finally:
+        session.swap_front_door(served, "lab")
+    return FrontDoors(point=f"concurrency {c}", lab=runs["lab"], vllm_router=runs["vllm-router"],
+                      router_version=got)
 
 
 def compare_frame(reference: ResultsEnvelope, result: BenchmarkResult, names: tuple[str, str],

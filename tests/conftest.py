@@ -112,13 +112,16 @@ def rehearsal(engine_cfg):
 def pytest_collection_modifyitems(config, items):
     """The notebook series runs first, on a quiet machine (its numbers are measured);
     tests that stop the shared rehearsal instances run last, so the others share one
-    start-up of them (about 90 s here)."""
+    start-up of them (about 90 s here): first those that still use them (the `rehearsal`
+    fixture), then those that stop them before they start."""
     def order(item) -> int:
         if item.get_closest_marker("series"):
             return 0
         if item.get_closest_marker("simcluster"):  # before the rehearsal instances start
             return 1
-        return 3 if item.get_closest_marker("stops_rehearsal") else 2
+        if not item.get_closest_marker("stops_rehearsal"):
+            return 2
+        return 3 if "rehearsal" in getattr(item, "fixturenames", ()) else 4
 
     items.sort(key=order)
 

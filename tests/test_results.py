@@ -379,7 +379,7 @@ NEW_KEYS = {
     "00": {"gpu_name"},
     "02": {"probe.plan"},
     "04": {f"proof.prompts[].{k}" for k in ("strict", "tokens_ok", "diverged_at",
-                                            "divergence_margin", "tokens_why")},
+                                            "divergence_margin", "tokens_why")} | {"front_doors"},
 }
 
 

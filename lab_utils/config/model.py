@@ -167,6 +167,13 @@ class TopologyConfig(_Strict):
 class ProxyConfig(_Strict):
     node: str
     port: Port
+    # "lab": the lab's own proxy (serve.proxy); "vllm-router": vLLM's Rust router
+    # (pip package vllm-router) in its place, on the same node, port and log.
+    kind: Literal["lab", "vllm-router"] = "lab"
+    # the vllm-router command on the proxy node; None: the one beside the node's python
+    vllm_router: str | None = None
+    # where vllm-router serves its Prometheus metrics (on the proxy node's lan_address)
+    router_metrics_port: Port = 29000
     api_key_file: str | None = None
     connect_timeout_s: float = Field(5.0, gt=0)
     request_timeout_s: float = Field(300.0, gt=0)
@@ -249,6 +256,15 @@ class LabConfig(_Strict):
             return str(self._source.resolve().relative_to(REPO_ROOT))
         except ValueError:
             return str(self._source)
+
+    def with_proxy_kind(self, kind: str) -> LabConfig:
+        """This config with another `proxy.kind`, checked as if the file said so (same
+        source file, so paths and the profile resolve alike)."""
+        cfg = parse_config({**self.model_dump(mode="json", exclude_unset=True),
+                            "proxy": {**self.proxy.model_dump(mode="json", exclude_unset=True),
+                                      "kind": kind}}, str(self._source or "config"))
+        cfg._source = self._source
+        return cfg
 
     def resolve_path(self, value: str | os.PathLike) -> Path:
         """A path from the config: `~` expanded, relative paths against the checkout (the
@@ -382,6 +398,13 @@ def _cross_check(cfg: LabConfig) -> list[str]:
             f"({', '.join(ssh_serving)}) need an absolute path where the model is (or is copied) "
             'on every node, the same on each (e.g. "/home/lab/models/tiny-llama")'
         )
+    if cfg.proxy.kind == "vllm-router" and cfg.proxy.api_key_file:
+        problems.append(
+            "proxy.api_key_file: set with proxy.kind \"vllm-router\", which does not check its "
+            "clients' key (its own --api-key is the one it sends to workers); keep the key with "
+            "proxy.kind \"lab\", or move it to vllm.api_key_file (the instances' key, which "
+            "vllm-router sends them) and drop proxy.api_key_file"
+        )
     for role in ("prefill", "decode"):
         if getattr(cfg.vllm, role).side_channel_port is None:
             problems.append(
@@ -421,6 +444,10 @@ def _cross_check(cfg: LabConfig) -> list[str]:
     proxy_node = cfg.nodes[cfg.proxy.node]
     services.append((cfg.proxy.node, proxy_node.lan_address, cfg.proxy.port,
                      f"proxy on {cfg.proxy.node}", False))
+    if cfg.proxy.kind == "vllm-router":
+        services.append((cfg.proxy.node, proxy_node.lan_address, cfg.proxy.router_metrics_port,
+                         f"vllm-router's metrics (proxy.router_metrics_port) on {cfg.proxy.node}",
+                         False))
     for i, (node_a, addr_a, port_a, what_a, side_a) in enumerate(services):
         machine = cfg.nodes[node_a].machine(node_a)
         for node_b, addr_b, port_b, what_b, side_b in services[:i]:

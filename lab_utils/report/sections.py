@@ -243,13 +243,20 @@ def _nb04_blocks(data: ReportData) -> list[Block]:
                 f"{_sweep_text(data.sweeps['disaggregated'])}")]
     proof = p.proof
     if proof is None:
-        return blocks + [W("No proof that the KV cache moved was recorded.")]
-    verdict = "passed" if proof.ok else "FAILED"
-    text = (f"Proof that the KV cache moved: {verdict}. Greedy output equal to the baseline "
-            f"for {proof.tokens_equal} of {len(proof.prompts)} prompts.")
-    blocks.append(P(text) if proof.ok else W(text))
-    rows = [r.model_dump() for r in proof.prompts]
-    return blocks + ([T(scalar_table(rows))] if rows else [])
+        blocks.append(W("No proof that the KV cache moved was recorded."))
+    else:
+        verdict = "passed" if proof.ok else "FAILED"
+        text = (f"Proof that the KV cache moved: {verdict}. Greedy output equal to the baseline "
+                f"for {proof.tokens_equal} of {len(proof.prompts)} prompts.")
+        blocks.append(P(text) if proof.ok else W(text))
+        rows = [r.model_dump() for r in proof.prompts]
+        blocks += [T(scalar_table(rows))] if rows else []
+    if p.front_doors is not None:
+        d = p.front_doors
+        blocks += [P(f"The same instances behind two front doors, one sweep point ({d.point}) "
+                     f"through the lab's proxy, then through vllm-router {d.router_version}, back "
+                     "to back:"), T(d.frame())]
+    return blocks
 
 
 def _files_blocks(data: ReportData) -> list[Block]:

@@ -9,6 +9,7 @@ prefill/decode by hand.
 - `topology`: the sets of instances notebooks 01, 03 and 04 stand up (baseline,
   replicated, disaggregated), with the proxy; what is running; cleanup.
 - `proxy`: the lab's HTTP front door (replicated and P/D modes), one for every architecture.
+- `router`: vLLM's router (`vllm-router`) in the proxy's place, with `proxy.kind`.
 - `pd`: prefill then decode by hand, and the proof that the KV cache really moved.
 - `metrics`: a vLLM instance's Prometheus `/metrics`, parsed into the lab's counters.
 - `demo`: the short end-to-end run behind `python -m lab_utils demo`.
@@ -20,7 +21,7 @@ from lab_utils.serve.launcher import healthy, start_instance, wait_ready
 from lab_utils.serve.plan import Plan, make_plan
 from lab_utils.serve.topology import PROXY, cleanup, serve, topology_running, urls
 
-# `proxy` and `demo` are exported as modules but imported only when asked for, so that
-# starting an instance does not load the proxy's web stack.
-__all__ = ["PROXY", "Plan", "cleanup", "demo", "healthy", "make_plan", "proxy", "serve",
-           "start_instance", "topology_running", "urls", "wait_ready"]
+# `proxy`, `router` and `demo` are exported as modules but imported only when asked for,
+# so that starting an instance does not load the proxy's web stack.
+__all__ = ["PROXY", "Plan", "cleanup", "demo", "healthy", "make_plan", "proxy", "router",
+           "serve", "start_instance", "topology_running", "urls", "wait_ready"]

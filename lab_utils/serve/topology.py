@@ -84,18 +84,25 @@ def _warm_up_pairs(cfg: LabConfig, records: list[ProcessRecord]) -> None:
             warm_up(p, d, cfg.model.name, api_key=key)
 
 
-def start_proxy(cluster: Cluster, mode: str) -> tuple[ProcessRecord, bool]:
-    """Start the lab proxy on its node in `mode` (reused if already in that mode; one in
-    another mode is replaced, since all modes share the configured proxy port)."""
+def start_proxy(cluster: Cluster, mode: str, kind: str | None = None) -> tuple[ProcessRecord, bool]:
+    """Start the front door on its node in `mode`: the lab proxy, or vllm-router with
+    `proxy.kind: "vllm-router"` (`serve.router`). Reused if already running in that mode
+    and kind; one in another mode or of another kind is replaced, since all share the
+    configured proxy port. `kind` overrides `proxy.kind` for this start."""
     cfg = cluster.cfg
+    kind = kind or cfg.proxy.kind
     node = cluster.node(cfg.proxy.node)
     existing = cluster.alive(PROXY)
     if existing is not None:
-        if existing.extra.get("mode") == mode:
+        if existing.extra.get("mode") == mode and existing.extra.get("kind", "lab") == kind:
             return existing, False
         cluster.stop([existing])
     address = node.cfg.lan_address
-    node.ensure_port_free(address, cfg.proxy.port, "the lab proxy")
+    what = "the lab proxy" if kind == "lab" else "vllm-router"
+    node.ensure_port_free(address, cfg.proxy.port, what)
+    if kind == "vllm-router":
+        node.ensure_port_free(address, cfg.proxy.router_metrics_port,
+                              "vllm-router's metrics (proxy.router_metrics_port)")
     from lab_utils.serve.proxy import KEY_ENV
 
     # the API keys by environment (over SSH: on the channel's stdin), never on argv
@@ -105,11 +112,13 @@ def start_proxy(cluster: Cluster, mode: str) -> tuple[ProcessRecord, bool]:
         config_path = f"{node.cfg.workdir}/configs/{cfg.profile}.json"
         node.put_file(cfg.source, config_path)
         env["PYTHONPATH"], cwd = node.cfg.workdir, node.cfg.workdir
-    argv = [node.python, "-m", "lab_utils", "proxy", "--config", config_path, "--mode", mode]
+    argv = [node.python, "-m", "lab_utils", "proxy", "--config", config_path, "--mode", mode,
+            "--kind", kind]
     rec = node.start_detached(PROXY, argv, env=env, cwd=cwd, kind="proxy", port=cfg.proxy.port,
                               log_path=f"{cfg.log_dir_on(cfg.proxy.node)}/proxy.log",
                               url=f"http://{address}:{cfg.proxy.port}",
-                              extra={"mode": mode, "role": "proxy", "topology": mode})
+                              extra={"mode": mode, "role": "proxy", "topology": mode,
+                                     "kind": kind})
     return rec, True
 
 

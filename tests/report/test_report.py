@@ -286,6 +286,22 @@ def test_failed_proof_is_a_warning(test_cfg):
     assert "> **Warning:** Proof that the KV cache moved: FAILED" in paths.md.read_text()
 
 
+def test_front_doors_table_when_04_recorded_it(test_cfg):
+    write_baseline(test_cfg)
+    write_loses_throughput_wins_itl(test_cfg)
+    assert "vllm-router" not in report.build_report(test_cfg).md.read_text()
+    one = {1: metrics(140, 60, 9, 30)}
+    payload = disaggregated_dict(sweep("disaggregated", {c: metrics(140 * c, 60, 9, 30) for c in LOADS}))
+    payload["front_doors"] = {"point": "concurrency 1", "router_version": "0.1.17",
+                              "lab": sweep("disaggregated", one),
+                              "vllm_router": sweep("disaggregated", {1: metrics(154, 45, 9, 30)})}
+    write(test_cfg, "04", payload)
+    md = report.build_report(test_cfg).md.read_text()
+    assert "one sweep point (concurrency 1) through the lab's proxy, then through vllm-router 0.1.17" in md
+    row = next(line for line in md.splitlines() if line.startswith("| median_ttft_ms"))
+    assert [c.strip() for c in row.strip("|").split("|")] == ["median_ttft_ms", "60.0", "45.0", "-25.0"]
+
+
 def test_empty_sweep_still_builds(test_cfg):
     empty = BenchmarkResult(target="t", model="tiny-llama", workload={}, points=[], combined=[])
     write(test_cfg, "01", baseline_dict(empty.model_dump()))

@@ -1,4 +1,5 @@
-"""Real engines: the proof of transfer on the CPU rehearsal, and the CLI's serve/cleanup.
+"""Real engines: the proof of transfer on the CPU rehearsal, the CLI's serve/cleanup, and
+vLLM's router as the front door (`proxy.kind: "vllm-router"`).
 
 These start real vLLM instances (CPU build) with NixlConnector and move KV over NIXL.
 They are slow (an instance takes 15-90 s to start here) and CI runs them.
@@ -21,7 +22,12 @@ from lab_utils.kv.shapes import kv_shape_from_dir
 from lab_utils.measure.loadgen import auth_headers
 from lab_utils.measure.prompts import fresh_prompts, load_tokenizer
 from lab_utils.on_node import proctools
-from lab_utils.serve.pd import complete, prove_transfer
+from lab_utils.on_node.proctools import is_alive, port_is_free
+from lab_utils.serve.pd import complete, prove_transfer, prove_via_proxy
+from lab_utils.serve.router import VERSION
+
+from support.leaks import cmdline_hits
+from support.profiles import CANARY_API_KEY, write_profile
 
 pytestmark = pytest.mark.slow
 
@@ -162,6 +168,56 @@ def test_port_in_use_names_holder(rehearsal, engine_cfg):
     msg = str(e.value)
     assert f"port {spec.port}" in msg and spec.node in msg
     assert f"PID {os.getpid()}" in msg
+
+
+def _lab(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "lab_utils", *args], capture_output=True,
+                          text=True, timeout=600)
+
+
+@pytest.mark.stops_rehearsal  # its `cleanup` stops them
+def test_serve_through_vllm_router_proves_transfer_and_cleanup_stops_it(rehearsal, engine_cfg,
+                                                                        tmp_path):
+    """`proxy.kind: "vllm-router"` as a user runs it: `serve --topology disaggregated`
+    starts vLLM's router in front of the session's pair, the proof of transfer passes
+    through it (the instances want their key, which the router must send them from its
+    environment), and `cleanup` leaves nothing running."""
+    urls = rehearsal.up()
+    # the same profile (so `serve` reuses the session's instances), with vllm-router in front
+    data = json.loads(engine_cfg.source.read_text())
+    data["proxy"]["kind"] = "vllm-router"
+    cfg = write_profile(tmp_path, data)
+    served = _lab("serve", "--topology", "disaggregated", "--config", str(cfg.source))
+    assert served.returncode == 0, served.stdout[-2000:] + served.stderr[-3000:]
+    with Cluster(cfg) as cluster:
+        records = {r.name: r for r in cluster.running()}
+    door = records["proxy"]
+    assert door.extra["kind"] == "vllm-router" and door.url in served.stdout
+    lan = cfg.nodes[cfg.proxy.node].lan_address
+    log = Path(door.log_path).read_text()
+    assert "--vllm-pd-disaggregation" in log and f"Starting router on {lan}:{cfg.proxy.port}" in log
+    assert Path(f"/proc/{door.pid}/cmdline").read_text().startswith("vllm::router")  # its title
+    assert cmdline_hits(CANARY_API_KEY) == []  # the instances' key is in no command line
+
+    tok = load_tokenizer(cfg.model_path)
+    prompts, _ = fresh_prompts(tok, [40, 150])
+    key = api_key(cfg, "vllm")
+    with httpx.Client(timeout=120, headers=auth_headers(key)) as c:
+        base = [complete(c, urls["baseline"], cfg.model.name, ids, 8) for ids in prompts]
+    proofs = prove_via_proxy(prompts, base, model=cfg.model.name, proxy_url=door.url,
+                             decode_urls=[urls["decode"]],
+                             kv=kv_shape_from_dir(cfg.model_path, cfg.model.dtype), max_tokens=8,
+                             timeout=180, instance_key=key)
+    assert all(p.ok for p in proofs), [p.as_dict() for p in proofs]
+    metrics = httpx.get(f"http://{lan}:{cfg.proxy.router_metrics_port}/metrics", timeout=10).text
+    assert "vllm_router_pd_decode_requests_total" in metrics
+
+    done = _lab("cleanup", "--config", str(cfg.source))
+    assert done.returncode == 0 and "proxy" in done.stdout, done.stdout + done.stderr
+    assert [r.name for r in records.values() if is_alive(r.pid, r.start_ticks)] == []
+    assert port_is_free(lan, cfg.proxy.port) and port_is_free(lan, cfg.proxy.router_metrics_port)
+    assert "nothing recorded" in _lab("status", "--config", str(cfg.source)).stdout
+    print(f"vllm-router {VERSION}: proof of {len(proofs)} prompts passed through it")
 
 
 @pytest.mark.stops_rehearsal

@@ -157,6 +157,7 @@ class Stream:
         self.response = self._cm.__enter__()
         self.status = self.response.status_code
         self.chunks, self.done, self.error, self.finish_reason = 0, False, None, None
+        self.broken = None  # the HTTP body itself broke off (no error event, no [DONE])
         self._lines = self.response.iter_lines()
 
     def read(self, max_chunks: int | None = None) -> Stream:
@@ -164,6 +165,13 @@ class Stream:
         if self.status != 200:
             self.error = self.response.read().decode(errors="replace")
             return self
+        try:
+            return self._read(max_chunks)
+        except httpx.TransportError as e:
+            self.broken = f"{type(e).__name__}: {e}"
+            return self
+
+    def _read(self, max_chunks: int | None) -> Stream:
         for line in self._lines:
             if not line.startswith("data: "):
                 continue
@@ -322,12 +330,14 @@ def test_the_canary_token_is_in_no_command_line(pd):
 
 
 @contextlib.contextmanager
-def second_proxy(fcfg, tmp_path, profile: str, **settings):
-    """Another proxy in front of the same instances, on the next port, with `settings`
-    for its `proxy` section; yields (its URL, its log: where the foreground proxy's output
-    goes) and stops it afterwards."""
+def second_proxy(fcfg, tmp_path, profile: str, offset: int = 1, **settings):
+    """Another front door in front of the same instances, on the proxy's port + `offset`,
+    with `settings` for its `proxy` section (`kind="vllm-router"`: vLLM's router, its
+    metrics on its own port + 1000); started as `serve` starts it (`python -m lab_utils
+    proxy`). Yields (its URL, its log: where its output goes) and stops it afterwards."""
     data = json.loads(Path(fcfg.source).read_text())
-    data["proxy"].update(port=fcfg.proxy.port + 1, **settings)
+    port = fcfg.proxy.port + offset
+    data["proxy"].update(port=port, router_metrics_port=port + 1000, **settings)
     data["profile"] = profile
     cfg = write_profile(tmp_path, data)
     url = f"http://{fcfg.nodes['controller'].lan_address}:{cfg.proxy.port}"
@@ -369,17 +379,29 @@ def test_requests_without_the_api_key_get_401(fcfg, pd, simcluster, tmp_path):
 
 # ---- client disconnects --------------------------------------------------------------
 
-def test_client_disconnect_during_decode_leaves_nothing_running(fcfg, pd):
+def _disconnect_during_decode(fcfg, pd, url: str) -> float:
     urls = [pd["prefill"].url, pd["decode"].url]
     t0 = time.monotonic()
     with httpx.Client(timeout=60) as client:
-        s = Stream(client, pd["proxy"].url, completion(fcfg, prompt_ids(60, 7), 1500))
+        s = Stream(client, url, completion(fcfg, prompt_ids(60, 7), 1500))
         s.read(max_chunks=3)
-        assert s.chunks == 3 and not s.done, (s.status, s.error, s.done)
+        assert s.chunks == 3 and not s.done, (s.status, s.error, s.done, s.broken)
         s.close()
     took = wait_for(lambda: engine_idle(urls), 15, "no request running after the disconnect")
-    record_time("client disconnect during decode -> idle", took)
     assert time.monotonic() - t0 < 60
+    return took
+
+
+def test_client_disconnect_during_decode_leaves_nothing_running(fcfg, pd):
+    took = _disconnect_during_decode(fcfg, pd, pd["proxy"].url)
+    record_time("client disconnect during decode -> idle", took)
+
+
+def test_client_disconnect_during_decode_through_vllm_router(fcfg, pd, tmp_path):
+    with second_proxy(fcfg, tmp_path, "test-simcluster-router", offset=2,
+                      kind="vllm-router") as (url, _):
+        took = _disconnect_during_decode(fcfg, pd, url)
+    record_time("vllm-router: client disconnect during decode -> idle", took)
 
 
 def test_client_disconnect_during_prefill_leaves_nothing_running(fcfg, pd):
@@ -403,22 +425,32 @@ def test_client_disconnect_during_prefill_leaves_nothing_running(fcfg, pd):
 # ---- a frozen prefill, a dead decode -------------------------------------------------
 
 def test_frozen_prefill_times_out_and_nothing_reaches_decode(fcfg, pd, tmp_path):
-    """Through a second proxy with a short request timeout (the module's is long)."""
+    """Through a second proxy with a short request timeout (the module's is long), and
+    through vllm-router with the same timeout, one after the other while prefill is frozen."""
     decode_before = counters(pd["decode"].url)
+    body = completion(fcfg, prompt_ids(80, 9), 8, stream=False)
     with second_proxy(fcfg, tmp_path, "test-simcluster-frozen",
-                      request_timeout_s=FROZEN_TIMEOUT_S) as (proxy, log):
+                      request_timeout_s=FROZEN_TIMEOUT_S) as (proxy, log), \
+            second_proxy(fcfg, tmp_path, "test-simcluster-frozen-router", offset=2,
+                         kind="vllm-router", request_timeout_s=FROZEN_TIMEOUT_S) as (router, _):
         os.kill(pd["prefill"].pid, signal.SIGSTOP)  # the API server itself: no answer at all
         try:
             mark = log_mark(log)
             t0 = time.monotonic()
-            r = httpx.post(f"{proxy}/v1/completions", timeout=FROZEN_TIMEOUT_S + 30,
-                           json=completion(fcfg, prompt_ids(80, 9), 8, stream=False))
+            r = httpx.post(f"{proxy}/v1/completions", timeout=FROZEN_TIMEOUT_S + 30, json=body)
             took = time.monotonic() - t0
+            t0 = time.monotonic()
+            rr = httpx.post(f"{router}/v1/completions", timeout=FROZEN_TIMEOUT_S + 30, json=body)
+            took_router = time.monotonic() - t0
         finally:
             os.kill(pd["prefill"].pid, signal.SIGCONT)
         stalled, logged = stalls_since(mark)
     assert r.status_code == 504 and "prefill" in r.text, r.text[:300]
     assert FROZEN_TIMEOUT_S - 0.5 <= took <= FROZEN_TIMEOUT_S + 5 + stalled, logged
+    # vllm-router: 500 (not 504), naming the prefill and the timeout, after the same time
+    assert rr.status_code == 500 and "Prefill request" in rr.text and "timed out" in rr.text, rr.text[:300]
+    assert FROZEN_TIMEOUT_S - 0.5 <= took_router <= FROZEN_TIMEOUT_S + 5 + stalled, logged
+    record_time(f"vllm-router: frozen prefill -> 500 (timeout {FROZEN_TIMEOUT_S:.0f} s)", took_router)
     after = counters(pd["decode"].url)
     assert after.prompt_tokens == decode_before.prompt_tokens
     wait_for(lambda: engine_idle([pd["prefill"].url, pd["decode"].url]), 30,
@@ -426,21 +458,31 @@ def test_frozen_prefill_times_out_and_nothing_reaches_decode(fcfg, pd, tmp_path)
     record_time(f"frozen prefill -> 504 (timeout {FROZEN_TIMEOUT_S:.0f} s)", took)
 
 
-def test_decode_killed_mid_stream(fcfg, pd):
-    """Requests streaming when decode dies end in an error, never a truncated success."""
+def test_decode_killed_mid_stream(fcfg, pd, tmp_path):
+    """Requests streaming when decode dies end in an error, never a truncated success:
+    through the lab proxy an error event; through vllm-router (beside it, on the same
+    instances) the HTTP body breaks off. A request vllm-router gets after that fails fast."""
     prefill, proxy = pd["prefill"], pd["proxy"].url
-    with httpx.Client(timeout=120) as client:
+    with second_proxy(fcfg, tmp_path, "test-simcluster-killed-router", offset=2,
+                      kind="vllm-router") as (router, _), httpx.Client(timeout=120) as client:
         streams = []
         for i in range(2):  # each is streaming before the next starts
             streams.append(Stream(client, proxy, completion(fcfg, prompt_ids(300 + i, 20 + i), 1500)))
             streams[-1].read(max_chunks=2)
+        via_router = Stream(client, router, completion(fcfg, prompt_ids(320, 40), 1500)).read(max_chunks=2)
         mid_stream = [s for s in streams if s.status == 200 and s.chunks == 2 and not s.done]
+        router_mid = via_router.status == 200 and via_router.chunks == 2 and not via_router.done
         os.killpg(pd["decode"].pgid, signal.SIGKILL)
         t_kill = time.monotonic()
-        for s in streams:
+        for s in [*streams, via_router]:
             s.read()
             s.close()
-    outcomes = [(s.status, s.chunks, s.done, s.finish_reason, s.error) for s in streams]
+        router_done = time.monotonic() - t_kill
+        t0 = time.monotonic()
+        after = httpx.post(f"{router}/v1/completions", timeout=60,
+                           json=completion(fcfg, prompt_ids(40, 31), 4, stream=False))
+        router_down = time.monotonic() - t0
+    outcomes = [(s.status, s.chunks, s.done, s.finish_reason, s.error, s.broken) for s in streams]
     # a request that could not start on this busy 2-core box is an error too; at least
     # one must have been mid-stream
     assert len(mid_stream) >= 1, outcomes
@@ -452,6 +494,13 @@ def test_decode_killed_mid_stream(fcfg, pd):
                for s in streams), outcomes
     assert any(s.error for s in mid_stream), f"no stream was cut by the kill: {outcomes}"
     record_time("decode killed -> error event to every stream", time.monotonic() - t_kill)
+    r = (via_router.status, via_router.chunks, via_router.done, via_router.error, via_router.broken)
+    assert router_mid, r
+    assert via_router.broken and not via_router.done and not via_router.error, r
+    record_time("vllm-router: decode killed -> the stream's body breaks off", router_done)
+    assert after.status_code == 500 and "Decode request failed" in after.text, after.text[:300]
+    assert router_down < 10, router_down  # fast: not the 180 s request timeout
+    record_time("vllm-router: decode down -> 500 naming it", router_down)
     took = wait_for(lambda: engine_idle([prefill.url]), 30, "prefill has no request left")
     record_time("decode killed -> prefill idle", took)
 
