@@ -480,7 +480,7 @@ def test_decode_killed_mid_stream(fcfg, pd, tmp_path):
         router_done = time.monotonic() - t_kill
         t0 = time.monotonic()
         after = httpx.post(f"{router}/v1/completions", timeout=60,
-                           json=completion(fcfg, prompt_ids(40, 31), 4, stream=False))
+                           json=completion(fcfg, prompt_ids(40, 41), 4, stream=False))
         router_down = time.monotonic() - t0
     outcomes = [(s.status, s.chunks, s.done, s.finish_reason, s.error, s.broken) for s in streams]
     # a request that could not start on this busy 2-core box is an error too; at least
@@ -516,14 +516,19 @@ def test_decode_down_before_dispatch_fails_fast(fcfg, simcluster):
 def _decode_down(fcfg, simcluster, recs, prefill_node) -> None:
     expired_before = lease_expiries(prefill_node, recs["prefill"])
     mark = log_mark(proxy_log(fcfg))
+    prefill_s = gauge(recs["proxy"].url, "proxy_prefill_seconds_sum")
     t0 = time.monotonic()
     r = httpx.post(f"{recs['proxy'].url}/v1/completions", timeout=60,
                    json=completion(fcfg, prompt_ids(40, 31), 4, stream=False))
     took = time.monotonic() - t0
+    # the prefill's own time (the proxy's histogram) is not the failure's: on this box an
+    # instance is sometimes held up for seconds where the proxy's loop is not
+    prefill_s = gauge(recs["proxy"].url, "proxy_prefill_seconds_sum") - prefill_s
     stalled, logged = stalls_since(mark)
     assert r.status_code == 502 and "decode" in r.text, (r.text[:300], logged)
-    assert took < 2.0 + stalled, logged
-    record_time("decode down -> 502 naming it", took, f"of which the box stalled {stalled:.1f} s" if stalled else "")
+    assert took - prefill_s < 2.0 + stalled, (took, prefill_s, logged)
+    record_time("decode down -> 502 naming it", took, f"of which prefill {prefill_s:.2f} s"
+                + (f", the box stalled {stalled:.1f} s" if stalled else ""))
     # Prefill computed the prompt and holds its KV blocks for a decode that never reads
     # them, until the lease expires. The machine may stand still through the whole lease
     # (it does while blocks are held: README), so the usage gauge is not always seen above
