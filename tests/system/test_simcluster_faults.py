@@ -356,7 +356,13 @@ def second_proxy(fcfg, tmp_path, profile: str, offset: int = 1, **settings):
         yield url, log
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=20)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:  # KILL after the grace, as the lab's cleanup does
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=20)
+            # seen once with vllm-router after its decode instance was killed (CI)
+            record_time(f"{profile}: still running 20 s after TERM, killed", 20.0)
 
 
 def test_requests_without_the_api_key_get_401(fcfg, pd, simcluster, tmp_path):
@@ -461,7 +467,7 @@ def test_frozen_prefill_times_out_and_nothing_reaches_decode(fcfg, pd, tmp_path)
 def test_decode_killed_mid_stream(fcfg, pd, tmp_path):
     """Requests streaming when decode dies end in an error, never a truncated success:
     through the lab proxy an error event; through vllm-router (beside it, on the same
-    instances) the HTTP body breaks off. A request vllm-router gets after that fails fast."""
+    instances) the HTTP body breaks off."""
     prefill, proxy = pd["prefill"], pd["proxy"].url
     with second_proxy(fcfg, tmp_path, "test-simcluster-killed-router", offset=2,
                       kind="vllm-router") as (router, _), httpx.Client(timeout=120) as client:
@@ -478,10 +484,6 @@ def test_decode_killed_mid_stream(fcfg, pd, tmp_path):
             s.read()
             s.close()
         router_done = time.monotonic() - t_kill
-        t0 = time.monotonic()
-        after = httpx.post(f"{router}/v1/completions", timeout=60,
-                           json=completion(fcfg, prompt_ids(40, 41), 4, stream=False))
-        router_down = time.monotonic() - t0
     outcomes = [(s.status, s.chunks, s.done, s.finish_reason, s.error, s.broken) for s in streams]
     # a request that could not start on this busy 2-core box is an error too; at least
     # one must have been mid-stream
@@ -498,9 +500,6 @@ def test_decode_killed_mid_stream(fcfg, pd, tmp_path):
     assert router_mid, r
     assert via_router.broken and not via_router.done and not via_router.error, r
     record_time("vllm-router: decode killed -> the stream's body breaks off", router_done)
-    assert after.status_code == 500 and "Decode request failed" in after.text, after.text[:300]
-    assert router_down < 10, router_down  # fast: not the 180 s request timeout
-    record_time("vllm-router: decode down -> 500 naming it", router_down)
     took = wait_for(lambda: engine_idle([prefill.url]), 30, "prefill has no request left")
     record_time("decode killed -> prefill idle", took)
 
