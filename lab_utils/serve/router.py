@@ -3,8 +3,9 @@
 `vllm-router` (the PyPI package of the same name, a Rust binary) routes OpenAI requests
 over vLLM instances; with `--vllm-pd-disaggregation` it runs the same prefill/decode
 protocol as the lab's proxy for NixlConnector. `python -m lab_utils proxy` replaces itself
-with it (`run`) when `proxy.kind` (or its `--kind`) says so, so `serve` starts it exactly where it starts the lab's proxy: the same
-node, address, port, log, process group, health wait, `status` and `cleanup`.
+with it (`run`) when `proxy.kind` (or its `--kind`) says so, so `serve` starts it exactly
+where it starts the lab's proxy: the same node, address, port, log, process group, health
+wait, `status` and `cleanup`.
 
 How the lab's settings map onto it:
 - backends: the topology's instance URLs (`--worker-urls`, or `--prefill`/`--decode`);
