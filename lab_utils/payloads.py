@@ -3,10 +3,12 @@ JSON names the files have always used, so files written before these models exis
 
 - 00 `EnvironmentPayload` (environment.json): the checklist, whether it is blessed, the GPU.
 - 01 `BaselinePayload` (baseline_metrics.json): one instance, one request in detail, the
-  sweep, the decode roofline and the reference outputs notebook 04 must reproduce.
+  sweep, the decode roofline, the reference outputs notebook 04 must reproduce, and the
+  engine profile the forecasts are made from.
 - 02 `KvTransferPayload` (kv_transfer_metrics.json): defined with its arithmetic in
   `lab_utils.kv.budget`, which builds it.
-- 03 `ReplicatedPayload` (replicated_metrics.json): the sweep, the mixed run, the policy.
+- 03 `ReplicatedPayload` (replicated_metrics.json): the sweep, the mixed run, the policy,
+  and the forecast made before them.
 - 04 `DisaggregatedPayload` (disaggregated_metrics.json): the same, the kv_buffer_device
   and the proof that the KV cache moved.
 
@@ -20,6 +22,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from lab_utils.checks.frame import CheckResult
+from lab_utils.forecast.profile import EngineProfile
+from lab_utils.forecast.run import Forecast
 from lab_utils.kv.budget import KvRecommendation, KvTransferPayload
 from lab_utils.measure.benchmark import BenchmarkResult
 from lab_utils.measure.loadgen import RequestRecord
@@ -130,12 +134,14 @@ class BaselinePayload(ServingPayload):
     single_request: RequestRecord | None
     roofline: Roofline | None
     reference: Reference | None
+    profile: EngineProfile | None = None  # the curves 03's and 04's forecasts are made from
 
 
 class ReplicatedPayload(ServingPayload):
     """Notebook 03 (replicated_metrics.json)."""
 
     policy: str
+    forecast: Forecast | None = None  # made before the sweep, from 01 and 02 only
 
 
 class FrontDoors(Record):
@@ -169,6 +175,7 @@ class DisaggregatedPayload(ServingPayload):
     kv_buffer_device: str
     proof: Proof | None = None
     front_doors: FrontDoors | None = None
+    forecast: Forecast | None = None  # made before the sweep, from 01 and 02 only
 
 
 Payload = (EnvironmentPayload | BaselinePayload | KvTransferPayload | ReplicatedPayload

@@ -22,6 +22,8 @@ from lab_utils.cluster import Cluster
 from lab_utils.cluster.state import ProcessRecord
 from lab_utils.config import LabConfig, api_key
 from lab_utils.errors import LabError
+from lab_utils.forecast.profile import EngineProfile
+from lab_utils.forecast.run import Forecast
 from lab_utils.kv.budget import choose_buffer_device, model_hf_config
 from lab_utils.kv.shapes import kv_shape
 from lab_utils.measure.benchmark import BenchmarkResult, sweep
@@ -216,6 +218,39 @@ def prove_transfer(cfg: LabConfig, served: Served, reference: Reference) -> list
                            instance_key=api_key(cfg, "vllm"))
 
 
+def measure_profile(cfg: LabConfig, served: Served, gpu_name: str | None = None) -> EngineProfile:
+    """The engine profile the forecasts of 03 and 04 are made from
+    (`lab_utils.forecast.profile`), with its table."""
+    from lab_utils.forecast.profile import measure_profile as measure
+
+    return measure(cfg, served, gpu_name)
+
+
+def forecast(cfg: LabConfig, kind: str) -> Forecast:
+    """Forecast `kind` ("replicated" or "disaggregated") from 01's and 02's results only,
+    print it, and return it for the notebook's results."""
+    from lab_utils.forecast import run
+
+    fc = run.forecast_for(cfg, kind)
+    run.show(fc)
+    return fc
+
+
+def profile_frame(profile: EngineProfile):
+    from lab_utils.forecast.profile import profile_frame as frame
+
+    return frame(profile)
+
+
+def grade(fc: Forecast, result: BenchmarkResult, mixed: BenchmarkResult | None = None):
+    """The forecast against this notebook's measurements: what it says, and the table."""
+    from lab_utils.forecast import grade as g
+
+    rows = g.grade_rows(fc, {"standard": result, "mixed": mixed})
+    print("\n".join(g.sentences(fc.architecture, rows)))
+    return g.grade_frame(rows)
+
+
 def roofline(cfg: LabConfig, gpu_name: str | None) -> Roofline:
     """Decode's ceiling per stream: memory bandwidth / bytes of weights read per token
     (`gpu_name`: notebook 00's, `require_environment(cfg).gpu_name`)."""
@@ -255,31 +290,34 @@ def instances(served: Served) -> list[Instance]:
 
 
 def record_baseline(cfg: LabConfig, served: Served, result: BenchmarkResult, *,
-                    single: RequestRecord, roofline: Roofline, reference: Reference) -> Path:
-    """Write notebook 01's results: the sweep, the request shown in detail, the roofline
-    and the reference outputs."""
+                    single: RequestRecord, roofline: Roofline, reference: Reference,
+                    profile: EngineProfile | None = None) -> Path:
+    """Write notebook 01's results: the sweep, the request shown in detail, the roofline,
+    the reference outputs and the engine profile."""
     return write_results(cfg, "01", BaselinePayload(
         topology=served.topology, instances=instances(served), sweep=result, mixed=None,
-        single_request=single, roofline=roofline, reference=reference))
+        single_request=single, roofline=roofline, reference=reference, profile=profile))
 
 
 def record_replicated(cfg: LabConfig, served: Served, result: BenchmarkResult,
-                      mixed: BenchmarkResult | None) -> Path:
-    """Write notebook 03's results: the sweep, the mixed run and the routing policy."""
+                      mixed: BenchmarkResult | None, forecast: Forecast | None = None) -> Path:
+    """Write notebook 03's results: the sweep, the mixed run, the routing policy and the
+    forecast made before them."""
     return write_results(cfg, "03", ReplicatedPayload(
         topology=served.topology, instances=instances(served), sweep=result, mixed=mixed,
-        policy=cfg.topology.replicated.policy))
+        policy=cfg.topology.replicated.policy, forecast=forecast))
 
 
 def record_disaggregated(cfg: LabConfig, served: Served, result: BenchmarkResult,
                          mixed: BenchmarkResult | None, proof: Proof,
-                         front_doors: FrontDoors | None = None) -> Path:
+                         front_doors: FrontDoors | None = None,
+                         forecast: Forecast | None = None) -> Path:
     """Write notebook 04's results: the sweep, the mixed run, the kv_buffer_device the
     instances were given, the proof of transfer and, when run, the front-door comparison."""
     device = served.kv_buffer_device or kv_buffer_device(cfg)
     return write_results(cfg, "04", DisaggregatedPayload(
         topology=served.topology, instances=instances(served), sweep=result, mixed=mixed,
-        kv_buffer_device=device, proof=proof, front_doors=front_doors))
+        kv_buffer_device=device, proof=proof, front_doors=front_doors, forecast=forecast))
 
 
 def compare_front_doors(cfg: LabConfig, session: ServingSession, served: Served,

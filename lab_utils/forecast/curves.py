@@ -1,0 +1,75 @@
+"""The measured curves a forecast is made from, as notebook 01 records them.
+
+Every curve is a handful of measured points, each with its median and its range over
+repeats (`Point`). `Curve` reads a value between the points by linear interpolation and
+beyond them along the end segment, never below zero: it invents no shape the
+measurements do not show. `bound` picks the low, median or high edge of every point, so a
+forecast can be run at the edges of the measurement's spread.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+Edge = Literal["lo", "median", "hi"]
+EDGES: tuple[Edge, ...] = ("lo", "median", "hi")
+
+
+class Point(BaseModel):
+    """One measured point: x, and the median, smallest and largest y over `n` repeats."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    x: float
+    median: float
+    lo: float
+    hi: float
+    n: int
+
+    def at(self, edge: Edge) -> float:
+        return {"lo": self.lo, "median": self.median, "hi": self.hi}[edge]
+
+
+def point(x: float, values: list[float]) -> Point:
+    """The point of these repeated measurements of y at x."""
+    if not values:
+        raise ValueError(f"no measurement at {x}")
+    s = sorted(values)
+    mid = len(s) // 2
+    median = s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) / 2
+    return Point(x=x, median=median, lo=s[0], hi=s[-1], n=len(s))
+
+
+@dataclass(frozen=True)
+class Curve:
+    """y(x) through measured points (sorted by x)."""
+
+    xs: tuple[float, ...]
+    ys: tuple[float, ...]
+
+    @classmethod
+    def of(cls, points: list[Point], edge: Edge = "median") -> Curve:
+        if not points:
+            raise ValueError("a curve needs at least one measured point")
+        pts = sorted(points, key=lambda p: p.x)
+        return cls(tuple(p.x for p in pts), tuple(p.at(edge) for p in pts))
+
+    @classmethod
+    def flat(cls, y: float) -> Curve:
+        return cls((0.0,), (y,))
+
+    def __call__(self, x: float) -> float:
+        xs, ys = self.xs, self.ys
+        if len(xs) == 1:
+            return max(ys[0], 0.0)
+        i = min(max(bisect_right(xs, x) - 1, 0), len(xs) - 2)
+        x0, x1, y0, y1 = xs[i], xs[i + 1], ys[i], ys[i + 1]
+        y = y0 + (y1 - y0) * (x - x0) / (x1 - x0) if x1 != x0 else y0
+        return max(y, 0.0)
+
+    def scaled(self, factor: float) -> Curve:
+        return Curve(self.xs, tuple(y * factor for y in self.ys))

@@ -1,0 +1,98 @@
+"""Grade a forecast against what was then measured.
+
+For every metric at every load point of a forecast: the predicted median, its interval,
+the measured median, the error in percent of the measurement, and whether the
+measurement fell inside the interval. A point is not graded (it is shown, with the
+reason) when it is invalid, when the machine stood still during one of its repeats (its
+latencies include the stall), or, for ITL and TPOT only, when the load generator read many
+tokens together, late (their gaps are the client's, not the server's).
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from lab_utils.forecast.run import LABELS, SHOWN, Forecast
+from lab_utils.measure.benchmark import BenchmarkResult, read_together_share
+
+HEADLINE_GRADE = ("median_ttft_ms", "median_tpot_ms")  # the issue's yardstick
+GOAL_PCT = 25.0
+PER_TOKEN = {"median_itl_ms", "p99_itl_ms", "median_tpot_ms"}
+
+
+def _flags(result: BenchmarkResult, mode: str, value: float) -> tuple[str | None, bool]:
+    points = [p for p in result.points if p.mode == mode and float(p.value) == value]
+    held = sum(float(p.summary.get("held_up_s") or 0) for p in points)
+    late = any(read_together_share(p.summary) for p in points)
+    return (f"the machine stood still {held:.1f} s" if held else None), late
+
+
+def grade_rows(fc: Forecast, measured: dict[str, BenchmarkResult | None]) -> list[dict[str, Any]]:
+    """One row per metric and load point. `measured`: {"standard": sweep, "mixed": run}."""
+    out = []
+    for row in fc.rows:
+        result = measured.get(row["workload"])
+        if result is None:
+            continue
+        entry = next((c for c in result.combined if c["mode"] == row["mode"]
+                      and float(c["value"]) == row["value"]), None)
+        if entry is None:
+            continue
+        stall, late = _flags(result, row["mode"], row["value"])
+        for k in SHOWN:
+            pred, meas = row.get(k), entry.get(k)
+            lo, hi = row.get(f"{k}_lo"), row.get(f"{k}_hi")
+            why = ("invalid point" if not entry.get("valid", True) else stall
+                   or ("tokens read together, late" if late and k in PER_TOKEN else None))
+            if pred is None or meas is None:
+                why = why or "not predicted or not measured"
+            err = (pred - meas) / meas * 100 if pred is not None and meas else None
+            out.append({"architecture": fc.architecture, "workload": row["workload"],
+                        "load": row["load"], "metric": k, "predicted": pred, "lo": lo, "hi": hi,
+                        "measured": meas, "error %": err,
+                        "in interval": (lo is not None and hi is not None and meas is not None
+                                        and lo <= meas <= hi),
+                        "graded": why is None, "not graded because": why})
+    return out
+
+
+def summary(rows: list[dict[str, Any]], metrics=HEADLINE_GRADE) -> dict[str, Any]:
+    """Median absolute error (%) over the graded points of `metrics`, and how many points."""
+    errs = [abs(r["error %"]) for r in rows if r["graded"] and r["metric"] in metrics
+            and r["error %"] is not None]
+    inside = [r["in interval"] for r in rows if r["graded"] and r["metric"] in metrics]
+    return {"median_abs_error_pct": statistics.median(errs) if errs else None,
+            "points": len(errs), "in_interval": sum(inside),
+            "within_goal": bool(errs) and statistics.median(errs) <= GOAL_PCT,
+            "ungraded": sum(1 for r in rows if not r["graded"] and r["metric"] in metrics)}
+
+
+def grade_frame(rows: list[dict[str, Any]]):
+    import pandas as pd
+
+    df = pd.DataFrame(rows)
+    if df.empty:
+        return df
+    df["metric"] = df["metric"].map(LABELS)
+    return df.round(2)
+
+
+def sentences(arch: str, rows: list[dict[str, Any]]) -> list[str]:
+    """What the grading says, in words, with the numbers."""
+    s = summary(rows)
+    if not s["points"]:
+        return [f"{arch}: no graded point (the forecast or the measurement is missing, or "
+                "every point was flagged)"]
+    said = [f"{arch}: TTFT p50 and TPOT predicted with a median absolute error of "
+            f"{s['median_abs_error_pct']:.0f}% over {s['points']} graded values "
+            f"({'within' if s['within_goal'] else 'outside'} the {GOAL_PCT:g}% goal); "
+            f"{s['in_interval']} of them inside the forecast's interval"
+            + (f"; {s['ungraded']} not graded (flagged)" if s["ungraded"] else "")]
+    graded = [r for r in rows if r["graded"] and r["error %"] is not None]
+    if graded:
+        worst = max(graded, key=lambda r: abs(r["error %"]))
+        said.append(f"  worst: {LABELS[worst['metric']]} at {worst['workload']} "
+                    f"{worst['load']}: predicted {worst['predicted']:.3g}, measured "
+                    f"{worst['measured']:.3g} ({worst['error %']:+.0f}%)")
+    return said

@@ -1,0 +1,104 @@
+"""The forecast's inputs, read from notebooks 01 and 02 only, or built from published
+GB10 figures for the "expected on two Sparks" forecast.
+
+`from_results` turns 01's engine profile and 02's KV layout and NIXL probe into the
+model's `Inputs`, at the low, median or high edge of every measured curve. Nothing here
+opens 03's or 04's results: the forecast must be the same whatever they hold.
+"""
+
+from __future__ import annotations
+
+from lab_utils.errors import LabError
+from lab_utils.forecast.curves import Curve, Edge, Point, point
+from lab_utils.forecast.model import EngineCosts, Inputs
+from lab_utils.forecast.profile import EngineProfile
+from lab_utils.kv.budget import KvTransferPayload
+
+SEG_TYPE = {"cpu": "DRAM", "cuda": "VRAM"}  # kv_buffer_device -> the probe's memory type
+
+
+def transfer_points(kv: KvTransferPayload, buffer_device: str) -> list[Point]:
+    """02's probe READs from the memory the KV is staged in: ms against bytes; the
+    interval runs from the median to the 99th percentile."""
+    seg = SEG_TYPE.get(buffer_device, "DRAM")
+    rows = [r for r in kv.probe.rows if r.get("seg_type") == seg and r.get("op") == "READ"
+            and r.get("median_us") is not None]
+    if not rows and seg != "DRAM":
+        rows = [r for r in kv.probe.rows if r.get("seg_type") == "DRAM" and r.get("op") == "READ"]
+    return [Point(x=r["bytes"], median=r["median_us"] / 1e3, lo=r["median_us"] / 1e3,
+                  hi=(r.get("p99_us") or r["median_us"]) / 1e3, n=r.get("iterations", 1))
+            for r in rows]
+
+
+def from_results(profile: EngineProfile | None, kv: KvTransferPayload | None,
+                 buffer_device: str = "cpu", edge: Edge = "median") -> Inputs:
+    """The model's inputs from 01's profile and 02's results (None: not run yet)."""
+    if profile is None:
+        raise LabError("notebook 01's results have no engine profile: re-run notebook 01 "
+                       "(the forecast is made from its profile)")
+    engine = EngineCosts(
+        prefill=Curve.of(profile.prefill, edge),
+        decode=tuple((float(line.context), Curve.of(line.points, edge)) for line in profile.decode),
+        token_budget=profile.token_budget)
+    transfer = None
+    sources = {"engine": "01's engine profile (prefill, decode step, proxy hop)"}
+    if kv is not None:
+        pts = transfer_points(kv, buffer_device)
+        if pts:
+            transfer = Curve.of(pts, edge)
+            sources["transfer"] = (f"02's NIXL probe, {SEG_TYPE.get(buffer_device, 'DRAM')} "
+                                   "READ, ms against bytes")
+        sources["kv layout"] = f"02: {kv.kv_per_token_bytes} bytes per token, blocks of {kv.block_size}"
+    shortest = min(profile.prefill, key=lambda p: p.x)
+    return Inputs(engine=engine, hop_ms=max(profile.hop.at(edge), 0.0), transfer=transfer,
+                  kv_bytes_per_token=kv.kv_per_token_bytes if kv else 0,
+                  block_size=kv.block_size if kv else 16,
+                  jitter_ms=max(shortest.hi - shortest.lo, 0.0),
+                  active_cores=profile.active_cores, sources=sources)
+
+
+def edges(profile: EngineProfile | None, kv: KvTransferPayload | None, buffer_device: str):
+    """`edge -> Inputs`, for `model.ranged`."""
+    return lambda edge: from_results(profile, kv, buffer_device, edge)
+
+
+# ---- published figures: the forecast for two DGX Sparks --------------------------------------
+
+# Each input with its source. Decode: a step reads every weight once (the memory roofline),
+# plus every running request's KV; prefill: the model's FLOPs at a sustained rate. These are
+# estimates from published numbers, not measurements: the forecast made from them is a guess
+# to be graded when the lab runs on the Sparks.
+GB10 = {
+    "memory_bandwidth_GBps": (273.0, "NVIDIA DGX Spark specifications: 273 GB/s LPDDR5x"),
+    "bf16_dense_tflops": (
+        125.0, "NVIDIA's 1 PFLOP (FP4, sparse) GB10 figure / 2 for dense / 4 for bf16: an "
+               "estimate; notebook 01 measures prefill on the Spark"),
+    "mfu": (0.5, "prefill reaching half the dense peak: a common planning figure, not measured"),
+    "nixl_dram_GBps": (11.0, "recorded nixlbench DRAM-to-DRAM runs between two GB10s "
+                             "(tests/fixtures/dgx-spark-recorded/)"),
+    "request_overhead_ms": (5.0, "a guess for HTTP, tokenizing and scheduling per request"),
+    "hop_ms": (1.0, "this lab's proxy, measured by python -m lab_utils.bench.proxy (~1 ms)"),
+}
+
+
+def spark_inputs(params: float, weight_bytes: float, kv_bytes_per_token: int, block_size: int,
+                 lengths: list[int], batches: list[int], contexts: list[int]) -> Inputs:
+    """Inputs for one GB10 per instance, from the published figures in `GB10`, for a model
+    of `params` parameters and `weight_bytes` of weights read per decode step."""
+    bw = GB10["memory_bandwidth_GBps"][0] * 1e9
+    flops = GB10["bf16_dense_tflops"][0] * 1e12 * GB10["mfu"][0]
+    fixed = GB10["request_overhead_ms"][0]
+
+    def step_ms(batch: int, context: int) -> float:
+        return (weight_bytes + batch * context * kv_bytes_per_token) / bw * 1e3
+
+    prefill = [point(n, [fixed + step_ms(1, n) + 2 * params * n / flops * 1e3]) for n in lengths]
+    decode = tuple((float(c), Curve.of([point(b, [step_ms(b, c)]) for b in batches]))
+                   for c in contexts)
+    nixl = GB10["nixl_dram_GBps"][0] * 1e9
+    transfer = Curve((0.0, 1e12), (0.0, 1e12 / nixl * 1e3))
+    sources = {k: f"{v[0]:g}: {v[1]}" for k, v in GB10.items()}
+    return Inputs(engine=EngineCosts(prefill=Curve.of(prefill), decode=decode, token_budget=8192),
+                  hop_ms=GB10["hop_ms"][0], transfer=transfer,
+                  kv_bytes_per_token=kv_bytes_per_token, block_size=block_size,
+                  jitter_ms=1.0, sources=sources)

@@ -1,0 +1,200 @@
+"""Notebook 01's engine profile: the measured curves the forecast is made from.
+
+Three curves, each point measured several times (the spread is kept):
+
+- **prefill**: the time to the first token of a lone request with one output token, sent
+  to the instance directly, at a few prompt lengths (from one block to the mixed
+  workload's long prompt). Fresh random prompts each time, so the prefix cache never
+  answers.
+- **decode**: the time of one decode step against the number of requests decoding
+  together, at a short and a long context. `b` requests start together; each one's
+  step time is the mean gap between its tokens over the second half of its output, when
+  every prefill is long done and all `b` are decoding (a mean, so tokens the client read
+  together, late, still count at their true rate).
+- **hop**: what the lab proxy adds to a request: a lone request of the workload's prompt
+  length through the proxy minus the same request shape sent directly, in interleaved
+  pairs.
+
+Where the instance runs on this machine (the CPU rehearsal), the profile also records how
+many CPU cores the instance's processes keep busy while it decodes (`active_cores`, from
+/proc) and how many the machine has: an instance that keeps both cores of a 2-core
+machine busy will run at half speed when a second one works beside it. One request of
+each kind is sent first and not counted (the first requests after start-up are slower).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+
+from pydantic import BaseModel, ConfigDict
+
+from lab_utils.config import LabConfig, api_key
+from lab_utils.forecast.curves import Point, point
+from lab_utils.forecast.model import default_token_budget
+from lab_utils.measure.loadgen import RequestSpec, run_point, run_sync
+from lab_utils.measure.prompts import exact_prompt
+from lab_utils.util.progress import progress_bar
+
+REPEATS = 5  # lone requests per prefill length and per hop pair
+DECODE_REPEATS = 3
+DECODE_TOKENS = 32  # at least: each decode run's output length
+
+
+class DecodeLine(BaseModel):
+    """Decode step time against requests decoding together, at one context length."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    context: int  # prompt tokens + the mean position of the measured tokens
+    points: list[Point]
+
+
+class EngineProfile(BaseModel):
+    """Notebook 01's profile of its instance (see the module docstring)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prefill: list[Point]  # x: prompt tokens; ms to the first token, direct
+    decode: list[DecodeLine]  # x: requests decoding together; ms per step
+    hop: Point  # x: prompt tokens; ms the proxy adds (through it - direct)
+    token_budget: int  # vLLM's max_num_batched_tokens for this device (its default)
+    device: str
+    elapsed_s: float
+    active_cores: float | None = None  # cores the instance's processes use while decoding
+    host_cores: int | None = None  # cores of the machine it ran on (local instances only)
+
+
+def _group_cpu_s(pgid: int) -> float:
+    """CPU seconds used so far by the processes of a process group (this machine)."""
+    tick, total = os.sysconf("SC_CLK_TCK"), 0
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid:  # fields after the name: state ppid pgrp ...
+            total += int(fields[11]) + int(fields[12])  # utime stime
+    return total / tick
+
+
+def prefill_lengths(cfg: LabConfig) -> list[int]:
+    """One block, the workload's prompt, the mixed workload's long prompt (or 4x the
+    prompt) and the midpoint, within what the model accepts."""
+    w, bs = cfg.workload, cfg.vllm.block_size or 16
+    long = w.mixed_long_len or 4 * w.input_len
+    top = cfg.vllm.max_model_len - max(w.output_len, DECODE_TOKENS) - 1
+    return sorted({min(n, top) for n in (bs, w.input_len, (w.input_len + long) // 2, long)})
+
+
+def decode_batches(cfg: LabConfig) -> list[int]:
+    return sorted({1, *cfg.workload.concurrency})
+
+
+def decode_contexts(cfg: LabConfig) -> list[int]:
+    w = cfg.workload
+    long = min(w.mixed_long_len or 4 * w.input_len,
+               cfg.vllm.max_model_len - 2 * max(w.output_len, DECODE_TOKENS))
+    return sorted({w.input_len, long})
+
+
+def _run(url: str, model: str, specs: list[RequestSpec], concurrency: int, key: str | None,
+         timeout_s: float):
+    records, _ = run_sync(run_point(url, model, specs, concurrency=concurrency,
+                                    timeout_s=timeout_s, show_progress=False, api_key=key))
+    bad = [r.error for r in records if r.error]
+    if bad or len(records) != len(specs):
+        from lab_utils.errors import LabError
+
+        raise LabError(f"the profile's requests to {url} failed: {bad[:2]}")
+    return records
+
+
+def measure_profile(cfg: LabConfig, served, gpu_name: str | None = None) -> EngineProfile:
+    """Measure the profile on notebook 01's running instance (`served`)."""
+    from lab_utils.serving import tokenizer_of
+
+    t0 = time.monotonic()
+    tokenize, _ = tokenizer_of(served, cfg)
+    rng = random.Random(random.SystemRandom().randrange(2**31))  # fresh prompts every run
+    direct, proxy = served.instance_urls()[0], served.proxy_url
+    vkey, pkey = api_key(cfg, "vllm"), api_key(cfg, "proxy")
+    model, timeout = cfg.model.name, cfg.workload.request_timeout_s
+    lengths, batches, contexts = prefill_lengths(cfg), decode_batches(cfg), decode_contexts(cfg)
+    out_tokens = max(cfg.workload.output_len, DECODE_TOKENS)
+    total = (len(lengths) * REPEATS + 2 * REPEATS
+             + len(contexts) * len(batches) * DECODE_REPEATS)
+    for url, key in ((direct, vkey), (proxy, pkey)):  # warm-up, not counted
+        _run(url, model, [RequestSpec(exact_prompt(tokenize, cfg.workload.input_len, rng), 2)], 1,
+             key, timeout)
+    inst = next(r for r in served.records if r.kind == "vllm")
+    local = cfg.nodes[inst.node].connection == "local"
+    busy_s = wall_s = 0.0
+    with progress_bar(total=total, desc="profile", unit="run") as bar:
+        prefill = []
+        for n in lengths:
+            ttft = []
+            for _ in range(REPEATS):
+                rec = _run(direct, model, [RequestSpec(exact_prompt(tokenize, n, rng), 1)], 1,
+                           vkey, timeout)[0]
+                ttft.append(rec.ttft_ms)
+                bar.update(1)
+            prefill.append(point(n, ttft))
+        hops = []
+        for _ in range(REPEATS):
+            pair = []
+            for url, key in ((direct, vkey), (proxy, pkey)):
+                spec = RequestSpec(exact_prompt(tokenize, cfg.workload.input_len, rng), 1)
+                pair.append(_run(url, model, [spec], 1, key, timeout)[0].ttft_ms)
+                bar.update(1)
+            hops.append(pair[1] - pair[0])
+        decode = []
+        for ctx in contexts:
+            pts = []
+            for b in batches:
+                steps = []
+                for _ in range(DECODE_REPEATS):
+                    specs = [RequestSpec(exact_prompt(tokenize, ctx, rng), out_tokens)
+                             for _ in range(b)]
+                    cpu0, t_start = _group_cpu_s(inst.pgid) if local else 0.0, time.monotonic()
+                    recs = _run(direct, model, specs, b, vkey, timeout)
+                    if local:
+                        busy_s += _group_cpu_s(inst.pgid) - cpu0
+                        wall_s += time.monotonic() - t_start
+                    per = [sum(r.itl_ms[len(r.itl_ms) // 2:]) / len(r.itl_ms[len(r.itl_ms) // 2:])
+                           for r in recs if len(r.itl_ms) >= 2]
+                    steps.append(sum(per) / len(per))
+                    bar.update(1)
+                pts.append(point(b, steps))
+            decode.append(DecodeLine(context=ctx + (3 * out_tokens) // 4, points=pts))
+    budget = default_token_budget(cfg.vllm.device, 128.0 if gpu_name and "GB10" in gpu_name
+                                  else None)
+    return EngineProfile(prefill=prefill, decode=decode,
+                         hop=point(cfg.workload.input_len, hops), token_budget=budget,
+                         device=cfg.vllm.device, elapsed_s=round(time.monotonic() - t0, 1),
+                         active_cores=round(busy_s / wall_s, 2) if local and wall_s else None,
+                         host_cores=os.cpu_count() if local else None)
+
+
+def profile_frame(profile: EngineProfile):
+    """The profile as one table: curve, x, median and range."""
+    import pandas as pd
+
+    rows = [{"curve": "prefill (ms to first token)", "at": f"{p.x:g} prompt tokens",
+             "median ms": p.median, "min ms": p.lo, "max ms": p.hi} for p in profile.prefill]
+    for line in profile.decode:
+        rows += [{"curve": f"decode step (ms), context {line.context}",
+                  "at": f"{p.x:g} decoding", "median ms": p.median, "min ms": p.lo,
+                  "max ms": p.hi} for p in line.points]
+    h = profile.hop
+    rows.append({"curve": "proxy hop (ms added)", "at": f"{h.x:g} prompt tokens",
+                 "median ms": h.median, "min ms": h.lo, "max ms": h.hi})
+    if profile.active_cores is not None:
+        rows.append({"curve": f"CPU cores busy while decoding (of {profile.host_cores})",
+                     "at": "the instance's processes", "median ms": None, "min ms": None,
+                     "max ms": None, "cores": profile.active_cores})
+    return pd.DataFrame(rows).round(2)

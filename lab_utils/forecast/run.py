@@ -1,0 +1,162 @@
+"""What notebooks 03, 04 and 05 do with the model: forecast the architecture they are about
+to measure, from 01's and 02's results only, print it, and keep it in their results.
+
+`forecast_for(cfg, "replicated" | "disaggregated")` returns a `Forecast`: one row per load
+point of the standard and mixed workloads (the median prediction and its interval), the
+inputs' sources, and for P/D the best prefill/decode split for 2, 4 and 8 nodes.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from lab_utils.config import LabConfig
+from lab_utils.forecast.inputs import edges, from_results
+from lab_utils.forecast.model import Architecture, Inputs, Load, loads_of, ranged
+
+SHOWN = ("median_ttft_ms", "p99_ttft_ms", "median_itl_ms", "p99_itl_ms", "median_tpot_ms",
+         "output_throughput", "request_goodput")
+LABELS = {"median_ttft_ms": "TTFT p50 (ms)", "p99_ttft_ms": "TTFT p99 (ms)",
+          "median_itl_ms": "ITL p50 (ms)", "p99_itl_ms": "ITL p99 (ms)",
+          "median_tpot_ms": "TPOT p50 (ms)", "output_throughput": "output (tok/s)",
+          "request_goodput": "goodput (req/s)"}
+SPLIT_NODES = (2, 4, 8)
+
+
+class Forecast(BaseModel):
+    """A forecast as a notebook records it, before it measures."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    architecture: str  # "replicated" | "disaggregated"
+    made_at: str
+    sources: dict[str, str]
+    rows: list[dict[str, Any]]  # Ranged.row() + workload, mode, value
+    splits: list[dict[str, Any]] = []
+
+    def frame(self):
+        return forecast_frame(self.rows)
+
+
+def architecture_of(cfg: LabConfig, kind: str, host_cores: int | None = None) -> Architecture:
+    """The topology `kind` of this config; `host_cores` (01's profile): the cores of the
+    machine its instances share, when every node is this machine."""
+    t = cfg.topology
+    shared = host_cores if all(n.connection == "local" for n in cfg.nodes.values()) else None
+    if kind == "replicated":
+        return Architecture(replicas=len(t.replicated.nodes), policy=t.replicated.policy,
+                            shared_cores=shared)
+    if kind == "disaggregated":
+        return Architecture(prefill=len(t.disaggregated.prefill),
+                            decode=len(t.disaggregated.decode), shared_cores=shared)
+    return Architecture(shared_cores=shared)
+
+
+def inputs_for(cfg: LabConfig) -> tuple[Inputs, Any, int | None]:
+    """The median inputs, the `edge -> Inputs` function and the machine's cores, from 01
+    and 02 only."""
+    from lab_utils.results import load_optional, load_results
+    from lab_utils.serving import kv_buffer_device
+
+    profile = load_results(cfg, "01").payload.profile
+    kv_env = load_optional(cfg, "02")
+    kv = kv_env.payload if kv_env else None
+    device = kv_buffer_device(cfg)
+    return (from_results(profile, kv, device), edges(profile, kv, device),
+            profile.host_cores if profile else None)
+
+
+def predict_rows(inputs: Inputs, edges_of, arch: Architecture, loads: list[Load],
+                 workload: str) -> list[dict[str, Any]]:
+    rows = []
+    for load in loads:
+        row = ranged(inputs, arch, load, edges_of).row()
+        row.update(workload=workload, mode="concurrency" if load.concurrency else "rate",
+                   value=float(load.concurrency or load.rate))
+        rows.append(row)
+    return rows
+
+
+def best_splits(inputs: Inputs, load: Load, nodes=SPLIT_NODES) -> list[dict[str, Any]]:
+    """For each node count, every xPyD split and N replicas at `load`, scaled to the
+    nodes (concurrency x nodes/2); the best split by goodput, then TTFT p50."""
+    out = []
+    for n in nodes:
+        scaled = Load(**{**load.__dict__, "concurrency": (load.concurrency or 1) * n // 2,
+                         "num_prompts": max(load.num_prompts, 4 * n)})
+        best = None
+        for p in range(1, n):
+            pred = _score(inputs, Architecture(prefill=p, decode=n - p), scaled)
+            if best is None or pred[0] > best[0]:
+                best = pred
+        rep = _score(inputs, Architecture(replicas=n), scaled)
+        assert best is not None
+        out.append({"nodes": n, "concurrency": scaled.concurrency, "best split": best[1],
+                    "its goodput (req/s)": best[2]["request_goodput"],
+                    "its TTFT p50 (ms)": best[2]["median_ttft_ms"],
+                    "its ITL p99 (ms)": best[2]["p99_itl_ms"],
+                    f"{n} replicas goodput (req/s)": rep[2]["request_goodput"],
+                    "replicas ITL p99 (ms)": rep[2]["p99_itl_ms"],
+                    "bottleneck": best[3]})
+    return out
+
+
+def _score(inputs: Inputs, arch: Architecture, load: Load):
+    from lab_utils.forecast.model import forecast
+
+    p = forecast(inputs, arch, load)
+    m = p.metrics
+    key = (m["request_goodput"] if m["request_goodput"] is not None else m["request_throughput"],
+           -(m["median_ttft_ms"] or 0.0))
+    return key, arch.name, m, p.bottleneck()
+
+
+def forecast_for(cfg: LabConfig, kind: str) -> Forecast:
+    """Forecast `kind` ("replicated" or "disaggregated") for this config's workload."""
+    inputs, edges_of, cores = inputs_for(cfg)
+    arch = architecture_of(cfg, kind, cores)
+    w = cfg.workload
+    rows = predict_rows(inputs, edges_of, arch, loads_of(w), "standard")
+    if w.mixed_long_len:
+        rows += predict_rows(inputs, edges_of, arch, loads_of(w, mixed=True), "mixed")
+    splits = (best_splits(inputs, loads_of(w, mixed=bool(w.mixed_long_len))[-1])
+              if kind == "disaggregated" else [])
+    return Forecast(architecture=kind, made_at=datetime.now(timezone.utc).isoformat(),
+                    sources={k: v for k, v in inputs.sources.items()}, rows=rows, splits=splits)
+
+
+def forecast_frame(rows: list[dict[str, Any]]):
+    """One row per workload and load point: each metric as `median [lo-hi]`."""
+    import pandas as pd
+
+    def cell(r: dict, k: str) -> str:
+        v, lo, hi = r.get(k), r.get(f"{k}_lo"), r.get(f"{k}_hi")
+        if v is None:
+            return "–"
+        if lo is None or hi is None or abs(hi - lo) < 0.005 * max(abs(v), 1e-9):
+            return f"{v:.3g}"
+        return f"{v:.3g} [{lo:.3g}-{hi:.3g}]"
+
+    return pd.DataFrame([{"workload": r["workload"], "load": r["load"],
+                          **{LABELS[k]: cell(r, k) for k in SHOWN},
+                          "bottleneck": r["bottleneck"]} for r in rows])
+
+
+def show(fc: Forecast) -> None:
+    """Print a forecast the way 03 and 04 show it before they measure."""
+    from IPython.display import display
+
+    print(f"FORECAST for {fc.architecture} serving, made {fc.made_at[:19]} UTC before "
+          "the sweep, from:")
+    for k, v in fc.sources.items():
+        print(f"  {k}: {v}")
+    display(fc.frame())
+    if fc.splits:
+        import pandas as pd
+
+        print("Predicted best prefill/decode split on more nodes of this kind "
+              "(concurrency scaled with the nodes):")
+        display(pd.DataFrame(fc.splits).round(2))
