@@ -40,7 +40,7 @@ from lab_utils.payloads import (
     ReplicatedPayload,
     Roofline,
 )
-from lab_utils.results import ResultsEnvelope, load_optional, write_results
+from lab_utils.results import ResultsEnvelope, load_optional, load_results, write_results
 from lab_utils.serve.launcher import wait_ready
 from lab_utils.serve.topology import PROXY, serve, start_proxy, urls
 
@@ -223,16 +223,25 @@ def measure_profile(cfg: LabConfig, served: Served, gpu_name: str | None = None)
     (`lab_utils.forecast.profile`), with its table."""
     from lab_utils.forecast.profile import measure_profile as measure
 
-    return measure(cfg, served, gpu_name)
+    return measure(cfg, served, tokenizer_of(served, cfg)[0], gpu_name)
+
+
+def make_forecast(cfg: LabConfig, kind: str) -> Forecast:
+    """Forecast `kind` ("replicated" or "disaggregated") from 01's profile and 02's
+    results, and nothing else."""
+    from lab_utils.forecast.run import forecast_for
+
+    kv = load_optional(cfg, "02")
+    return forecast_for(cfg, kind, load_results(cfg, "01").payload.profile,
+                        kv.payload if kv else None, kv_buffer_device(cfg))
 
 
 def forecast(cfg: LabConfig, kind: str) -> Forecast:
-    """Forecast `kind` ("replicated" or "disaggregated") from 01's and 02's results only,
-    print it, and return it for the notebook's results."""
-    from lab_utils.forecast import run
+    """`make_forecast`, printed, for the notebook to record before it measures."""
+    from lab_utils.forecast.run import show
 
-    fc = run.forecast_for(cfg, kind)
-    run.show(fc)
+    fc = make_forecast(cfg, kind)
+    show(fc)
     return fc
 
 

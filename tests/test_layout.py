@@ -20,6 +20,7 @@ LAYERS = [
     {"config"},
     {"cluster"},
     {"measure", "kv"},
+    {"forecast"},
     {"serve"},
     {"checks", "bench"},
     {"payloads"},

@@ -73,20 +73,33 @@ GB10 = {
     "bf16_dense_tflops": (
         125.0, "NVIDIA's 1 PFLOP (FP4, sparse) GB10 figure / 2 for dense / 4 for bf16: an "
                "estimate; notebook 01 measures prefill on the Spark"),
-    "mfu": (0.5, "prefill reaching half the dense peak: a common planning figure, not measured"),
-    "nixl_dram_GBps": (11.0, "recorded nixlbench DRAM-to-DRAM runs between two GB10s "
-                             "(tests/fixtures/dgx-spark-recorded/)"),
+    "prefill_efficiency": (0.5, "prefill reaching half that peak: a planning figure, not "
+                                "measured"),
     "request_overhead_ms": (5.0, "a guess for HTTP, tokenizing and scheduling per request"),
     "hop_ms": (1.0, "this lab's proxy, measured by python -m lab_utils.bench.proxy (~1 ms)"),
 }
+# NIXL between two GB10s, one rail, UCX, batch 1: (bytes, average latency in us), as recorded
+# by nixlbench (tests/fixtures/dgx-spark-recorded/nixlbench.gb10-pair.single-rail.*.txt;
+# SOURCES.md there names the run). A test reads the recordings and checks these rows.
+GB10_NIXL_US = {
+    "DRAM": ((65536, 9.6), (131072, 17.0), (262144, 28.3), (524288, 51.1), (1048576, 94.5),
+             (2097152, 185.8), (4194304, 368.7), (8388608, 731.4), (16777216, 1455.3),
+             (33554432, 2904.1), (67108864, 5803.6)),
+    "VRAM": ((65536, 163.5), (131072, 327.8), (262144, 811.1), (524288, 1234.6),
+             (1048576, 2633.9), (2097152, 5607.3), (4194304, 9948.2), (8388608, 13861.5),
+             (16777216, 27883.9), (33554432, 75632.9)),
+}
+NIXL_SOURCE = ("nixlbench between two GB10s, one rail, {seg} to {seg} "
+               "(tests/fixtures/dgx-spark-recorded/nixlbench.gb10-pair.single-rail.{seg}.txt)")
 
 
 def spark_inputs(params: float, weight_bytes: float, kv_bytes_per_token: int, block_size: int,
-                 lengths: list[int], batches: list[int], contexts: list[int]) -> Inputs:
-    """Inputs for one GB10 per instance, from the published figures in `GB10`, for a model
-    of `params` parameters and `weight_bytes` of weights read per decode step."""
+                 lengths: list[int], batches: list[int], contexts: list[int],
+                 buffer_device: str = "cpu") -> Inputs:
+    """Inputs for one GB10 per instance, from the figures in `GB10` and the recorded NIXL
+    rates, for a model of `params` parameters reading `weight_bytes` per decode step."""
     bw = GB10["memory_bandwidth_GBps"][0] * 1e9
-    flops = GB10["bf16_dense_tflops"][0] * 1e12 * GB10["mfu"][0]
+    flops = GB10["bf16_dense_tflops"][0] * 1e12 * GB10["prefill_efficiency"][0]
     fixed = GB10["request_overhead_ms"][0]
 
     def step_ms(batch: int, context: int) -> float:
@@ -95,9 +108,11 @@ def spark_inputs(params: float, weight_bytes: float, kv_bytes_per_token: int, bl
     prefill = [point(n, [fixed + step_ms(1, n) + 2 * params * n / flops * 1e3]) for n in lengths]
     decode = tuple((float(c), Curve.of([point(b, [step_ms(b, c)]) for b in batches]))
                    for c in contexts)
-    nixl = GB10["nixl_dram_GBps"][0] * 1e9
-    transfer = Curve((0.0, 1e12), (0.0, 1e12 / nixl * 1e3))
-    sources = {k: f"{v[0]:g}: {v[1]}" for k, v in GB10.items()}
+    seg = SEG_TYPE.get(buffer_device, "DRAM")
+    rows = GB10_NIXL_US[seg]
+    transfer = Curve(tuple(float(b) for b, _ in rows), tuple(us / 1e3 for _, us in rows))
+    sources = {k: f"{v[0]:g} ({v[1]})" for k, v in GB10.items()}
+    sources["transfer"] = NIXL_SOURCE.format(seg=seg)
     return Inputs(engine=EngineCosts(prefill=Curve.of(prefill), decode=decode, token_budget=8192),
                   hop_ms=GB10["hop_ms"][0], transfer=transfer,
                   kv_bytes_per_token=kv_bytes_per_token, block_size=block_size,

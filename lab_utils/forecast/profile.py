@@ -114,12 +114,10 @@ def _run(url: str, model: str, specs: list[RequestSpec], concurrency: int, key: 
     return records
 
 
-def measure_profile(cfg: LabConfig, served, gpu_name: str | None = None) -> EngineProfile:
-    """Measure the profile on notebook 01's running instance (`served`)."""
-    from lab_utils.serving import tokenizer_of
-
+def measure_profile(cfg: LabConfig, served, tokenize, gpu_name: str | None = None) -> EngineProfile:
+    """Measure the profile on notebook 01's running instance (`served`: its records, its
+    URLs; `tokenize`: text -> token ids of the served model)."""
     t0 = time.monotonic()
-    tokenize, _ = tokenizer_of(served, cfg)
     rng = random.Random(random.SystemRandom().randrange(2**31))  # fresh prompts every run
     direct, proxy = served.instance_urls()[0], served.proxy_url
     vkey, pkey = api_key(cfg, "vllm"), api_key(cfg, "proxy")

@@ -1,7 +1,7 @@
 """What notebooks 03, 04 and 05 do with the model: forecast the architecture they are about
 to measure, from 01's and 02's results only, print it, and keep it in their results.
 
-`forecast_for(cfg, "replicated" | "disaggregated")` returns a `Forecast`: one row per load
+`forecast_for(cfg, "replicated" | "disaggregated", profile, kv, device)` returns a `Forecast`: one row per load
 point of the standard and mixed workloads (the median prediction and its interval), the
 inputs' sources, and for P/D the best prefill/decode split for 2, 4 and 8 nodes.
 """
@@ -16,6 +16,8 @@ from pydantic import BaseModel, ConfigDict
 from lab_utils.config import LabConfig
 from lab_utils.forecast.inputs import edges, from_results
 from lab_utils.forecast.model import Architecture, Inputs, Load, loads_of, ranged
+from lab_utils.forecast.profile import EngineProfile
+from lab_utils.kv.budget import KvTransferPayload
 
 SHOWN = ("median_ttft_ms", "p99_ttft_ms", "median_itl_ms", "p99_itl_ms", "median_tpot_ms",
          "output_throughput", "request_goodput")
@@ -55,20 +57,6 @@ def architecture_of(cfg: LabConfig, kind: str, host_cores: int | None = None) ->
     return Architecture(shared_cores=shared)
 
 
-def inputs_for(cfg: LabConfig) -> tuple[Inputs, Any, int | None]:
-    """The median inputs, the `edge -> Inputs` function and the machine's cores, from 01
-    and 02 only."""
-    from lab_utils.results import load_optional, load_results
-    from lab_utils.serving import kv_buffer_device
-
-    profile = load_results(cfg, "01").payload.profile
-    kv_env = load_optional(cfg, "02")
-    kv = kv_env.payload if kv_env else None
-    device = kv_buffer_device(cfg)
-    return (from_results(profile, kv, device), edges(profile, kv, device),
-            profile.host_cores if profile else None)
-
-
 def predict_rows(inputs: Inputs, edges_of, arch: Architecture, loads: list[Load],
                  workload: str) -> list[dict[str, Any]]:
     rows = []
@@ -98,7 +86,7 @@ def best_splits(inputs: Inputs, load: Load, nodes=SPLIT_NODES) -> list[dict[str,
                     "its goodput (req/s)": best[2]["request_goodput"],
                     "its TTFT p50 (ms)": best[2]["median_ttft_ms"],
                     "its ITL p99 (ms)": best[2]["p99_itl_ms"],
-                    f"{n} replicas goodput (req/s)": rep[2]["request_goodput"],
+                    "replicas goodput (req/s)": rep[2]["request_goodput"],
                     "replicas ITL p99 (ms)": rep[2]["p99_itl_ms"],
                     "bottleneck": best[3]})
     return out
@@ -114,10 +102,12 @@ def _score(inputs: Inputs, arch: Architecture, load: Load):
     return key, arch.name, m, p.bottleneck()
 
 
-def forecast_for(cfg: LabConfig, kind: str) -> Forecast:
-    """Forecast `kind` ("replicated" or "disaggregated") for this config's workload."""
-    inputs, edges_of, cores = inputs_for(cfg)
-    arch = architecture_of(cfg, kind, cores)
+def forecast_for(cfg: LabConfig, kind: str, profile: EngineProfile | None,
+                 kv: KvTransferPayload | None, buffer_device: str) -> Forecast:
+    """Forecast `kind` ("replicated" or "disaggregated") for this config's workload from
+    01's profile and 02's results (`kv`, None if 02 has not run) only."""
+    inputs, edges_of = from_results(profile, kv, buffer_device), edges(profile, kv, buffer_device)
+    arch = architecture_of(cfg, kind, profile.host_cores if profile else None)
     w = cfg.workload
     rows = predict_rows(inputs, edges_of, arch, loads_of(w), "standard")
     if w.mixed_long_len:
@@ -157,6 +147,7 @@ def show(fc: Forecast) -> None:
     if fc.splits:
         import pandas as pd
 
-        print("Predicted best prefill/decode split on more nodes of this kind "
-              "(concurrency scaled with the nodes):")
+        print("Predicted best prefill/decode split for 2, 4 and 8 nodes, each instance on a "
+              "machine of its own running at 01's speed, at the mixed workload's load scaled "
+              "with the nodes (best by goodput under the SLO, then TTFT):")
         display(pd.DataFrame(fc.splits).round(2))

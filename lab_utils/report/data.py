@@ -18,6 +18,8 @@ import numpy as np
 
 from lab_utils.config import LabConfig
 from lab_utils.errors import ResultsMissingError
+from lab_utils.forecast import grade as g
+from lab_utils.forecast.run import Forecast
 from lab_utils.kv.budget import KvTransferPayload
 from lab_utils.measure.benchmark import BenchmarkResult
 from lab_utils.payloads import (
@@ -152,3 +154,22 @@ def fmt_num(value: Any) -> str:
     if abs(v) >= 100:
         return f"{v:,.1f}"
     return f"{v:.2f}" if abs(v) >= 1 else f"{v:.3g}"
+
+
+FORECAST_NB = {"replicated": "03", "disaggregated": "04"}
+
+
+def recorded_forecasts(data: ReportData) -> dict[str, Forecast]:
+    out = {}
+    for arch, nb in FORECAST_NB.items():
+        p = data.payload(nb)
+        if p is not None and getattr(p, "forecast", None) is not None:
+            out[arch] = p.forecast
+    return out
+
+
+def graded(data: ReportData) -> dict[str, list[dict[str, Any]]]:
+    """Each recorded forecast against its notebook's sweep and mixed run."""
+    return {arch: g.grade_rows(fc, {"standard": data.sweeps.get(arch),
+                                    "mixed": data.mixed.get(arch)})
+            for arch, fc in recorded_forecasts(data).items()}

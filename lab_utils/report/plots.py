@@ -11,19 +11,21 @@ from __future__ import annotations
 import io
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from lab_utils.forecast.run import LABELS
 from lab_utils.kv.budget import KvTransferPayload
-from lab_utils.report.data import ARCHITECTURES, PER_STREAM, ReportData, fmt_num
+from lab_utils.report.data import ARCHITECTURES, PER_STREAM, ReportData, fmt_num, graded
 from lab_utils.report.tables import kv_table, workload_rows
 from lab_utils.util.atomic import atomic_write_bytes
 
 COLORS = {"baseline": "tab:blue", "replicated": "tab:orange", "disaggregated": "tab:green"}
-PLOT_NAMES = ("throughput", "ttft", "itl", "kv_transfer", "roofline", "mixed_itl")
+PLOT_NAMES = ("throughput", "ttft", "itl", "kv_transfer", "roofline", "mixed_itl", "forecast")
 
 
 @dataclass(frozen=True)
@@ -205,7 +207,44 @@ def render_plots(data: ReportData, table: pd.DataFrame) -> list[Plot]:
                      [("ITL p99 (ms)", [("p99_itl_ms", "-o", "")])],
                      archs=("replicated", "disaggregated")),
     ]
+    plots.append(grade_plot(graded(data)))
     return [p for p in plots if p is not None]
+
+
+def grade_plot(by_arch: dict[str, list[dict[str, Any]]]) -> Plot | None:
+    """Predicted against measured TTFT p50/p99 and ITL p50/p99, per architecture (log-log,
+    the diagonal is a perfect forecast; hollow markers were not graded)."""
+    if not any(by_arch.values()):
+        return None
+    fig, axes = _figure(1, 2, "Forecast vs measurement")
+    markers = {"replicated": "o", "disaggregated": "s"}
+    for ax, (title, keys) in zip(axes.flat, (("TTFT (ms)", ("median_ttft_ms", "p99_ttft_ms")),
+                                             ("ITL (ms)", ("median_itl_ms", "p99_itl_ms"))),
+                                 strict=True):
+        vals = []
+        for arch, rows in by_arch.items():
+            for k, color in zip(keys, ("tab:blue", "tab:red"), strict=True):
+                pts = [r for r in rows if r["metric"] == k and r["predicted"] and r["measured"]]
+                for graded_only in (True, False):
+                    sel = [r for r in pts if r["graded"] == graded_only]
+                    if sel:
+                        ax.scatter([r["measured"] for r in sel], [r["predicted"] for r in sel],
+                                   marker=markers.get(arch, "o"), edgecolors=color,
+                                   facecolors=color if graded_only else "none",
+                                   label=f"{arch} {LABELS[k].split(' (')[0]}"
+                                   + ("" if graded_only else " (not graded)"))
+                vals += [v for r in pts for v in (r["measured"], r["predicted"])]
+        if vals:
+            lo, hi = min(vals) * 0.7, max(vals) * 1.4
+            ax.plot([lo, hi], [lo, hi], "--", color="grey", label="predicted = measured")
+            ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi))
+        ax.set(xlabel=f"measured {title}", ylabel=f"predicted {title}", title=title)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    return Plot("forecast", "Forecast vs measurement",
+                "Each marker is one load point: on the diagonal the forecast was exact; hollow "
+                "markers were flagged (stall, late reads, invalid) and are not graded.",
+                _png(fig))
 
 
 def write_plots(plots_dir: Path, plots: list[Plot]) -> list[Path]:

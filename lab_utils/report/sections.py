@@ -1,7 +1,8 @@
 """The report as a document: a list of `Block`s (heading, paragraph, warning, list, table,
 plot) that `lab_utils.report.render` renders the same way to HTML and to Markdown. The sections,
 in order: what was run and what is missing, the conclusions, the headline tables, the
-plots, the comparison at every load point, the expected figures for two Sparks, one
+plots, the comparison at every load point, the forecasts graded against the measurements,
+the expected figures and the forecast for two Sparks, one
 section per notebook 00-04 with what it recorded, what each results file holds, and what
 production systems add beyond this lab.
 """
@@ -129,7 +130,8 @@ def _plot_blocks(plots: list[Plot]) -> list[Block]:
               P("Invalid points are not plotted as values: each line has a gap at an invalid "
                 "point and a cross on the x axis marks it.")]
     for p in plots:
-        blocks += [H(p.title, 3), Block("img", plot=p)]
+        if p.name != "forecast":  # shown with the forecasts' grades
+            blocks += [H(p.title, 3), Block("img", plot=p)]
     names = {p.name for p in plots}
     if "kv_transfer" not in names:
         blocks.append(P(f"No KV transfer plot: {run_hint('02')}."))
@@ -170,7 +172,42 @@ def _expected_blocks(data: ReportData, table: pd.DataFrame) -> list[Block]:
             blocks.append(W(f"{r['figure']}: this run {r['this run']} vs expected "
                             f"{r['expected (two Sparks)']}: {why}; check the hardware "
                             "(notebook 00) before trusting the comparison."))
-    return blocks + [T(df)]
+    return blocks + [T(df)] + _spark_forecast_blocks(data)
+
+
+def _forecast_blocks(data: ReportData, plots: list[Plot]) -> list[Block]:
+    from lab_utils.forecast import grade as g
+    from lab_utils.report import forecast as fc
+
+    by_arch = fc.graded(data)
+    blocks = [H("Predicted, then measured"),
+              P("Before measuring, notebooks 03 and 04 forecast their architecture from 01's "
+                "engine profile and 02's KV transfer only (lab_utils.forecast.model: a "
+                "step-by-step simulation of the engines, the proxy hop and the KV move). Here "
+                "each forecast meets its measurement: the error is in % of the measured "
+                "value, and 'inside' says whether the measurement fell in the interval the "
+                "spread of 01's and 02's measurements gives. Points where the machine stood "
+                "still are shown but not graded; where the load generator read tokens late, "
+                "ITL and TPOT are not graded.")]
+    if not by_arch:
+        return blocks + [P("No forecast was recorded: notebooks 03 and 04 record one when 01 "
+                           "has an engine profile (re-run 01, then 03 and 04).")]
+    for arch, rows in by_arch.items():
+        blocks += [H(arch, 3), UL(g.sentences(arch, rows)), T(fc.grade_table(rows))]
+    blocks += [Block("img", plot=p) for p in plots if p.name == "forecast"]
+    return blocks
+
+
+def _spark_forecast_blocks(data: ReportData) -> list[Block]:
+    from lab_utils.report import forecast as fc
+
+    df, about, sources = fc.spark_forecast(data)
+    return [H("Forecast for two DGX Sparks", 3),
+            P(f"The same model, fed with published GB10 figures instead of this run's "
+              f"measurements ({about}). A forecast, not a measurement: when the lab runs "
+              "on the Sparks, notebooks 03 and 04 forecast from their own 01 and 02, and "
+              "the section above grades it. Inputs and their sources:"),
+            UL([f"{k}: {v}" for k, v in sources.items()]), T(df)]
 
 
 def _nb00_blocks(data: ReportData) -> list[Block]:
@@ -293,7 +330,7 @@ def report_blocks(data: ReportData, table: pd.DataFrame, concl: Conclusions,
     """The whole report as a list of blocks."""
     blocks = _intro(data) + _missing_blocks(data) + _conclusion_blocks(concl)
     blocks += _table_blocks(table) + _plot_blocks(plots)
-    blocks += _comparison_blocks(concl) + _expected_blocks(data, table)
+    blocks += _comparison_blocks(concl) + _forecast_blocks(data, plots) + _expected_blocks(data, table)
     sections = [("00", "environment checklist", _nb00_blocks),
                 ("01", "single-instance baseline", _nb01_blocks),
                 ("02", "KV cache transfer", _nb02_blocks),

@@ -1,0 +1,164 @@
+"""The report's forecast sections: 03's and 04's forecasts graded against their sweeps,
+the forecast for two DGX Sparks made by the same model from published GB10 figures, and
+the what-if of notebook 05.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from lab_utils.config import WorkloadConfig
+from lab_utils.forecast import grade as g
+from lab_utils.forecast.inputs import from_results, spark_inputs
+from lab_utils.forecast.model import Architecture, Inputs, Load, forecast, loads_of
+from lab_utils.forecast.run import LABELS, SHOWN
+from lab_utils.kv.shapes import PUBLISHED_CONFIGS, kv_shape
+from lab_utils.report.data import ReportData, graded
+
+SPARK_MODEL = "Qwen/Qwen3-8B"  # the cluster example's model (environment_config.json.example)
+EXAMPLE_CONFIG = Path(__file__).resolve().parents[2] / "environment_config.json.example"
+
+
+def forecast_grades(data: ReportData) -> pd.DataFrame:
+    """Print what the grading says per architecture; the table of every graded value."""
+    by_arch = graded(data)
+    if not by_arch:
+        print("no forecast recorded: re-run 01 (it measures the profile), then 03 and 04")
+        return pd.DataFrame()
+    for arch, rows in by_arch.items():
+        print("\n".join(g.sentences(arch, rows)))
+    return pd.concat([grade_table(rows).assign(architecture=arch)
+                      for arch, rows in by_arch.items()], ignore_index=True)
+
+
+def grade_table(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """Compact: one row per load point and metric, predicted [interval], measured, error."""
+    def fmt(v):
+        return "–" if v is None else f"{v:.3g}"
+
+    return pd.DataFrame([{
+        "workload": r["workload"], "load": r["load"], "metric": LABELS[r["metric"]],
+        "predicted [interval]": f"{fmt(r['predicted'])} [{fmt(r['lo'])}-{fmt(r['hi'])}]",
+        "measured": fmt(r["measured"]),
+        "error %": "–" if r["error %"] is None else f"{r['error %']:+.0f}",
+        "inside": "yes" if r["in interval"] else "no",
+        "graded": "yes" if r["graded"] else f"no: {r['not graded because']}"} for r in rows])
+
+
+# ---- two Sparks --------------------------------------------------------------------------------
+
+
+def dense_params(hf: dict) -> tuple[float, float]:
+    """(parameters, bytes of weights one decode step reads) of a dense decoder-only model in
+    bf16: every layer's attention and MLP matrices plus the LM head; the embedding counts
+    in the parameters but one row of it is read per token."""
+    h, i, n, v = (hf["hidden_size"], hf["intermediate_size"], hf["num_hidden_layers"],
+                  hf["vocab_size"])
+    heads, kv = hf["num_attention_heads"], hf["num_key_value_heads"]
+    hd = hf.get("head_dim", h // heads)
+    per_layer = h * heads * hd * 2 + 2 * h * kv * hd + 3 * h * i
+    read = n * per_layer + v * h  # the LM head (untied)
+    return float(read + (0 if hf.get("tie_word_embeddings") else v * h)), float(read * 2)
+
+
+def spark_workload(data: ReportData) -> tuple[str, WorkloadConfig]:
+    """The model and workload the Spark forecast is for: this run's on a GPU profile, the
+    cluster example's otherwise."""
+    base = data.envelopes["01"]
+    if data.device == "cuda":
+        return base.config["model"]["name"], WorkloadConfig(**{
+            k: v for k, v in base.config["workload"].items() if not k.startswith("_")})
+    example = json.loads(EXAMPLE_CONFIG.read_text())
+    w = {k: v for k, v in example["workload"].items() if not k.startswith("_")}
+    return example["model"]["name"], WorkloadConfig(**w)
+
+
+def spark_inputs_for(model: str, w: WorkloadConfig, buffer_device: str = "cpu") -> Inputs:
+    hf = PUBLISHED_CONFIGS.get(model) or PUBLISHED_CONFIGS[SPARK_MODEL]
+    params, read = dense_params(hf)
+    shape = kv_shape(hf)
+    long = w.mixed_long_len or 4 * w.input_len
+    return spark_inputs(params, read, shape.bytes_per_token, 16,
+                        lengths=sorted({16, w.input_len, long}),
+                        batches=sorted({1, *w.concurrency, 2 * max(w.concurrency)}),
+                        contexts=sorted({w.input_len, long}), buffer_device=buffer_device)
+
+
+SPARK_ARCHS = (Architecture(), Architecture(replicas=2), Architecture(prefill=1, decode=1))
+
+
+def spark_forecast(data: ReportData) -> tuple[pd.DataFrame, str, dict[str, str]]:
+    """The forecast for two Sparks: each architecture at each load point, its inputs and
+    their sources."""
+    model, w = spark_workload(data)
+    inputs = spark_inputs_for(model, w)
+    rows = []
+    for workload, loads in (("standard", loads_of(w)), ("mixed", loads_of(w, mixed=True)
+                                                         if w.mixed_long_len else [])):
+        for load in loads:
+            for arch in SPARK_ARCHS:
+                p = forecast(inputs, arch, load)
+                rows.append({"workload": workload, "load": load.label,
+                             "architecture": arch.name,
+                             **{LABELS[k]: p.metrics.get(k) for k in SHOWN},
+                             "bottleneck": p.bottleneck()})
+    about = (f"{model}, input {w.input_len} / output {w.output_len} tokens, concurrency "
+             f"{w.concurrency}" + (f", mixed: one {w.mixed_long_len}-token prompt every "
+                                   f"{w.mixed_long_every}" if w.mixed_long_len else ""))
+    return pd.DataFrame(rows).round(2), about, inputs.sources
+
+
+# ---- what if --------------------------------------------------------------------------------
+
+
+def what_if(data: ReportData, *, input_len: int | None = None, output_len: int | None = None,
+            concurrency: int | None = None, mixed_long_len: int | None = None,
+            slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None,
+            nodes: int = 2, kv_buffer_device: str = "cpu", spark: bool = False) -> pd.DataFrame:
+    """A FORECAST, not a measurement: N replicas against every xPyD split of `nodes`
+    instances, for a changed workload, from this run's 01/02 curves (or, `spark=True`, the
+    published GB10 figures). Prints the predicted winner by goodput and why."""
+    base = data.sweeps["baseline"].workload
+    model, sw = spark_workload(data) if spark else (None, None)
+    w0 = sw if spark else WorkloadConfig(**{k: v for k, v in base.items()
+                                             if k in WorkloadConfig.model_fields})
+    w = w0.model_copy(update={k: v for k, v in {
+        "input_len": input_len, "output_len": output_len, "mixed_long_len": mixed_long_len,
+        "concurrency": [concurrency] if concurrency else None}.items() if v is not None})
+    slo = w.slo.model_copy(update={k: v for k, v in {"ttft_ms": slo_ttft_ms,
+                                                     "tpot_ms": slo_tpot_ms}.items() if v})
+    w = w.model_copy(update={"slo": slo})
+    if spark:
+        inputs = spark_inputs_for(model, w, kv_buffer_device)
+    else:
+        base_profile = data.baseline.profile if data.baseline else None
+        inputs = from_results(base_profile, data.kv_transfer, kv_buffer_device)
+    load = loads_of(w, mixed=bool(w.mixed_long_len))[-1]
+    load = Load(**{**load.__dict__, "num_prompts": max(load.num_prompts, 8 * nodes)})
+    archs = [Architecture(replicas=nodes)] + [Architecture(prefill=p, decode=nodes - p)
+                                              for p in range(1, nodes)]
+    rows = []
+    for arch in archs:
+        p = forecast(inputs, arch, load)
+        rows.append({"architecture": arch.name, **{LABELS[k]: p.metrics.get(k) for k in SHOWN},
+                     "requests (req/s)": p.metrics["request_throughput"],
+                     "bottleneck": p.bottleneck(),
+                     "KV transfer (ms)": p.transfer_ms})
+    df = pd.DataFrame(rows).round(2)
+    key = LABELS["request_goodput"]
+    if df[key].isna().all():  # no SLO: rank by the requests served
+        key = "requests (req/s)"
+    best = df.sort_values([key, LABELS["median_ttft_ms"]], ascending=[False, True]).iloc[0]
+    print(f"FORECAST (not measured): {nodes} nodes, {w.input_len} in / {w.output_len} out, "
+          f"concurrency {load.concurrency}"
+          + (f", one {w.mixed_long_len}-token prompt every {w.mixed_long_every}"
+             if w.mixed_long_len else "")
+          + f", SLO TTFT {slo.ttft_ms} ms / TPOT {slo.tpot_ms} ms, KV from {kv_buffer_device}, "
+          + ("published GB10 figures" if spark else "this run's 01/02 curves"))
+    print(f"predicted winner by {key.split(' (')[0]}: {best['architecture']} "
+          f"({best[key]:.3g} req/s); its busiest pool: {best['bottleneck']}")
+    return df
