@@ -87,6 +87,35 @@ def test_report_with_conclusions(series):
     assert len(list((cfg.results_dir / "plots").glob("*.png"))) >= 4
 
 
+def test_forecast_made_before_the_sweeps_and_graded(request, series):
+    from datetime import datetime
+
+    from lab_utils.forecast import grade as g
+    from lab_utils.report import load_report_data
+    from lab_utils.report.data import graded
+
+    cfg, _ = series
+    profile = load_results(cfg, "01").payload.profile
+    assert profile is not None and profile.prefill and profile.decode
+    for nb, arch in (("03", "replicated"), ("04", "disaggregated")):
+        env = load_results(cfg, nb)
+        fc = env.payload.forecast
+        assert fc is not None and fc.architecture == arch and fc.rows
+        measured_s = sum(p.summary["duration"] for p in env.payload.sweep.points)
+        # made at least as long before the file was written as the sweep took to measure
+        ahead = (datetime.fromisoformat(env.timestamp.replace("Z", "+00:00"))
+                 - datetime.fromisoformat(fc.made_at)).total_seconds()
+        assert ahead >= measured_s, (nb, ahead, measured_s)
+    by_arch = graded(load_report_data(cfg))
+    assert set(by_arch) == {"replicated", "disaggregated"}
+    for arch, rows in by_arch.items():
+        assert g.summary(rows)["points"] > 0, arch
+        show(request, "[forecast] " + " ".join(g.sentences(arch, rows)))
+    md = (cfg.results_dir / "report.md").read_text()
+    assert "## Predicted, then measured" in md and "### Forecast for two DGX Sparks" in md
+    assert (cfg.results_dir / "plots" / "forecast.png").exists()
+
+
 def test_nothing_left_running(series):
     from lab_utils.cluster import Cluster
 
