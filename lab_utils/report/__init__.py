@@ -16,7 +16,7 @@ from lab_utils.report.expected import EXPECTED_TWO_SPARK, expected_figures
 from lab_utils.report.forecast import forecast_grades, spark_forecast, what_if
 from lab_utils.report.plots import PLOT_NAMES, Plot, plot_values, render_plots, write_plots
 from lab_utils.report.render import ReportPaths, build_report, render_html, render_markdown
-from lab_utils.report.sections import Block, report_blocks
+from lab_utils.report.sections import Block, report_blocks, verdict_table
 from lab_utils.report.tables import display_table, headline_table, kv_table, points_table
 
 __all__ = [
@@ -24,5 +24,6 @@ __all__ = [
     "Finding", "Plot", "ReportData", "ReportPaths", "build_report", "compare", "conclusions",
     "display_table", "expected_figures", "fmt_num", "forecast_grades", "headline_table", "kv_table",
     "load_report_data", "plot_values", "points_table", "render_html", "render_markdown",
-    "render_plots", "report_blocks", "run_hint", "spark_forecast", "what_if", "write_plots",
+    "render_plots", "report_blocks", "run_hint", "spark_forecast", "verdict_table", "what_if",
+    "write_plots",
 ]

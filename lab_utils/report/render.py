@@ -45,10 +45,14 @@ th { background: #f2f2f2; }
 figure { margin: 1em 0; }
 figure img { max-width: 100%; border: 1px solid #ddd; }
 figcaption { font-size: 0.9em; color: #555; }
+details { margin: 0.5em 0 1em; } summary { cursor: pointer; color: #444; }
 """
 
 
 def _html_block(b: Block) -> str:
+    if b.kind == "fold":
+        inner = "\n".join(_html_block(x) for x in b.inner)
+        return f"<details><summary>{html.escape(b.text)}</summary>\n{inner}\n</details>"
     if b.kind == "h":
         return f"<h{b.level}>{html.escape(b.text)}</h{b.level}>"
     if b.kind in ("p", "warn"):
@@ -87,6 +91,9 @@ def md_table(df: pd.DataFrame) -> str:
 
 
 def _md_block(b: Block) -> str:
+    if b.kind == "fold":  # GitHub and most viewers fold <details> in Markdown too
+        inner = "\n\n".join(_md_block(x) for x in b.inner)
+        return f"<details><summary>{b.text}</summary>\n\n{inner}\n\n</details>"
     if b.kind == "h":
         return "#" * b.level + " " + b.text
     if b.kind == "p":

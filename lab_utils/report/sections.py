@@ -1,7 +1,7 @@
 """The report as a document: a list of `Block`s (heading, paragraph, warning, list, table,
 plot) that `lab_utils.report.render` renders the same way to HTML and to Markdown. The sections,
-in order: what was run and what is missing, the conclusions, the headline tables, the
-plots, the comparison at every load point, the forecasts graded against the measurements,
+in order: what was run and what is missing, a one-screen verdict, the plots, the headline
+tables, the conclusions and the comparison at every load point (folded), the forecasts graded against the measurements,
 the expected figures and the forecast for two Sparks, one
 section per notebook 00-04 with what it recorded, what each results file holds, and what
 production systems add beyond this lab.
@@ -48,12 +48,18 @@ FILE_MEANINGS = {
 class Block:
     """One piece of the report, rendered the same way to HTML and to Markdown."""
 
-    kind: str  # h | p | warn | ul | table | img
+    kind: str  # h | p | warn | ul | table | img | fold (text: its summary; inner: its blocks)
     text: str = ""
     level: int = 2
     items: list[str] = field(default_factory=list)
     df: pd.DataFrame | None = None
     plot: Plot | None = None
+    inner: list[Block] = field(default_factory=list)
+
+
+def fold(summary: str, blocks: list[Block]) -> Block:
+    """Blocks shown folded (HTML `<details>`), opened by the reader."""
+    return Block("fold", summary, inner=list(blocks))
 
 
 def H(text: str, level: int = 2) -> Block:
@@ -98,12 +104,51 @@ def _missing_blocks(data: ReportData) -> list[Block]:
             UL(items)]
 
 
-def _conclusion_blocks(concl: Conclusions) -> list[Block]:
-    blocks = [H("Conclusions"), P("Computed from the numbers below; nothing here is assumed."),
-              UL(concl.headline)]
-    if concl.by_metric:
-        blocks += [H("By metric", 3), UL(concl.by_metric)]
+VERDICT_PAIRS = (("disaggregated", "replicated"), ("replicated", "baseline"),
+                 ("disaggregated", "baseline"))
+
+
+def verdict_table(concl: Conclusions) -> tuple[pd.DataFrame, str]:
+    """One screen: for the first pair measured (disaggregated vs replicated, else replicated
+    vs baseline, else disaggregated vs baseline), one row per workload and metric, one
+    column per load point, each cell the winner and its margin, "=" where the difference
+    is inside the run-to-run spread."""
+    for subject, reference in VERDICT_PAIRS:
+        found = [f for f in concl.findings if (f.subject, f.reference) == (subject, reference)]
+        if found:
+            break
+    else:
+        return pd.DataFrame(), ""
+    loads = list(dict.fromkeys(f.load for f in found))
+    rows: dict[tuple[str, str], dict[str, str]] = {}
+    for f in found:
+        row = rows.setdefault((f.workload, f.label), {"workload": f.workload, "metric": f.label})
+        row[f.load] = (f"{f.winner} +{f.difference_pct:.0f}%" if f.winner
+                       else f"= ({f.difference_pct:.0f}%, within spread)")
+    df = pd.DataFrame(list(rows.values())).reindex(columns=["workload", "metric", *loads])
+    return df.fillna("–"), f"{subject} vs {reference}"
+
+
+def _verdict_blocks(concl: Conclusions) -> list[Block]:
+    df, pair = verdict_table(concl)
+    if df.empty:
+        return [H("Verdict"), P("No two architectures share a valid load point yet.")]
+    blocks = [H("Verdict"),
+              P(f"{pair}, at every load point measured by both: the winner of each metric and "
+                "its margin (the better value's advantage in % of the worse one); '=' where the "
+                "difference is inside the run-to-run spread. Details, every pair and every "
+                "sentence behind this table, are further down.")]
+    blocks.append(T(df))
+    if concl.excluded:
+        blocks.append(UL([f"excluded (invalid): {e}" for e in concl.excluded]))
     return blocks
+
+
+def _conclusion_blocks(concl: Conclusions) -> list[Block]:
+    inner = [P("Computed from the numbers below; nothing here is assumed."), UL(concl.headline)]
+    if concl.by_metric:
+        inner += [H("By metric", 3), UL(concl.by_metric)]
+    return [H("Conclusions"), fold(f"{len(concl.sentences)} sentences, one per finding", inner)]
 
 
 def _table_blocks(table: pd.DataFrame) -> list[Block]:
@@ -154,8 +199,9 @@ def _comparison_blocks(concl: Conclusions) -> list[Block]:
                             "reference_value": "reference value", "difference_pct": "difference %",
                             "beyond_spread": "beyond spread"})
     return [H("Comparison at every load point"),
-            P("Difference: the better value's advantage in % of the worse one. It counts only "
-              "beyond the run-to-run spread (basis column)."), T(df)]
+            fold(f"{len(df)} comparisons", [
+                P("Difference: the better value's advantage in % of the worse one. It counts "
+                  "only beyond the run-to-run spread (basis column)."), T(df)])]
 
 
 def _expected_blocks(data: ReportData, table: pd.DataFrame) -> list[Block]:
@@ -188,7 +234,15 @@ def _forecast_blocks(data: ReportData, plots: list[Plot]) -> list[Block]:
                 "value, and 'inside' says whether the measurement fell in the interval the "
                 "spread of 01's and 02's measurements gives. Points where the machine stood "
                 "still are shown but not graded; where the load generator read tokens late, "
-                "ITL and TPOT are not graded.")]
+                "ITL and TPOT are not graded."),
+              P("What the model leaves out, so where to look when it misses: the CPU that the "
+                "proxy, the load generator and NIXL's progress threads use (on the 2-core "
+                "rehearsal, each prefill or decode instance's NIXL thread busy-polls a core, "
+                "which slows every engine handoff: the P/D forecast misses by most there); "
+                "vLLM's handling of a P/D request beyond the bytes moved (the side-channel "
+                "handshake, the notification); memory limits and preemption. On separate "
+                "machines with cores to spare (two Sparks) the first of these should be "
+                "small; the grading of a real run says whether it was.")]
     if not by_arch:
         return blocks + [P("No forecast was recorded: notebooks 03 and 04 record one when 01 "
                            "has an engine profile (re-run 01, then 03 and 04).")]
@@ -328,8 +382,8 @@ def _beyond_blocks() -> list[Block]:
 def report_blocks(data: ReportData, table: pd.DataFrame, concl: Conclusions,
                   plots: list[Plot]) -> list[Block]:
     """The whole report as a list of blocks."""
-    blocks = _intro(data) + _missing_blocks(data) + _conclusion_blocks(concl)
-    blocks += _table_blocks(table) + _plot_blocks(plots)
+    blocks = _intro(data) + _missing_blocks(data) + _verdict_blocks(concl)
+    blocks += _plot_blocks(plots) + _table_blocks(table) + _conclusion_blocks(concl)
     blocks += _comparison_blocks(concl) + _forecast_blocks(data, plots) + _expected_blocks(data, table)
     sections = [("00", "environment checklist", _nb00_blocks),
                 ("01", "single-instance baseline", _nb01_blocks),

@@ -527,3 +527,22 @@ def test_runs_whose_tokens_were_read_together_are_named(test_cfg):
         ("replicated", "concurrency 2", "repeat 1: 10% of tokens read together"),
         ("replicated", "concurrency 4",
          "repeat 1: the machine stood still 3.0 s, 45% of tokens read together")]
+
+
+def test_the_report_opens_with_a_one_screen_verdict(test_cfg):
+    write_loses_throughput_wins_itl(test_cfg)
+    paths = report.build_report(test_cfg)
+    data = report.load_report_data(test_cfg)
+    verdict, pair = report.verdict_table(report.conclusions(data, report.points_table(data)))
+    assert pair == "disaggregated vs replicated"
+    row = verdict[(verdict["workload"] == "standard") & (verdict["metric"] == "output throughput")]
+    assert row["concurrency 4"].item() == "replicated +43%"
+    row = verdict[(verdict["workload"] == "standard") & (verdict["metric"] == "ITL p99")]
+    assert row["concurrency 2"].item() == "disaggregated +40%"
+    assert len(verdict) <= 2 * len(report.METRICS)  # one screen: a row per workload and metric
+    md = paths.md.read_text()
+    order = [md.index(h) for h in ("## Verdict", "## Plots", "## Headline table", "## Conclusions")]
+    assert order == sorted(order)
+    folded = md[md.index("## Conclusions"):md.index("## Comparison at every load point")]
+    assert "<details><summary>" in folded and "</details>" in folded
+    assert "<details><summary>" in paths.html.read_text()
