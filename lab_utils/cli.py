@@ -196,6 +196,12 @@ def _cmd_run(args) -> int:
     return 0
 
 
+def _cmd_jupyter(args) -> int:
+    from lab_utils.runner import serve_jupyter
+
+    return serve_jupyter(load_config(args.config))
+
+
 def _cmd_lab(args) -> int:
     from lab_utils.runner import find_notebooks
 
@@ -265,6 +271,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(func=_cmd_tiny_model)
     demo = cmd("demo", _cmd_demo, "prefill on one instance, decode on another, prove the KV moved")
     run = cmd("run", _cmd_run, "execute the notebooks headless, saving executed copies")
+    cmd("jupyter", _cmd_jupyter, "JupyterLab on the notebook host's LAN address and "
+        "jupyter.port, with a token; prints the URL to open (Ctrl-C stops it)")
     lab = cmd("lab", _cmd_lab, "the main job: run the notebooks (or the demo while there are none)")
     for sp in (demo, lab):
         sp.add_argument("--prompts", type=int, default=1, help="fresh prompts to prove transfer on")

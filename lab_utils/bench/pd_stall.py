@@ -18,9 +18,9 @@ With `--hold`, also:
   late: one in this process's session (where the lab starts the instances), one in a
   session of its own, and as root the same two under SCHED_FIFO.
 
-It stops everything it started and prints one markdown row per run, so the README's table
-of experiments can be reproduced row by row. Local profiles only: it reads the instances'
-threads from /proc.
+It stops everything it started and prints one markdown row per run, so the tables of
+experiments in docs/REHEARSAL.md can be reproduced row by row. Local profiles only: it
+reads the instances' threads from /proc.
 """
 
 from __future__ import annotations

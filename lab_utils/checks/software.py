@@ -112,9 +112,10 @@ def check_python(ctx: Context) -> list[CheckResult]:
 def _install_fix(ctx: Context, name: str, missing: list[str]) -> str:
     py = ctx.node(name).python
     if ctx.cfg.vllm.device == "cpu":
-        return f"on {name}: `{py} -m pip install -r requirements-rehearsal.txt` (see README)"
-    return (f"on {name}: install the CUDA 13 builds into {py}'s environment as in the README "
-            f"section 'Serving nodes (DGX Spark)'; missing: {', '.join(missing)}")
+        return (f"on {name}: `{py} -m pip install -r requirements-rehearsal.txt` "
+                "(see docs/RUNNING.md)")
+    return (f"on {name}: install the CUDA 13 builds into {py}'s environment as in "
+            f"docs/CLUSTER.md, section 'Serving nodes (DGX Spark)'; missing: {', '.join(missing)}")
 
 
 def _same_versions(facts: dict, serving: list[str]) -> CheckResult:

@@ -164,7 +164,8 @@ class LocalNode(Node):
         # separate CPU group, and on the 2-core rehearsal, while a prefill held KV blocks
         # for a decode, processes in other sessions (the lab's client and proxy
         # included) got no CPU for the whole KV lease, while processes in the
-        # instances' session ran (README, "What the rehearsal can and cannot show").
+        # instances' session ran (docs/REHEARSAL.md, "What the rehearsal can and cannot
+        # show").
         with open(fd, "ab") as log:
             p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,
                                  stderr=subprocess.STDOUT, process_group=0,

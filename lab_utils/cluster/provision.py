@@ -30,7 +30,8 @@ ROLE_MODULES = {
     "controller": ["fastapi", "uvicorn", "httpx", "pydantic"],
 }
 INSTALL_HINT = {
-    "serving": "the serving engine (README: 'Installing on the DGX Spark nodes')",
+    "serving": ("the serving engine (docs/CLUSTER.md: 'Serving nodes (DGX Spark): "
+                "installing (not tested by this project)')"),
     "controller": "the lab's requirements (`pip install -r requirements.txt`)",
 }
 # Names and sizes of a model directory's files, plus a full hash when asked: run on nodes.

@@ -180,6 +180,12 @@ class ProxyConfig(_Strict):
     max_body_bytes: int = Field(8 * 1024 * 1024, gt=0)
 
 
+class JupyterConfig(_Strict):
+    # `python -m lab_utils jupyter` serves the notebooks on this port of the notebook host
+    # (this machine: the local node with the controller role, at its lan_address)
+    port: Port = 8888
+
+
 class SLOConfig(_Strict):
     ttft_ms: float | None = Field(None, gt=0)
     tpot_ms: float | None = Field(None, gt=0)
@@ -231,6 +237,7 @@ class LabConfig(_Strict):
     topology: TopologyConfig
     proxy: ProxyConfig
     workload: WorkloadConfig = WorkloadConfig()
+    jupyter: JupyterConfig = JupyterConfig()
 
     _source: Path | None = PrivateAttr(default=None)
 
@@ -243,6 +250,14 @@ class LabConfig(_Strict):
         return v
 
     # ----- derived values -------------------------------------------------------------
+
+    def notebook_host(self) -> str | None:
+        """The node the notebooks run on: the local node with the controller role (else
+        the first local node); None when every node is reached over SSH."""
+        local = [n for n, node in self.nodes.items() if node.connection == "local"]
+        ctl = [n for n in local if "controller" in self.nodes[n].roles]
+        return (ctl or local or [None])[0]
+
     @property
     def source(self) -> Path | None:
         return self._source
@@ -448,6 +463,9 @@ def _cross_check(cfg: LabConfig) -> list[str]:
         services.append((cfg.proxy.node, proxy_node.lan_address, cfg.proxy.router_metrics_port,
                          f"vllm-router's metrics (proxy.router_metrics_port) on {cfg.proxy.node}",
                          False))
+    if (host := cfg.notebook_host()) is not None:
+        services.append((host, cfg.nodes[host].lan_address, cfg.jupyter.port,
+                         f"JupyterLab (jupyter.port) on {host}", False))
     for i, (node_a, addr_a, port_a, what_a, side_a) in enumerate(services):
         machine = cfg.nodes[node_a].machine(node_a)
         for node_b, addr_b, port_b, what_b, side_b in services[:i]:

@@ -2,9 +2,9 @@
 
 On a small machine a process can be held up for seconds: on the 2-core rehearsal, while
 a prefill holds KV blocks no decode has read, processes outside the instances' session
-got no CPU for the whole KV lease (README, "What the rehearsal can and cannot show"). A
-timer that runs out during such a stall fires the moment the process runs again, and
-reports a timeout that the thing it guarded did not cause.
+got no CPU for the whole KV lease (docs/REHEARSAL.md, "What the rehearsal can and cannot
+show"). A timer that runs out during such a stall fires the moment the process runs again,
+and reports a timeout that the thing it guarded did not cause.
 
 The lab's harness (reading counters, waiting for them to settle; never a measured figure)
 therefore uses a `Deadline` that does not count the time a `Watch` thread saw the process

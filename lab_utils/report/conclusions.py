@@ -293,8 +293,9 @@ def _warnings(data: ReportData) -> list[str]:
         out.append("CPU rehearsal: each prefill or decode instance also runs NIXL's "
                    "busy-polling progress thread, which takes a core of this small machine, "
                    "and low-load requests can stall until the prefill's KV lease expires "
-                   "(README, 'What the rehearsal can and cannot show'). The disaggregated "
-                   "numbers here say how the mechanics behave on this box, not on a Spark.")
+                   "(docs/REHEARSAL.md, 'What the rehearsal can and cannot show'). The "
+                   "disaggregated numbers here say how the mechanics behave on this box, not "
+                   "on a Spark.")
     out += _stall_warning(data)
     out += _read_together_warning(data)
     base = data.sweeps.get("baseline")

@@ -52,7 +52,7 @@ def test_replace_leaves_anyone_elses_directory_alone(tmp_path):
 
 def test_workdir_must_be_a_directory_of_the_labs_own(tmp_path, monkeypatch):
     home = tmp_path / "home" / "lab"
-    (home / "spark-disagg-lab" / ".venv").mkdir(parents=True)  # the README's layout
+    (home / "spark-disagg-lab" / ".venv").mkdir(parents=True)  # docs/CLUSTER.md's layout
     monkeypatch.setenv("HOME", str(home))
     assert dirs.workdir_problem(str(home / "spark-disagg-lab")) is None
     assert dirs.workdir_problem(str(tmp_path / "elsewhere" / "lab")) is None

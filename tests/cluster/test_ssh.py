@@ -352,7 +352,7 @@ def test_model_copy_replaces_only_the_labs_own_directory(sshds, tmp_path, monkey
 
 def test_workdir_that_is_the_home_directory_is_refused(tmp_path):
     home = tmp_path / "home"
-    (home / "spark-disagg-lab" / ".venv").mkdir(parents=True)  # the README's layout
+    (home / "spark-disagg-lab" / ".venv").mkdir(parents=True)  # docs/CLUSTER.md's layout
     (home / ".bashrc").write_text("# the user's\n")
     before = sorted(str(p.relative_to(home)) for p in home.rglob("*"))
     with LoopbackSSHD(tmp_path / "sshd", address="127.0.0.4", home=home) as server:
@@ -380,7 +380,7 @@ def test_workdir_that_is_the_home_directory_is_refused(tmp_path):
             provision.deploy(write_profile(tmp_path, data), ["spark-01"])
         assert os.listdir(project / "lab_utils") == ["mine.py"]
 
-        data["nodes"]["spark-01"]["workdir"] = str(home / "spark-disagg-lab")  # the README's
+        data["nodes"]["spark-01"]["workdir"] = str(home / "spark-disagg-lab")  # docs/CLUSTER.md's
         assert "deployed" in provision.deploy(write_profile(tmp_path, data), ["spark-01"])[0]
         assert sorted(os.listdir(home / "spark-disagg-lab")) == [".venv", "lab_utils"]
     assert open_transports() == []

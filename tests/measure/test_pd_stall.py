@@ -1,5 +1,5 @@
 """The stall experiment's config changes and its table row (the runs need vLLM and NIXL;
-they are measurements, recorded in the README, not tests)."""
+they are measurements, recorded in docs/REHEARSAL.md, not tests)."""
 
 from lab_utils.bench.pd_stall import HEADER, _apply, markdown
 

@@ -55,7 +55,7 @@ SSH_PORT = 22
 # sshd starts every connection in a new session: without this, each instance started over
 # SSH would get a group, and on a 2-core machine a prefill holding unread KV blocks leaves
 # the processes outside its group (the proxy, the client) waiting for the whole KV lease
-# (README, "What the rehearsal can and cannot show"). Real nodes have CPUs of their own;
+# (docs/REHEARSAL.md, "What the rehearsal can and cannot show"). Real nodes have CPUs of their own;
 # here three "nodes" share two, so they share them as one machine's processes would.
 CGROUP_NAME = "spark-disagg-simcluster"
 

@@ -40,8 +40,9 @@ from support.simcluster import REPO, lab_argv
 pytestmark = [pytest.mark.slow, pytest.mark.simcluster]
 
 # The fault profile's proxy.request_timeout_s: well above the KV lease, since on this
-# 2-core box a P/D request can be held up for a lease or more (README, "What the rehearsal
-# can and cannot show"; a 45 s timeout failed CI once), and no healthy request may time out.
+# 2-core box a P/D request can be held up for a lease or more (docs/REHEARSAL.md, "What the
+# rehearsal can and cannot show"; a 45 s timeout failed CI once), and no healthy request may
+# time out.
 REQUEST_TIMEOUT_S = 180.0
 # The request timeout of the second proxy that the frozen-prefill test starts: there a
 # timeout is the expected outcome, and a short one keeps the test short.
@@ -530,8 +531,8 @@ def _decode_down(fcfg, simcluster, recs, prefill_node) -> None:
                 + (f", the box stalled {stalled:.1f} s" if stalled else ""))
     # Prefill computed the prompt and holds its KV blocks for a decode that never reads
     # them, until the lease expires. The machine may stand still through the whole lease
-    # (it does while blocks are held: README), so the usage gauge is not always seen above
-    # 0; vLLM's own log line that it released blocks nobody read is the evidence.
+    # (it does while blocks are held: docs/REHEARSAL.md), so the usage gauge is not always seen
+    # above 0; vLLM's own log line that it released blocks nobody read is the evidence.
     usage: list[float] = []
 
     def released() -> bool:
