@@ -387,6 +387,31 @@ def compare_frame(reference: ResultsEnvelope, result: BenchmarkResult, names: tu
     return pd.DataFrame(rows).round(2)
 
 
+def conclude(cfg: LabConfig, notebook: str) -> list[str]:
+    """Notebook `notebook`'s conclusions from its recorded results (and the ones it compares
+    with), printed and returned (`lab_utils.lessons`)."""
+    from lab_utils import lessons
+
+    device = cfg.vllm.device
+    if notebook == "01":
+        said = lessons.conclude_01(load_results(cfg, "01").payload, device)
+    elif notebook == "02":
+        said = lessons.conclude_02(load_results(cfg, "02").payload, cfg.workload.input_len)
+    elif notebook == "03":
+        rep = load_results(cfg, "03").payload
+        said = lessons.conclude_03(load_results(cfg, "01").payload.sweep, rep.sweep, rep.mixed,
+                                   device)
+    elif notebook == "04":
+        dis, rep = load_results(cfg, "04").payload, load_optional(cfg, "03")
+        said = lessons.conclude_04(rep.payload.sweep if rep else None, dis.sweep,
+                                   rep.payload.mixed if rep else None, dis.mixed, dis.proof,
+                                   device)
+    else:
+        raise LabError(f"no conclusions for notebook {notebook!r} (01-04)")
+    print(lessons.conclusions_of(said))
+    return said
+
+
 def proof_record(proofs: list) -> Proof:
     """The proof of transfer as notebook 04 records it."""
     return Proof(ok=bool(proofs) and all(p.ok for p in proofs), prompts=[p.row() for p in proofs])

@@ -25,7 +25,7 @@ LAYERS = [
     {"checks", "bench"},
     {"payloads"},
     {"results"},
-    {"transfer_lesson"},
+    {"transfer_lesson", "lessons"},
     {"report", "environment", "serving"},
     {"runner"},
     {"cli"},

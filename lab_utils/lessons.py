@@ -1,0 +1,233 @@
+"""What notebooks 01-04 conclude, computed from their own results: what won, by how much,
+where the expectation the notebook started from held or failed, and the likely cause,
+with the numbers quoted. Each `conclude_NN` returns plain sentences; the first says
+whether the notebook's expectation held.
+
+A difference counts when it is larger than `MARGIN` of the smaller value and, with
+repeats, outside the run-to-run range of both (the same rule as the report's, simpler).
+"""
+
+from __future__ import annotations
+
+from lab_utils.kv.budget import KvTransferPayload
+from lab_utils.measure.benchmark import BenchmarkResult, read_together_share
+from lab_utils.payloads import BaselinePayload, Proof
+
+MARGIN = 0.10
+CPU_NOTE = ("on the CPU rehearsal every instance shares the machine's two cores with the "
+            "others, the proxy and the load generator")
+
+
+def _points(result: BenchmarkResult | None, mode: str = "concurrency") -> dict[float, dict]:
+    if result is None:
+        return {}
+    return {float(c["value"]): c for c in result.combined if c["mode"] == mode and c["valid"]}
+
+
+def _change(a: float | None, b: float | None) -> float | None:
+    """b against a, in % of a."""
+    return (b - a) / a * 100 if a and b is not None else None
+
+
+def differs(a: dict, b: dict, key: str) -> bool:
+    """Whether b's `key` differs from a's beyond MARGIN and beyond both ranges."""
+    x, y = a.get(key), b.get(key)
+    if x is None or y is None or min(abs(x), abs(y)) == 0:
+        return False
+    if abs(y - x) <= MARGIN * min(abs(x), abs(y)):
+        return False
+    lo_a, hi_a = a.get(f"{key}_min", x), a.get(f"{key}_max", x)
+    lo_b, hi_b = b.get(f"{key}_min", y), b.get(f"{key}_max", y)
+    return hi_a < lo_b or hi_b < lo_a
+
+
+def _late(result: BenchmarkResult, value: float) -> bool:
+    return any(read_together_share(p.summary) for p in result.points if p.value == value)
+
+
+def _ms(v: float | None) -> str:
+    return "–" if v is None else f"{v:.3g} ms"
+
+
+def _pct(v: float | None) -> str:
+    return "–" if v is None else f"{v:+.0f}%"
+
+
+# ---- 01 ---------------------------------------------------------------------------------
+
+
+def conclude_01(payload: BaselinePayload, device: str = "cpu") -> list[str]:
+    """Expectation: batching raises throughput with concurrency, at some cost in TPOT."""
+    pts = _points(payload.sweep)
+    if len(pts) < 2:
+        return ["Only one valid load point: nothing to compare across concurrency."]
+    lo, hi = pts[min(pts)], pts[max(pts)]
+    gain = hi["output_throughput"] / lo["output_throughput"]
+    tpot = _change(lo.get("median_tpot_ms"), hi.get("median_tpot_ms"))
+    said = []
+    if differs(lo, hi, "output_throughput") and gain > 1:
+        said.append(f"As expected, batching paid: output throughput rose {gain:.1f}x from "
+                    f"concurrency {min(pts):g} to {max(pts):g} ({lo['output_throughput']:.0f} -> "
+                    f"{hi['output_throughput']:.0f} tok/s) while TPOT changed {_pct(tpot)}: "
+                    f"{max(pts):g} requests shared each step.")
+    else:
+        said.append(f"Not as expected: output throughput did not grow with concurrency "
+                    f"({lo['output_throughput']:.0f} tok/s at {min(pts):g}, "
+                    f"{hi['output_throughput']:.0f} at {max(pts):g}). The instance was already "
+                    "saturated with one request"
+                    + (f"; {CPU_NOTE}." if device == "cpu" else "."))
+    roof = payload.roofline
+    if roof and roof.max_tokens_per_s_per_stream and lo.get("median_tpot_ms"):
+        per_stream = 1000 / lo["median_tpot_ms"]
+        share = per_stream / roof.max_tokens_per_s_per_stream
+        said.append(f"One stream decoded {per_stream:.0f} tokens/s, {share:.0%} of the memory "
+                    f"roofline ({roof.max_tokens_per_s_per_stream:.0f} tokens/s)"
+                    + (": the tiny model's weights sit in the CPU's caches, so per-step "
+                       "overheads, not memory, set the pace here." if share < 0.2 else
+                       ": memory bandwidth is what limits one stream."))
+    if payload.profile and payload.profile.prefill:
+        p = sorted(payload.profile.prefill, key=lambda q: q.x)
+        said.append(f"Prefill (profile): {p[0].median:.3g} ms for {p[0].x:g} tokens, "
+                    f"{p[-1].median:.3g} ms for {p[-1].x:g}: "
+                    f"{(p[-1].median - p[0].median) / (p[-1].x - p[0].x) * 1000:.3g} ms per "
+                    "1,000 more prompt tokens.")
+    if _late(payload.sweep, max(pts)):
+        said.append(f"At concurrency {max(pts):g} the load generator read many tokens late: "
+                    "its ITL and TPOT there are the client's, not the engine's.")
+    return said
+
+
+# ---- 02 ---------------------------------------------------------------------------------
+
+
+def conclude_02(kv: KvTransferPayload, input_len: int | None = None) -> list[str]:
+    """Expectation: short prompts pay a fixed per-transfer cost above size / bandwidth."""
+    rows = [r for r in kv.predicted_vs_measured if r.measured_ms and r.predicted_ms]
+    said = []
+    per_token = kv.kv_per_token_bytes
+    if input_len:
+        blocks = -(-input_len // kv.block_size)
+        said.append(f"A {input_len}-token prompt of {kv.model} holds "
+                    f"{blocks * kv.block_size * per_token / 2**20:.3g} MiB of KV "
+                    f"({blocks} blocks of {kv.block_size} tokens x {per_token:,} bytes).")
+    if len(rows) < 2:
+        return said + ["The probe measured fewer than two prompt sizes: no comparison."]
+    ratios = [(r.prompt_tokens, r.measured_ms / r.predicted_ms) for r in rows]
+    short, long = ratios[0], ratios[-1]
+    over = [f"{n} tokens x{q:.2f}" for n, q in ratios if q > 1 + MARGIN]
+    if short[1] > 1 + MARGIN and short[1] > long[1]:
+        said.insert(0, f"As expected, the shortest prompt paid a fixed cost: its transfer "
+                       f"took {short[1]:.2f}x the size / best-bandwidth estimate, the longest "
+                       f"{long[1]:.2f}x (measured above the estimate at: {', '.join(over)}).")
+    else:
+        said.insert(0, f"Not as expected: the shortest prompt's transfer took {short[1]:.2f}x "
+                       f"the size / best-bandwidth estimate, no more than the longest "
+                       f"({long[1]:.2f}x): at these sizes the fixed cost per transfer is "
+                       "too small to see beside the bytes"
+                       + (f"; above the estimate only at: {', '.join(over)}." if over else "."))
+    said.append("The estimate divides by the best bandwidth the probe itself reached, which "
+                "came from its largest transfer: there the two agree by construction, so "
+                "read the other sizes.")
+    rec = kv.recommendation
+    said.append(f"kv_buffer_device for 04: {rec.kv_buffer_device!r} ({rec.reason}).")
+    return said
+
+
+# ---- 03 ---------------------------------------------------------------------------------
+
+
+def conclude_03(baseline: BenchmarkResult, replicated: BenchmarkResult,
+                mixed: BenchmarkResult | None = None, device: str = "cpu") -> list[str]:
+    """Expectation: replicas add capacity at high load and change little at concurrency 1."""
+    a, b = _points(baseline), _points(replicated)
+    common = sorted(set(a) & set(b))
+    if not common:
+        return ["No load point measured by both 01 and 03: nothing to compare."]
+    top, one = common[-1], common[0]
+    thr = _change(a[top]["output_throughput"], b[top]["output_throughput"])
+    said = []
+    if differs(a[top], b[top], "output_throughput") and thr > 0:
+        said.append(f"As expected, two replicas added capacity: at concurrency {top:g} output "
+                    f"throughput rose {thr:.0f}% ({a[top]['output_throughput']:.0f} -> "
+                    f"{b[top]['output_throughput']:.0f} tok/s).")
+    else:
+        lost = [f"{c:g}: {_pct(_change(a[c]['output_throughput'], b[c]['output_throughput']))}"
+                for c in common]
+        said.append("Not as expected: two replicas did not add capacity (output throughput "
+                    f"against one instance at concurrency {', '.join(lost)})"
+                    + (f". The likely cause: {CPU_NOTE}, so two busy replicas each get half "
+                       "of what one got alone; on two Sparks each has its own GPU."
+                       if device == "cpu" else "; check that both nodes serve (status)."))
+    for key, name in (("median_ttft_ms", "TTFT p50"), ("p99_ttft_ms", "TTFT p99")):
+        ch = _change(a[one].get(key), b[one].get(key))
+        same = not differs(a[one], b[one], key)
+        said.append(f"At concurrency {one:g}, {name}: {_ms(a[one].get(key))} alone, "
+                    f"{_ms(b[one].get(key))} on replicas ({_pct(ch)}): "
+                    + ("the same, as expected (each request still runs alone on one engine)."
+                       if same else "not the same; a request alone on a replica should see "
+                       "the single instance's latency" + (f" ({CPU_NOTE})." if device == "cpu"
+                                                          else ".")))
+    m = _points(mixed)
+    if m and top in m and b.get(top):
+        said.append(f"Mixed workload at concurrency {top:g}: ITL p99 "
+                    f"{_ms(m[top].get('p99_itl_ms'))} against {_ms(b[top].get('p99_itl_ms'))} "
+                    "without long prompts: a long prefill stalls the decodes in its steps.")
+    return said
+
+
+# ---- 04 ---------------------------------------------------------------------------------
+
+
+def conclude_04(replicated: BenchmarkResult | None, disaggregated: BenchmarkResult,
+                mixed_rep: BenchmarkResult | None, mixed_dis: BenchmarkResult | None,
+                proof: Proof | None, device: str = "cpu") -> list[str]:
+    """Expectation: P/D protects the ITL tail under mixed load, at the cost of throughput
+    and of a transfer and a hop in TTFT."""
+    said = []
+    if proof is not None:
+        said.append(f"The KV cache moved: {'proved' if proof.ok else 'NOT proved'} for "
+                    f"{len(proof.prompts)} prompts, {proof.tokens_equal} with output equal "
+                    "to 01's.")
+    mr, md = _points(mixed_rep), _points(mixed_dis)
+    common = sorted(set(mr) & set(md))
+    if common:
+        c = common[-1]
+        ch = _change(mr[c].get("p99_itl_ms"), md[c].get("p99_itl_ms"))
+        better = differs(mr[c], md[c], "p99_itl_ms") and (ch or 0) < 0
+        late = _late(mixed_dis, c) or (mixed_rep is not None and _late(mixed_rep, c))
+        text = (f"mixed workload at concurrency {c:g}, ITL p99: {_ms(mr[c].get('p99_itl_ms'))} "
+                f"on replicas, {_ms(md[c].get('p99_itl_ms'))} disaggregated ({_pct(ch)})")
+        if better:
+            said.insert(0, f"As expected, disaggregation protected the ITL tail: {text}.")
+        else:
+            said.insert(0, f"Not as expected: disaggregation did not protect the ITL tail: "
+                           f"{text}"
+                           + (f". The likely cause: {CPU_NOTE}, and each prefill or decode "
+                              "instance's NIXL thread busy-polls a core, so every decode step "
+                              "waits for CPU." if device == "cpu" else ".")
+                           + (" The load generator read tokens late there: ITL is partly the "
+                              "client's." if late else ""))
+    else:
+        said.insert(0, "No mixed workload measured by both 03 and 04: the ITL-tail "
+                       "expectation is not tested.")
+    r, d = _points(replicated), _points(disaggregated)
+    both = sorted(set(r) & set(d))
+    if both:
+        c, one = both[-1], both[0]
+        said.append(f"Throughput at concurrency {c:g}: {r[c]['output_throughput']:.0f} tok/s "
+                    f"replicated, {d[c]['output_throughput']:.0f} disaggregated "
+                    f"({_pct(_change(r[c]['output_throughput'], d[c]['output_throughput']))}); "
+                    "one node only prefills, as vLLM's documentation warns.")
+        said.append(f"TTFT p50 at concurrency {one:g}: {_ms(r[one].get('median_ttft_ms'))} "
+                    f"replicated, {_ms(d[one].get('median_ttft_ms'))} disaggregated: every "
+                    "request pays a prefill round trip, the KV move and the hop.")
+    return said
+
+
+def conclusions_of(rows: list[str]) -> str:
+    """The sentences as the notebooks print them."""
+    return "\n".join(f"- {s}" for s in rows)
+
+
+__all__ = ["MARGIN", "conclude_01", "conclude_02", "conclude_03", "conclude_04",
+           "conclusions_of", "differs"]

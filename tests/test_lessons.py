@@ -1,0 +1,88 @@
+"""Each notebook's conclusions are computed from its own numbers: every builder is fed a
+result where the notebook's expectation holds and one where it fails, and says which,
+with the numbers."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from lab_utils.lessons import conclude_01, conclude_02, conclude_03, conclude_04, differs
+from lab_utils.measure.benchmark import BenchmarkResult
+
+from support.payloads import kv_dict, model
+
+
+def result(per_load: dict[int, dict[str, float]]) -> BenchmarkResult:
+    combined = [{"mode": "concurrency", "value": float(c), "valid": True, "repeats": 1, **m}
+                for c, m in per_load.items()]
+    return BenchmarkResult(target="t", model="m", workload={}, points=[], combined=combined)
+
+
+def point(tps: float, ttft: float = 10.0, tpot: float = 2.0, itl_p99: float = 4.0) -> dict:
+    return {"output_throughput": tps, "median_ttft_ms": ttft, "p99_ttft_ms": 1.5 * ttft,
+            "median_tpot_ms": tpot, "p99_itl_ms": itl_p99}
+
+
+def test_differs_needs_the_margin_and_ranges_apart():
+    a, b = {"x": 100.0}, {"x": 105.0}
+    assert not differs(a, b, "x")  # inside the 10% margin
+    assert differs({"x": 100.0}, {"x": 150.0}, "x")
+    assert not differs({"x": 100.0, "x_min": 80, "x_max": 160}, {"x": 150.0, "x_min": 140,
+                                                                   "x_max": 155}, "x")
+
+
+def test_01_batching_paid_or_not():
+    roof = SimpleNamespace(max_tokens_per_s_per_stream=17.0)
+    paid = SimpleNamespace(sweep=result({1: point(15, tpot=60), 4: point(55, tpot=70)}),
+                           roofline=roof, profile=None)
+    (first, second) = conclude_01(paid, "cuda")
+    assert first.startswith("As expected") and "3.7x" in first and "+17%" in first
+    assert "98% of the memory roofline" in second and "memory bandwidth is what limits" in second
+    flat = SimpleNamespace(sweep=result({1: point(600), 4: point(610)}), roofline=None,
+                           profile=None)
+    said = conclude_01(flat, "cpu")
+    assert said[0].startswith("Not as expected") and "600 tok/s at 1" in said[0]
+    assert "two cores" in said[0]
+
+
+def kv(measured: list[float]) -> object:
+    rows = [{"prompt_tokens": n, "kv_bytes": n * 2048, "blocks": n // 32, "predicted_ms": p,
+             "measured_ms": m} for n, p, m in zip((128, 512, 2048), (0.1, 0.4, 1.6), measured,
+                                                  strict=True)]
+    return model("02", kv_dict(pvm=rows)).model_copy(update={"block_size": 32,
+                                                             "kv_per_token_bytes": 2048})
+
+
+def test_02_fixed_cost_seen_or_not():
+    said = conclude_02(kv([0.3, 0.5, 1.6]), input_len=128)
+    assert said[0].startswith("As expected") and "3.00x" in said[0] and "1.00x" in said[0]
+    assert "0.25 MiB" in said[1]
+    said = conclude_02(kv([0.1, 0.4, 1.7]))
+    assert said[0].startswith("Not as expected") and "1.00x" in said[0]
+
+
+def test_03_capacity_added_or_not():
+    base = result({1: point(100), 4: point(300)})
+    said = conclude_03(base, result({1: point(100), 4: point(560)}), device="cuda")
+    assert said[0].startswith("As expected") and "rose 87%" in said[0]
+    assert "the same, as expected" in said[1]
+    said = conclude_03(base, result({1: point(70, ttft=14), 4: point(180, ttft=20)}),
+                       device="cpu")
+    assert said[0].startswith("Not as expected") and "1: -30%, 4: -40%" in said[0]
+    assert "two cores" in said[0] and "+40%" in said[1] and "not the same" in said[1]
+
+
+def test_04_itl_tail_protected_or_not():
+    rep = result({1: point(100), 4: point(300)})
+    dis = result({1: point(90, ttft=30), 4: point(200, ttft=40)})
+    proof = SimpleNamespace(ok=True, prompts=[1, 2, 3], tokens_equal=3)
+    said = conclude_04(rep, dis, result({4: point(250, itl_p99=40)}),
+                       result({4: point(180, itl_p99=12)}), proof, "cuda")
+    assert said[0].startswith("As expected") and "40 ms on replicas, 12 ms" in said[0]
+    assert "-70%" in said[0] and "proved for 3 prompts" in said[1]
+    assert "-33%" in said[2]
+    said = conclude_04(rep, dis, result({4: point(250, itl_p99=15)}),
+                       result({4: point(180, itl_p99=19)}), proof, "cpu")
+    assert said[0].startswith("Not as expected") and "+27%" in said[0] and "NIXL" in said[0]
+    said = conclude_04(rep, dis, None, None, None)
+    assert "not tested" in said[0]
