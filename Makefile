@@ -9,7 +9,7 @@ PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 CONFIG ?=
 
-.PHONY: lab test test-fast test-slow lint venv cleanup clean-venv sysdeps aiperf-venv
+.PHONY: lab jupyter test test-fast test-slow lint venv cleanup clean-venv sysdeps aiperf-venv
 
 venv: $(STAMP)
 
@@ -29,6 +29,9 @@ $(STAMP): requirements.txt requirements-dev.txt requirements-torch-cpu.txt requi
 
 lab: $(STAMP)
 	$(PY) -m lab_utils lab $(if $(CONFIG),--config $(CONFIG))
+
+jupyter: $(STAMP)
+	$(PY) -m lab_utils jupyter $(if $(CONFIG),--config $(CONFIG))
 
 test: $(STAMP) sysdeps
 	$(PY) tests/run_phases.py

@@ -196,6 +196,30 @@ def _cmd_run(args) -> int:
     return 0
 
 
+def _cmd_eta(args) -> int:
+    from lab_utils.forecast.timing import minutes, notebook_seconds
+    from lab_utils.serving import eta_inputs
+
+    cfg = load_config(args.config)
+    found = eta_inputs(cfg)
+    if found is None:
+        print("nothing to predict from yet: run notebook 01 (its engine profile), or use a "
+              "GPU profile (published GB10 figures)")
+        return 1
+    inputs, cores, source = found
+    times = notebook_seconds(inputs, cfg.workload, cores)
+    w = cfg.workload
+    print(f"predicted measuring time per notebook, forecast from {source}, workload "
+          f"{w.input_len} in / {w.output_len} out, concurrency {w.concurrency}, "
+          f"{w.num_prompts} prompts x {w.repeats} repeat(s)"
+          + (f", mixed {w.mixed_long_len} every {w.mixed_long_every}" if w.mixed_long_len else ""))
+    for nb, secs in times.items():
+        print(f"  {nb}: {minutes(secs)}")
+    print(f"  total: {minutes(sum(times.values()))} (instance start-up, the checklist, the "
+          "probe and reading time come on top)")
+    return 0
+
+
 def _cmd_jupyter(args) -> int:
     from lab_utils.runner import serve_jupyter
 
@@ -271,6 +295,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(func=_cmd_tiny_model)
     demo = cmd("demo", _cmd_demo, "prefill on one instance, decode on another, prove the KV moved")
     run = cmd("run", _cmd_run, "execute the notebooks headless, saving executed copies")
+    cmd("eta", _cmd_eta, "predict how long notebooks 01, 03 and 04 measure with this config's "
+        "workload (the forecast model: 01's profile, else published GB10 figures)")
     cmd("jupyter", _cmd_jupyter, "JupyterLab on the notebook host's LAN address and "
         "jupyter.port, with a token; prints the URL to open (Ctrl-C stops it)")
     lab = cmd("lab", _cmd_lab, "the main job: run the notebooks (or the demo while there are none)")

@@ -14,6 +14,7 @@ it measured and write them.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -166,12 +167,47 @@ def describe(rec: RequestRecord) -> str:
             f"({len(itl)} gaps{together})\n  end-to-end {rec.e2el_ms:.1f} ms")
 
 
+def eta_inputs(cfg: LabConfig):
+    """The forecast inputs an ETA is made from, the shared machine's cores and where the
+    inputs come from: 01's profile when it exists, else on a GPU profile the published
+    GB10 figures; None when neither applies (the CPU rehearsal before 01)."""
+    from lab_utils.forecast.inputs import from_results, spark_inputs_for
+
+    base = load_optional(cfg, "01")
+    profile = base.payload.profile if base else None
+    if profile is not None:
+        kv = load_optional(cfg, "02")
+        return (from_results(profile, kv.payload if kv else None, kv_buffer_device(cfg)),
+                profile.host_cores if all(n.connection == "local" for n in cfg.nodes.values())
+                else None, "01's engine profile")
+    if cfg.vllm.device == "cuda":
+        return spark_inputs_for(cfg.model.name, cfg.workload), None, "published GB10 figures"
+    return None
+
+
+def eta(cfg: LabConfig, topology: str, w, mixed: bool = False) -> str | None:
+    """'about N min (...)': the forecast model's time for this sweep; None: no inputs yet."""
+    from lab_utils.forecast.run import architecture_of
+    from lab_utils.forecast.timing import minutes, sweep_seconds
+
+    found = eta_inputs(cfg)
+    if found is None:
+        return None
+    inputs, cores, source = found
+    secs = sweep_seconds(inputs, architecture_of(cfg, topology, cores), w, mixed=mixed)
+    return f"about {minutes(secs)} (forecast from {source})"
+
+
 def run_sweep(cfg: LabConfig, served: Served, *, mixed: bool = False,
               workload=None) -> BenchmarkResult:
     """The configured workload (or `workload`) through the proxy; mixed: at the highest
-    concurrency only, one long prompt every `mixed_long_every` requests."""
+    concurrency only, one long prompt every `mixed_long_every` requests. Prints the
+    predicted time first (`eta`) when there is something to predict it from."""
     tokenize, detokenize = tokenizer_of(served, cfg)
     w = workload or cfg.workload
+    with contextlib.suppress(LabError, ValueError):
+        if (when := eta(cfg, served.topology, w, mixed)) is not None:
+            print(f"{'mixed run' if mixed else 'sweep'}: {when}", flush=True)
     if mixed:
         w = w.model_copy(update={"concurrency": [max(w.concurrency or [1])], "request_rates": []})
     return sweep(served.proxy_url, cfg.model.name,

@@ -27,9 +27,39 @@ def connections_frame(cfg: LabConfig):
                          for c in connections(cfg)])
 
 
-def checklist_view(report: ChecklistReport):
-    """The checklist as a styled table (a plain DataFrame where styling is unavailable)."""
+STATUS_ORDER = {"fail": 0, "warn": 1, "pass": 2, "n/a": 3}
+
+
+def tally(report: ChecklistReport) -> str:
+    """One line: how many checks ended how, failures first."""
+    c = report.counts
+    verdict = "NOT blessed: fix the failures first" if c["fail"] else "no failure"
+    return (f"{len(report.results)} results: {c['fail']} fail, {c['warn']} warn, "
+            f"{c['pass']} pass, {c['n/a']} n/a ({verdict})")
+
+
+def checklist_frame(report: ChecklistReport, show_na: bool = False):
+    """Fails, then warns, then passes (each in node order); the n/a results collapsed into
+    one row with their count and names, unless `show_na`."""
+    import pandas as pd
+
     frame = report.to_frame().fillna("")
+    frame = frame.iloc[sorted(range(len(frame)),
+                              key=lambda i: (STATUS_ORDER.get(frame["status"].iloc[i], 9), i))]
+    if not show_na:
+        na = frame[frame["status"] == "n/a"]
+        frame = frame[frame["status"] != "n/a"]
+        if len(na):
+            names = ", ".join(dict.fromkeys(f"{r.check} ({r.node})" for r in na.itertuples()))
+            frame = pd.concat([frame, pd.DataFrame([{
+                "check": f"{len(na)} n/a", "node": "", "status": "n/a",
+                "summary": f"not applicable here: {names}", "evidence": "", "fix": ""}])])
+    return frame.reset_index(drop=True)
+
+
+def checklist_view(report: ChecklistReport, show_na: bool = False):
+    """`checklist_frame` styled by status (a plain DataFrame where styling is unavailable)."""
+    frame = checklist_frame(report, show_na)
     try:
         return frame.style.apply(
             lambda row: [f"background-color: {STATUS_COLOURS[row['status']]}"] * len(row), axis=1)

@@ -8,11 +8,13 @@ opens 03's or 04's results: the forecast must be the same whatever they hold.
 
 from __future__ import annotations
 
+from lab_utils.config import WorkloadConfig
 from lab_utils.errors import LabError
 from lab_utils.forecast.curves import Curve, Edge, Point, point
 from lab_utils.forecast.model import EngineCosts, Inputs
 from lab_utils.forecast.profile import EngineProfile
 from lab_utils.kv.budget import KvTransferPayload
+from lab_utils.kv.shapes import PUBLISHED_CONFIGS, kv_shape
 
 SEG_TYPE = {"cpu": "DRAM", "cuda": "VRAM"}  # kv_buffer_device -> the probe's memory type
 
@@ -117,3 +119,30 @@ def spark_inputs(params: float, weight_bytes: float, kv_bytes_per_token: int, bl
                   hop_ms=GB10["hop_ms"][0], transfer=transfer,
                   kv_bytes_per_token=kv_bytes_per_token, block_size=block_size,
                   jitter_ms=1.0, sources=sources)
+
+
+SPARK_MODEL = "Qwen/Qwen3-8B"  # the cluster example's model (environment_config.json.example)
+
+
+def dense_params(hf: dict) -> tuple[float, float]:
+    """(parameters, bytes of weights one decode step reads) of a dense decoder-only model in
+    bf16: every layer's attention and MLP matrices plus the LM head; the embedding counts
+    in the parameters but one row of it is read per token."""
+    h, i, n, v = (hf["hidden_size"], hf["intermediate_size"], hf["num_hidden_layers"],
+                  hf["vocab_size"])
+    heads, kv = hf["num_attention_heads"], hf["num_key_value_heads"]
+    hd = hf.get("head_dim", h // heads)
+    per_layer = h * heads * hd * 2 + 2 * h * kv * hd + 3 * h * i
+    read = n * per_layer + v * h  # the LM head (untied)
+    return float(read + (0 if hf.get("tie_word_embeddings") else v * h)), float(read * 2)
+
+
+def spark_inputs_for(model: str, w: WorkloadConfig, buffer_device: str = "cpu") -> Inputs:
+    hf = PUBLISHED_CONFIGS.get(model) or PUBLISHED_CONFIGS[SPARK_MODEL]
+    params, read = dense_params(hf)
+    shape = kv_shape(hf)
+    long = w.mixed_long_len or 4 * w.input_len
+    return spark_inputs(params, read, shape.bytes_per_token, 16,
+                        lengths=sorted({16, w.input_len, long}),
+                        batches=sorted({1, *w.concurrency, 2 * max(w.concurrency)}),
+                        contexts=sorted({w.input_len, long}), buffer_device=buffer_device)

@@ -13,13 +13,11 @@ import pandas as pd
 
 from lab_utils.config import WorkloadConfig
 from lab_utils.forecast import grade as g
-from lab_utils.forecast.inputs import from_results, spark_inputs
-from lab_utils.forecast.model import Architecture, Inputs, Load, forecast, loads_of
+from lab_utils.forecast.inputs import from_results, spark_inputs_for
+from lab_utils.forecast.model import Architecture, Load, forecast, loads_of
 from lab_utils.forecast.run import LABELS, SHOWN
-from lab_utils.kv.shapes import PUBLISHED_CONFIGS, kv_shape
 from lab_utils.report.data import ReportData, graded
 
-SPARK_MODEL = "Qwen/Qwen3-8B"  # the cluster example's model (environment_config.json.example)
 EXAMPLE_CONFIG = Path(__file__).resolve().parents[2] / "environment_config.json.example"
 
 
@@ -52,19 +50,6 @@ def grade_table(rows: list[dict[str, Any]]) -> pd.DataFrame:
 # ---- two Sparks --------------------------------------------------------------------------------
 
 
-def dense_params(hf: dict) -> tuple[float, float]:
-    """(parameters, bytes of weights one decode step reads) of a dense decoder-only model in
-    bf16: every layer's attention and MLP matrices plus the LM head; the embedding counts
-    in the parameters but one row of it is read per token."""
-    h, i, n, v = (hf["hidden_size"], hf["intermediate_size"], hf["num_hidden_layers"],
-                  hf["vocab_size"])
-    heads, kv = hf["num_attention_heads"], hf["num_key_value_heads"]
-    hd = hf.get("head_dim", h // heads)
-    per_layer = h * heads * hd * 2 + 2 * h * kv * hd + 3 * h * i
-    read = n * per_layer + v * h  # the LM head (untied)
-    return float(read + (0 if hf.get("tie_word_embeddings") else v * h)), float(read * 2)
-
-
 def spark_workload(data: ReportData) -> tuple[str, WorkloadConfig]:
     """The model and workload the Spark forecast is for: this run's on a GPU profile, the
     cluster example's otherwise."""
@@ -75,17 +60,6 @@ def spark_workload(data: ReportData) -> tuple[str, WorkloadConfig]:
     example = json.loads(EXAMPLE_CONFIG.read_text())
     w = {k: v for k, v in example["workload"].items() if not k.startswith("_")}
     return example["model"]["name"], WorkloadConfig(**w)
-
-
-def spark_inputs_for(model: str, w: WorkloadConfig, buffer_device: str = "cpu") -> Inputs:
-    hf = PUBLISHED_CONFIGS.get(model) or PUBLISHED_CONFIGS[SPARK_MODEL]
-    params, read = dense_params(hf)
-    shape = kv_shape(hf)
-    long = w.mixed_long_len or 4 * w.input_len
-    return spark_inputs(params, read, shape.bytes_per_token, 16,
-                        lengths=sorted({16, w.input_len, long}),
-                        batches=sorted({1, *w.concurrency, 2 * max(w.concurrency)}),
-                        contexts=sorted({w.input_len, long}), buffer_device=buffer_device)
 
 
 SPARK_ARCHS = (Architecture(), Architecture(replicas=2), Architecture(prefill=1, decode=1))

@@ -343,3 +343,22 @@ def test_token_check_refuses_what_serve_refuses(tmp_path, monkeypatch):
     token.chmod(0o600)
     [r] = software.check_hf_token(ctx)
     assert r.status == "pass" and "hf_x_canary" not in r.summary
+
+
+def test_checklist_view_puts_fails_first_and_collapses_n_a():
+    from lab_utils.checks import views
+
+    report = ChecklistReport([
+        CheckResult("ssh", "spark-01", "pass", "reached"),
+        CheckResult("gpu", "controller", "n/a", "no GPU role"),
+        CheckResult("mtu", "spark-01", "warn", "MTU 1500", fix="set MTU 9000"),
+        CheckResult("rdma", "controller", "n/a", "not a serving node"),
+        CheckResult("cuda_build", "spark-02", "fail", "cu129 torch", fix="install cu130"),
+        CheckResult("ports", "spark-02", "pass", "free")])
+    frame = views.checklist_frame(report)
+    assert list(frame["status"]) == ["fail", "warn", "pass", "pass", "n/a"]
+    assert frame["check"].iloc[-1] == "2 n/a"
+    assert "gpu (controller), rdma (controller)" in frame["summary"].iloc[-1]
+    assert len(views.checklist_frame(report, show_na=True)) == 6
+    assert views.tally(report) == ("6 results: 1 fail, 1 warn, 2 pass, 2 n/a "
+                                   "(NOT blessed: fix the failures first)")

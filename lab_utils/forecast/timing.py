@@ -1,0 +1,44 @@
+"""How long a sweep will take, predicted by the forecast model: printed as an ETA before
+each sweep, and summed per notebook to size a workshop.
+
+A sweep's time is, for every load point and repeat, the warm-up requests (sent one at a
+time) plus the measured requests at the predicted request rate. The inputs are 01's
+engine profile when it exists (the same inputs as 03's and 04's forecasts); before 01 has
+run on a GPU profile, the published GB10 figures.
+"""
+
+from __future__ import annotations
+
+from lab_utils.config import WorkloadConfig
+from lab_utils.forecast.model import Architecture, Inputs, forecast, loads_of
+
+
+def sweep_seconds(inputs: Inputs, arch: Architecture, w: WorkloadConfig,
+                  mixed: bool = False) -> float:
+    """Predicted wall time of `w`'s sweep (or its mixed run) on `arch`."""
+    total = 0.0
+    for load in loads_of(w, mixed=mixed):
+        m = forecast(inputs, arch, load).metrics
+        alone = forecast(inputs, arch, load.__class__(**{**load.__dict__, "concurrency": 1,
+                                                         "rate": None, "num_prompts": 1}))
+        warm = w.warmup * (alone.metrics["median_e2el_ms"] or 0.0) / 1e3
+        total += w.repeats * (load.num_prompts / max(m["request_throughput"], 1e-9) + warm)
+    return total
+
+
+def minutes(seconds: float) -> str:
+    return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.0f} s"
+
+
+def notebook_seconds(inputs: Inputs, w: WorkloadConfig, shared_cores: int | None = None
+                     ) -> dict[str, float]:
+    """Predicted measuring time of 01 (the sweep), 03 and 04 (sweep and mixed run)."""
+    one = Architecture(shared_cores=shared_cores)
+    rep = Architecture(replicas=2, shared_cores=shared_cores)
+    pd = Architecture(prefill=1, decode=1, shared_cores=shared_cores)
+    out = {"01": sweep_seconds(inputs, one, w)}
+    for nb, arch in (("03", rep), ("04", pd)):
+        out[nb] = sweep_seconds(inputs, arch, w)
+        if w.mixed_long_len:
+            out[nb] += sweep_seconds(inputs, arch, w, mixed=True)
+    return out
