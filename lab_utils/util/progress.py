@@ -1,5 +1,9 @@
 """Progress bars for long waits, the same in a terminal and in Jupyter.
 
+In a notebook the bar is one line of text, redrawn in place (an IPython display that is
+updated), not a widget: a saved notebook keeps the bar's final line ("profile: 100%
+48/48 [00:03]"), where a widget would be saved as its first state ("0% 0/14").
+
 When the notebooks run headless (`make lab`, `python -m lab_utils run`), their bars are
 widgets inside the executed copy and nobody sees them. The runner then sets
 `LAB_PROGRESS_LOG` in the kernel's environment to a file; every bar that finishes
@@ -11,6 +15,7 @@ from __future__ import annotations
 
 import os
 
+from tqdm import tqdm as text_tqdm
 from tqdm.auto import tqdm
 
 PROGRESS_LOG_ENV = "LAB_PROGRESS_LOG"
@@ -24,7 +29,7 @@ def log_progress(line: str) -> None:
             f.write(line.replace("\n", " ") + "\n")
 
 
-class _LoggedBar(tqdm):
+class _Logged:
     """A bar that, when closed, logs what it counted and how long it took."""
 
     def close(self) -> None:
@@ -39,8 +44,65 @@ class _LoggedBar(tqdm):
         super().close()
 
 
+class _DisplayBar(text_tqdm):
+    """A text bar drawn into one IPython display, updated in place."""
+
+    def __init__(self, *args, **kwargs):
+        from IPython.display import display
+
+        self._handle = None
+        kwargs.setdefault("ncols", 100)
+        kwargs.setdefault("ascii", False)
+        super().__init__(*args, **kwargs)
+        if not self.disable:
+            self._handle = display({"text/plain": self.__str__()}, raw=True, display_id=True)
+
+    def display(self, msg=None, pos=None):  # tqdm calls this to redraw
+        if getattr(self, "_handle", None) is not None:
+            self._handle.update({"text/plain": msg or self.__str__()}, raw=True)
+        return True
+
+    def close(self) -> None:
+        handle = getattr(self, "_handle", None)
+        self._handle = None  # tqdm clears a bar it does not leave: keep the final line
+        super().close()
+        if handle is not None:
+            handle.update({"text/plain": self.__str__()}, raw=True)
+
+
+class _LoggedBar(_Logged, tqdm):
+    pass
+
+
+class _LoggedDisplayBar(_Logged, _DisplayBar):
+    pass
+
+
+def _in_kernel() -> bool:
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    return shell is not None and hasattr(shell, "kernel")
+
+
 def progress_bar(**kwargs) -> tqdm:
-    """A tqdm bar (a widget in notebooks, text elsewhere); use as a context manager."""
+    """A progress bar: one line of text redrawn in place in a notebook, tqdm's text bar
+    elsewhere; use as a context manager."""
+    logged = bool(os.environ.get(PROGRESS_LOG_ENV))
+    if _in_kernel():
+        kwargs.setdefault("file", _Discard())
+        return (_LoggedDisplayBar if logged else _DisplayBar)(**kwargs)
     kwargs.setdefault("dynamic_ncols", True)
-    cls = _LoggedBar if os.environ.get(PROGRESS_LOG_ENV) else tqdm
-    return cls(**kwargs)
+    return (_LoggedBar if logged else tqdm)(**kwargs)
+
+
+class _Discard:
+    """Where a display bar's own text output goes: nowhere (it draws into its display)."""
+
+    def write(self, _text: str) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
