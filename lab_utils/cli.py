@@ -197,27 +197,11 @@ def _cmd_run(args) -> int:
 
 
 def _cmd_eta(args) -> int:
-    from lab_utils.forecast.timing import minutes, notebook_seconds
-    from lab_utils.serving import eta_inputs
+    from lab_utils.serving import eta_lines
 
-    cfg = load_config(args.config)
-    found = eta_inputs(cfg)
-    if found is None:
-        print("nothing to predict from yet: run notebook 01 (its engine profile), or use a "
-              "GPU profile (published GB10 figures)")
-        return 1
-    inputs, cores, source = found
-    times = notebook_seconds(inputs, cfg.workload, cores)
-    w = cfg.workload
-    print(f"predicted measuring time per notebook, forecast from {source}, workload "
-          f"{w.input_len} in / {w.output_len} out, concurrency {w.concurrency}, "
-          f"{w.num_prompts} prompts x {w.repeats} repeat(s)"
-          + (f", mixed {w.mixed_long_len} every {w.mixed_long_every}" if w.mixed_long_len else ""))
-    for nb, secs in times.items():
-        print(f"  {nb}: {minutes(secs)}")
-    print(f"  total: {minutes(sum(times.values()))} (instance start-up, the checklist, the "
-          "probe and reading time come on top)")
-    return 0
+    lines = eta_lines(load_config(args.config))
+    print("\n".join(lines))
+    return 0 if len(lines) > 1 else 1
 
 
 def _cmd_jupyter(args) -> int:

@@ -198,6 +198,30 @@ def eta(cfg: LabConfig, topology: str, w, mixed: bool = False) -> str | None:
     return f"about {minutes(secs)} (forecast from {source})"
 
 
+def eta_lines(cfg: LabConfig) -> list[str]:
+    """What `python -m lab_utils eta` prints: the predicted measuring time of 01, 03 and 04
+    with this config's workload (one line saying why not, when there is nothing to
+    predict from)."""
+    from lab_utils.forecast.timing import minutes, notebook_seconds
+
+    found = eta_inputs(cfg)
+    if found is None:
+        return ["nothing to predict from yet: run notebook 01 (its engine profile), or use a "
+                "GPU profile (published GB10 figures)"]
+    inputs, cores, source = found
+    times = notebook_seconds(inputs, cfg.workload, cores)
+    w = cfg.workload
+    lines = [f"predicted measuring time per notebook, forecast from {source}, workload "
+             f"{w.input_len} in / {w.output_len} out, concurrency {w.concurrency}, "
+             f"{w.num_prompts} prompts x {w.repeats} repeat(s)"
+             + (f", mixed {w.mixed_long_len} every {w.mixed_long_every}"
+                if w.mixed_long_len else "")]
+    lines += [f"  {nb}: {minutes(secs)}" for nb, secs in times.items()]
+    lines.append(f"  total: {minutes(sum(times.values()))} (instance start-up, the checklist, "
+                 "the probe and reading time come on top)")
+    return lines
+
+
 def run_sweep(cfg: LabConfig, served: Served, *, mixed: bool = False,
               workload=None) -> BenchmarkResult:
     """The configured workload (or `workload`) through the proxy; mixed: at the highest
@@ -215,12 +239,27 @@ def run_sweep(cfg: LabConfig, served: Served, *, mixed: bool = False,
                  w, mixed=mixed, api_key=api_key(cfg, "proxy"))
 
 
+SWEEP_COLUMNS = {"request_throughput": "req/s", "output_throughput": "output tok/s",
+                 "median_ttft_ms": "TTFT p50 (ms)", "p99_ttft_ms": "TTFT p99 (ms)",
+                 "median_tpot_ms": "TPOT p50 (ms)", "median_itl_ms": "ITL p50 (ms)",
+                 "p99_itl_ms": "ITL p99 (ms)"}
+
+
 def sweep_frame(result: BenchmarkResult):
+    """One row per load point: the headline metrics with units, whether the point is
+    valid, and the spread (the widest max - min over repeats, in % of the median, among
+    the metrics shown)."""
     import pandas as pd
 
-    cols = ["mode", "value", "valid", "request_throughput", "output_throughput",
-            "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "median_itl_ms", "p99_itl_ms"]
-    return pd.DataFrame(result.combined).reindex(columns=cols).round(2)
+    rows = []
+    for c in result.combined:
+        row = {"load": f"{c['mode']} {c['value']:g}", "valid": c["valid"]}
+        row.update({label: c.get(k) for k, label in SWEEP_COLUMNS.items()})
+        spreads = [c[f"{k}_spread"] / c[k] * 100 for k in SWEEP_COLUMNS
+                   if c.get(k) and c.get(f"{k}_spread") is not None]
+        row["spread %"] = max(spreads) if spreads and c.get("repeats", 1) > 1 else None
+        rows.append(row)
+    return pd.DataFrame(rows).round(2)
 
 
 def reference_outputs(cfg: LabConfig, served: Served) -> Reference:
@@ -402,10 +441,14 @@ def compare_front_doors(cfg: LabConfig, session: ServingSession, served: Served,
 def compare_frame(reference: ResultsEnvelope, result: BenchmarkResult, names: tuple[str, str],
                   key: str = "sweep"):
     """Headline metrics of a reference notebook's sweep (or `key`: "mixed") and this one's,
-    side by side, with the change in percent (positive: higher)."""
+    side by side, with the change in percent (positive: higher) and which is better (with
+    "=" where the difference is within 10% or inside both repeats' ranges)."""
     import pandas as pd
 
+    from lab_utils.lessons import differs
+
     keys = ["output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_itl_ms", "p99_itl_ms"]
+    higher_better = {"output_throughput"}
     theirs: BenchmarkResult | None = getattr(reference.payload, key)
     if theirs is None:
         raise LabError(f"notebook {reference.notebook}'s results have no {key!r} run; re-run it")
@@ -417,9 +460,13 @@ def compare_frame(reference: ResultsEnvelope, result: BenchmarkResult, names: tu
             continue
         for k in keys:
             a, b = r.get(k), c.get(k)
-            rows.append({"load": f"{c['mode']} {c['value']:g}", "metric": k, names[0]: a,
-                         names[1]: b, "change %": (b - a) / a * 100 if a and b is not None else None,
-                         "both valid": bool(r["valid"] and c["valid"])})
+            better = "="
+            if differs(r, c, k):
+                better = names[1] if (b > a) == (k in higher_better) else names[0]
+            rows.append({"load": f"{c['mode']} {c['value']:g}", "metric": SWEEP_COLUMNS[k],
+                         names[0]: a, names[1]: b,
+                         "change %": (b - a) / a * 100 if a and b is not None else None,
+                         "better": better, "both valid": bool(r["valid"] and c["valid"])})
     return pd.DataFrame(rows).round(2)
 
 

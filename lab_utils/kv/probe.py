@@ -222,10 +222,26 @@ class ProbeResult:
     def to_dict(self) -> dict:
         return json.loads(json.dumps(asdict(self)))
 
-    def to_frame(self):
+    def to_frame(self, full: bool = False):
+        """The probe's table: per memory, operation and size, the time, the bandwidth and
+        its share of the limit. Each size moves as many NIXL descriptors of
+        `descriptor_bytes` (one block of one layer's K or V) as its row says; `full`:
+        every raw column."""
         import pandas as pd
 
-        return pd.DataFrame(self.rows, columns=list(ROW_KEYS))
+        raw = pd.DataFrame(self.rows, columns=list(ROW_KEYS))
+        if full or raw.empty:
+            return raw
+        return pd.DataFrame({
+            "memory": raw["seg_type"], "op": raw["op"],
+            "size (MiB)": (raw["bytes"] / 2**20).round(3),
+            "descriptors": raw["blocks"],
+            "median (ms)": (raw["median_us"] / 1e3).round(3),
+            "p99 (ms)": (raw["p99_us"] / 1e3).round(3),
+            "GB/s": raw["bandwidth_GBps"].round(2),
+            "% of limit": (raw["fraction_of_limit"] * 100).round(1),
+            "limit": raw["limit_kind"],
+            "checksum ok": raw["checksum_ok"]})
 
 
 def _ucx_env(cfg: LabConfig, node: str, ucx_tls: str | None,

@@ -80,7 +80,11 @@ def test_probe_end_to_end_on_loopback(cfg):
     assert any("100000 -> 131072" in n for n in r.notes)
     assert r.env == {"target": {}, "initiator": {}}  # the rehearsal sets no UCX variables
     json.dumps(r.to_dict())
-    assert list(r.to_frame().columns) == list(ROW_KEYS) and len(r.to_frame()) == 6
+    assert list(r.to_frame(full=True).columns) == list(ROW_KEYS) and len(r.to_frame()) == 6
+    shown = r.to_frame()  # what notebook 02 shows: units in the headers, a handful of columns
+    assert list(shown.columns) == ["memory", "op", "size (MiB)", "descriptors", "median (ms)",
+                                   "p99 (ms)", "GB/s", "% of limit", "limit", "checksum ok"]
+    assert (shown["median (ms)"] * 1e3 - r.to_frame(full=True)["median_us"]).abs().max() < 1
     # nothing left behind: no record, no process, the port free again
     _assert_clean(cfg)
     assert r.pids["target"] != r.pids["initiator"]
