@@ -234,9 +234,28 @@ def run_sweep(cfg: LabConfig, served: Served, *, mixed: bool = False,
             print(f"{'mixed run' if mixed else 'sweep'}: {when}", flush=True)
     if mixed:
         w = w.model_copy(update={"concurrency": [max(w.concurrency or [1])], "request_rates": []})
-    return sweep(served.proxy_url, cfg.model.name,
-                 lambda n, seed: build_requests(w, n, tokenize, detokenize, mixed=mixed, seed=seed),
-                 w, mixed=mixed, api_key=api_key(cfg, "proxy"))
+    result = sweep(served.proxy_url, cfg.model.name,
+                   lambda n, seed: build_requests(w, n, tokenize, detokenize, mixed=mixed,
+                                                  seed=seed),
+                   w, mixed=mixed, api_key=api_key(cfg, "proxy"))
+    if any(p.summary.get("failed") for p in result.points):
+        check_alive(cfg, served)
+    return result
+
+
+def check_alive(cfg: LabConfig, served: Served, lines: int = 8) -> None:
+    """Raise, naming the process and its log's last lines, if one of `served`'s processes
+    has died (a sweep whose requests failed asks this before anything else)."""
+    from lab_utils.errors import ProcessFailedError
+
+    with Cluster(cfg) as cluster:
+        for rec in served.records:
+            if cluster.knows(rec.node) and not cluster.node(rec.node).is_alive(rec):
+                tail = cluster.node(rec.node).log_tail(rec, lines).rstrip()
+                raise ProcessFailedError(
+                    f"{rec.name} on {rec.node} stopped during the sweep, so its requests "
+                    f"failed; its log {rec.log_path} ends with:\n{tail}\nRe-run the cell "
+                    "that starts the topology, then the sweep.")
 
 
 SWEEP_COLUMNS = {"request_throughput": "req/s", "output_throughput": "output tok/s",
