@@ -204,6 +204,16 @@ def _cmd_eta(args) -> int:
     return 0 if len(lines) > 1 else 1
 
 
+def _cmd_reference(args) -> int:
+    from lab_utils.results import load_reference
+
+    cfg = load_config(args.config)
+    for line in load_reference(cfg, args.source, fill=not args.compare_only):
+        print(line)
+    print(f"in {cfg.results_dir}; every notebook that reads a reference's results says so")
+    return 0
+
+
 def _cmd_jupyter(args) -> int:
     from lab_utils.runner import serve_jupyter
 
@@ -281,6 +291,13 @@ def build_parser() -> argparse.ArgumentParser:
     run = cmd("run", _cmd_run, "execute the notebooks headless, saving executed copies")
     cmd("eta", _cmd_eta, "predict how long notebooks 01, 03 and 04 measure with this config's "
         "workload (the forecast model: 01's profile, else published GB10 figures)")
+    sp = cmd("reference", _cmd_reference, "load another run's results (a results directory, "
+             "e.g. results/local-cpu or a pair's from the day before): for each notebook this "
+             "profile has not run, its results stand in, labelled as the reference's; all are "
+             "kept for the notebooks' 'yours vs reference'")
+    sp.add_argument("source", help="a results directory holding *_metrics.json files")
+    sp.add_argument("--compare-only", action="store_true", help="keep them for comparison "
+                    "only; stand in for nothing")
     cmd("jupyter", _cmd_jupyter, "JupyterLab on the notebook host's LAN address and "
         "jupyter.port, with a token; prints the URL to open (Ctrl-C stops it)")
     lab = cmd("lab", _cmd_lab, "the main job: run the notebooks (or the demo while there are none)")

@@ -87,6 +87,9 @@ class ResultsEnvelope(BaseModel, Generic[P]):
     software: dict[str, Any]
     hardware: dict[str, Any]
     payload: P
+    # set on a copy loaded with `load_reference`: another run's results standing in for this
+    # profile's ({"source": directory, "profile": its profile, "timestamp": when it was written})
+    reference: dict[str, Any] | None = None
 
     @field_validator("timestamp")
     @classmethod
@@ -299,7 +302,60 @@ def load_results(cfg: LabConfig, notebook: str) -> ResultsEnvelope:
             f"{path} was written for profile {envelope.profile!r}, but the current profile is "
             f"{cfg.profile!r}; {_rerun(spec)} with the current profile"
         )
+    if envelope.reference and (str(path), envelope.timestamp) not in _SAID:
+        _SAID.add((str(path), envelope.timestamp))
+        print(reference_note(spec.notebook, envelope.reference), flush=True)
     return _typed(path, envelope, spec)
+
+
+_SAID: set[tuple[str, str]] = set()  # reference notes already printed by this process
+
+
+def reference_note(notebook: str, ref: dict[str, Any]) -> str:
+    return (f"NOTE: notebook {notebook}'s results here are a REFERENCE run's, not this "
+            f"cluster's (profile {ref.get('profile')!r}, written {ref.get('timestamp')}, "
+            f"loaded from {ref.get('source')}); run notebook {notebook} to replace them")
+
+
+def load_reference(cfg: LabConfig, source: str | os.PathLike, fill: bool = True) -> list[str]:
+    """Load another run's results (a results directory, e.g. the rehearsal's
+    results/local-cpu or a pair's from the day before): each notebook's file is copied to
+    `reference/` in this profile's results, for the notebooks' "yours vs reference", and
+    (`fill`) into the results themselves where this profile has none, labelled as the
+    reference's, so a later notebook can run without the earlier ones having run here.
+    Returns what it did, a line per file."""
+    src = Path(source)
+    if not src.is_dir():
+        raise LabError(f"{src}: not a directory of results (give e.g. results/local-cpu)")
+    done = []
+    for spec in RESULTS.values():
+        path = src / spec.file_name
+        if not path.exists():
+            continue
+        envelope = _typed(path, _load(path, spec), spec)
+        ref = envelope.reference or {"source": str(src.resolve()), "profile": envelope.profile,
+                                     "timestamp": envelope.timestamp}
+        copy = envelope.model_copy(update={"profile": cfg.profile, "reference": ref})
+        text = json.dumps(_clean(copy.model_dump()), indent=2, allow_nan=False) + "\n"
+        (cfg.results_dir / "reference").mkdir(parents=True, exist_ok=True)
+        atomic_write_text(cfg.results_dir / "reference" / spec.file_name, text)
+        here = cfg.results_dir / spec.file_name
+        if fill and not here.exists():
+            atomic_write_text(here, text)
+            done.append(f"{spec.notebook}: {spec.file_name} from {src} (labelled as reference)")
+        else:
+            done.append(f"{spec.notebook}: {spec.file_name} kept as reference only"
+                        + (" (this profile has its own)" if here.exists() else ""))
+    if not done:
+        raise LabError(f"{src}: no notebook results found there")
+    return done
+
+
+def load_reference_results(cfg: LabConfig, notebook: str) -> ResultsEnvelope | None:
+    """The reference run's results of `notebook` (`load_reference`), if loaded."""
+    spec = results_spec(notebook)
+    path = cfg.results_dir / "reference" / spec.file_name
+    return _typed(path, _load(path, spec), spec) if path.exists() else None
 
 
 def load_optional(cfg: LabConfig, notebook: str) -> ResultsEnvelope | None:

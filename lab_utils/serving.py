@@ -514,6 +514,21 @@ def conclude(cfg: LabConfig, notebook: str) -> list[str]:
     return said
 
 
+def versus_reference(cfg: LabConfig, notebook: str, result: BenchmarkResult, key: str = "sweep"):
+    """This run's sweep (or `key`: "mixed") beside the reference run's of the same notebook
+    (`python -m lab_utils reference`); None, said, when no reference is loaded."""
+    from lab_utils.results import load_reference_results, reference_note
+
+    ref = load_reference_results(cfg, notebook)
+    if ref is None or getattr(ref.payload, key, None) is None:
+        print("no reference run loaded for this notebook (python -m lab_utils reference DIR "
+              "loads one): nothing to compare with")
+        return None
+    print(reference_note(notebook, ref.reference or {}).replace(
+        "results here are", "comparison is with").split("; run notebook")[0])
+    return compare_frame(ref, result, ("reference", "yours"), key=key)
+
+
 def proof_record(proofs: list) -> Proof:
     """The proof of transfer as notebook 04 records it."""
     return Proof(ok=bool(proofs) and all(p.ok for p in proofs), prompts=[p.row() for p in proofs])

@@ -95,6 +95,15 @@ def _intro(data: ReportData) -> list[Block]:
 
 
 def _missing_blocks(data: ReportData) -> list[Block]:
+    refs = [f"notebook {nb} (profile {env.reference.get('profile')!r}, written "
+            f"{env.reference.get('timestamp')}, from {env.reference.get('source')})"
+            for nb, env in sorted(data.envelopes.items()) if env.reference]
+    warn = [W("Some results here are a REFERENCE run's, loaded to catch up, not this "
+              "cluster's: " + "; ".join(refs) + ". Their numbers describe that run.")] if refs else []
+    return warn + _missing_only(data)
+
+
+def _missing_only(data: ReportData) -> list[Block]:
     if not data.missing:
         return [P("Every notebook's results were found.")]
     items = [f"Notebook {nb}: {msg}" for nb, msg in sorted(data.missing.items())]
