@@ -14,7 +14,6 @@ from lab_utils.serving import versus_reference
 from support.payloads import baseline_dict, kv_dict, model, sweep_dict
 from support.profiles import make_profile_data, write_profile
 
-
 POINT = {"mode": "concurrency", "value": 1.0, "valid": True, "repeats": 1,
          "output_throughput": 100.0, "median_ttft_ms": 10.0, "p99_ttft_ms": 12.0,
          "median_itl_ms": 2.0, "p99_itl_ms": 3.0}
