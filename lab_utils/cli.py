@@ -47,6 +47,8 @@ def _cmd_proxy(args) -> int:
     cfg = load_config(args.config)
     if args.kind and args.kind != cfg.proxy.kind:
         cfg = cfg.with_proxy_kind(args.kind)
+    if args.policy and args.policy != cfg.topology.replicated.policy:
+        cfg = cfg.with_policy(args.policy)
     if cfg.proxy.kind == "vllm-router":
         from lab_utils.serve import router
 
@@ -254,6 +256,8 @@ def build_parser() -> argparse.ArgumentParser:
              "vllm-router with proxy.kind \"vllm-router\" (serve starts it for you)")
     sp.add_argument("--mode", choices=TOPOLOGIES, required=True)
     sp.add_argument("--kind", choices=("lab", "vllm-router"), help="instead of proxy.kind")
+    sp.add_argument("--policy", choices=("round_robin", "least_outstanding"),
+                    help="instead of topology.replicated.policy")
     cmd("report", _cmd_report, "write the benchmark report (report.html, report.md, plots) "
         "from the results of notebooks 00-04")
     sp = cmd("check", _cmd_check, "the bring-up checklist: every check on every node it concerns, "

@@ -99,11 +99,12 @@ class ServingSession:
             print(f"  {r.name:<12} {r.node:<12} {r.url}")
         return Served(topology, records, device)
 
-    def swap_front_door(self, served: Served, kind: str) -> None:
-        """Put the front door of `kind` ("lab" or "vllm-router") in front of `served`'s
-        instances, on the same port, replacing the one there; wait until it is healthy."""
+    def swap_front_door(self, served: Served, kind: str, policy: str | None = None) -> None:
+        """Put the front door of `kind` ("lab" or "vllm-router"; `policy`: the replicated
+        routing policy) in front of `served`'s instances, on the same port, replacing the
+        one there; wait until it is healthy."""
         old = next(r for r in served.records if r.name == PROXY)
-        rec, new = start_proxy(self.cluster, served.topology, kind=kind)
+        rec, new = start_proxy(self.cluster, served.topology, kind=kind, policy=policy)
         if new:
             wait_ready(self.cluster, [rec], timeout=120, show_progress=False)
         served.records = [rec if r is old else r for r in served.records]
@@ -457,6 +458,30 @@ def compare_front_doors(cfg: LabConfig, session: ServingSession, served: Served,
                       router_version=got)
 
 
+def compare_policies(cfg: LabConfig, session: ServingSession, served: Served):
+    """03's look at routing: the mixed workload once at its highest concurrency through the
+    lab proxy with each routing policy in turn (the configured one is put back after),
+    side by side."""
+    import pandas as pd
+
+    w = cfg.workload
+    if not w.mixed_long_len:
+        print("skipped: workload.mixed_long_len is not set (the policies differ only when "
+              "requests of different lengths overlap)")
+        return None
+    one = w.model_copy(update={"repeats": 1})
+    rows = []
+    try:
+        for policy in ("round_robin", "least_outstanding"):
+            session.swap_front_door(served, "lab", policy=policy)
+            print(f"{policy}: the mixed workload at concurrency {max(w.concurrency)}", flush=True)
+            c = run_sweep(cfg, served, mixed=True, workload=one).combined[0]
+            rows.append({"policy": policy, **{label: c.get(k) for k, label in SWEEP_COLUMNS.items()}})
+    finally:
+        session.swap_front_door(served, "lab", policy=cfg.topology.replicated.policy)
+    return pd.DataFrame(rows).round(2)
+
+
 def compare_frame(reference: ResultsEnvelope, result: BenchmarkResult, names: tuple[str, str],
                   key: str = "sweep"):
     """Headline metrics of a reference notebook's sweep (or `key`: "mixed") and this one's,
@@ -527,6 +552,50 @@ def versus_reference(cfg: LabConfig, notebook: str, result: BenchmarkResult, key
     print(reference_note(notebook, ref.reference or {}).replace(
         "results here are", "comparison is with").split("; run notebook")[0])
     return compare_frame(ref, result, ("reference", "yours"), key=key)
+
+
+def watch_scheduler(cfg: LabConfig, served: Served):
+    """01's look inside the engine (`lab_utils.hood.watch_scheduler`): the mixed workload
+    once, the scheduler's queues sampled from /metrics, every request's tokens on a time
+    line. Prints how a request fills the paged KV cache; returns the figure."""
+    from lab_utils import hood
+
+    tokenize, detokenize = tokenizer_of(served, cfg)
+    w = cfg.workload
+    print(hood.blocks_of(w.input_len + w.output_len, cfg.vllm.block_size or 16)
+          + f": a request of {w.input_len} prompt + {w.output_len} output tokens")
+    frame, records, fig = hood.watch_scheduler(cfg, served, tokenize, detokenize)
+    if not frame.empty:
+        print(f"{len(frame)} /metrics samples: at most {frame['running'].max():.0f} running and "
+              f"{frame['waiting'].max():.0f} waiting; KV cache at most "
+              f"{frame['KV cache used'].max():.1%} used")
+    return fig
+
+
+def protocol_by_hand(cfg: LabConfig, served: Served):
+    """04's look at what travels (`lab_utils.hood`): one fresh prompt through prefill and
+    decode by hand, the kv_transfer_params printed; the instances' command lines and KV
+    environment; which connector methods run on which side."""
+    import json
+
+    import pandas as pd
+
+    from lab_utils import hood
+
+    tokenize, _ = tokenizer_of(served, cfg)
+    prompt = exact_prompt(tokenize, cfg.workload.input_len, random.Random())
+    params, answer = hood.kv_transfer_params(cfg, served, prompt)
+    print("kv_transfer_params the prefill answered (the decode instance got them as they are):")
+    print(json.dumps(params, indent=1))
+    blocks = params.get("remote_block_ids") or []
+    print(f"{len(prompt)} prompt tokens in {len(blocks)} blocks (ids {blocks}); the decode "
+          f"answered {answer['choices'][0]['text']!r}")
+    lines = hood.command_lines(cfg, served.kv_buffer_device)
+    for line in lines:
+        print(f"\n{line['instance']} on {line['node']}:\n  {line['command line']}\n"
+              f"  kv_transfer_config: {json.dumps(line['kv_transfer_config'])}\n"
+              f"  KV environment: {line['KV environment']}")
+    return pd.DataFrame(hood.connector_frame())
 
 
 def proof_record(proofs: list) -> Proof:

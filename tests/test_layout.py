@@ -25,7 +25,7 @@ LAYERS = [
     {"checks", "bench"},
     {"payloads"},
     {"results"},
-    {"transfer_lesson", "lessons"},
+    {"transfer_lesson", "lessons", "hood"},
     {"report", "environment", "serving"},
     {"runner"},
     {"cli"},

@@ -281,6 +281,15 @@ class LabConfig(_Strict):
         cfg._source = self._source
         return cfg
 
+    def with_policy(self, policy: str) -> LabConfig:
+        """This config with another `topology.replicated.policy`, checked the same way."""
+        data = self.model_dump(mode="json", exclude_unset=True)
+        topo = self.topology.model_dump(mode="json", exclude_unset=True)
+        topo["replicated"] = {**topo.get("replicated", {}), "policy": policy}
+        cfg = parse_config({**data, "topology": topo}, str(self._source or "config"))
+        cfg._source = self._source
+        return cfg
+
     def resolve_path(self, value: str | os.PathLike) -> Path:
         """A path from the config: `~` expanded, relative paths against the checkout (the
         current directory when lab_utils is installed without one)."""

@@ -84,17 +84,21 @@ def _warm_up_pairs(cfg: LabConfig, records: list[ProcessRecord]) -> None:
             warm_up(p, d, cfg.model.name, api_key=key)
 
 
-def start_proxy(cluster: Cluster, mode: str, kind: str | None = None) -> tuple[ProcessRecord, bool]:
+def start_proxy(cluster: Cluster, mode: str, kind: str | None = None,
+                policy: str | None = None) -> tuple[ProcessRecord, bool]:
     """Start the front door on its node in `mode`: the lab proxy, or vllm-router with
-    `proxy.kind: "vllm-router"` (`serve.router`). Reused if already running in that mode
-    and kind; one in another mode or of another kind is replaced, since all share the
-    configured proxy port. `kind` overrides `proxy.kind` for this start."""
+    `proxy.kind: "vllm-router"` (`serve.router`). Reused if already running in that mode,
+    kind and routing policy; any other is replaced, since all share the configured proxy
+    port. `kind` overrides `proxy.kind`, `policy` the replicated topology's policy, for
+    this start."""
     cfg = cluster.cfg
     kind = kind or cfg.proxy.kind
+    policy = policy or cfg.topology.replicated.policy
     node = cluster.node(cfg.proxy.node)
     existing = cluster.alive(PROXY)
     if existing is not None:
-        if existing.extra.get("mode") == mode and existing.extra.get("kind", "lab") == kind:
+        if (existing.extra.get("mode") == mode and existing.extra.get("kind", "lab") == kind
+                and existing.extra.get("policy", cfg.topology.replicated.policy) == policy):
             return existing, False
         cluster.stop([existing])
     address = node.cfg.lan_address
@@ -113,12 +117,12 @@ def start_proxy(cluster: Cluster, mode: str, kind: str | None = None) -> tuple[P
         node.put_file(cfg.source, config_path)
         env["PYTHONPATH"], cwd = node.cfg.workdir, node.cfg.workdir
     argv = [node.python, "-m", "lab_utils", "proxy", "--config", config_path, "--mode", mode,
-            "--kind", kind]
+            "--kind", kind, "--policy", policy]
     rec = node.start_detached(PROXY, argv, env=env, cwd=cwd, kind="proxy", port=cfg.proxy.port,
                               log_path=f"{cfg.log_dir_on(cfg.proxy.node)}/proxy.log",
                               url=f"http://{address}:{cfg.proxy.port}",
                               extra={"mode": mode, "role": "proxy", "topology": mode,
-                                     "kind": kind})
+                                     "kind": kind, "policy": policy})
     return rec, True
 
 
