@@ -587,9 +587,12 @@ def protocol_by_hand(cfg: LabConfig, served: Served):
     params, answer = hood.kv_transfer_params(cfg, served, prompt)
     print("kv_transfer_params the prefill answered (the decode instance got them as they are):")
     print(json.dumps(params, indent=1))
-    blocks = params.get("remote_block_ids") or []
-    print(f"{len(prompt)} prompt tokens in {len(blocks)} blocks (ids {blocks}); the decode "
-          f"answered {answer['choices'][0]['text']!r}")
+    ids = params.get("remote_block_ids") or []
+    groups = ids if ids and isinstance(ids[0], list) else [ids]  # one list per KV cache group
+    print(f"{len(prompt)} prompt tokens held in {sum(map(len, groups))} blocks of "
+          f"{cfg.vllm.block_size or 16} (block ids {groups[0]}"
+          + (f" and {len(groups) - 1} more group(s)" if len(groups) > 1 else "")
+          + f"); the decode read them and answered {answer['choices'][0]['text']!r}")
     lines = hood.command_lines(cfg, served.kv_buffer_device)
     for line in lines:
         print(f"\n{line['instance']} on {line['node']}:\n  {line['command line']}\n"

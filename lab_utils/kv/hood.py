@@ -26,6 +26,9 @@ def two_agents(nbytes: int = 4 << 20) -> dict:
                        "serving nodes. Run this cell on a machine with nixl (the rehearsal "
                        "has it), or read the code above.") from None
 
+    import logging
+
+    logging.getLogger("nixl").setLevel(logging.WARNING)  # not its start-up chatter
     target = nixl_agent("target", nixl_agent_config(backends=["UCX"]))
     initiator = nixl_agent("initiator", nixl_agent_config(backends=["UCX"]))
     src = np.random.default_rng(0).integers(0, 255, nbytes, dtype=np.uint8)  # the "KV"
