@@ -219,7 +219,7 @@ def _cmd_reference(args) -> int:
 def _cmd_jupyter(args) -> int:
     from lab_utils.runner import serve_jupyter
 
-    return serve_jupyter(load_config(args.config))
+    return serve_jupyter(load_config(args.config), args.notebooks_dir)
 
 
 def _cmd_lab(args) -> int:
@@ -302,8 +302,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("source", help="a results directory holding *_metrics.json files")
     sp.add_argument("--compare-only", action="store_true", help="keep them for comparison "
                     "only; stand in for nothing")
-    cmd("jupyter", _cmd_jupyter, "JupyterLab on the notebook host's LAN address and "
-        "jupyter.port, with a token; prints the URL to open (Ctrl-C stops it)")
+    sp = cmd("jupyter", _cmd_jupyter, "JupyterLab on the notebook host's LAN address and "
+             "jupyter.port, with a token; prints the URL to open (Ctrl-C stops it)")
+    sp.add_argument("--notebooks-dir", default=None, help=argparse.SUPPRESS)
     lab = cmd("lab", _cmd_lab, "the main job: run the notebooks (or the demo while there are none)")
     for sp in (demo, lab):
         sp.add_argument("--prompts", type=int, default=1, help="fresh prompts to prove transfer on")

@@ -166,7 +166,8 @@ def run_notebooks(cfg: LabConfig, start: str | None = None, stop: str | None = N
     return written
 
 
-def jupyter_plan(cfg: LabConfig, token: str) -> tuple[list[str], dict[str, str], str]:
+def jupyter_plan(cfg: LabConfig, token: str, notebooks_dir: str | os.PathLike | None = None
+                 ) -> tuple[list[str], dict[str, str], str]:
     """JupyterLab for the notebooks on the notebook host: (argv, environment, URL). It
     listens on the host's LAN address (a workshop attendee's browser reaches it without an
     SSH tunnel) and on `jupyter.port`; the token travels in the environment, never on the
@@ -180,25 +181,27 @@ def jupyter_plan(cfg: LabConfig, token: str) -> tuple[list[str], dict[str, str],
     address = cfg.nodes[host].lan_address
     argv = [sys.executable, "-m", "jupyterlab", "--no-browser", f"--ip={address}",
             f"--port={cfg.jupyter.port}", "--port-retries=0",
-            f"--ServerApp.root_dir={checkout_path('notebooks')}"]
+            f"--ServerApp.root_dir={notebooks_dir or checkout_path('notebooks')}"]
     if os.geteuid() == 0:  # JupyterLab refuses root without it (a container, a CI machine)
         argv.append("--allow-root")
     env = {"JUPYTER_TOKEN": token, "LAB_CONFIG": str(cfg.source.resolve()) if cfg.source else ""}
     return argv, env, f"http://{address}:{cfg.jupyter.port}/lab?token={token}"
 
 
-def serve_jupyter(cfg: LabConfig) -> int:
-    """Start JupyterLab in the foreground (Ctrl-C stops it) and print how to open it."""
+def serve_jupyter(cfg: LabConfig, notebooks_dir: str | os.PathLike | None = None) -> int:
+    """Start JupyterLab in the foreground (Ctrl-C stops it) and print how to open it
+    (`notebooks_dir`: serve another copy of the notebooks, e.g. in a test)."""
     import secrets
     import subprocess
 
     host = cfg.notebook_host()
     token = secrets.token_urlsafe(24)
-    argv, env, url = jupyter_plan(cfg, token)
+    argv, env, url = jupyter_plan(cfg, token, notebooks_dir)
     if host is not None:
         Cluster(cfg).node(host).ensure_port_free(cfg.nodes[host].lan_address, cfg.jupyter.port,
                                                  "JupyterLab (jupyter.port)")
-    print(f"JupyterLab for profile {cfg.profile}, notebooks in {checkout_path('notebooks')}\n"
+    print(f"JupyterLab for profile {cfg.profile}, notebooks in "
+          f"{notebooks_dir or checkout_path('notebooks')}\n"
           f"open: {url}\n(anyone with this URL can run code as {os.environ.get('USER', 'you')}"
           " on this machine: share it only with the people at this cluster; Ctrl-C stops it)",
           flush=True)
