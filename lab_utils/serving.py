@@ -169,8 +169,8 @@ def describe(rec: RequestRecord) -> str:
 
 
 def eta_inputs(cfg: LabConfig):
-    """The forecast inputs an ETA is made from, the shared machine's cores and where the
-    inputs come from: 01's profile when it exists, else on a GPU profile the published
+    """The forecast inputs an ETA is made from, 01's machine's cores (`architecture_of`
+    applies them where the nodes share it) and where the inputs come from: 01's profile when it exists, else on a GPU profile the published
     GB10 figures; None when neither applies (the CPU rehearsal before 01)."""
     from lab_utils.forecast.inputs import from_results, spark_inputs_for
 
@@ -179,8 +179,7 @@ def eta_inputs(cfg: LabConfig):
     if profile is not None:
         kv = load_optional(cfg, "02")
         return (from_results(profile, kv.payload if kv else None, kv_buffer_device(cfg)),
-                profile.host_cores if all(n.connection == "local" for n in cfg.nodes.values())
-                else None, "01's engine profile")
+                profile.host_cores, "01's engine profile")
     if cfg.vllm.device == "cuda":
         return spark_inputs_for(cfg.model.name, cfg.workload), None, "published GB10 figures"
     return None
@@ -210,7 +209,7 @@ def eta_lines(cfg: LabConfig) -> list[str]:
         return ["nothing to predict from yet: run notebook 01 (its engine profile), or use a "
                 "GPU profile (published GB10 figures)"]
     inputs, cores, source = found
-    times = notebook_seconds(inputs, cfg.workload, cores)
+    times = notebook_seconds(inputs, cfg, cores)
     w = cfg.workload
     lines = [f"predicted measuring time per notebook, forecast from {source}, workload "
              f"{w.input_len} in / {w.output_len} out, concurrency {w.concurrency}, "

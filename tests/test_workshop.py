@@ -36,7 +36,7 @@ def test_the_serving_notebooks_fit_their_slots_on_two_sparks():
     cfg = load_config(ROOT / "environment_config.json.example")
     inputs, cores, source = eta_inputs(cfg)
     assert source == "published GB10 figures"
-    predicted = notebook_seconds(inputs, cfg.workload, cores)
+    predicted = notebook_seconds(inputs, cfg, cores)
     parts = agenda()
     for nb, secs in predicted.items():
         assert secs / 60 <= 10, (nb, secs)  # each serving notebook measures ~10 min at most

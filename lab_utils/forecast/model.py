@@ -51,12 +51,12 @@ import math
 import random
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from lab_utils.forecast.curves import EDGES, Curve, Edge
+from lab_utils.forecast.curves import Curve, Edge
 
 
 # vLLM's default token budget per step for an OpenAI server (EngineArgs.get_batch_defaults):
@@ -453,9 +453,5 @@ def ranged(inputs: Inputs, arch: Architecture, load: Load,
     return Ranged(mid, lo, hi)
 
 
-def replace_budget(inputs: Inputs, token_budget: int) -> Inputs:
-    return replace(inputs, engine=replace(inputs.engine, token_budget=token_budget))
-
-
-__all__ = ["EDGES", "Architecture", "EngineCosts", "Inputs", "Load", "Prediction", "Ranged",
-           "default_token_budget", "forecast", "loads_of", "ranged", "replace_budget"]
+__all__ = ["Architecture", "EngineCosts", "Inputs", "Load", "Prediction", "Ranged",
+           "default_token_budget", "forecast", "loads_of", "ranged"]

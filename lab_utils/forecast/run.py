@@ -8,6 +8,7 @@ inputs' sources, and for P/D the best prefill/decode split for 2, 4 and 8 nodes.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
 
@@ -15,7 +16,15 @@ from pydantic import BaseModel, ConfigDict
 
 from lab_utils.config import LabConfig
 from lab_utils.forecast.inputs import edges, from_results
-from lab_utils.forecast.model import Architecture, Inputs, Load, loads_of, ranged
+from lab_utils.forecast.model import (
+    Architecture,
+    Inputs,
+    Load,
+    Prediction,
+    forecast,
+    loads_of,
+    ranged,
+)
 from lab_utils.forecast.profile import EngineProfile
 from lab_utils.kv.budget import KvTransferPayload
 
@@ -73,33 +82,28 @@ def best_splits(inputs: Inputs, load: Load, nodes=SPLIT_NODES) -> list[dict[str,
     nodes (concurrency x nodes/2); the best split by goodput, then TTFT p50."""
     out = []
     for n in nodes:
-        scaled = Load(**{**load.__dict__, "concurrency": (load.concurrency or 1) * n // 2,
-                         "num_prompts": max(load.num_prompts, 4 * n)})
-        best = None
-        for p in range(1, n):
-            pred = _score(inputs, Architecture(prefill=p, decode=n - p), scaled)
-            if best is None or pred[0] > best[0]:
-                best = pred
-        rep = _score(inputs, Architecture(replicas=n), scaled)
-        assert best is not None
-        out.append({"nodes": n, "concurrency": scaled.concurrency, "best split": best[1],
-                    "its goodput (req/s)": best[2]["request_goodput"],
-                    "its TTFT p50 (ms)": best[2]["median_ttft_ms"],
-                    "its ITL p99 (ms)": best[2]["p99_itl_ms"],
-                    "replicas goodput (req/s)": rep[2]["request_goodput"],
-                    "replicas ITL p99 (ms)": rep[2]["p99_itl_ms"],
-                    "bottleneck": best[3]})
+        scaled = replace(load, concurrency=(load.concurrency or 1) * n // 2,
+                         num_prompts=max(load.num_prompts, 4 * n))
+        best = max((forecast(inputs, Architecture(prefill=p, decode=n - p), scaled)
+                    for p in range(1, n)), key=rank)
+        rep = forecast(inputs, Architecture(replicas=n), scaled).metrics
+        out.append({"nodes": n, "concurrency": scaled.concurrency,
+                    "best split": best.architecture,
+                    "its goodput (req/s)": best.metrics["request_goodput"],
+                    "its TTFT p50 (ms)": best.metrics["median_ttft_ms"],
+                    "its ITL p99 (ms)": best.metrics["p99_itl_ms"],
+                    "replicas goodput (req/s)": rep["request_goodput"],
+                    "replicas ITL p99 (ms)": rep["p99_itl_ms"],
+                    "bottleneck": best.bottleneck()})
     return out
 
 
-def _score(inputs: Inputs, arch: Architecture, load: Load):
-    from lab_utils.forecast.model import forecast
-
-    p = forecast(inputs, arch, load)
+def rank(p: Prediction) -> tuple[float, float]:
+    """How predictions are ranked: by goodput under the SLO (requests served, without an
+    SLO), then by the lower TTFT p50."""
     m = p.metrics
-    key = (m["request_goodput"] if m["request_goodput"] is not None else m["request_throughput"],
-           -(m["median_ttft_ms"] or 0.0))
-    return key, arch.name, m, p.bottleneck()
+    return (m["request_goodput"] if m["request_goodput"] is not None else m["request_throughput"],
+            -(m["median_ttft_ms"] or 0.0))
 
 
 def forecast_for(cfg: LabConfig, kind: str, profile: EngineProfile | None,
@@ -115,7 +119,7 @@ def forecast_for(cfg: LabConfig, kind: str, profile: EngineProfile | None,
     splits = (best_splits(inputs, loads_of(w, mixed=bool(w.mixed_long_len))[-1])
               if kind == "disaggregated" else [])
     return Forecast(architecture=kind, made_at=datetime.now(timezone.utc).isoformat(),
-                    sources={k: v for k, v in inputs.sources.items()}, rows=rows, splits=splits)
+                    sources=dict(inputs.sources), rows=rows, splits=splits)
 
 
 def forecast_frame(rows: list[dict[str, Any]]):

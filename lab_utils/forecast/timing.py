@@ -9,8 +9,11 @@ run on a GPU profile, the published GB10 figures.
 
 from __future__ import annotations
 
-from lab_utils.config import WorkloadConfig
+from dataclasses import replace
+
+from lab_utils.config import LabConfig, WorkloadConfig
 from lab_utils.forecast.model import Architecture, Inputs, forecast, loads_of
+from lab_utils.forecast.run import architecture_of
 
 
 def sweep_seconds(inputs: Inputs, arch: Architecture, w: WorkloadConfig,
@@ -19,8 +22,7 @@ def sweep_seconds(inputs: Inputs, arch: Architecture, w: WorkloadConfig,
     total = 0.0
     for load in loads_of(w, mixed=mixed):
         m = forecast(inputs, arch, load).metrics
-        alone = forecast(inputs, arch, load.__class__(**{**load.__dict__, "concurrency": 1,
-                                                         "rate": None, "num_prompts": 1}))
+        alone = forecast(inputs, arch, replace(load, concurrency=1, rate=None, num_prompts=1))
         warm = w.warmup * (alone.metrics["median_e2el_ms"] or 0.0) / 1e3
         total += w.repeats * (load.num_prompts / max(m["request_throughput"], 1e-9) + warm)
     return total
@@ -30,14 +32,14 @@ def minutes(seconds: float) -> str:
     return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.0f} s"
 
 
-def notebook_seconds(inputs: Inputs, w: WorkloadConfig, shared_cores: int | None = None
+def notebook_seconds(inputs: Inputs, cfg: LabConfig, host_cores: int | None = None
                      ) -> dict[str, float]:
-    """Predicted measuring time of 01 (the sweep), 03 and 04 (sweep and mixed run)."""
-    one = Architecture(shared_cores=shared_cores)
-    rep = Architecture(replicas=2, shared_cores=shared_cores)
-    pd = Architecture(prefill=1, decode=1, shared_cores=shared_cores)
-    out = {"01": sweep_seconds(inputs, one, w)}
-    for nb, arch in (("03", rep), ("04", pd)):
+    """Predicted measuring time of 01 (the sweep), 03 and 04 (sweep and mixed run), on
+    the config's topologies (`architecture_of`; `host_cores`: 01's profile's)."""
+    w = cfg.workload
+    out = {"01": sweep_seconds(inputs, architecture_of(cfg, "baseline", host_cores), w)}
+    for nb, kind in (("03", "replicated"), ("04", "disaggregated")):
+        arch = architecture_of(cfg, kind, host_cores)
         out[nb] = sweep_seconds(inputs, arch, w)
         if w.mixed_long_len:
             out[nb] += sweep_seconds(inputs, arch, w, mixed=True)

@@ -6,6 +6,7 @@ the what-if of notebook 05.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +15,8 @@ import pandas as pd
 from lab_utils.config import WorkloadConfig
 from lab_utils.forecast import grade as g
 from lab_utils.forecast.inputs import from_results, spark_inputs_for
-from lab_utils.forecast.model import Architecture, Load, forecast, loads_of
-from lab_utils.forecast.run import LABELS, SHOWN
+from lab_utils.forecast.model import Architecture, forecast, loads_of
+from lab_utils.forecast.run import LABELS, SHOWN, rank
 from lab_utils.report.data import ReportData, graded
 
 EXAMPLE_CONFIG = Path(__file__).resolve().parents[2] / "environment_config.json.example"
@@ -50,16 +51,18 @@ def grade_table(rows: list[dict[str, Any]]) -> pd.DataFrame:
 # ---- two Sparks --------------------------------------------------------------------------------
 
 
+def workload_of(d: dict[str, Any]) -> WorkloadConfig:
+    """A workload from a config file's or a sweep's record of it (their other keys, the
+    "_" comments or a sweep's "mixed" flag, left out)."""
+    return WorkloadConfig(**{k: v for k, v in d.items() if k in WorkloadConfig.model_fields})
+
+
 def spark_workload(data: ReportData) -> tuple[str, WorkloadConfig]:
     """The model and workload the Spark forecast is for: this run's on a GPU profile, the
     cluster example's otherwise."""
-    base = data.envelopes["01"]
-    if data.device == "cuda":
-        return base.config["model"]["name"], WorkloadConfig(**{
-            k: v for k, v in base.config["workload"].items() if not k.startswith("_")})
-    example = json.loads(EXAMPLE_CONFIG.read_text())
-    w = {k: v for k, v in example["workload"].items() if not k.startswith("_")}
-    return example["model"]["name"], WorkloadConfig(**w)
+    config = (data.envelopes["01"].config if data.device == "cuda"
+              else json.loads(EXAMPLE_CONFIG.read_text()))
+    return config["model"]["name"], workload_of(config["workload"])
 
 
 SPARK_ARCHS = (Architecture(), Architecture(replicas=2), Architecture(prefill=1, decode=1))
@@ -98,8 +101,7 @@ def what_if(data: ReportData, *, input_len: int | None = None, output_len: int |
     published GB10 figures). Prints the predicted winner by goodput and why."""
     base = data.sweeps["baseline"].workload
     model, sw = spark_workload(data) if spark else (None, None)
-    w0 = sw if spark else WorkloadConfig(**{k: v for k, v in base.items()
-                                             if k in WorkloadConfig.model_fields})
+    w0 = sw if spark else workload_of(base)
     w = w0.model_copy(update={k: v for k, v in {
         "input_len": input_len, "output_len": output_len, "mixed_long_len": mixed_long_len,
         "concurrency": [concurrency] if concurrency else None}.items() if v is not None})
@@ -112,27 +114,23 @@ def what_if(data: ReportData, *, input_len: int | None = None, output_len: int |
         base_profile = data.baseline.profile if data.baseline else None
         inputs = from_results(base_profile, data.kv_transfer, kv_buffer_device)
     load = loads_of(w, mixed=bool(w.mixed_long_len))[-1]
-    load = Load(**{**load.__dict__, "num_prompts": max(load.num_prompts, 8 * nodes)})
+    load = replace(load, num_prompts=max(load.num_prompts, 8 * nodes))
     archs = [Architecture(replicas=nodes)] + [Architecture(prefill=p, decode=nodes - p)
                                               for p in range(1, nodes)]
-    rows = []
-    for arch in archs:
-        p = forecast(inputs, arch, load)
-        rows.append({"architecture": arch.name, **{LABELS[k]: p.metrics.get(k) for k in SHOWN},
-                     "requests (req/s)": p.metrics["request_throughput"],
-                     "bottleneck": p.bottleneck(),
-                     "KV transfer (ms)": p.transfer_ms})
-    df = pd.DataFrame(rows).round(2)
-    key = LABELS["request_goodput"]
-    if df[key].isna().all():  # no SLO: rank by the requests served
-        key = "requests (req/s)"
-    best = df.sort_values([key, LABELS["median_ttft_ms"]], ascending=[False, True]).iloc[0]
+    preds = [forecast(inputs, arch, load) for arch in archs]
+    df = pd.DataFrame([{"architecture": p.architecture,
+                        **{LABELS[k]: p.metrics.get(k) for k in SHOWN},
+                        "requests (req/s)": p.metrics["request_throughput"],
+                        "bottleneck": p.bottleneck(), "KV transfer (ms)": p.transfer_ms}
+                       for p in preds]).round(2)
+    best = max(preds, key=rank)
+    by = "goodput" if best.metrics["request_goodput"] is not None else "requests"
     print(f"FORECAST (not measured): {nodes} nodes, {w.input_len} in / {w.output_len} out, "
           f"concurrency {load.concurrency}"
           + (f", one {w.mixed_long_len}-token prompt every {w.mixed_long_every}"
              if w.mixed_long_len else "")
           + f", SLO TTFT {slo.ttft_ms} ms / TPOT {slo.tpot_ms} ms, KV from {kv_buffer_device}, "
           + ("published GB10 figures" if spark else "this run's 01/02 curves"))
-    print(f"predicted winner by {key.split(' (')[0]}: {best['architecture']} "
-          f"({best[key]:.3g} req/s); its busiest pool: {best['bottleneck']}")
+    print(f"predicted winner by {by}: {best.architecture} ({rank(best)[0]:.3g} req/s); its "
+          f"busiest pool: {best.bottleneck()}")
     return df
