@@ -37,7 +37,7 @@ import sys
 from pathlib import Path
 
 from lab_utils.bench.stub_server import spawn_until_up
-from lab_utils.on_node.proctools import port_is_free, stop_group
+from lab_utils.on_node.proctools import cpu_seconds, port_is_free, stop_group
 from lab_utils.serve.protocol import decode_request, prefill_request
 
 HOST = "127.0.0.7"
@@ -85,12 +85,6 @@ def wrk_argv(url: str, concurrency: int, seconds: int, direct_pd: bool,
     decode = json.dumps(decode_request(PROMPT, {MARK: 0}))
     pre, post = decode.split(json.dumps({MARK: 0}))
     return head + ["pd", json.dumps(prefill_request(PROMPT)), pre, post]
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process (all its threads) so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def run_wrk(argv: list[str], cpus: set[int] | None = None, name: str = "wrk") -> dict:

@@ -35,6 +35,7 @@ from lab_utils.forecast.curves import Point, point
 from lab_utils.forecast.model import default_token_budget
 from lab_utils.measure.loadgen import RequestSpec, run_point, run_sync
 from lab_utils.measure.prompts import exact_prompt
+from lab_utils.on_node.proctools import group_cpu_seconds
 from lab_utils.util.progress import progress_bar
 
 REPEATS = 5  # lone requests per prefill length and per hop pair
@@ -64,22 +65,6 @@ class EngineProfile(BaseModel):
     elapsed_s: float
     active_cores: float | None = None  # cores the instance's processes use while decoding
     host_cores: int | None = None  # cores of the machine it ran on (local instances only)
-
-
-def _group_cpu_s(pgid: int) -> float:
-    """CPU seconds used so far by the processes of a process group (this machine)."""
-    tick, total = os.sysconf("SC_CLK_TCK"), 0
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid:  # fields after the name: state ppid pgrp ...
-            total += int(fields[11]) + int(fields[12])  # utime stime
-    return total / tick
 
 
 def prefill_lengths(cfg: LabConfig) -> list[int]:
@@ -158,10 +143,10 @@ def measure_profile(cfg: LabConfig, served, tokenize, gpu_name: str | None = Non
                 for _ in range(DECODE_REPEATS):
                     specs = [RequestSpec(exact_prompt(tokenize, ctx, rng), out_tokens)
                              for _ in range(b)]
-                    cpu0, t_start = _group_cpu_s(inst.pgid) if local else 0.0, time.monotonic()
+                    cpu0, t_start = group_cpu_seconds(inst.pgid) if local else 0.0, time.monotonic()
                     recs = _run(direct, model, specs, b, vkey, timeout)
                     if local:
-                        busy_s += _group_cpu_s(inst.pgid) - cpu0
+                        busy_s += group_cpu_seconds(inst.pgid) - cpu0
                         wall_s += time.monotonic() - t_start
                     per = [sum(r.itl_ms[len(r.itl_ms) // 2:]) / len(r.itl_ms[len(r.itl_ms) // 2:])
                            for r in recs if len(r.itl_ms) >= 2]

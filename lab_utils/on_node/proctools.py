@@ -80,6 +80,22 @@ def group_members(pgid: int) -> list[int]:
             if (st := proc_stat(pid)) and st.pgid == pgid and st.state not in ("Z", "X")]
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (all its threads) so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def group_cpu_seconds(pgid: int) -> float:
+    """CPU seconds used so far by the live processes of a process group (one that ends
+    while it is read counts as 0)."""
+    total = 0.0
+    for pid in group_members(pgid):
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            total += cpu_seconds(pid)
+    return total
+
+
 def _group_is_ours(pgid: int, ticks: int) -> bool:
     """The group still holds our processes. A PID equal to a live group's id cannot be
     handed out again, so if the leader is gone, the remaining members are our orphans;
