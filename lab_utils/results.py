@@ -311,10 +311,15 @@ def load_results(cfg: LabConfig, notebook: str) -> ResultsEnvelope:
 _SAID: set[tuple[str, str]] = set()  # reference notes already printed by this process
 
 
+def reference_origin(ref: dict[str, Any]) -> str:
+    """Where a reference run's results came from, in words."""
+    return (f"profile {ref.get('profile')!r}, written {ref.get('timestamp')}, "
+            f"loaded from {ref.get('source')}")
+
+
 def reference_note(notebook: str, ref: dict[str, Any]) -> str:
     return (f"NOTE: notebook {notebook}'s results here are a REFERENCE run's, not this "
-            f"cluster's (profile {ref.get('profile')!r}, written {ref.get('timestamp')}, "
-            f"loaded from {ref.get('source')}); run notebook {notebook} to replace them")
+            f"cluster's ({reference_origin(ref)}); run notebook {notebook} to replace them")
 
 
 def load_reference(cfg: LabConfig, source: str | os.PathLike, fill: bool = True) -> list[str]:

@@ -541,15 +541,15 @@ def conclude(cfg: LabConfig, notebook: str) -> list[str]:
 def versus_reference(cfg: LabConfig, notebook: str, result: BenchmarkResult, key: str = "sweep"):
     """This run's sweep (or `key`: "mixed") beside the reference run's of the same notebook
     (`python -m lab_utils reference`); None, said, when no reference is loaded."""
-    from lab_utils.results import load_reference_results, reference_note
+    from lab_utils.results import load_reference_results, reference_origin
 
     ref = load_reference_results(cfg, notebook)
     if ref is None or getattr(ref.payload, key, None) is None:
         print("no reference run loaded for this notebook (python -m lab_utils reference DIR "
               "loads one): nothing to compare with")
         return None
-    print(reference_note(notebook, ref.reference or {}).replace(
-        "results here are", "comparison is with").split("; run notebook")[0])
+    print(f"NOTE: notebook {notebook}'s comparison is with a REFERENCE run's, not this "
+          f"cluster's ({reference_origin(ref.reference or {})})")
     return compare_frame(ref, result, ("reference", "yours"), key=key)
 
 

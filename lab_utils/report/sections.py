@@ -28,7 +28,7 @@ from lab_utils.report.tables import (
     scalar_table,
     workload_rows,
 )
-from lab_utils.results import RESULTS
+from lab_utils.results import RESULTS, reference_origin
 
 FILE_MEANINGS = {
     "00": "the bring-up checklist on every node: SSH, GPU, CUDA, vLLM build, NIXL and UCX, "
@@ -95,8 +95,7 @@ def _intro(data: ReportData) -> list[Block]:
 
 
 def _missing_blocks(data: ReportData) -> list[Block]:
-    refs = [f"notebook {nb} (profile {env.reference.get('profile')!r}, written "
-            f"{env.reference.get('timestamp')}, from {env.reference.get('source')})"
+    refs = [f"notebook {nb} ({reference_origin(env.reference)})"
             for nb, env in sorted(data.envelopes.items()) if env.reference]
     warn = [W("Some results here are a REFERENCE run's, loaded to catch up, not this "
               "cluster's: " + "; ".join(refs) + ". Their numbers describe that run.")] if refs else []
