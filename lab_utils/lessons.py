@@ -10,7 +10,7 @@ repeats, outside the run-to-run range of both (the same rule as the report's, si
 from __future__ import annotations
 
 from lab_utils.kv.budget import KvTransferPayload
-from lab_utils.measure.benchmark import BenchmarkResult, read_together_share
+from lab_utils.measure.benchmark import BenchmarkResult, read_late
 from lab_utils.payloads import BaselinePayload, Proof
 
 MARGIN = 0.10
@@ -39,10 +39,6 @@ def differs(a: dict, b: dict, key: str) -> bool:
     lo_a, hi_a = a.get(f"{key}_min", x), a.get(f"{key}_max", x)
     lo_b, hi_b = b.get(f"{key}_min", y), b.get(f"{key}_max", y)
     return hi_a < lo_b or hi_b < lo_a
-
-
-def _late(result: BenchmarkResult, value: float) -> bool:
-    return any(read_together_share(p.summary) for p in result.points if p.value == value)
 
 
 def _ms(v: float | None) -> str:
@@ -91,7 +87,7 @@ def conclude_01(payload: BaselinePayload, device: str = "cpu") -> list[str]:
                     f"{p[-1].median:.3g} ms for {p[-1].x:g}: "
                     f"{(p[-1].median - p[0].median) / (p[-1].x - p[0].x) * 1000:.3g} ms per "
                     "1,000 more prompt tokens.")
-    if _late(payload.sweep, max(pts)):
+    if read_late(payload.sweep, "concurrency", max(pts)):
         said.append(f"At concurrency {max(pts):g} the load generator read many tokens late: "
                     "its ITL and TPOT there are the client's, not the engine's.")
     return said
@@ -194,7 +190,8 @@ def conclude_04(replicated: BenchmarkResult | None, disaggregated: BenchmarkResu
         c = common[-1]
         ch = _change(mr[c].get("p99_itl_ms"), md[c].get("p99_itl_ms"))
         better = differs(mr[c], md[c], "p99_itl_ms") and (ch or 0) < 0
-        late = _late(mixed_dis, c) or (mixed_rep is not None and _late(mixed_rep, c))
+        late = (read_late(mixed_dis, "concurrency", c)
+                or (mixed_rep is not None and read_late(mixed_rep, "concurrency", c)))
         text = (f"mixed workload at concurrency {c:g}, ITL p99: {_ms(mr[c].get('p99_itl_ms'))} "
                 f"on replicas, {_ms(md[c].get('p99_itl_ms'))} disaggregated ({_pct(ch)})")
         if better:

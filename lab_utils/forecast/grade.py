@@ -14,18 +14,17 @@ import statistics
 from typing import Any
 
 from lab_utils.forecast.run import LABELS, SHOWN, Forecast
-from lab_utils.measure.benchmark import BenchmarkResult, read_together_share
+from lab_utils.measure.benchmark import BenchmarkResult, read_late
 
 HEADLINE_GRADE = ("median_ttft_ms", "median_tpot_ms")  # the yardstick
 GOAL_PCT = 25.0
 PER_TOKEN = {"median_itl_ms", "p99_itl_ms", "median_tpot_ms"}
 
 
-def _flags(result: BenchmarkResult, mode: str, value: float) -> tuple[str | None, bool]:
-    points = [p for p in result.points if p.mode == mode and float(p.value) == value]
-    held = sum(float(p.summary.get("held_up_s") or 0) for p in points)
-    late = any(read_together_share(p.summary) for p in points)
-    return (f"the machine stood still {held:.1f} s" if held else None), late
+def _stood_still(result: BenchmarkResult, mode: str, value: float) -> str | None:
+    held = sum(float(p.summary.get("held_up_s") or 0) for p in result.points
+               if p.mode == mode and float(p.value) == value)
+    return f"the machine stood still {held:.1f} s" if held else None
 
 
 def grade_rows(fc: Forecast, measured: dict[str, BenchmarkResult | None]) -> list[dict[str, Any]]:
@@ -39,7 +38,8 @@ def grade_rows(fc: Forecast, measured: dict[str, BenchmarkResult | None]) -> lis
                       and float(c["value"]) == row["value"]), None)
         if entry is None:
             continue
-        stall, late = _flags(result, row["mode"], row["value"])
+        stall = _stood_still(result, row["mode"], row["value"])
+        late = read_late(result, row["mode"], row["value"])
         for k in SHOWN:
             pred, meas = row.get(k), entry.get(k)
             lo, hi = row.get(f"{k}_lo"), row.get(f"{k}_hi")

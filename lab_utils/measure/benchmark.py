@@ -116,6 +116,13 @@ def read_together_share(summary: dict[str, Any]) -> float | None:
     return share if share is not None and share >= READ_TOGETHER_NOTE else None
 
 
+def read_late(result: BenchmarkResult, mode: str, value: float) -> bool:
+    """Whether, in any repeat of one load point, the load generator got enough tokens in
+    one read with the token before to be noted (`read_together_share`)."""
+    return any(read_together_share(p.summary) for p in result.points
+               if p.mode == mode and float(p.value) == float(value))
+
+
 def _say(text: str) -> None:
     """Printed in the notebook, and on the terminal when the notebooks run headless."""
     print(text)

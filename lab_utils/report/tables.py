@@ -14,7 +14,7 @@ import pandas as pd
 
 from lab_utils.checks.frame import CheckResult
 from lab_utils.kv.budget import KvTransferPayload
-from lab_utils.measure.benchmark import BenchmarkResult, read_together_share
+from lab_utils.measure.benchmark import BenchmarkResult, read_late, read_together_share
 from lab_utils.payloads import EnvironmentPayload
 from lab_utils.report.data import (
     ARCHITECTURES,
@@ -102,8 +102,7 @@ def _row(arch: str, workload: str, result: BenchmarkResult, entry: dict) -> dict
             "load": load_label(mode, value), "repeats": repeats, "valid": valid,
             "invalid_reason": None if valid else _invalid_reason(result, mode, value),
             "repeat_note": _repeat_note(result, mode, value),
-            "read_together": any(read_together_share(p.summary) for p in result.points
-                                 if p.mode == mode and p.value == value),
+            "read_together": read_late(result, mode, value),
             **cells, "spread_pct": _spread_pct(cells, repeats)}
 
 
