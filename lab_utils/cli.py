@@ -15,7 +15,7 @@ import os
 import sys
 from pathlib import Path
 
-from lab_utils.config import TOPOLOGIES, load_config
+from lab_utils.config import TOPOLOGIES, load_config, with_proxy
 from lab_utils.errors import LabError
 
 
@@ -45,10 +45,10 @@ def _cmd_serve(args) -> int:
 
 def _cmd_proxy(args) -> int:
     cfg = load_config(args.config)
-    if args.kind and args.kind != cfg.proxy.kind:
-        cfg = cfg.with_proxy_kind(args.kind)
-    if args.policy and args.policy != cfg.topology.replicated.policy:
-        cfg = cfg.with_policy(args.policy)
+    kind = args.kind if args.kind and args.kind != cfg.proxy.kind else None
+    policy = args.policy if args.policy and args.policy != cfg.topology.replicated.policy else None
+    if kind or policy:
+        cfg = with_proxy(cfg, kind=kind, policy=policy)
     if cfg.proxy.kind == "vllm-router":
         from lab_utils.serve import router
 

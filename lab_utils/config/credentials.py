@@ -7,7 +7,7 @@ import os
 import shlex
 from typing import Literal
 
-from lab_utils.config.model import LabConfig
+from lab_utils.config.schema import LabConfig
 from lab_utils.errors import LabError
 
 

@@ -439,7 +439,7 @@ def test_deploy_copies_when_stale_and_names_missing_packages(sshds, tmp_path):
     assert first[0].startswith("spark-01: deployed lab_utils")
     copied = Path(cfg.nodes["spark-01"].workdir) / "lab_utils"
     here = Path(__file__).parents[2] / "lab_utils"
-    assert (copied / "config" / "model.py").read_bytes() == (here / "config" / "model.py").read_bytes()
+    assert (copied / "config" / "schema.py").read_bytes() == (here / "config" / "schema.py").read_bytes()
     assert deploy(cfg, ["spark-01"])[0].startswith("spark-01: up to date")
     (copied / ".deployed").write_text("stale")
     (copied / "gone.py").write_text("a module the package no longer has")  # an older copy's

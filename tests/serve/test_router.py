@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 from vllm_router.launch_router import parse_router_args
 
+from lab_utils.config import with_proxy
 from lab_utils.errors import ConfigError, LabError
 from lab_utils.serve import router
 
@@ -81,9 +82,20 @@ def test_a_missing_binary_names_the_install(tmp_path):
 def test_kind_override_is_checked_like_the_file(tmp_path):
     data = make_profile_data(str(tmp_path / "results"))
     cfg = write_profile(tmp_path, data)
-    routed = cfg.with_proxy_kind("vllm-router")
+    routed = with_proxy(cfg, kind="vllm-router")
     assert (routed.proxy.kind, cfg.proxy.kind) == ("vllm-router", "lab")
     assert routed.source == cfg.source and routed.results_dir == cfg.results_dir
     data["proxy"]["api_key_file"] = str(write_secret(tmp_path / "k", "sk-x"))
     with pytest.raises(ConfigError, match="does not check its clients' key"):
-        write_profile(tmp_path, data).with_proxy_kind("vllm-router")
+        with_proxy(write_profile(tmp_path, data), kind="vllm-router")
+
+
+def test_policy_override_is_checked_like_the_file(tmp_path):
+    cfg = write_profile(tmp_path, make_profile_data(str(tmp_path / "results")))
+    both = with_proxy(cfg, kind="vllm-router", policy="least_outstanding")
+    assert (both.proxy.kind, both.topology.replicated.policy) == ("vllm-router", "least_outstanding")
+    assert with_proxy(cfg, policy="least_outstanding").proxy.kind == cfg.proxy.kind
+    assert both.source == cfg.source and both.snapshot()["proxy"] == {
+        **cfg.snapshot()["proxy"], "kind": "vllm-router"}
+    with pytest.raises(ConfigError, match=r"topology\.replicated\.policy: \"fastest\" is invalid"):
+        with_proxy(cfg, policy="fastest")

@@ -1,0 +1,160 @@
+"""Finding, reading and validating the profile: `--config F`, else `$LAB_CONFIG`, else
+`environment_config.json` at the repo root, else the shipped `configs/local-cpu.json`;
+JSON comments (keys starting with `_`) dropped; every problem reported at once, each
+naming the field, the value and the fix."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import types
+import typing
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ValidationError
+
+from lab_utils.config.checks import cross_check
+from lab_utils.config.schema import REPO_ROOT, LabConfig, checkout_path
+from lab_utils.errors import ConfigError
+
+DEFAULT_PROFILE = REPO_ROOT / "configs" / "local-cpu.json"
+USER_CONFIG = REPO_ROOT / "environment_config.json"
+EXAMPLE_NAME = "environment_config.json.example"
+
+
+def _strip_comments(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _strip_comments(v) for k, v in value.items() if not str(k).startswith("_")}
+    if isinstance(value, list):
+        return [_strip_comments(v) for v in value]
+    return value
+
+
+def _model_at(loc: tuple) -> type[BaseModel] | None:
+    """The pydantic model class that holds the field at `loc` (for key suggestions)."""
+    current: Any = LabConfig
+    for part in loc:
+        current = _unwrap(current)
+        if isinstance(current, type) and issubclass(current, BaseModel):
+            field = current.model_fields.get(str(part))
+            if field is None:
+                return None
+            current = field.annotation
+        elif typing.get_origin(current) in (dict, list):
+            current = typing.get_args(current)[-1]
+        else:
+            return None
+    current = _unwrap(current)
+    return current if isinstance(current, type) and issubclass(current, BaseModel) else None
+
+
+def _unwrap(tp: Any) -> Any:
+    origin = typing.get_origin(tp)
+    if origin is Annotated:
+        return _unwrap(typing.get_args(tp)[0])
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return _unwrap(args[0]) if len(args) == 1 else tp
+    return tp
+
+
+def _fmt_loc(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top level)"
+
+
+_FIXES = {
+    "lan_address": "use the node's LAN IP address (e.g. 192.168.1.11); SSH host names go in ssh.host",
+    "data_address": "use the node's data-plane (ConnectX) IP address, e.g. 192.168.100.10",
+    "profile": "use letters, digits, '.', '_' or '-' (it names the results directory)",
+}
+
+
+def _describe(err: dict) -> str:
+    loc = tuple(err["loc"])
+    where = _fmt_loc(loc)
+    etype = err["type"]
+    if etype == "extra_forbidden":
+        parent = _model_at(loc[:-1])
+        key = str(loc[-1])
+        known = list(parent.model_fields) if parent else []
+        close = difflib.get_close_matches(key, known, n=1, cutoff=0.5)
+        hint = f"did you mean {close[0]!r}?" if close else f"allowed keys: {', '.join(known)}"
+        return f"{where}: unknown key {key!r}; {hint}"
+    if etype == "missing":
+        return f"{where}: required field is missing; add it (see {EXAMPLE_NAME} for an example)"
+    value = err.get("input")
+    shown = json.dumps(value) if isinstance(value, (str, int, float, bool)) else repr(value)
+    msg = err["msg"].removeprefix("Value error, ")
+    fix = _FIXES.get(str(loc[-1]) if loc else "", "")
+    return f"{where}: {shown} is invalid: {msg}" + (f"; {fix}" if fix else "")
+
+
+
+def find_config_path(explicit: str | os.PathLike | None = None) -> Path:
+    """`--config F`, else `$LAB_CONFIG`, else environment_config.json, else local-cpu."""
+    if explicit:
+        return Path(explicit).expanduser().resolve()
+    env = os.environ.get("LAB_CONFIG")
+    if env:
+        return Path(env).expanduser().resolve()
+    if USER_CONFIG.exists():
+        return USER_CONFIG
+    return checkout_path("configs", DEFAULT_PROFILE.name)
+
+
+def parse_config(data: Any, source: str = "<config>") -> LabConfig:
+    """Validate already-parsed JSON; raise ConfigError listing every problem."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: the top level must be a JSON object")
+    try:
+        cfg = LabConfig.model_validate(_strip_comments(data))
+    except ValidationError as e:
+        lines = [_describe(err) for err in e.errors()]
+        raise ConfigError(f"{source}: invalid config:\n  - " + "\n  - ".join(lines)) from None
+    problems = cross_check(cfg)
+    if problems:
+        raise ConfigError(f"{source}: invalid config:\n  - " + "\n  - ".join(problems))
+    return cfg
+
+
+def load_config(path: str | os.PathLike | None = None) -> LabConfig:
+    """Find, read and validate the config (see `find_config_path`)."""
+    p = find_config_path(path)
+    if not p.exists():
+        hint = (
+            f"copy {EXAMPLE_NAME} to environment_config.json and fill it in"
+            if p == USER_CONFIG
+            else "check --config / LAB_CONFIG"
+        )
+        raise ConfigError(f"config file {p} does not exist; {hint}")
+    try:
+        data = json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise ConfigError(
+            f"{p}: not valid JSON at line {e.lineno}, column {e.colno}: {e.msg}"
+        ) from None
+    except OSError as e:
+        raise ConfigError(f"{p}: cannot read: {e.strerror}") from None
+    cfg = parse_config(data, str(p))
+    cfg._source = p
+    return cfg
+
+
+def with_proxy(cfg: LabConfig, *, kind: str | None = None,
+               policy: str | None = None) -> LabConfig:
+    """This config with another `proxy.kind` and/or `topology.replicated.policy` (None:
+    unchanged), checked as if the file said so (same source file, so paths and the profile
+    resolve alike)."""
+    data = cfg.model_dump(mode="json", exclude_unset=True)
+    if kind is not None:
+        data["proxy"]["kind"] = kind
+    if policy is not None:
+        data["topology"]["replicated"]["policy"] = policy
+    changed = parse_config(data, str(cfg.source or "config"))
+    changed._source = cfg.source
+    return changed

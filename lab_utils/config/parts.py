@@ -1,0 +1,194 @@
+"""The profile's parts, one pydantic model each: a node and how to reach it, the model,
+the vLLM settings per role, the KV transfer, the topologies, the proxy, JupyterLab and the
+benchmark workload. Each field checks its own value; checks that span fields are in
+`checks`, and `schema.LabConfig` puts the parts together."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from lab_utils.config import values
+
+Port = Annotated[int, Field(ge=1, le=65535)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SSHConfig(_Strict):
+    host: str
+    user: str | None = None
+    port: Port = 22
+    key_file: str | None = None
+    known_hosts: str | None = None
+    accept_new_host_key: bool = False
+    connect_timeout_s: float = Field(10.0, gt=0)
+
+    _host = field_validator("host")(values.check_host)
+    _user = field_validator("user")(values.check_user)
+
+
+class NodeConfig(_Strict):
+    connection: Literal["local", "ssh"] = "local"
+    ssh: SSHConfig | None = None
+    roles: list[Literal["serving", "controller"]]
+    lan_address: str
+    data_address: str
+    data_netdev: str | None = None
+    # The rate the data-plane link should run at per device, in Gb/s (200 on a Spark's
+    # ConnectX-7); the checklist warns when ethtool reports less. None: not compared.
+    data_link_gbps: float | None = Field(None, gt=0)
+    python: str | None = None
+    workdir: str | None = None
+    # CUDA profiles: the toolkit whose bin/ (nvcc, ptxas) vLLM's instances get on PATH,
+    # for FlashInfer/Triton kernels compiled at run time (sm_121 on GB10).
+    cuda_home: str = "/usr/local/cuda"
+    # A GPU profile refuses a serving node whose data_address equals its lan_address (the
+    # KV cache would cross the LAN, beside everyone's traffic); true says that is meant.
+    data_over_lan: bool = False
+
+    _check_addresses = field_validator("lan_address", "data_address")(values.check_ip)
+
+    _netdevs = field_validator("data_netdev")(values.check_netdevs)
+    _absolute = field_validator("python", "cuda_home")(values.check_absolute_path)
+    _workdir = field_validator("workdir")(values.check_workdir)
+
+    def machine(self, name: str) -> str:
+        """Identity of the physical machine, for port-conflict checks."""
+        if self.connection == "local":
+            return "this machine"
+        assert self.ssh is not None
+        return f"{self.ssh.host}:{self.ssh.port}"
+
+
+class ModelConfig(_Strict):
+    name: str
+    source: Literal["hub", "tiny", "path"]
+    path: str | None = None
+    node_path: str | None = None
+    revision: str | None = None
+    dtype: Literal[values.VLLM_DTYPES] = "bfloat16"  # type: ignore[valid-type]
+    tiny_seed: int = 0
+
+    _paths = field_validator("path", "node_path")(values.check_path)
+    _revision = field_validator("revision")(values.check_revision)
+
+
+class InstanceSettings(_Strict):
+    port: Port
+    side_channel_port: Port | None = None
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
+    cpu_kvcache_space_gib: int | None = Field(None, gt=0)
+    cpu_threads_bind: str | dict[str, str] | None = None
+    max_model_len: int | None = Field(None, gt=0)
+    extra_args: list[str] = []
+    extra_env: dict[str, str] = {}
+
+    _args = field_validator("extra_args")(values.check_args)
+    _env = field_validator("extra_env")(values.check_env)
+
+    _bind = field_validator("cpu_threads_bind")(values.check_threads_bind)
+
+
+class VllmConfig(_Strict):
+    device: Literal["cpu", "cuda"]
+    max_model_len: int = Field(2048, gt=0)
+    block_size: int | None = Field(None, gt=0)
+    seed: int = 0
+    enforce_eager: bool = False
+    startup_timeout_s: float = Field(900.0, gt=0)
+    stop_grace_s: float = Field(15.0, ge=0)
+    extra_args: list[str] = []
+    extra_env: dict[str, str] = {}
+    # A file (mode 600) holding the instances' API key: their /v1 API answers 401 without
+    # it. Unset: the proxy's key (proxy.api_key_file), when that is set.
+    api_key_file: str | None = None
+    baseline: InstanceSettings
+    replica: InstanceSettings
+    prefill: InstanceSettings
+    decode: InstanceSettings
+
+    _args = field_validator("extra_args")(values.check_args)
+    _env = field_validator("extra_env")(values.check_env)
+
+
+class KVTransferConfig(_Strict):
+    connector: Literal["NixlConnector"] = "NixlConnector"
+    # "auto": notebook 02's recommendation when it has run, else "cpu".
+    kv_buffer_device: Literal["auto", "cpu", "cuda"] = "auto"
+    ucx_tls: str | None = None
+    extra_config: dict[str, Any] = {}
+    # The NIXL transfer probe (notebook 02) listens here on the target node's data address.
+    probe_port: Port = 5800
+
+    _tls = field_validator("ucx_tls")(values.check_ucx_tls)
+
+
+class BaselineTopology(_Strict):
+    node: str
+
+
+class ReplicatedTopology(_Strict):
+    nodes: list[str] = Field(min_length=1)
+    policy: Literal["round_robin", "least_outstanding"] = "round_robin"
+
+
+class DisaggregatedTopology(_Strict):
+    prefill: list[str] = Field(min_length=1)
+    decode: list[str] = Field(min_length=1)
+
+
+class TopologyConfig(_Strict):
+    baseline: BaselineTopology
+    replicated: ReplicatedTopology
+    disaggregated: DisaggregatedTopology
+
+
+class ProxyConfig(_Strict):
+    node: str
+    port: Port
+    # "lab": the lab's own proxy (serve.proxy); "vllm-router": vLLM's Rust router
+    # (pip package vllm-router) in its place, on the same node, port and log.
+    kind: Literal["lab", "vllm-router"] = "lab"
+    # the vllm-router command on the proxy node; None: the one beside the node's python
+    vllm_router: str | None = None
+    # where vllm-router serves its Prometheus metrics (on the proxy node's lan_address)
+    router_metrics_port: Port = 29000
+    api_key_file: str | None = None
+    connect_timeout_s: float = Field(5.0, gt=0)
+    request_timeout_s: float = Field(300.0, gt=0)
+    max_body_bytes: int = Field(8 * 1024 * 1024, gt=0)
+
+
+class JupyterConfig(_Strict):
+    # `python -m lab_utils jupyter` serves the notebooks on this port of the notebook host
+    # (this machine: the local node with the controller role, at its lan_address)
+    port: Port = 8888
+
+
+class SLOConfig(_Strict):
+    ttft_ms: float | None = Field(None, gt=0)
+    tpot_ms: float | None = Field(None, gt=0)
+    e2el_ms: float | None = Field(None, gt=0)
+
+
+class WorkloadConfig(_Strict):
+    input_len: int = Field(128, gt=0)
+    output_len: int = Field(32, gt=0)
+    concurrency: list[int] = [1, 2, 4]
+    request_rates: list[float] = []
+    burstiness: float = Field(1.0, gt=0)
+    mixed_long_len: int | None = Field(None, gt=0)
+    mixed_long_every: int = Field(8, ge=2)
+    chat: bool = False
+    request_timeout_s: float = Field(600.0, gt=0)
+    num_prompts: int = Field(32, gt=0)
+    duration_s: float | None = Field(None, gt=0)
+    warmup: int = Field(2, ge=0)
+    repeats: int = Field(1, ge=1)
+    seed: int = 0
+    max_failed_fraction: float = Field(0.0, ge=0, le=1)
+    slo: SLOConfig = SLOConfig()

@@ -1,0 +1,152 @@
+"""The typed profile, `LabConfig`: its parts (see `parts`) put together, with what is
+derived from them (paths resolved against the checkout, the model and log paths on each
+node, the instances of each topology) and the snapshot stored with results."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import Field, PrivateAttr, field_validator
+
+from lab_utils.config import topology as placement
+from lab_utils.config import values
+from lab_utils.config.parts import (
+    JupyterConfig,
+    KVTransferConfig,
+    ModelConfig,
+    NodeConfig,
+    ProxyConfig,
+    TopologyConfig,
+    VllmConfig,
+    WorkloadConfig,
+    _Strict,
+)
+from lab_utils.config.topology import InstanceSpec
+from lab_utils.errors import LabError
+
+PACKAGE_DIR = Path(__file__).resolve().parent.parent
+REPO_ROOT = PACKAGE_DIR.parent  # the checkout, when lab_utils is used from one (editable install)
+
+
+def in_checkout() -> bool:
+    """Whether lab_utils runs from the lab's checkout (not from a wheel without one)."""
+    return (REPO_ROOT / "pyproject.toml").is_file() and (REPO_ROOT / "notebooks").is_dir()
+
+
+def checkout_path(*parts: str) -> Path:
+    """A path in the lab's checkout (notebooks, shipped profiles); a clear error when
+    lab_utils was installed from a wheel, which carries the package and nothing around it."""
+    if not in_checkout():
+        raise LabError(
+            f"{'/'.join(parts)} is part of the lab's checkout, but lab_utils is installed at "
+            f"{PACKAGE_DIR} without one (from a wheel): clone the lab and install it with "
+            "`pip install -e .` in the clone, or name a config with --config F / $LAB_CONFIG")
+    return REPO_ROOT.joinpath(*parts)
+
+
+class LabConfig(_Strict):
+    profile: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
+    description: str = ""
+    results_root: str = "results"
+    hf_token_file: str | None = None
+    nodes: dict[str, NodeConfig] = Field(min_length=1)
+    model: ModelConfig
+    vllm: VllmConfig
+    kv_transfer: KVTransferConfig = KVTransferConfig()
+    topology: TopologyConfig
+    proxy: ProxyConfig
+    workload: WorkloadConfig = WorkloadConfig()
+    jupyter: JupyterConfig = JupyterConfig()
+
+    _source: Path | None = PrivateAttr(default=None)
+
+    @field_validator("results_root")
+    @classmethod
+    def _results_root(cls, v: str) -> str:
+        if v.startswith("/") and values.is_system_dir(v):
+            raise ValueError("is the root or a system directory; results go in a directory "
+                             'of the lab\'s (e.g. "results", inside the checkout)')
+        return v
+
+    # ----- derived values -------------------------------------------------------------
+
+    def notebook_host(self) -> str | None:
+        """The node the notebooks run on (see `topology.notebook_host`)."""
+        return placement.notebook_host(self.nodes)
+
+    @property
+    def source(self) -> Path | None:
+        return self._source
+
+    @property
+    def source_name(self) -> str:
+        """The config file as a user would type it in a command (relative to the repo)."""
+        if self._source is None:
+            return "F"
+        try:
+            return str(self._source.resolve().relative_to(REPO_ROOT))
+        except ValueError:
+            return str(self._source)
+
+    def resolve_path(self, value: str | os.PathLike) -> Path:
+        """A path from the config: `~` expanded, relative paths against the checkout (the
+        current directory when lab_utils is installed without one)."""
+        p = Path(value).expanduser()
+        return p if p.is_absolute() else (REPO_ROOT if in_checkout() else Path.cwd()) / p
+
+    @property
+    def results_dir(self) -> Path:
+        return self.resolve_path(self.results_root) / self.profile
+
+    @property
+    def model_path(self) -> str:
+        """What vLLM's `--model` gets: a local directory or a hub id."""
+        if self.model.path:
+            return str(self.resolve_path(self.model.path))
+        return self.model.name
+
+    def model_path_on(self, node: str) -> str:
+        """`--model` on a node. On SSH nodes a generated or pre-placed model is at
+        `model.node_path` (the same on every node: vLLM's NIXL handshake compares a hash
+        that includes the model path, so prefill and decode must name the same one)."""
+        if self.nodes[node].connection == "ssh" and self.model.source != "hub":
+            return self.model.node_path or str(self.model.path)
+        return self.model_path
+
+    def log_dir_on(self, node: str) -> str:
+        """Where processes started on a node write their logs (on that node)."""
+        n = self.nodes[node]
+        if n.connection == "ssh":
+            return f"{n.workdir}/logs/{self.profile}"
+        return str(self.results_dir / "logs")
+
+    def probe_pair(self) -> tuple[str, str]:
+        """(target, initiator) of the NIXL probe (see `topology.probe_pair`)."""
+        return placement.probe_pair(self.topology)
+
+    def instances(self, topology: str) -> list[InstanceSpec]:
+        """The instances of one topology (see `topology.instances`)."""
+        return placement.instances(self.topology, self.vllm, topology)
+
+    def snapshot(self) -> dict[str, Any]:
+        """The config as plain data for results files. Secrets live in files the config
+        only names; in case one was put in the config anyway, `extra_env` values with a
+        secret-looking name and any occurrence of a known secret value are redacted."""
+        return values.redact(self.model_dump(mode="json"), known_secrets(self))
+
+
+def known_secrets(cfg: LabConfig) -> tuple[str, ...]:
+    """The secret values this config can reach (the files it names, readable or not, and
+    the secret environment variables), longest first, for redaction by value."""
+    found = {os.environ.get(v, "") for v in values.SECRET_ENV_VARS}
+    for field in _secret_files(cfg):
+        with contextlib.suppress(OSError):
+            found.add(cfg.resolve_path(field).read_text().strip())
+    return tuple(sorted((v for v in found if len(v) >= 8), key=len, reverse=True))
+
+
+def _secret_files(cfg: LabConfig) -> list[str]:
+    return [f for f in (cfg.hf_token_file, cfg.proxy.api_key_file, cfg.vllm.api_key_file) if f]
