@@ -13,7 +13,6 @@ import json
 import math
 import os
 import platform
-import re
 import socket
 from datetime import datetime, timezone
 from pathlib import Path
@@ -23,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from lab_utils.config import LabConfig
 from lab_utils.errors import LabError, ResultsMissingError
-from lab_utils.on_node.facts import dist_version, python_facts
+from lab_utils.on_node.facts import dist_version, mem_total_bytes, python_facts
 from lab_utils.payloads import (
     PAYLOADS,
     BaselinePayload,
@@ -114,12 +113,10 @@ def software_versions() -> dict[str, str | None]:
 
 def hardware_facts() -> dict[str, Any]:
     """Facts about this machine that need no GPU."""
-    memory = None
     try:
-        found = re.search(r"^MemTotal:\s+(\d+) kB", Path("/proc/meminfo").read_text(), re.M)
-        memory = int(found.group(1)) * 1024 if found else None
+        memory = mem_total_bytes(Path("/proc/meminfo").read_text())
     except OSError:
-        pass
+        memory = None
     return {
         "hostname": socket.gethostname(),
         "machine": platform.machine(),

@@ -14,6 +14,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
+# `cat /proc/meminfo`: one parser, in the node-side facts every user may import
+from lab_utils.on_node.facts import proc_meminfo as proc_meminfo
+
 NA_VALUES = frozenset({"[N/A]", "N/A", "Not Supported", "[Not Supported]", ""})
 
 _UNIT_SUFFIX = re.compile(r"\s*\[[^\]]*\]\s*$")
@@ -338,19 +341,6 @@ def ethtool_speed_mbps(text: str) -> int | None:
     "Speed: Unknown!" or no Speed line -> None."""
     speed = _search(r"^\s*Speed:\s*(\d+)\s*Mb(?:/s|ps)", text)
     return int(speed) if speed else None
-
-
-# --------------------------------------------------------------------------- memory
-
-
-def proc_meminfo(text: str) -> dict[str, int]:
-    """`cat /proc/meminfo`: {"MemTotal": bytes, ...}. "kB" values are KiB (x1024); the
-    unitless counters (HugePages_Total, ...) are kept as plain counts."""
-    info = {}
-    for m in map(re.compile(r"^(\S+):\s+(\d+)(\s+kB)?\s*$").match, text.splitlines()):
-        if m:
-            info[m[1]] = int(m[2]) * (1024 if m[3] else 1)
-    return info
 
 
 # --------------------------------------------------------------------------- UCX

@@ -207,6 +207,22 @@ def log_tails(directory, max_bytes=20000):
     return tails
 
 
+def proc_meminfo(text):
+    """`/proc/meminfo` as {"MemTotal": bytes, ...}: "kB" values are KiB (x1024); the
+    unitless counters (HugePages_Total, ...) are kept as plain counts. The one reading of
+    it, for the checklist, the serving plan and the results' hardware facts."""
+    info = {}
+    for m in map(re.compile(r"^(\S+):\s+(\d+)(\s+kB)?\s*$").match, text.splitlines()):
+        if m:
+            info[m[1]] = int(m[2]) * (1024 if m[3] else 1)
+    return info
+
+
+def mem_total_bytes(meminfo_text):
+    """MemTotal in bytes from `/proc/meminfo`'s text; None when it has no MemTotal line."""
+    return proc_meminfo(meminfo_text).get("MemTotal")
+
+
 def disk(paths):
     out = {}
     for p in paths:

@@ -23,6 +23,7 @@ from lab_utils.config import InstanceSpec, LabConfig
 from lab_utils.errors import LabError
 from lab_utils.kv import memory
 from lab_utils.kv.memory import GiB, InstanceMemory
+from lab_utils.on_node.facts import mem_total_bytes
 from lab_utils.serve.launcher import instance_url, server_command, server_env
 
 # tests/fixtures/dgx-spark-recorded/proc-meminfo.head-20.gb10.txt: "MemTotal: 125511968 kB"
@@ -126,8 +127,7 @@ def read_mem_total(cluster: Cluster, name: str) -> int | None:
         r = cluster.node(name).run(["cat", "/proc/meminfo"], timeout=15)
     except (LabError, OSError):
         return None
-    m = re.search(r"^MemTotal:\s+(\d+)\s*kB", r.stdout if r.ok else "", re.M)
-    return int(m.group(1)) * 1024 if m else None
+    return mem_total_bytes(r.stdout) if r.ok else None
 
 
 def _mem_total(cluster: Cluster, name: str, given, read_nodes: bool) -> tuple[int | None, str]:

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from lab_utils.checks import parsers
+from lab_utils.on_node import facts
 
 from support import parsers_extra as extra
 
@@ -381,6 +382,15 @@ def test_proc_meminfo() -> None:
     assert info["MemAvailable"] == 112483768 * KIB
     assert info["Active(anon)"] == 6795344 * KIB
     assert info["SwapTotal"] == 0
+
+
+def test_one_meminfo_parser_for_every_user() -> None:
+    """The checklist's parser is the node-side one the serving plan and the results use."""
+    text = recorded("proc-meminfo.head-20.gb10.txt")
+    assert facts.proc_meminfo(text) == parsers.proc_meminfo(text)
+    assert facts.mem_total_bytes(text) == 125511968 * KIB
+    assert facts.mem_total_bytes("") is None
+    assert facts.mem_total_bytes("MemFree:        69472388 kB\n") is None
 
 
 # --------------------------------------------------------------------------- UCX

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from types import SimpleNamespace
 
 import pytest
 
@@ -15,8 +16,9 @@ from lab_utils.config import REPO_ROOT, load_config, parse_config
 from lab_utils.errors import LabError
 from lab_utils.kv import memory
 from lab_utils.kv.memory import GiB
+from lab_utils.on_node.facts import mem_total_bytes
 from lab_utils.serve import make_plan
-from lab_utils.serve.plan import GB10_MEMTOTAL
+from lab_utils.serve.plan import GB10_MEMTOTAL, read_mem_total
 
 EXAMPLE = REPO_ROOT / "environment_config.json.example"
 MEMINFO = REPO_ROOT / "tests/fixtures/dgx-spark-recorded/proc-meminfo.head-20.gb10.txt"
@@ -35,8 +37,17 @@ def plan_of(cfg, topology="disaggregated", **kw):
 
 
 def test_recorded_gb10_memtotal_is_the_fallback():
-    kb = int(re.search(r"MemTotal:\s+(\d+) kB", MEMINFO.read_text()).group(1))
-    assert kb * 1024 == GB10_MEMTOTAL and round(GB10_MEMTOTAL / GiB, 1) == 119.7
+    assert mem_total_bytes(MEMINFO.read_text()) == GB10_MEMTOTAL
+    assert round(GB10_MEMTOTAL / GiB, 1) == 119.7
+
+
+def test_read_mem_total_reads_the_nodes_meminfo():
+    answer = SimpleNamespace(ok=True, stdout=MEMINFO.read_text())
+    node = SimpleNamespace(run=lambda argv, timeout: answer)
+    cluster = SimpleNamespace(node=lambda name: node)
+    assert read_mem_total(cluster, "spark-01") == GB10_MEMTOTAL
+    answer.ok = False
+    assert read_mem_total(cluster, "spark-01") is None
 
 
 def test_weights_from_config_json():
