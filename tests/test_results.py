@@ -16,7 +16,8 @@ import pytest
 from lab_utils import results
 from lab_utils.config import REPO_ROOT, parse_config
 from lab_utils.errors import LabError, ResultsMissingError
-from lab_utils.payloads import BaselinePayload
+from lab_utils.results import BaselinePayload, hardware, store
+from lab_utils.util.atomic import atomic_write_text
 
 from support.payloads import baseline_dict, model, sweep_dict
 
@@ -92,7 +93,7 @@ def test_round_trip(cfg):
     assert env.payload == baseline(ttft_ms=[1.5, 2.5], label="x")
     assert env.config == cfg.snapshot()
     assert env.software == SOFTWARE and env.hardware == HARDWARE
-    assert results._parse_time(env.timestamp).utcoffset().total_seconds() == 0
+    assert store._parse_time(env.timestamp).utcoffset().total_seconds() == 0
     assert results.load_envelope(path) == env
     # indent=2, envelope keys in declared order
     text = path.read_text()
@@ -230,7 +231,7 @@ def test_crash_before_replace_keeps_old_file(cfg, monkeypatch):
             raise OSError("simulated crash")
         real_replace(src, dst)
 
-    monkeypatch.setattr(results.os, "replace", crash)
+    monkeypatch.setattr(os, "replace", crash)
     with pytest.raises(OSError, match="simulated crash"):
         write(cfg, {"run": 2})
     assert path.read_bytes() == before
@@ -245,9 +246,9 @@ def test_atomic_write_text_cleans_up_on_failure(tmp_path, monkeypatch):
     def fail(src, dst):
         raise OSError("boom")
 
-    monkeypatch.setattr(results.os, "replace", fail)
+    monkeypatch.setattr(os, "replace", fail)
     with pytest.raises(OSError):
-        results.atomic_write_text(target, "new")
+        atomic_write_text(target, "new")
     assert target.read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["out.txt"]
 
@@ -327,7 +328,7 @@ def test_software_versions_light():
     }
     assert versions["python"] == ".".join(map(str, sys.version_info[:3]))
     assert versions["lab_utils"] not in (None, "")
-    assert results.dist_version("surely-not-an-installed-dist") is None
+    assert hardware.dist_version("surely-not-an-installed-dist") is None
     if versions["torch"] is None:
         assert versions["torch_cuda"] is None
 
@@ -358,7 +359,7 @@ def old_file(cfg, notebook: str, payload: dict, kind: str | None = None) -> Path
 
 @pytest.mark.parametrize("notebook", sorted(results.RESULTS))
 def test_old_format_loads_typed_and_rewrites_the_same_keys(cfg, notebook):
-    from lab_utils.payloads import PAYLOADS
+    from lab_utils.results import PAYLOADS
 
     from support.payloads import OLD_FORMAT
 
@@ -405,7 +406,7 @@ def _without_new_keys(new, old, where: str = ""):
 
 
 def test_typed_attributes_of_each_notebook(cfg):
-    from lab_utils.checks.frame import CheckResult
+    from lab_utils.results.checklist import CheckResult
 
     from support.payloads import OLD_FORMAT
 
