@@ -15,8 +15,7 @@ from lab_utils.checks.frame import ChecklistReport
 from lab_utils.checks.gpu import gpu_name
 from lab_utils.config import LabConfig
 from lab_utils.errors import LabError
-from lab_utils.payloads import EnvironmentPayload
-from lab_utils.results import load_results, write_results
+from lab_utils.results import EnvironmentPayload, load_results, write_results
 
 
 def _failures(report: ChecklistReport) -> list[str]:

@@ -18,8 +18,9 @@ import random
 import time
 
 from lab_utils.config import LabConfig, api_key
-from lab_utils.measure.loadgen import RequestRecord, run_point, run_sync
+from lab_utils.measure.loadgen import run_point, run_sync
 from lab_utils.measure.workload import build_requests
+from lab_utils.results.sweep import RequestRecord
 from lab_utils.serve.metrics import fetch_metrics
 from lab_utils.util.background import Background
 

@@ -9,9 +9,10 @@ repeats, outside the run-to-run range of both (the same rule as the report's, si
 
 from __future__ import annotations
 
-from lab_utils.kv.budget import KvTransferPayload
-from lab_utils.measure.benchmark import BenchmarkResult, read_late
-from lab_utils.payloads import BaselinePayload, Proof
+from lab_utils.measure.benchmark import read_late
+from lab_utils.results import BaselinePayload, Proof
+from lab_utils.results.kv_transfer import KvTransferPayload
+from lab_utils.results.sweep import BenchmarkResult
 
 MARGIN = 0.10
 CPU_NOTE = ("on the CPU rehearsal every instance shares the machine's two cores with the "

@@ -23,15 +23,13 @@ from lab_utils.cluster import Cluster
 from lab_utils.cluster.state import ProcessRecord
 from lab_utils.config import LabConfig, api_key
 from lab_utils.errors import LabError
-from lab_utils.forecast.profile import EngineProfile
-from lab_utils.forecast.run import Forecast
 from lab_utils.kv.budget import choose_buffer_device, model_hf_config
 from lab_utils.kv.shapes import kv_shape
-from lab_utils.measure.benchmark import BenchmarkResult, sweep
-from lab_utils.measure.loadgen import RequestRecord, RequestSpec, auth_headers, run_point, run_sync
+from lab_utils.measure.benchmark import sweep
+from lab_utils.measure.loadgen import RequestSpec, auth_headers, run_point, run_sync
 from lab_utils.measure.prompts import exact_prompt
 from lab_utils.measure.workload import build_requests, server_tokenizer
-from lab_utils.payloads import (
+from lab_utils.results import (
     BaselinePayload,
     DisaggregatedPayload,
     FrontDoors,
@@ -39,9 +37,14 @@ from lab_utils.payloads import (
     Proof,
     Reference,
     ReplicatedPayload,
+    ResultsEnvelope,
     Roofline,
+    load_optional,
+    load_results,
+    write_results,
 )
-from lab_utils.results import ResultsEnvelope, load_optional, load_results, write_results
+from lab_utils.results.forecast import EngineProfile, Forecast
+from lab_utils.results.sweep import BenchmarkResult, RequestRecord
 from lab_utils.serve.launcher import wait_ready
 from lab_utils.serve.topology import PROXY, serve, start_proxy, urls
 

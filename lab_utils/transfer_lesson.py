@@ -16,9 +16,10 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from lab_utils.kv.budget import KvTransferPayload, best_bandwidth
-from lab_utils.measure.benchmark import BenchmarkResult
-from lab_utils.payloads import Proof
+from lab_utils.kv.budget import best_bandwidth
+from lab_utils.results import Proof
+from lab_utils.results.kv_transfer import KvTransferPayload
+from lab_utils.results.sweep import BenchmarkResult
 
 
 def probe_segment(kv_buffer_device: str) -> str:

@@ -2,7 +2,8 @@
 check concerns, with a status (pass / warn / fail / n/a), what it saw and, for warn and
 fail, the fix. `run_checks(cfg)` runs them all; `python -m lab_utils check` prints them.
 
-- `frame`: CheckResult, the Context the checks share (nodes, facts gathered once), the runner.
+- `frame`: the Context the checks share (nodes, facts gathered once), the runner (a
+  check's result, `CheckResult`, is in `lab_utils.results.checklist`).
 - `software`: SSH, deployed code, Python and package versions, model, clock, HF token, logs.
 - `resources`: memory and disk on every node.
 - `gpu`: GPU and driver, the CUDA build of torch and vLLM.
@@ -15,11 +16,11 @@ fail, the fix. `run_checks(cfg)` runs them all; `python -m lab_utils check` prin
 from __future__ import annotations
 
 from lab_utils.checks import gpu, network, rdma, resources, software, views
-from lab_utils.checks.frame import ChecklistReport, CheckResult, Context, run_checklist
+from lab_utils.checks.frame import ChecklistReport, Context, run_checklist
 from lab_utils.cluster.nodes import Node
 from lab_utils.config import LabConfig
 
-__all__ = ["CHECKS", "ChecklistReport", "CheckResult", "Context", "run_checks", "views"]
+__all__ = ["CHECKS", "ChecklistReport", "Context", "run_checks", "views"]
 
 CHECKS = [software.check_ssh, software.check_code, software.check_python, gpu.check_gpu,
           gpu.check_cuda_build, rdma.check_rdma, rdma.check_ucx, rdma.check_memlock,

@@ -20,27 +20,10 @@ from lab_utils.cluster import Cluster, Node, RunResult, as_cluster
 from lab_utils.config import LabConfig
 from lab_utils.errors import LabError
 from lab_utils.on_node import facts as nodefacts
+from lab_utils.results.checklist import STATUSES, CheckResult
 from lab_utils.util.progress import progress_bar
 
-STATUSES = ("pass", "warn", "fail", "n/a")
 _FACTS_SOURCE = inspect.getsource(nodefacts)
-
-
-@dataclass
-class CheckResult:
-    check: str
-    node: str  # a node name, or "cluster" for checks across nodes
-    status: str  # one of STATUSES
-    summary: str
-    evidence: str = ""
-    fix: str | None = None
-    data: dict = field(default_factory=dict)  # the measured values, for later notebooks
-
-    def __post_init__(self) -> None:
-        if self.status not in STATUSES:
-            raise ValueError(f"status {self.status!r} is not one of {STATUSES}")
-        if self.status in ("warn", "fail") and not self.fix:
-            raise ValueError(f"{self.check} on {self.node}: a {self.status} needs a fix")
 
 
 @dataclass

@@ -10,7 +10,8 @@ from collections.abc import Iterable
 from pathlib import PurePosixPath
 
 from lab_utils.checks import parsers
-from lab_utils.checks.frame import CheckResult, Context, GiB, meminfo
+from lab_utils.checks.frame import Context, GiB, meminfo
+from lab_utils.results.checklist import CheckResult
 
 
 def _gpu_nodes(ctx: Context, check: str) -> tuple[list[str], list[CheckResult]]:

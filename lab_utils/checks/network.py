@@ -15,10 +15,11 @@ from collections import defaultdict
 from typing import NamedTuple
 
 from lab_utils.checks import rdma
-from lab_utils.checks.frame import CheckResult, Context
+from lab_utils.checks.frame import Context
 from lab_utils.cluster.state import ProcessRecord
 from lab_utils.config import LabConfig
 from lab_utils.errors import LabError
+from lab_utils.results.checklist import CheckResult
 
 LINK_FRACTION_WARN = 0.8
 

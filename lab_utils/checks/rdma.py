@@ -19,7 +19,8 @@ import time
 from pathlib import PurePosixPath
 
 from lab_utils.checks import parsers
-from lab_utils.checks.frame import CheckResult, Context
+from lab_utils.checks.frame import Context
+from lab_utils.results.checklist import CheckResult
 
 GOOD_MTU = 4096  # RoCE's largest; needs the netdev at MTU 9000
 LINK_FRACTION_WARN = 0.8

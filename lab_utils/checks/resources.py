@@ -5,10 +5,11 @@ the lab writes logs and the model.
 
 from __future__ import annotations
 
-from lab_utils.checks.frame import CheckResult, Context, GiB, meminfo
+from lab_utils.checks.frame import Context, GiB, meminfo
 from lab_utils.config import TOPOLOGIES
 from lab_utils.errors import LabError
 from lab_utils.kv.memory import OS_RESERVE
+from lab_utils.results.checklist import CheckResult
 
 
 def _memory_needed(ctx: Context, name: str, total: int) -> tuple[int, str, list[str]]:

@@ -7,11 +7,12 @@ from __future__ import annotations
 import shlex
 import time
 
-from lab_utils.checks.frame import CheckResult, Context
+from lab_utils.checks.frame import Context
 from lab_utils.cluster import provision
 from lab_utils.config import hf_token, secret_file_problem
 from lab_utils.errors import LabError
 from lab_utils.known_failures import match_failures
+from lab_utils.results.checklist import CheckResult
 
 
 def check_ssh(ctx: Context) -> list[CheckResult]:

@@ -11,27 +11,10 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from dataclasses import dataclass
-from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from lab_utils.results.forecast import Edge, Point
 
-Edge = Literal["lo", "median", "hi"]
 EDGES: tuple[Edge, ...] = ("lo", "median", "hi")
-
-
-class Point(BaseModel):
-    """One measured point: x, and the median, smallest and largest y over `n` repeats."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    x: float
-    median: float
-    lo: float
-    hi: float
-    n: int
-
-    def at(self, edge: Edge) -> float:
-        return {"lo": self.lo, "median": self.median, "hi": self.hi}[edge]
 
 
 def point(x: float, values: list[float]) -> Point:

@@ -13,8 +13,10 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from lab_utils.forecast.run import LABELS, SHOWN, Forecast
-from lab_utils.measure.benchmark import BenchmarkResult, read_late
+from lab_utils.forecast.run import LABELS, SHOWN
+from lab_utils.measure.benchmark import read_late
+from lab_utils.results.forecast import Forecast
+from lab_utils.results.sweep import BenchmarkResult
 
 HEADLINE_GRADE = ("median_ttft_ms", "median_tpot_ms")  # the yardstick
 GOAL_PCT = 25.0

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from lab_utils.config import WorkloadConfig
 from lab_utils.errors import LabError
-from lab_utils.forecast.curves import Curve, Edge, Point, point
+from lab_utils.forecast.curves import Curve, point
 from lab_utils.forecast.model import EngineCosts, Inputs
-from lab_utils.forecast.profile import EngineProfile
-from lab_utils.kv.budget import KvTransferPayload
 from lab_utils.kv.shapes import PUBLISHED_CONFIGS, kv_shape
+from lab_utils.results.forecast import Edge, EngineProfile, Point
+from lab_utils.results.kv_transfer import KvTransferPayload
 
 SEG_TYPE = {"cpu": "DRAM", "cuda": "VRAM"}  # kv_buffer_device -> the probe's memory type
 

@@ -56,7 +56,8 @@ from typing import Any
 
 import numpy as np
 
-from lab_utils.forecast.curves import Curve, Edge
+from lab_utils.forecast.curves import Curve
+from lab_utils.results.forecast import Edge
 
 
 # vLLM's default token budget per step for an OpenAI server (EngineArgs.get_batch_defaults):

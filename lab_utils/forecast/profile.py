@@ -28,43 +28,18 @@ import os
 import random
 import time
 
-from pydantic import BaseModel, ConfigDict
-
 from lab_utils.config import LabConfig, api_key
-from lab_utils.forecast.curves import Point, point
+from lab_utils.forecast.curves import point
 from lab_utils.forecast.model import default_token_budget
 from lab_utils.measure.loadgen import RequestSpec, run_point, run_sync
 from lab_utils.measure.prompts import exact_prompt
 from lab_utils.on_node.proctools import group_cpu_seconds
+from lab_utils.results.forecast import DecodeLine, EngineProfile
 from lab_utils.util.progress import progress_bar
 
 REPEATS = 5  # lone requests per prefill length and per hop pair
 DECODE_REPEATS = 3
 DECODE_TOKENS = 32  # at least: each decode run's output length
-
-
-class DecodeLine(BaseModel):
-    """Decode step time against requests decoding together, at one context length."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    context: int  # prompt tokens + the mean position of the measured tokens
-    points: list[Point]
-
-
-class EngineProfile(BaseModel):
-    """Notebook 01's profile of its instance (see the module docstring)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    prefill: list[Point]  # x: prompt tokens; ms to the first token, direct
-    decode: list[DecodeLine]  # x: requests decoding together; ms per step
-    hop: Point  # x: prompt tokens; ms the proxy adds (through it - direct)
-    token_budget: int  # vLLM's max_num_batched_tokens for this device (its default)
-    device: str
-    elapsed_s: float
-    active_cores: float | None = None  # cores the instance's processes use while decoding
-    host_cores: int | None = None  # cores of the machine it ran on (local instances only)
 
 
 def prefill_lengths(cfg: LabConfig) -> list[int]:

@@ -12,8 +12,6 @@ from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
-
 from lab_utils.config import LabConfig
 from lab_utils.forecast.inputs import edges, from_results
 from lab_utils.forecast.model import (
@@ -25,8 +23,8 @@ from lab_utils.forecast.model import (
     loads_of,
     ranged,
 )
-from lab_utils.forecast.profile import EngineProfile
-from lab_utils.kv.budget import KvTransferPayload
+from lab_utils.results.forecast import EngineProfile, Forecast
+from lab_utils.results.kv_transfer import KvTransferPayload
 
 SHOWN = ("median_ttft_ms", "p99_ttft_ms", "median_itl_ms", "p99_itl_ms", "median_tpot_ms",
          "output_throughput", "request_goodput")
@@ -35,21 +33,6 @@ LABELS = {"median_ttft_ms": "TTFT p50 (ms)", "p99_ttft_ms": "TTFT p99 (ms)",
           "median_tpot_ms": "TPOT p50 (ms)", "output_throughput": "output (tok/s)",
           "request_goodput": "goodput (req/s)"}
 SPLIT_NODES = (2, 4, 8)
-
-
-class Forecast(BaseModel):
-    """A forecast as a notebook records it, before it measures."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    architecture: str  # "replicated" | "disaggregated"
-    made_at: str
-    sources: dict[str, str]
-    rows: list[dict[str, Any]]  # Ranged.row() + workload, mode, value
-    splits: list[dict[str, Any]] = []
-
-    def frame(self):
-        return forecast_frame(self.rows)
 
 
 def architecture_of(cfg: LabConfig, kind: str, host_cores: int | None = None) -> Architecture:
@@ -147,7 +130,7 @@ def show(fc: Forecast) -> None:
           "the sweep, from:")
     for k, v in fc.sources.items():
         print(f"  {k}: {v}")
-    display(fc.frame())
+    display(forecast_frame(fc.rows))
     if fc.splits:
         import pandas as pd
 

@@ -17,68 +17,19 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
-
 from lab_utils.config import LabConfig
 from lab_utils.errors import LabError
-from lab_utils.kv.probe import ProbePlan, ProbeResult, plan_probe, planning_rates
+from lab_utils.kv.probe import ProbePlan, plan_probe, planning_rates
 from lab_utils.kv.shapes import PUBLISHED_CONFIGS, KVShape, kv_shape
+from lab_utils.results.kv_transfer import (
+    KvRecommendation,
+    KvTransferPayload,
+    ModelKv,
+    PredictedTransfer,
+    ProbeResult,
+)
 
 FALLBACK_BUFFER_DEVICE = "cpu"  # kv_buffer_device "auto" before notebook 02 has measured
-
-
-class KvRecommendation(BaseModel):
-    """The kv_buffer_device notebook 02 recommends, why, and the bandwidths behind it."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    kv_buffer_device: str
-    reason: str
-    dram_GBps: float | None = None
-    vram_GBps: float | None = None
-
-
-class PredictedTransfer(BaseModel):
-    """One prompt length: its KV bytes, the time predicted at the probe's best bandwidth,
-    and the probe's measured time for that size (None: not measured)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    prompt_tokens: int
-    kv_bytes: int
-    blocks: int
-    predicted_ms: float | None
-    measured_ms: float | None = None
-    p99_ms: float | None = None
-
-
-class ModelKv(BaseModel):
-    """A model's KV layout as notebook 02 records it."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    bytes_per_token: int
-    layers: int
-    kv_heads: int
-    head_dim: int
-    dtype_bytes: int
-    mla: bool = False
-
-
-class KvTransferPayload(BaseModel):
-    """Notebook 02's results (kv_transfer_metrics.json)."""
-
-    model_config = ConfigDict(extra="forbid", protected_namespaces=())
-
-    model: str
-    kv_per_token_bytes: int
-    block_size: int
-    descriptor_bytes: int
-    models: dict[str, ModelKv]
-    prompt_lengths: list[int]
-    predicted_vs_measured: list[PredictedTransfer]
-    recommendation: KvRecommendation
-    probe: ProbeResult
 
 
 def choose_buffer_device(cfg: LabConfig, recommendation: KvRecommendation | None) -> str:

@@ -28,26 +28,23 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from lab_utils.errors import ProcessFailedError
 from lab_utils.on_node.nixl_agent import MARK, OPS, KiB, MiB, summarize
+from lab_utils.results.kv_transfer import ROW_KEYS, ProbeResult
 
 if TYPE_CHECKING:  # the node layer is imported lazily
     from lab_utils.cluster import Cluster
     from lab_utils.config import LabConfig
 
-__all__ = ["OPS", "ROW_KEYS", "SEG_TYPES", "KiB", "MiB", "ProbePlan", "ProbeResult",
-           "apply_limits", "default_sizes", "fraction_of_limit", "plan_probe", "planning_rates",
-           "run_probe", "summarize"]
+__all__ = ["OPS", "SEG_TYPES", "KiB", "MiB", "ProbePlan", "apply_limits", "default_sizes",
+           "fraction_of_limit", "plan_probe", "planning_rates", "run_probe", "summarize"]
 
 AGENT = "lab_utils.on_node.nixl_agent"
 TARGET = "nixl-probe-target"
 SEG_TYPES = ("DRAM", "VRAM")
-ROW_KEYS = ("seg_type", "op", "bytes", "blocks", "iterations", "median_us", "p50_us", "p90_us",
-            "p99_us", "bandwidth_GBps", "bandwidth_Gbps", "limit_GBps", "limit_kind",
-            "fraction_of_limit", "checksum_ok")
 
 # Expected NIXL rates (GB/s) for planning on a GPU profile: the slowest bandwidth nixlbench
 # recorded between two GB10 Sparks (UCX WRITE, batch 1, 64 KiB-64 MiB transfers, single and
@@ -195,53 +192,6 @@ def plan_probe(sizes: Sequence[int], *, seg_types: Sequence[str], ops: Sequence[
 
 
 # ----- the driver (runs where the notebook runs) ----------------------------------------
-
-@dataclass
-class ProbeResult:
-    """Rows per memory type, operation and size (keys: ROW_KEYS), and where they came from."""
-
-    rows: list[dict]
-    target: str
-    initiator: str
-    target_address: str
-    initiator_address: str
-    port: int
-    same_machine: bool
-    env: dict[str, dict[str, str]]
-    notes: list[str] = field(default_factory=list)
-    memcpy_GBps: dict[int, float] = field(default_factory=dict)
-    pids: dict[str, int] = field(default_factory=dict)
-    elapsed_s: float = 0.0
-    plan: dict = field(default_factory=dict)  # ProbePlan.summary(): what was planned
-
-    @property
-    def ok(self) -> bool:
-        """Every transfer's destination matched its source."""
-        return all(r["checksum_ok"] for r in self.rows)
-
-    def to_dict(self) -> dict:
-        return json.loads(json.dumps(asdict(self)))
-
-    def to_frame(self, full: bool = False):
-        """The probe's table: per memory, operation and size, the time, the bandwidth and
-        its share of the limit. Each size moves as many NIXL descriptors of
-        `descriptor_bytes` (one block of one layer's K or V) as its row says; `full`:
-        every raw column."""
-        import pandas as pd
-
-        raw = pd.DataFrame(self.rows, columns=list(ROW_KEYS))
-        if full or raw.empty:
-            return raw
-        return pd.DataFrame({
-            "memory": raw["seg_type"], "op": raw["op"],
-            "size (MiB)": (raw["bytes"] / 2**20).round(3),
-            "descriptors": raw["blocks"],
-            "median (ms)": (raw["median_us"] / 1e3).round(3),
-            "p99 (ms)": (raw["p99_us"] / 1e3).round(3),
-            "GB/s": raw["bandwidth_GBps"].round(2),
-            "% of limit": (raw["fraction_of_limit"] * 100).round(1),
-            "limit": raw["limit_kind"],
-            "checksum ok": raw["checksum_ok"]})
 
 
 def _ucx_env(cfg: LabConfig, node: str, ucx_tls: str | None,

@@ -5,14 +5,13 @@
 - `workload`: the benchmark's prompts, seeded, with an exact number of tokens.
 - `prompts`: prompts of an exact token count from the served model's own tokenizer.
 - `benchmark`: a sweep over load points, its summaries in `vllm bench serve`'s field names
-  (`BenchmarkResult`).
+  (the records, `RequestRecord` and `BenchmarkResult`, are in `lab_utils.results.sweep`).
 - `roofline`: decode's memory-bandwidth ceiling per stream (bandwidth, weight bytes).
 - `stalls`: waiting in the harness when the machine itself stands still.
 """
 
 from lab_utils.measure import workload
-from lab_utils.measure.benchmark import BenchmarkResult, summarize, sweep
-from lab_utils.measure.loadgen import RequestRecord, RequestSpec, run_point, run_sync
+from lab_utils.measure.benchmark import summarize, sweep
+from lab_utils.measure.loadgen import RequestSpec, run_point, run_sync
 
-__all__ = ["BenchmarkResult", "RequestRecord", "RequestSpec", "run_point", "run_sync",
-           "summarize", "sweep", "workload"]
+__all__ = ["RequestSpec", "run_point", "run_sync", "summarize", "sweep", "workload"]

@@ -5,8 +5,9 @@ writes (`completed`, `request_throughput`, `median_ttft_ms`, `p99_itl_ms`, ...),
 goodput under the configured SLOs, the first errors, and a verdict: a point where more
 than `max_failed_fraction` of requests failed is marked invalid, loudly, and must not be
 shown as a result. `combine` gives the median over repeats and the spread. `sweep` runs
-a workload over concurrency levels and request rates. The pydantic records travel inside
-the results envelope.
+a workload over concurrency levels and request rates. Its records (`RequestRecord`,
+`BenchmarkPoint`, `BenchmarkResult`, in `lab_utils.results.sweep`) travel inside the
+results envelope.
 """
 
 from __future__ import annotations
@@ -15,37 +16,17 @@ import statistics
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel
 
 from lab_utils.config import WorkloadConfig
 from lab_utils.measure import stalls
-from lab_utils.measure.loadgen import RequestRecord, RequestSpec, run_point, run_sync
+from lab_utils.measure.loadgen import RequestSpec, run_point, run_sync
+from lab_utils.results.sweep import BenchmarkPoint, BenchmarkResult, RequestRecord
 from lab_utils.util.progress import log_progress
 
 PERCENTILES = (90, 99)
 HEADLINE = ("request_throughput", "output_throughput", "total_token_throughput", "request_goodput",
             "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms", "median_itl_ms",
             "p99_itl_ms", "median_e2el_ms", "p99_e2el_ms")
-
-
-class BenchmarkPoint(BaseModel):
-    """One load point of one repeat."""
-
-    mode: str  # "concurrency" | "rate"
-    value: float
-    repeat: int
-    summary: dict[str, Any]
-    requests: list[dict[str, Any]]
-
-
-class BenchmarkResult(BaseModel):
-    """A sweep: the workload, every point, and the per-point combination of repeats."""
-
-    target: str
-    model: str
-    workload: dict[str, Any]
-    points: list[BenchmarkPoint]
-    combined: list[dict[str, Any]]
 
 
 def _stats(name: str, values: list[float]) -> dict[str, float | None]:

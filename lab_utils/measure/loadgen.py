@@ -18,10 +18,11 @@ import concurrent.futures
 import json
 import random
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 
 import aiohttp
 
+from lab_utils.results.sweep import RequestRecord
 from lab_utils.util.progress import progress_bar
 
 
@@ -30,34 +31,6 @@ class RequestSpec:
     prompt_ids: list[int]
     max_tokens: int
     prompt_text: str | None = None  # for chat, which takes text
-
-
-@dataclass
-class RequestRecord:
-    """One request's measurements (ms) and counts; `error` is None when it succeeded."""
-
-    index: int
-    prompt_len: int
-    max_tokens: int
-    scheduled_s: float = 0.0  # when the schedule said to send, from the point's start
-    sent_s: float = -1.0  # when it was sent, same clock (-1: never sent)
-    ttft_ms: float | None = None
-    itl_ms: list[float] = field(default_factory=list)
-    # tokens that came out of the same socket read as the token before them: their
-    # inter-token gap is the client's parsing time, not the server's (see TokenReader)
-    read_together: int = 0
-    e2el_ms: float | None = None
-    tpot_ms: float | None = None
-    prompt_tokens: int | None = None  # from the server's usage
-    completion_tokens: int | None = None
-    error: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 def auth_headers(api_key: str | None) -> dict[str, str]:

@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import pandas as pd
 
-from lab_utils.measure.benchmark import READ_TOGETHER_NOTE, BenchmarkResult, read_together_share
+from lab_utils.measure.benchmark import READ_TOGETHER_NOTE, read_together_share
 from lab_utils.report.data import (
     ARCHITECTURES,
     METRIC_BY_KEY,
@@ -27,6 +27,7 @@ from lab_utils.report.data import (
     run_hint,
 )
 from lab_utils.report.tables import points_table
+from lab_utils.results.sweep import BenchmarkResult
 
 WORKLOADS = {"standard": "", "mixed": "Mixed long/short workload, "}
 # With one repeat the spread is unknown: differences below this fraction count as none.

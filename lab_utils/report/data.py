@@ -19,16 +19,18 @@ import numpy as np
 from lab_utils.config import LabConfig
 from lab_utils.errors import ResultsMissingError
 from lab_utils.forecast import grade as g
-from lab_utils.forecast.run import Forecast
-from lab_utils.kv.budget import KvTransferPayload
-from lab_utils.measure.benchmark import BenchmarkResult
-from lab_utils.payloads import (
+from lab_utils.results import (
+    RESULTS,
     BaselinePayload,
     DisaggregatedPayload,
     EnvironmentPayload,
     ReplicatedPayload,
+    ResultsEnvelope,
+    load_results,
 )
-from lab_utils.results import RESULTS, ResultsEnvelope, load_results
+from lab_utils.results.forecast import Forecast
+from lab_utils.results.kv_transfer import KvTransferPayload
+from lab_utils.results.sweep import BenchmarkResult
 
 ARCHITECTURES = ("baseline", "replicated", "disaggregated")
 ARCH_NOTEBOOK = {"baseline": "01", "replicated": "03", "disaggregated": "04"}

@@ -12,10 +12,10 @@ from typing import Any, NamedTuple
 
 import pandas as pd
 
-from lab_utils.kv.budget import KvTransferPayload
-from lab_utils.payloads import EnvironmentPayload
 from lab_utils.report.data import PER_STREAM, ReportData, fmt_num, is_number, num_or_nan
 from lab_utils.report.tables import checks, kv_table, points_table, probe_rows
+from lab_utils.results import EnvironmentPayload
+from lab_utils.results.kv_transfer import KvTransferPayload
 
 FAR_OFF = 2.0  # a measured figure this many times above or below the expected one is flagged
 

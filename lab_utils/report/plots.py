@@ -19,9 +19,9 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from lab_utils.forecast.run import LABELS
-from lab_utils.kv.budget import KvTransferPayload
 from lab_utils.report.data import ARCHITECTURES, PER_STREAM, ReportData, fmt_num, graded
 from lab_utils.report.tables import kv_table, workload_rows
+from lab_utils.results.kv_transfer import KvTransferPayload
 from lab_utils.util.atomic import atomic_write_bytes
 
 COLORS = {"baseline": "tab:blue", "replicated": "tab:orange", "disaggregated": "tab:green"}

@@ -14,7 +14,6 @@ from datetime import datetime, timezone
 
 import pandas as pd
 
-from lab_utils.measure.benchmark import BenchmarkResult
 from lab_utils.report.conclusions import Conclusions
 from lab_utils.report.data import ReportData, fmt_num, run_hint
 from lab_utils.report.expected import EXPECTED_TWO_SPARK, expected_figures
@@ -29,6 +28,7 @@ from lab_utils.report.tables import (
     workload_rows,
 )
 from lab_utils.results import RESULTS, reference_origin
+from lab_utils.results.sweep import BenchmarkResult
 
 FILE_MEANINGS = {
     "00": "the bring-up checklist on every node: SSH, GPU, CUDA, vLLM build, NIXL and UCX, "

@@ -12,10 +12,7 @@ from typing import Any
 
 import pandas as pd
 
-from lab_utils.checks.frame import CheckResult
-from lab_utils.kv.budget import KvTransferPayload
-from lab_utils.measure.benchmark import BenchmarkResult, read_late, read_together_share
-from lab_utils.payloads import EnvironmentPayload
+from lab_utils.measure.benchmark import read_late, read_together_share
 from lab_utils.report.data import (
     ARCHITECTURES,
     METRICS,
@@ -26,6 +23,10 @@ from lab_utils.report.data import (
     load_label,
     num_or_nan,
 )
+from lab_utils.results import EnvironmentPayload
+from lab_utils.results.checklist import CheckResult
+from lab_utils.results.kv_transfer import KvTransferPayload
+from lab_utils.results.sweep import BenchmarkResult
 
 DISPLAY_COLUMNS = {"request_throughput": "req/s", "output_throughput": "output tok/s",
                    "median_ttft_ms": "TTFT p50 ms", "p99_ttft_ms": "TTFT p99 ms",

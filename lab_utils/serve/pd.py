@@ -25,12 +25,13 @@ import time
 from dataclasses import dataclass
 
 import httpx
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from lab_utils.errors import LabError
 from lab_utils.kv.shapes import KVShape
 from lab_utils.measure.loadgen import auth_headers
 from lab_utils.measure.stalls import Deadline
+from lab_utils.results.proof import ProofCounts, ProofRow
 from lab_utils.serve.metrics import InstanceCounters, MetricsSnapshot, fetch_metrics, read_counters
 from lab_utils.serve.protocol import decode_request, prefill_request, transfer_params
 
@@ -195,42 +196,6 @@ def warm_up(prefill_url: str, decode_url: str, model: str, attempts: int = 3,
     raise LabError(f"prefill {prefill_url} -> decode {decode_url}: no KV transfer succeeded in "
                    f"{attempts} attempts; last error: {last}. Check the decode instance's log for "
                    "'NIXL transfer failure' (side channel unreachable or handshake timeout).")
-
-
-class ProofCounts(BaseModel):
-    """One prompt's evidence as it is kept: the decode instance's per-request counter deltas,
-    the tokens both sides produced, and whether they had to match exactly."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    prompt_tokens: int
-    external_kv_transfer: int
-    local_compute: int
-    local_cache_hit: int
-    nixl_bytes: int
-    expected_bytes: int
-    nixl_transfers: int
-    nixl_xfer_ms: float | None
-    block_size: int
-    prefill_ms: float | None
-    decode_ms: float | None
-    pd_tokens: list[int]
-    baseline_tokens: list[int] | None
-    strict: bool = True  # the CPU rehearsal: tokens and bytes must be exactly equal
-
-
-class ProofRow(ProofCounts):
-    """A prompt's proof as notebook 04 records it: the evidence and the verdicts drawn from it
-    (files written before the GPU verdict fields were added judged by exact equality)."""
-
-    all_external: bool
-    bytes_match: bool
-    tokens_match: bool | None
-    tokens_equal: bool | None
-    tokens_ok: bool | None = None
-    diverged_at: int | None = None  # first token that differs from the baseline
-    divergence_margin: float | None = None  # decode's chosen minus baseline's token, nats
-    tokens_why: str = ""
 
 
 class TransferProof(ProofCounts):

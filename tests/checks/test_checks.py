@@ -10,8 +10,9 @@ import sys
 import pytest
 
 from lab_utils.checks import rdma, run_checks
-from lab_utils.checks.frame import ChecklistReport, CheckResult
+from lab_utils.checks.frame import ChecklistReport
 from lab_utils.config import parse_config
+from lab_utils.results.checklist import CheckResult
 
 from support.replay import PROFILE, REC, SCENARIOS, profile_data, replay_nodes
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from lab_utils.forecast import grade as g
-from lab_utils.forecast.curves import Curve, Point, point
+from lab_utils.forecast.curves import Curve, point
 from lab_utils.forecast.inputs import GB10_NIXL_US, from_results
 from lab_utils.forecast.model import (
     Architecture,
@@ -25,9 +25,8 @@ from lab_utils.forecast.model import (
     forecast,
     loads_of,
 )
-from lab_utils.forecast.profile import DecodeLine, EngineProfile
-from lab_utils.forecast.run import Forecast
 from lab_utils.results import results_spec, write_results
+from lab_utils.results.forecast import DecodeLine, EngineProfile, Forecast, Point
 from lab_utils.serving import make_forecast
 
 from support.payloads import baseline_dict, kv_dict, model
@@ -223,7 +222,7 @@ def test_without_a_profile_the_forecast_says_to_rerun_01():
 
 
 def test_grading_errors_intervals_and_flagged_points():
-    from lab_utils.measure.benchmark import BenchmarkPoint, BenchmarkResult
+    from lab_utils.results.sweep import BenchmarkPoint, BenchmarkResult
 
     def entry(value, ttft, tpot):
         return {"mode": "concurrency", "value": float(value), "valid": True,
@@ -291,7 +290,8 @@ def test_loads_of_a_workload(test_cfg):
 
 def measured_sweep(per_load: dict[int, tuple[float, float]]) -> dict:
     """A one-repeat sweep with these (TTFT p50, TPOT p50) per concurrency."""
-    from lab_utils.measure.benchmark import BenchmarkPoint, BenchmarkResult, combine
+    from lab_utils.measure.benchmark import combine
+    from lab_utils.results.sweep import BenchmarkPoint, BenchmarkResult
 
     points, combined = [], []
     for c, (ttft, tpot) in per_load.items():

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from lab_utils.checks.frame import ChecklistReport, CheckResult
+from lab_utils.checks.frame import ChecklistReport
 from lab_utils.environment import record_environment, require_environment
 from lab_utils.errors import LabError
 from lab_utils.kv import budget as kv_budget
 from lab_utils.kv.budget import recommend_kv_buffer_device
 from lab_utils.kv.shapes import kv_shape
+from lab_utils.results.checklist import CheckResult
+from lab_utils.results.kv_transfer import KvRecommendation, KvTransferPayload, ProbeResult
 
 from support import parsers_extra as extra
 from support.replay import REC
@@ -86,7 +88,7 @@ def _with_device(cfg, device: str):
 
 
 def test_choose_buffer_device(test_cfg):
-    cuda = kv_budget.KvRecommendation(kv_buffer_device="cuda", reason="VRAM is faster")
+    cuda = KvRecommendation(kv_buffer_device="cuda", reason="VRAM is faster")
     assert test_cfg.kv_transfer.kv_buffer_device == "auto"
     assert kv_budget.choose_buffer_device(test_cfg, cuda) == "cuda"  # auto: 02's choice
     assert kv_budget.choose_buffer_device(test_cfg, None) == "cpu"  # auto, 02 not run
@@ -96,8 +98,6 @@ def test_choose_buffer_device(test_cfg):
 
 
 def test_payload_is_the_model_notebook_02_records(test_cfg):
-    from lab_utils.kv.probe import ProbeResult
-
     shapes = kv_budget.shapes(test_cfg, LLAMA_8B)
     lengths = [128, 256]
     shape = shapes[test_cfg.model.name]
@@ -110,7 +110,7 @@ def test_payload_is_the_model_notebook_02_records(test_cfg):
     pvm = kv_budget.predicted_vs_measured(shape, lengths, bs, rows)
     rec = kv_budget.recommend(test_cfg, rows)
     p = kv_budget.payload(test_cfg, shapes, lengths, probe, pvm, rec)
-    assert isinstance(p, kv_budget.KvTransferPayload)
+    assert isinstance(p, KvTransferPayload)
     assert p.recommendation == rec and p.probe.memcpy_GBps == {1024: 4.0}
     assert [r.measured_ms for r in p.predicted_vs_measured] == [0.1, 0.1]
     assert set(p.model_dump()) == {"model", "kv_per_token_bytes", "block_size",

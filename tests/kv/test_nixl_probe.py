@@ -15,14 +15,7 @@ import pytest
 
 from lab_utils.cluster import Cluster
 from lab_utils.errors import LabError, PortInUseError
-from lab_utils.kv.probe import (
-    ROW_KEYS,
-    ProbeResult,
-    apply_limits,
-    default_sizes,
-    fraction_of_limit,
-    run_probe,
-)
+from lab_utils.kv.probe import apply_limits, default_sizes, fraction_of_limit, run_probe
 from lab_utils.on_node import proctools
 from lab_utils.on_node.nixl_agent import (
     KiB,
@@ -33,6 +26,7 @@ from lab_utils.on_node.nixl_agent import (
     memcpy_bandwidth,
     summarize,
 )
+from lab_utils.results.kv_transfer import ROW_KEYS, ProbeResult
 
 
 @pytest.fixture

@@ -16,14 +16,9 @@ import pytest
 from lab_utils.bench.stub_server import spawn_until_up
 from lab_utils.config import WorkloadConfig
 from lab_utils.measure.benchmark import combine, read_together_share, summarize
-from lab_utils.measure.loadgen import (
-    RequestRecord,
-    RequestSpec,
-    TokenReader,
-    arrival_offsets,
-    run_point,
-)
+from lab_utils.measure.loadgen import RequestSpec, TokenReader, arrival_offsets, run_point
 from lab_utils.on_node.proctools import stop_group
+from lab_utils.results.sweep import RequestRecord
 
 from support.fakes import free_port
 

@@ -20,12 +20,13 @@ import time
 import pytest
 
 from lab_utils import report
-from lab_utils.checks.frame import CheckResult
 from lab_utils.checks.rdma import link_verdict
 from lab_utils.errors import ResultsMissingError
 from lab_utils.kv.probe import apply_limits, summarize
-from lab_utils.measure.benchmark import HEADLINE, BenchmarkPoint, BenchmarkResult, combine
+from lab_utils.measure.benchmark import HEADLINE, combine
 from lab_utils.results import RESULTS, write_envelope, write_results
+from lab_utils.results.checklist import CheckResult
+from lab_utils.results.sweep import BenchmarkPoint, BenchmarkResult
 
 from support.payloads import (
     baseline_dict,

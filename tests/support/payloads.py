@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from lab_utils.checks.frame import ChecklistReport, CheckResult
-from lab_utils.measure.benchmark import BenchmarkResult
-from lab_utils.payloads import PAYLOADS
+from lab_utils.checks.frame import ChecklistReport
+from lab_utils.results import PAYLOADS
+from lab_utils.results.checklist import CheckResult
+from lab_utils.results.sweep import BenchmarkResult
 
 INSTANCE = {"name": "baseline", "node": "local", "url": "http://127.0.0.1:8100",
             "kind": "vllm", "role": "baseline"}

@@ -55,8 +55,8 @@ def blob_for(seq: int) -> str:
 
 def payload_for(seq: int):
     """Notebook 01's results carrying run `seq` and its blob (in the sweep's workload)."""
-    from lab_utils.measure.benchmark import BenchmarkResult
-    from lab_utils.payloads import BaselinePayload
+    from lab_utils.results import BaselinePayload
+    from lab_utils.results.sweep import BenchmarkResult
 
     sweep = BenchmarkResult(target="t", model="m", workload={"seq": seq, "blob": blob_for(seq)},
                             points=[], combined=[])

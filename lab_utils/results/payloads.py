@@ -5,14 +5,16 @@ JSON names the files have always used, so files written before these models exis
 - 01 `BaselinePayload` (baseline_metrics.json): one instance, one request in detail, the
   sweep, the decode roofline, the reference outputs notebook 04 must reproduce, and the
   engine profile the forecasts are made from.
-- 02 `KvTransferPayload` (kv_transfer_metrics.json): defined with its arithmetic in
-  `lab_utils.kv.budget`, which builds it.
+- 02 `KvTransferPayload` (kv_transfer_metrics.json): defined with notebook 02's other
+  records in `kv_transfer`; `lab_utils.kv.budget` builds it.
 - 03 `ReplicatedPayload` (replicated_metrics.json): the sweep, the mixed run, the policy,
   and the forecast made before them.
 - 04 `DisaggregatedPayload` (disaggregated_metrics.json): the same, the kv_buffer_device
   and the proof that the KV cache moved.
 
-`PAYLOADS` maps a notebook to its model; `lab_utils.results` writes and loads them.
+`PAYLOADS` maps a notebook to its model; `store` writes and loads them. The records they
+hold (`checklist`, `sweep`, `forecast`, `kv_transfer`, `proof`) sit beside this module, so
+the results import nothing from the code that measures them.
 """
 
 from __future__ import annotations
@@ -21,16 +23,14 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from lab_utils.checks.frame import CheckResult
-from lab_utils.forecast.profile import EngineProfile
-from lab_utils.forecast.run import Forecast
-from lab_utils.kv.budget import KvRecommendation, KvTransferPayload
-from lab_utils.measure.benchmark import BenchmarkResult
-from lab_utils.measure.loadgen import RequestRecord
-from lab_utils.serve.pd import ProofRow
+from lab_utils.results.checklist import CheckResult
+from lab_utils.results.forecast import EngineProfile, Forecast
+from lab_utils.results.kv_transfer import KvRecommendation, KvTransferPayload
+from lab_utils.results.proof import ProofRow
+from lab_utils.results.sweep import BenchmarkResult, RequestRecord
 
 __all__ = ["PAYLOADS", "BaselinePayload", "DisaggregatedPayload", "EnvironmentPayload",
-           "Instance", "KvRecommendation", "KvTransferPayload", "Payload", "Proof", "ProofRow",
+           "FrontDoors", "Instance", "KvRecommendation", "KvTransferPayload", "Payload", "Proof", "ProofRow",
            "Reference", "ReplicatedPayload", "Roofline", "ServingPayload"]
 
 

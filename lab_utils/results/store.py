@@ -1,10 +1,11 @@
 """Results files: each notebook writes one JSON file under `results/<profile>/`, in one
 envelope (`ResultsEnvelope`: schema version, kind, notebook, UTC time, profile, config,
 software, hardware and the notebook's own `payload`), and later notebooks read it. The
-payload is the notebook's model (`lab_utils.payloads.PAYLOADS`): `write_results` takes
+payload is the notebook's model (`payloads.PAYLOADS`): `write_results` takes
 it, `load_results` gives it back typed. Writes are atomic (temp file, fsync, rename) and
 keep the previous file under `history/`; loading says which notebook to (re-)run when a
-file is missing, corrupt, from another profile, another notebook or a newer lab.
+file is missing, corrupt, from another profile, another notebook or a newer lab. The
+envelope's software and hardware facts come from `hardware`.
 """
 
 from __future__ import annotations
@@ -12,8 +13,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import platform
-import socket
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Generic, Literal, NamedTuple, TypeVar, overload
@@ -22,8 +21,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from lab_utils.config import LabConfig
 from lab_utils.errors import LabError, ResultsMissingError
-from lab_utils.on_node.facts import dist_version, mem_total_bytes, python_facts
-from lab_utils.payloads import (
+from lab_utils.results.hardware import hardware_facts, software_versions
+from lab_utils.results.payloads import (
     PAYLOADS,
     BaselinePayload,
     DisaggregatedPayload,
@@ -95,34 +94,6 @@ class ResultsEnvelope(BaseModel, Generic[P]):
     def _iso_timestamp(cls, value: str) -> str:
         _parse_time(value)  # ValueError if not ISO 8601
         return value
-
-
-def software_versions() -> dict[str, str | None]:
-    """Versions of the software behind the results; None for what is not installed."""
-    facts = python_facts()  # the same reading the checklist does on every node
-    return {
-        "python": facts["python"],
-        "lab_utils": dist_version("spark-disagg-lab") or "unknown",
-        "vllm": facts["vllm"],
-        "torch": facts["torch"],
-        "torch_cuda": facts["torch_cuda"],
-        "nixl": facts["nixl"],
-        "transformers": dist_version("transformers"),
-    }
-
-
-def hardware_facts() -> dict[str, Any]:
-    """Facts about this machine that need no GPU."""
-    try:
-        memory = mem_total_bytes(Path("/proc/meminfo").read_text())
-    except OSError:
-        memory = None
-    return {
-        "hostname": socket.gethostname(),
-        "machine": platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "memory_total_bytes": memory,
-    }
 
 
 def _clean(value: Any) -> Any:

@@ -1,4 +1,4 @@
-"""Unit tests of lab_utils.results: envelope, atomic writes, history and load errors."""
+"""Unit tests of lab_utils.results.store: envelope, atomic writes, history and load errors."""
 
 from __future__ import annotations
 
@@ -16,59 +16,11 @@ import pytest
 from lab_utils import results
 from lab_utils.config import REPO_ROOT, parse_config
 from lab_utils.errors import LabError, ResultsMissingError
-from lab_utils.payloads import BaselinePayload
+from lab_utils.results import BaselinePayload, store
+from lab_utils.util.atomic import atomic_write_text
 
-from support.payloads import baseline_dict, model, sweep_dict
-
-LOCAL_CPU = REPO_ROOT / "configs" / "local-cpu.json"
-
-
-def config_dict(results_root: Path, profile: str = "unit-test") -> dict:
-    if LOCAL_CPU.exists():
-        data = json.loads(LOCAL_CPU.read_text())
-    else:
-        data = {
-            "profile": profile,
-            "nodes": {
-                "local": {
-                    "connection": "local",
-                    "roles": ["serving", "controller"],
-                    "lan_address": "127.0.0.1",
-                    "data_address": "127.0.0.1",
-                }
-            },
-            "model": {"name": "tiny", "source": "tiny"},
-            "vllm": {
-                "device": "cpu",
-                "baseline": {"port": 8100},
-                "replica": {"port": 8200},
-                "prefill": {"port": 8300, "side_channel_port": 5600},
-                "decode": {"port": 8400, "side_channel_port": 5700},
-            },
-            "topology": {
-                "baseline": {"node": "local"},
-                "replicated": {"nodes": ["local"]},
-                "disaggregated": {"prefill": ["local"], "decode": ["local"]},
-            },
-            "proxy": {"node": "local", "port": 8000},
-        }
-    data["profile"] = profile
-    data["results_root"] = str(results_root)
-    return data
-
-
-@pytest.fixture
-def cfg(tmp_path):
-    return parse_config(config_dict(tmp_path / "results"))
-
-
-SOFTWARE = {"python": "3.x", "vllm": None}
-HARDWARE = {"hostname": "test"}
-
-
-def baseline(**workload) -> BaselinePayload:
-    """A notebook 01 payload whose sweep's workload carries `workload` (test data)."""
-    return model("01", baseline_dict(sweep_dict(workload=workload)))
+from support.payloads import baseline_dict
+from support.results_files import HARDWARE, SOFTWARE, baseline, config_dict, old_file
 
 
 def write(cfg, payload, notebook="01"):
@@ -92,7 +44,7 @@ def test_round_trip(cfg):
     assert env.payload == baseline(ttft_ms=[1.5, 2.5], label="x")
     assert env.config == cfg.snapshot()
     assert env.software == SOFTWARE and env.hardware == HARDWARE
-    assert results._parse_time(env.timestamp).utcoffset().total_seconds() == 0
+    assert store._parse_time(env.timestamp).utcoffset().total_seconds() == 0
     assert results.load_envelope(path) == env
     # indent=2, envelope keys in declared order
     text = path.read_text()
@@ -230,7 +182,7 @@ def test_crash_before_replace_keeps_old_file(cfg, monkeypatch):
             raise OSError("simulated crash")
         real_replace(src, dst)
 
-    monkeypatch.setattr(results.os, "replace", crash)
+    monkeypatch.setattr(os, "replace", crash)
     with pytest.raises(OSError, match="simulated crash"):
         write(cfg, {"run": 2})
     assert path.read_bytes() == before
@@ -245,9 +197,9 @@ def test_atomic_write_text_cleans_up_on_failure(tmp_path, monkeypatch):
     def fail(src, dst):
         raise OSError("boom")
 
-    monkeypatch.setattr(results.os, "replace", fail)
+    monkeypatch.setattr(os, "replace", fail)
     with pytest.raises(OSError):
-        results.atomic_write_text(target, "new")
+        atomic_write_text(target, "new")
     assert target.read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["out.txt"]
 
@@ -276,7 +228,7 @@ def test_killed_writer_leaves_valid_file(cfg, tmp_path):
         stdout=subprocess.PIPE,
         cwd=REPO_ROOT,
         env={**os.environ, "PYTHONPATH": os.pathsep.join(
-            [str(REPO_ROOT), str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])},
+            [str(REPO_ROOT), str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")])},
         text=True,
     )
     caught_mid_write = False
@@ -312,121 +264,6 @@ def test_secret_env_redacted(tmp_path):
     assert "hf_secret123" not in path.read_text()
     env = results.load_envelope(path)
     assert env.config["vllm"]["extra_env"] == {"HF_TOKEN": "<redacted>", "OMP_NUM_THREADS": "4"}
-
-
-def test_software_versions_light():
-    versions = results.software_versions()
-    assert set(versions) == {
-        "python",
-        "lab_utils",
-        "vllm",
-        "torch",
-        "torch_cuda",
-        "nixl",
-        "transformers",
-    }
-    assert versions["python"] == ".".join(map(str, sys.version_info[:3]))
-    assert versions["lab_utils"] not in (None, "")
-    assert results.dist_version("surely-not-an-installed-dist") is None
-    if versions["torch"] is None:
-        assert versions["torch_cuda"] is None
-
-
-def test_hardware_facts():
-    facts = results.hardware_facts()
-    assert facts["cpu_count"] == os.cpu_count()
-    assert facts["hostname"]
-    if Path("/proc/meminfo").exists():
-        assert facts["memory_total_bytes"] > 1024 * 1024
-
-
-# ----- typed payloads ---------------------------------------------------------------------
-
-
-def old_file(cfg, notebook: str, payload: dict, kind: str | None = None) -> Path:
-    """A results file as the lab wrote it before the payload models (dict payloads)."""
-    spec = results.results_spec(notebook)
-    path = cfg.results_dir / spec.file_name
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({
-        "schema_version": 1, "kind": kind or spec.kind, "notebook": spec.notebook,
-        "timestamp": "2025-01-01T00:00:00.000000Z", "profile": cfg.profile,
-        "config": cfg.snapshot(), "software": SOFTWARE, "hardware": HARDWARE,
-        "payload": payload}, indent=2))
-    return path
-
-
-@pytest.mark.parametrize("notebook", sorted(results.RESULTS))
-def test_old_format_loads_typed_and_rewrites_the_same_keys(cfg, notebook):
-    from lab_utils.payloads import PAYLOADS
-
-    from support.payloads import OLD_FORMAT
-
-    old = OLD_FORMAT[notebook]()
-    old_file(cfg, notebook, old)
-    env = results.load_results(cfg, notebook)
-    assert isinstance(env.payload, PAYLOADS[notebook])
-    path = results.write_results(cfg, notebook, env.payload, software={}, hardware={})
-    again = json.loads(path.read_text())["payload"]
-    kept, added = _without_new_keys(again, json.loads(json.dumps(old)))
-    assert added == NEW_KEYS.get(notebook, set())
-    assert kept == json.loads(json.dumps(old))
-    assert results.load_results(cfg, notebook).payload == env.payload
-
-
-# Keys the payload models added since the old format (with defaults, so old files load).
-NEW_KEYS = {
-    "00": {"gpu_name"},
-    "01": {"profile"},
-    "02": {"probe.plan"},
-    "03": {"forecast"},
-    "04": {f"proof.prompts[].{k}" for k in ("strict", "tokens_ok", "diverged_at",
-                                            "divergence_margin", "tokens_why")}
-    | {"front_doors", "forecast"},
-}
-
-
-def _without_new_keys(new, old, where: str = ""):
-    """`new` without the dict keys `old` lacks (at any depth), and those keys' paths."""
-    if isinstance(new, dict) and isinstance(old, dict):
-        kept, added = {}, set()
-        for k, v in new.items():
-            path = f"{where}.{k}" if where else k
-            if k not in old:
-                added.add(path)
-                continue
-            kept[k], more = _without_new_keys(v, old[k], path)
-            added |= more
-        return kept, added
-    if isinstance(new, list) and isinstance(old, list) and len(new) == len(old):
-        pairs = [_without_new_keys(a, b, where + "[]") for a, b in zip(new, old, strict=True)]
-        return [p[0] for p in pairs], set().union(*(p[1] for p in pairs))
-    return new, set()
-
-
-def test_typed_attributes_of_each_notebook(cfg):
-    from lab_utils.checks.frame import CheckResult
-
-    from support.payloads import OLD_FORMAT
-
-    for nb in results.RESULTS:
-        old_file(cfg, nb, OLD_FORMAT[nb]())
-    env = results.load_results(cfg, "00").payload
-    assert env.blessed and env.checks[0].check == "ssh" and env.gpu_name is None
-    base = results.load_results(cfg, "01").payload
-    assert base.reference.tokens == [[9, 9, 9, 9], [8, 8, 8, 8]] and base.mixed is None
-    assert base.single_request.ttft_ms == 40.0 and base.roofline.weight_bytes is None
-    assert base.instances[1].role == "proxy" and base.sweep.model == "tiny-llama"
-    kv = results.load_results(cfg, "02").payload
-    assert kv.recommendation.kv_buffer_device == "cpu" and kv.probe.memcpy_GBps == {1048576: 5.0}
-    assert kv.predicted_vs_measured[0].measured_ms == 1.2
-    assert results.load_results(cfg, "03").payload.policy == "round_robin"
-    dis = results.load_results(cfg, "04").payload
-    assert dis.proof.ok and dis.proof.tokens_equal == 1 and dis.kv_buffer_device == "cpu"
-    # 00 written before gpu_name existed: the name the gpu check's summary starts with
-    gpu = CheckResult("gpu", "spark-a", "pass", "NVIDIA GB10, driver 580.82.09, CUDA 13.0")
-    old_file(cfg, "00", OLD_FORMAT["00"](gpu))
-    assert results.load_results(cfg, "00").payload.gpu_name == "NVIDIA GB10"
 
 
 def test_write_results_refuses_a_dict(cfg):

@@ -1,0 +1,63 @@
+"""The forecast's records: notebook 01's engine profile (`EngineProfile`, measured by
+`lab_utils.forecast.profile`: curves of measured `Point`s) and the forecast notebooks 03
+and 04 make before they measure (`Forecast`, from `lab_utils.forecast.run`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+Edge = Literal["lo", "median", "hi"]
+
+
+class Point(BaseModel):
+    """One measured point: x, and the median, smallest and largest y over `n` repeats."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    x: float
+    median: float
+    lo: float
+    hi: float
+    n: int
+
+    def at(self, edge: Edge) -> float:
+        return {"lo": self.lo, "median": self.median, "hi": self.hi}[edge]
+
+
+class DecodeLine(BaseModel):
+    """Decode step time against requests decoding together, at one context length."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    context: int  # prompt tokens + the mean position of the measured tokens
+    points: list[Point]
+
+
+class EngineProfile(BaseModel):
+    """Notebook 01's profile of its instance (see `lab_utils.forecast.profile`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prefill: list[Point]  # x: prompt tokens; ms to the first token, direct
+    decode: list[DecodeLine]  # x: requests decoding together; ms per step
+    hop: Point  # x: prompt tokens; ms the proxy adds (through it - direct)
+    token_budget: int  # vLLM's max_num_batched_tokens for this device (its default)
+    device: str
+    elapsed_s: float
+    active_cores: float | None = None  # cores the instance's processes use while decoding
+    host_cores: int | None = None  # cores of the machine it ran on (local instances only)
+
+
+class Forecast(BaseModel):
+    """A forecast as a notebook records it, before it measures."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    architecture: str  # "replicated" | "disaggregated"
+    made_at: str
+    sources: dict[str, str]
+    rows: list[dict[str, Any]]  # Ranged.row() + workload, mode, value
+    splits: list[dict[str, Any]] = []

@@ -1,0 +1,60 @@
+"""What a load point measured, as the serving notebooks record it: one request's
+measurements (`RequestRecord`, from the load generator `lab_utils.measure.loadgen`), one
+load point of one repeat (`BenchmarkPoint`) and a sweep (`BenchmarkResult`), in vLLM's
+field names (`lab_utils.measure.benchmark` builds them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from pydantic import BaseModel
+
+
+@dataclass
+class RequestRecord:
+    """One request's measurements (ms) and counts; `error` is None when it succeeded."""
+
+    index: int
+    prompt_len: int
+    max_tokens: int
+    scheduled_s: float = 0.0  # when the schedule said to send, from the point's start
+    sent_s: float = -1.0  # when it was sent, same clock (-1: never sent)
+    ttft_ms: float | None = None
+    itl_ms: list[float] = field(default_factory=list)
+    # tokens that came out of the same socket read as the token before them: their
+    # inter-token gap is the client's parsing time, not the server's (see TokenReader)
+    read_together: int = 0
+    e2el_ms: float | None = None
+    tpot_ms: float | None = None
+    prompt_tokens: int | None = None  # from the server's usage
+    completion_tokens: int | None = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+class BenchmarkPoint(BaseModel):
+    """One load point of one repeat."""
+
+    mode: str  # "concurrency" | "rate"
+    value: float
+    repeat: int
+    summary: dict[str, Any]
+    requests: list[dict[str, Any]]
+
+
+class BenchmarkResult(BaseModel):
+    """A sweep: the workload, every point, and the per-point combination of repeats."""
+
+    target: str
+    model: str
+    workload: dict[str, Any]
+    points: list[BenchmarkPoint]
+    combined: list[dict[str, Any]]
