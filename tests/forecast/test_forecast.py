@@ -27,8 +27,8 @@ from lab_utils.forecast.model import (
 )
 from lab_utils.forecast.profile import DecodeLine, EngineProfile
 from lab_utils.forecast.run import Forecast
+from lab_utils.notebook import make_forecast
 from lab_utils.results import results_spec, write_results
-from lab_utils.serving import make_forecast
 
 from support.payloads import baseline_dict, kv_dict, model
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from lab_utils import transfer_lesson as lesson
 from lab_utils.measure.benchmark import BenchmarkPoint, BenchmarkResult
+from lab_utils.notebook import transfer_lesson as lesson
 from tests.support.payloads import disaggregated_dict, kv_dict, model, proof_row_dict
 
 READ_ROW = {"seg_type": "DRAM", "op": "READ", "bandwidth_GBps": 2.0}

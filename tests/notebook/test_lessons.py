@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from lab_utils.lessons import conclude_01, conclude_02, conclude_03, conclude_04, differs
 from lab_utils.measure.benchmark import BenchmarkResult
+from lab_utils.notebook.lessons import conclude_01, conclude_02, conclude_03, conclude_04, differs
 
 from support.payloads import kv_dict, model
 
