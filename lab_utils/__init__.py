@@ -10,7 +10,7 @@ The notebooks stay thin and call into it; each folder's `__init__` is its front 
 - `lab_utils.kv`: KV-cache sizes and the NIXL transfer probe (notebook 02).
 - `lab_utils.checks`: the bring-up checklist (notebook 00).
 - `lab_utils.results`: the typed results files that chain the notebooks.
-- `lab_utils.environment`, `lab_utils.serving`: what notebooks 00 and 01-04 call.
+- `lab_utils.notebook`: what notebooks 00-04 call, one call per step.
 - `lab_utils.report`: the benchmark report (notebook 05).
 - `lab_utils.bench`: benchmarks of the lab's own tools.
 - `lab_utils.cli`, `lab_utils.runner`: `python -m lab_utils` / `spark-lab`, `make lab`.

@@ -21,8 +21,8 @@ from lab_utils.errors import LabError
 
 def _cmd_serve(args) -> int:
     from lab_utils.cluster import Cluster
+    from lab_utils.notebook import kv_buffer_device
     from lab_utils.serve import serve
-    from lab_utils.serving import kv_buffer_device
 
     cfg = load_config(args.config)
     if args.dry_run:
@@ -154,8 +154,8 @@ def _cmd_tiny_model(args) -> int:
 
 
 def _cmd_demo(args) -> int:
+    from lab_utils.notebook import kv_buffer_device
     from lab_utils.serve import demo
-    from lab_utils.serving import kv_buffer_device
 
     cfg = load_config(args.config)
     proofs = demo.run_demo(cfg, n_prompts=args.prompts, max_tokens=args.max_tokens,
@@ -199,7 +199,7 @@ def _cmd_run(args) -> int:
 
 
 def _cmd_eta(args) -> int:
-    from lab_utils.serving import eta_lines
+    from lab_utils.notebook import eta_lines
 
     lines = eta_lines(load_config(args.config))
     print("\n".join(lines))

@@ -14,23 +14,36 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "lab_utils"
 
-# Lower layers never import higher ones; parts on one layer do not import each other.
+# The layers, lowest first, as docs/DEVELOPING.md quotes them (a test checks the quote). A
+# part imports only parts on lower layers: never a higher one, nor one on its own layer
+# ("a, b"), except where a layer lists its parts in order ("a < b"): each may import those
+# before it.
 LAYERS = [
-    {"errors", "known_failures", "util", "on_node"},
-    {"config"},
-    {"results"},
-    {"cluster"},
-    {"measure", "kv"},
-    {"forecast"},
-    {"serve"},
-    {"checks", "bench"},
-    {"transfer_lesson", "lessons", "hood"},
-    {"report", "environment", "serving"},
-    {"runner"},
-    {"cli"},
-    {"__main__"},
+    "errors, known_failures, util, on_node",
+    "config",
+    "results",
+    "cluster",
+    "measure, kv",
+    "forecast, serve",
+    "checks, bench",
+    "notebook, report",
+    "runner < cli < __main__",
 ]
-LAYER = {part: n for n, parts in enumerate(LAYERS) for part in parts}
+
+
+def _layer_numbers(layers: list[str]) -> dict[str, float]:
+    """Each part's layer; parts listed in order get increasing fractions of theirs."""
+    out = {}
+    for n, line in enumerate(layers):
+        ordered = line.split(" < ")
+        for i, group in enumerate(ordered):
+            out.update({part: n + i / len(ordered) for part in group.split(", ")})
+    return out
+
+
+LAYER = _layer_numbers(LAYERS)
+# The top level of lab_utils: the entry points and the errors; everything else in a folder.
+TOP_LEVEL = {"__init__", "__main__", "cli", "runner", "errors", "known_failures"}
 # Sent as source over SSH before anything is deployed: the standard library only.
 SENT_AS_SOURCE = ["lab_utils.on_node.proctools", "lab_utils.on_node.facts",
                   "lab_utils.on_node.dirs"]
@@ -120,6 +133,21 @@ def test_every_part_has_a_layer():
     assert parts <= set(LAYER), f"give these a layer in LAYERS: {sorted(parts - set(LAYER))}"
 
 
+def test_the_top_level_holds_only_the_entry_points_and_the_errors():
+    assert {p.stem for p in PACKAGE.glob("*.py")} == TOP_LEVEL
+
+
+def layers_text() -> str:
+    """The layers as docs/DEVELOPING.md quotes them, one numbered line each."""
+    return "\n".join(f"{n}  {line}" for n, line in enumerate(LAYERS))
+
+
+def test_the_docs_quote_the_layers():
+    docs = (ROOT / "docs" / "DEVELOPING.md").read_text()
+    assert f"```\n{layers_text()}\n```" in docs, (
+        f"docs/DEVELOPING.md must quote LAYERS as:\n```\n{layers_text()}\n```")
+
+
 def test_no_import_circles():
     assert _cycles(_graph()) == []
 
@@ -193,3 +221,6 @@ def test_the_checker_sees_a_circle_and_a_climb():
     """The checks above can fail: a made-up graph with a circle and an upward import."""
     assert _cycles({"a": {"b"}, "b": {"a"}, "c": set()}) == [["a", "b"]]
     assert LAYER["cluster"] < LAYER["serve"]  # so serve -> cluster is allowed, not the reverse
+    assert LAYER["forecast"] == LAYER["serve"]  # neither imports the other
+    numbers = _layer_numbers(["a, b", "c < d, e < f"])
+    assert numbers["a"] == numbers["b"] < numbers["c"] < numbers["d"] == numbers["e"] < numbers["f"]

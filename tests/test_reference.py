@@ -8,8 +8,8 @@ import subprocess
 import sys
 
 from lab_utils import report
+from lab_utils.notebook import versus_reference
 from lab_utils.results import load_reference, load_results, write_results
-from lab_utils.serving import versus_reference
 
 from support.payloads import baseline_dict, kv_dict, model, sweep_dict
 from support.profiles import make_profile_data, write_profile

@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 from lab_utils.config import load_config
-from lab_utils.serving import eta_inputs
+from lab_utils.notebook import eta_inputs
 
 ROOT = Path(__file__).resolve().parents[1]
 KIT = (ROOT / "docs" / "FACILITATOR.md").read_text()

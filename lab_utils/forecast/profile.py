@@ -28,6 +28,7 @@ import os
 import random
 import time
 
+from lab_utils.cluster.state import ProcessRecord
 from lab_utils.config import LabConfig, api_key
 from lab_utils.forecast.curves import point
 from lab_utils.forecast.model import default_token_budget
@@ -74,12 +75,14 @@ def _run(url: str, model: str, specs: list[RequestSpec], concurrency: int, key: 
     return records
 
 
-def measure_profile(cfg: LabConfig, served, tokenize, gpu_name: str | None = None) -> EngineProfile:
-    """Measure the profile on notebook 01's running instance (`served`: its records, its
-    URLs; `tokenize`: text -> token ids of the served model)."""
+def measure_profile(cfg: LabConfig, inst: ProcessRecord, proxy: str, tokenize,
+                    gpu_name: str | None = None) -> EngineProfile:
+    """Measure the profile on notebook 01's running instance (`inst`: its record; `proxy`:
+    the URL of the proxy in front of it; `tokenize`: text -> token ids of the served
+    model)."""
     t0 = time.monotonic()
     rng = random.Random(random.SystemRandom().randrange(2**31))  # fresh prompts every run
-    direct, proxy = served.instance_urls()[0], served.proxy_url
+    direct = inst.url
     vkey, pkey = api_key(cfg, "vllm"), api_key(cfg, "proxy")
     model, timeout = cfg.model.name, cfg.workload.request_timeout_s
     lengths, batches, contexts = prefill_lengths(cfg), decode_batches(cfg), decode_contexts(cfg)
@@ -89,7 +92,6 @@ def measure_profile(cfg: LabConfig, served, tokenize, gpu_name: str | None = Non
     for url, key in ((direct, vkey), (proxy, pkey)):  # warm-up, not counted
         _run(url, model, [RequestSpec(exact_prompt(tokenize, cfg.workload.input_len, rng), 2)], 1,
              key, timeout)
-    inst = next(r for r in served.records if r.kind == "vllm")
     local = cfg.nodes[inst.node].connection == "local"
     busy_s = wall_s = 0.0
     with progress_bar(total=total, desc="profile", unit="run") as bar:

@@ -233,16 +233,9 @@ def run_probe(cluster: Cluster | LabConfig, sizes: Sequence[int] | None = None, 
     replace the arguments), else `plan_probe` of the arguments at the profile's expected
     rates: passes and sizes are cut so the estimate fits `timeout_s`. The result records
     the plan (`ProbeResult.plan`)."""
-    from lab_utils.cluster import Cluster
+    from lab_utils.cluster import as_cluster
     from lab_utils.cluster.provision import deploy_node
     from lab_utils.util.progress import progress_bar
-
-    if not isinstance(cluster, Cluster):
-        with Cluster(cluster) as own:
-            return run_probe(own, sizes, seg_types=seg_types, ops=ops, iterations=iterations,
-                             warmup=warmup, block_bytes=block_bytes, link_rate_gbps=link_rate_gbps,
-                             ucx_tls=ucx_tls, ucx_net_devices=ucx_net_devices,
-                             timeout_s=timeout_s, show_progress=show_progress, plan=plan)
 
     if plan is not None:
         sizes, seg_types, ops = plan.sizes, plan.seg_types, plan.ops
@@ -256,84 +249,87 @@ def run_probe(cluster: Cluster | LabConfig, sizes: Sequence[int] | None = None, 
     moved = sorted({math.ceil(s / block_bytes) * block_bytes for s in asked})
     notes = [f"sizes rounded up to whole {block_bytes} B blocks: {s} -> {m}"
              for s in asked if (m := math.ceil(s / block_bytes) * block_bytes) != s]
-    cfg = cluster.cfg
-    if plan is None:
-        rates, basis = planning_rates(cfg.vllm.device)
-        plan = plan_probe(moved, seg_types=seg_types, ops=ops, iterations=iterations,
-                          warmup=warmup, timeout_s=timeout_s, rates_GBps=rates,
-                          rate_basis=basis)
-        moved, iterations, warmup = plan.sizes, plan.iterations, plan.warmup
-    t_name, i_name = cfg.probe_pair()
-    for name in dict.fromkeys((t_name, i_name)):
-        if cfg.nodes[name].connection == "ssh":
-            deploy_node(cluster, name)
-    t_node, i_node = cluster.node(t_name), cluster.node(i_name)
-    t_addr, i_addr = cfg.nodes[t_name].data_address, cfg.nodes[i_name].data_address
-    port = cfg.kv_transfer.probe_port
-    same = cfg.nodes[t_name].machine(t_name) == cfg.nodes[i_name].machine(i_name)
-    ucx = {"target": _ucx_env(cfg, t_name, ucx_tls, ucx_net_devices),
-           "initiator": _ucx_env(cfg, i_name, ucx_tls, ucx_net_devices)}
-    run_id = uuid.uuid4().hex[:12]
-    common = ["--port", str(port), "--run-id", run_id, "--seg-types", ",".join(seg_types),
-              "--block-bytes", str(block_bytes), "--blocks", str(moved[-1] // block_bytes),
-              "--timeout", str(timeout_s)]
+    with as_cluster(cluster) as cluster:
+        cfg = cluster.cfg
+        if plan is None:
+            rates, basis = planning_rates(cfg.vllm.device)
+            plan = plan_probe(moved, seg_types=seg_types, ops=ops, iterations=iterations,
+                              warmup=warmup, timeout_s=timeout_s, rates_GBps=rates,
+                              rate_basis=basis)
+            moved, iterations, warmup = plan.sizes, plan.iterations, plan.warmup
+        t_name, i_name = cfg.probe_pair()
+        for name in dict.fromkeys((t_name, i_name)):
+            if cfg.nodes[name].connection == "ssh":
+                deploy_node(cluster, name)
+        t_node, i_node = cluster.node(t_name), cluster.node(i_name)
+        t_addr, i_addr = cfg.nodes[t_name].data_address, cfg.nodes[i_name].data_address
+        port = cfg.kv_transfer.probe_port
+        same = cfg.nodes[t_name].machine(t_name) == cfg.nodes[i_name].machine(i_name)
+        ucx = {"target": _ucx_env(cfg, t_name, ucx_tls, ucx_net_devices),
+               "initiator": _ucx_env(cfg, i_name, ucx_tls, ucx_net_devices)}
+        run_id = uuid.uuid4().hex[:12]
+        common = ["--port", str(port), "--run-id", run_id, "--seg-types", ",".join(seg_types),
+                  "--block-bytes", str(block_bytes), "--blocks", str(moved[-1] // block_bytes),
+                  "--timeout", str(timeout_s)]
 
-    def launch(node, role: str, address: str) -> tuple[list[str], dict[str, str], str | None]:
-        argv = [node.python, "-m", AGENT, "--role", role,
-                "--address", address, *common]
-        env, cwd = {"PYTHONUNBUFFERED": "1", **ucx[role]}, None
-        if node.cfg.connection == "ssh":  # run the deployed copy, as the proxy does
-            env["PYTHONPATH"], cwd = node.cfg.workdir, node.cfg.workdir
-        return argv, env, cwd
+        def launch(node, role: str, address: str) -> tuple[list[str], dict[str, str], str | None]:
+            argv = [node.python, "-m", AGENT, "--role", role,
+                    "--address", address, *common]
+            env, cwd = {"PYTHONUNBUFFERED": "1", **ucx[role]}, None
+            if node.cfg.connection == "ssh":  # run the deployed copy, as the proxy does
+                env["PYTHONPATH"], cwd = node.cfg.workdir, node.cfg.workdir
+            return argv, env, cwd
 
-    t_argv, t_env, t_cwd = launch(t_node, "target", t_addr)
-    i_argv, i_env, _ = launch(i_node, "initiator", i_addr)
-    i_argv += ["--target-address", t_addr, "--sizes", ",".join(map(str, moved)),
-               "--ops", ",".join(ops), "--iterations", str(iterations), "--warmup", str(warmup)]
-    i_argv += ["--memcpy"] if same else []
-    cluster.alive(TARGET)  # forget a dead earlier target; a live one holds the port
-    t_node.ensure_port_free(t_addr, port, "the NIXL probe")
-    t0 = time.monotonic()
-    rec = t_node.start_detached(TARGET, t_argv, log_path=f"{cfg.log_dir_on(t_name)}/{TARGET}.log",
-                                env=t_env, cwd=t_cwd, kind="probe", port=port,
-                                extra={"role": "probe-target", "run_id": run_id})
-    pool = ThreadPoolExecutor(max_workers=1)
-    try:
-        where = f"the NIXL probe target on node {t_name} (log {rec.log_path})"
-        while f"{MARK} {run_id} ready" not in t_node.log_tail(rec, 200):
-            if not t_node.is_alive(rec):
-                raise _failure(f"{where} exited before it was ready:\n", t_node.log_tail(rec, 30))
-            if time.monotonic() - t0 > timeout_s:
-                raise _failure(f"{where} not ready after {timeout_s:.0f} s:\n",
-                               t_node.log_tail(rec, 30))
-            time.sleep(0.1)
-        run = pool.submit(i_node.run, i_argv, timeout=timeout_s, env=i_env)
-        with progress_bar(total=len(seg_types) * len(moved), desc="NIXL probe", unit="size",
-                          disable=not show_progress) as bar:
-            while not run.done():
-                time.sleep(0.25)
-                if step := _last_step(t_node.log_tail(rec, 200), run_id):
-                    bar.total = step[1]  # sizes x memory types that apply on both nodes
-                    bar.update(step[0] - bar.n)
-            res = run.result()
-            bar.update(bar.total - bar.n)
-    finally:
-        pool.shutdown(wait=False)
-        t_node.stop(rec, grace_s=5.0)
-    lines = [ln for ln in res.stdout.splitlines() if ln.startswith(f"{MARK}-RESULT ")]
-    if not res.ok or not lines:
-        raise _failure(f"the NIXL probe initiator on node {i_name} failed (exit {res.code}):\n",
-                       res.stderr[-3000:] + f"\n--- target log {rec.log_path} ---\n"
-                       + t_node.log_tail(rec, 20))
-    out = json.loads(lines[-1].split(" ", 1)[1])
-    memcpy = {int(k): v for k, v in out["memcpy_GBps"].items()}
-    rows = out["rows"]
-    notes += out["notes"] + apply_limits(rows, same, memcpy, link_rate_gbps)
-    notes += [f"checksum mismatch: {r['seg_type']} {r['op']} of {r['bytes']} B"
-              for r in rows if not r["checksum_ok"]]
-    return ProbeResult(rows=[{k: r.get(k) for k in ROW_KEYS} for r in rows], target=t_name,
-                       initiator=i_name, target_address=t_addr, initiator_address=i_addr,
-                       port=port, same_machine=same, env=ucx, notes=notes, memcpy_GBps=memcpy,
-                       pids={"target": rec.pid, "initiator": out["pid"]},
-                       elapsed_s=time.monotonic() - t0, plan=plan.summary())
+        t_argv, t_env, t_cwd = launch(t_node, "target", t_addr)
+        i_argv, i_env, _ = launch(i_node, "initiator", i_addr)
+        i_argv += ["--target-address", t_addr, "--sizes", ",".join(map(str, moved)),
+                   "--ops", ",".join(ops), "--iterations", str(iterations), "--warmup", str(warmup)]
+        i_argv += ["--memcpy"] if same else []
+        cluster.alive(TARGET)  # forget a dead earlier target; a live one holds the port
+        t_node.ensure_port_free(t_addr, port, "the NIXL probe")
+        t0 = time.monotonic()
+        rec = t_node.start_detached(TARGET, t_argv,
+                                    log_path=f"{cfg.log_dir_on(t_name)}/{TARGET}.log",
+                                    env=t_env, cwd=t_cwd, kind="probe", port=port,
+                                    extra={"role": "probe-target", "run_id": run_id})
+        pool = ThreadPoolExecutor(max_workers=1)
+        try:
+            where = f"the NIXL probe target on node {t_name} (log {rec.log_path})"
+            while f"{MARK} {run_id} ready" not in t_node.log_tail(rec, 200):
+                if not t_node.is_alive(rec):
+                    raise _failure(f"{where} exited before it was ready:\n",
+                                   t_node.log_tail(rec, 30))
+                if time.monotonic() - t0 > timeout_s:
+                    raise _failure(f"{where} not ready after {timeout_s:.0f} s:\n",
+                                   t_node.log_tail(rec, 30))
+                time.sleep(0.1)
+            run = pool.submit(i_node.run, i_argv, timeout=timeout_s, env=i_env)
+            with progress_bar(total=len(seg_types) * len(moved), desc="NIXL probe", unit="size",
+                              disable=not show_progress) as bar:
+                while not run.done():
+                    time.sleep(0.25)
+                    if step := _last_step(t_node.log_tail(rec, 200), run_id):
+                        bar.total = step[1]  # sizes x memory types that apply on both nodes
+                        bar.update(step[0] - bar.n)
+                res = run.result()
+                bar.update(bar.total - bar.n)
+        finally:
+            pool.shutdown(wait=False)
+            t_node.stop(rec, grace_s=5.0)
+        lines = [ln for ln in res.stdout.splitlines() if ln.startswith(f"{MARK}-RESULT ")]
+        if not res.ok or not lines:
+            raise _failure(f"the NIXL probe initiator on node {i_name} failed (exit {res.code}):\n",
+                           res.stderr[-3000:] + f"\n--- target log {rec.log_path} ---\n"
+                           + t_node.log_tail(rec, 20))
+        out = json.loads(lines[-1].split(" ", 1)[1])
+        memcpy = {int(k): v for k, v in out["memcpy_GBps"].items()}
+        rows = out["rows"]
+        notes += out["notes"] + apply_limits(rows, same, memcpy, link_rate_gbps)
+        notes += [f"checksum mismatch: {r['seg_type']} {r['op']} of {r['bytes']} B"
+                  for r in rows if not r["checksum_ok"]]
+        return ProbeResult(rows=[{k: r.get(k) for k in ROW_KEYS} for r in rows], target=t_name,
+                           initiator=i_name, target_address=t_addr, initiator_address=i_addr,
+                           port=port, same_machine=same, env=ucx, notes=notes, memcpy_GBps=memcpy,
+                           pids={"target": rec.pid, "initiator": out["pid"]},
+                           elapsed_s=time.monotonic() - t0, plan=plan.summary())
 

@@ -72,7 +72,7 @@ class ReportData:
     mixed: dict[str, BenchmarkResult]
 
     def payload(self, notebook: str):
-        """A notebook's payload (its model in `lab_utils.payloads`), None if not found."""
+        """A notebook's payload (its model in `lab_utils.results.payloads`), None if not found."""
         env = self.envelopes.get(notebook)
         return env.payload if env else None
 

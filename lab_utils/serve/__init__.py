@@ -7,7 +7,8 @@ prefill/decode by hand.
   (secrets as set/unset), ports, and the memory budget per node; refused if it does not
   fit (`plan_text` prints it, for `serve --dry-run`).
 - `topology`: the sets of instances notebooks 01, 03 and 04 stand up (baseline,
-  replicated, disaggregated), with the proxy; what is running; cleanup.
+  replicated, disaggregated), with the proxy; what is running; cleanup; `Served`, a
+  started topology as the notebooks hold it.
 - `proxy`: the lab's HTTP front door (replicated and P/D modes), one for every architecture.
 - `router`: vLLM's router (`vllm-router`) in the proxy's place, with `proxy.kind`.
 - `pd`: prefill then decode by hand, and the proof that the KV cache really moved.
@@ -19,9 +20,9 @@ The proxy's web stack (fastapi, aiohttp) is imported only by `serve.proxy`.
 
 from lab_utils.serve.launcher import healthy, start_instance, wait_ready
 from lab_utils.serve.plan import Plan, make_plan
-from lab_utils.serve.topology import PROXY, cleanup, serve, topology_running, urls
+from lab_utils.serve.topology import PROXY, Served, cleanup, serve, topology_running, urls
 
 # `proxy`, `router` and `demo` are exported as modules but imported only when asked for,
 # so that starting an instance does not load the proxy's web stack.
-__all__ = ["PROXY", "Plan", "cleanup", "demo", "healthy", "make_plan", "proxy", "router",
+__all__ = ["PROXY", "Plan", "Served", "cleanup", "demo", "healthy", "make_plan", "proxy", "router",
            "serve", "start_instance", "topology_running", "urls", "wait_ready"]

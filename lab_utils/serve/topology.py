@@ -6,13 +6,15 @@ running so a second call starts no duplicates, and waits until all are healthy; 
 whose memory does not fit on a node (`serve.plan`) is refused before anything starts. If
 anything fails or the user interrupts, what this call started is stopped again.
 `cleanup` stops everything the profile's state file lists, on every node. All act on a
-`Cluster` their caller built (and closes).
+`Cluster` their caller built (and closes). `Served` is a topology as the serving notebooks
+hold it once started: its records, the proxy's URL, its instances' URLs by role.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 from lab_utils.cluster import Cluster, as_cluster
 from lab_utils.cluster.provision import deploy
@@ -24,13 +26,33 @@ from lab_utils.serve.plan import make_plan, merge_plans
 PROXY = "proxy"
 
 
+@dataclass
+class Served:
+    topology: str
+    records: list[ProcessRecord]
+    kv_buffer_device: str | None = None  # what prefill and decode instances were given
+
+    @property
+    def proxy_url(self) -> str:
+        return next(r.url for r in self.records if r.name == PROXY)
+
+    def urls(self, role: str) -> list[str]:
+        return urls(self.records, role)
+
+    def instance_records(self) -> list[ProcessRecord]:
+        return [r for r in self.records if r.kind == "vllm"]
+
+    def instance_urls(self) -> list[str]:
+        return [r.url for r in self.instance_records()]
+
+
 def serve(cluster: Cluster, *topologies: str, show_progress: bool = True,
           with_proxy: bool = False, kv_buffer_device: str | None = None) -> list[ProcessRecord]:
     """Start (or reuse) every instance of the topologies, all at once, and with
     `with_proxy` the lab proxy in front of the (single) topology; return the records
     once all are healthy. On any failure or interrupt, what this call started stops.
     `kv_buffer_device`: what prefill and decode instances get (resolved by the caller,
-    e.g. `serving.kv_buffer_device`; None: the configured one)."""
+    e.g. `notebook.kv_buffer_device`; None: the configured one)."""
     if with_proxy and len(topologies) != 1:
         raise ValueError("the proxy fronts exactly one topology")
     cfg = cluster.cfg

@@ -25,9 +25,9 @@ from lab_utils.forecast.model import (
     forecast,
     loads_of,
 )
+from lab_utils.notebook import make_forecast
 from lab_utils.results import results_spec, write_results
 from lab_utils.results.forecast import DecodeLine, EngineProfile, Forecast, Point
-from lab_utils.serving import make_forecast
 
 from support.payloads import baseline_dict, kv_dict, model
 

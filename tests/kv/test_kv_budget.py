@@ -1,11 +1,9 @@
-"""Notebook 02's arithmetic and notebook 00's verdict, on hand-computed values."""
+"""Notebook 02's arithmetic, on hand-computed values."""
 
 from __future__ import annotations
 
 import pytest
 
-from lab_utils.checks.frame import ChecklistReport
-from lab_utils.environment import record_environment, require_environment
 from lab_utils.errors import LabError
 from lab_utils.kv import budget as kv_budget
 from lab_utils.kv.budget import recommend_kv_buffer_device
@@ -116,29 +114,6 @@ def test_payload_is_the_model_notebook_02_records(test_cfg):
     assert set(p.model_dump()) == {"model", "kv_per_token_bytes", "block_size",
                                    "descriptor_bytes", "models", "prompt_lengths",
                                    "predicted_vs_measured", "recommendation", "probe"}
-
-
-def _report(status: str) -> ChecklistReport:
-    return ChecklistReport([CheckResult("python", "spark-01", "pass", "ok"),
-                            CheckResult("cuda_build", "spark-02", status, "torch cu129",
-                                        fix="install cu130" if status != "pass" else None)])
-
-
-def test_environment_blessed(test_cfg):
-    record_environment(test_cfg, _report("pass"))
-    env = require_environment(test_cfg)
-    assert env.blessed is True and env.gpu_name is None  # no gpu check: no GPU
-
-
-def test_environment_with_failures_is_refused_then_continued_knowingly(test_cfg, capsys):
-    with pytest.raises(LabError, match="cuda_build on spark-02: torch cu129 .fix: install cu130"):
-        record_environment(test_cfg, _report("fail"))
-    with pytest.raises(LabError, match="fix them and re-run"):
-        require_environment(test_cfg)  # recorded, not blessed, no consent
-    record_environment(test_cfg, _report("fail"), continue_despite_failures=True)
-    payload = require_environment(test_cfg)
-    assert payload.continued_despite_failures and not payload.blessed
-    assert "continuing on an environment with failed checks" in capsys.readouterr().out
 
 
 def test_hub_model_read_from_the_node_cache_without_downloading(test_cfg, tmp_path, monkeypatch):

@@ -280,8 +280,8 @@ def test_run_executes_notebooks_with_lab_config(test_cfg, tmp_path):
 
 
 def test_kv_buffer_device_auto_follows_notebook_02(test_cfg):
+    from lab_utils.notebook import kv_buffer_device
     from lab_utils.results import write_results
-    from lab_utils.serving import kv_buffer_device
 
     from support.payloads import kv_dict, model
 

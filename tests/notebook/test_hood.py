@@ -8,8 +8,8 @@ import inspect
 
 import pytest
 
-from lab_utils.hood import CONNECTOR_SIDES, blocks_of, connector_frame
-from lab_utils.kv import hood as kv_hood
+from lab_utils.notebook import hood as kv_hood
+from lab_utils.notebook.hood import CONNECTOR_SIDES, blocks_of, connector_frame
 
 SIDE_OBJECT = {"scheduler": "self.connector_scheduler", "worker": "self.connector_worker"}
 

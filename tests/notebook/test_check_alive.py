@@ -10,8 +10,9 @@ import pytest
 
 from lab_utils.cluster.state import ProcessRecord
 from lab_utils.errors import ProcessFailedError
+from lab_utils.notebook import check_alive
 from lab_utils.on_node import proctools
-from lab_utils.serving import Served, check_alive
+from lab_utils.serve import Served
 
 
 def record(name: str, pid: int, log: str) -> ProcessRecord:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from lab_utils import transfer_lesson as lesson
+from lab_utils.notebook import transfer_lesson as lesson
 from lab_utils.results.sweep import BenchmarkPoint, BenchmarkResult
 from tests.support.payloads import disaggregated_dict, kv_dict, model, proof_row_dict
 

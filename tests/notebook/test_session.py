@@ -7,7 +7,7 @@ import sys
 from types import SimpleNamespace
 
 from lab_utils.cluster import Cluster
-from lab_utils.serving import ServingSession
+from lab_utils.notebook import ServingSession
 
 
 def _sleeper(cfg, name):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from lab_utils.lessons import conclude_01, conclude_02, conclude_03, conclude_04, differs
+from lab_utils.notebook.lessons import conclude_01, conclude_02, conclude_03, conclude_04, differs
 from lab_utils.results.sweep import BenchmarkResult
 
 from support.payloads import kv_dict, model

@@ -1,0 +1,69 @@
+"""What the notebooks call: the front door they import (`from lab_utils import notebook as
+lab`), one call per step.
+
+- `environment`: notebook 00's verdict (`record_environment`), and how the later notebooks
+  require it (`require_environment`).
+- `session`: `ServingSession`, which starts a topology with the lab proxy in front and
+  stops what it started, even when a cell fails; the kv_buffer_device prefill and decode
+  instances get.
+- `steps`: the serving notebooks' measuring steps (one request in detail, the sweep, the
+  mixed workload), 01's roofline, engine profile and reference outputs, 04's proof of
+  transfer, and each notebook's conclusions.
+- `forecasting`: the forecast 03 and 04 make before they measure, graded after; the
+  predicted time of a sweep.
+- `compare`: the comparison tables (a sweep, two notebooks side by side, a reference run,
+  the front doors, the routing policies).
+- `record`: each serving notebook's results, built and written.
+- `lessons`, `transfer_lesson`: what notebooks 01-04 conclude from their own results.
+- `hood`: the "open the hood" cells (the scheduler's queues, NIXL's API, the P/D protocol
+  by hand, the connector's two halves).
+
+Modules inside import each other, never this front door.
+"""
+
+from lab_utils.forecast.profile import profile_frame
+from lab_utils.notebook import hood, lessons, transfer_lesson
+from lab_utils.notebook.compare import (
+    compare_frame,
+    compare_front_doors,
+    compare_policies,
+    sweep_frame,
+    versus_reference,
+)
+from lab_utils.notebook.environment import record_environment, require_environment
+from lab_utils.notebook.forecasting import (
+    eta_inputs,
+    eta_lines,
+    grade_forecast,
+    make_forecast,
+    predict,
+)
+from lab_utils.notebook.hood import protocol_by_hand, watch_scheduler
+from lab_utils.notebook.record import record_baseline, record_disaggregated, record_replicated
+from lab_utils.notebook.session import ServingSession, kv_buffer_device, tokenizer_of
+from lab_utils.notebook.steps import (
+    check_alive,
+    conclude,
+    conclude_transfer,
+    decode_roofline,
+    describe,
+    plot_decode_roofline,
+    profile_engine,
+    proof_frame,
+    proof_record,
+    prove_kv_transfer,
+    reference_outputs,
+    run_sweep,
+    single_request,
+)
+
+__all__ = [
+    "ServingSession", "check_alive", "compare_frame", "compare_front_doors", "compare_policies",
+    "conclude", "conclude_transfer", "decode_roofline", "describe", "eta_inputs", "eta_lines",
+    "grade_forecast", "hood", "kv_buffer_device", "lessons", "make_forecast",
+    "plot_decode_roofline", "predict", "profile_engine", "profile_frame", "proof_frame",
+    "proof_record", "protocol_by_hand", "prove_kv_transfer", "record_baseline",
+    "record_disaggregated", "record_environment", "record_replicated", "reference_outputs",
+    "require_environment", "run_sweep", "single_request", "sweep_frame", "tokenizer_of",
+    "transfer_lesson", "versus_reference", "watch_scheduler",
+]

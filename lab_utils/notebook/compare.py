@@ -1,0 +1,134 @@
+"""The serving notebooks' comparison tables: a sweep as a table (`sweep_frame`), two
+notebooks' sweeps side by side (`compare_frame`), this run against a loaded reference run
+(`versus_reference`), and the front doors (04: the lab proxy against vllm-router) and
+routing policies (03) measured one after the other on the same instances.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import PackageNotFoundError, version
+
+import pandas as pd
+
+from lab_utils.config import LabConfig
+from lab_utils.errors import LabError
+from lab_utils.notebook.lessons import differs
+from lab_utils.notebook.session import ServingSession
+from lab_utils.notebook.steps import run_sweep
+from lab_utils.results import FrontDoors, ResultsEnvelope, load_reference_results, reference_origin
+from lab_utils.results.sweep import BenchmarkResult
+from lab_utils.serve import router
+from lab_utils.serve.topology import Served
+
+SWEEP_COLUMNS = {"request_throughput": "req/s", "output_throughput": "output tok/s",
+                 "median_ttft_ms": "TTFT p50 (ms)", "p99_ttft_ms": "TTFT p99 (ms)",
+                 "median_tpot_ms": "TPOT p50 (ms)", "median_itl_ms": "ITL p50 (ms)",
+                 "p99_itl_ms": "ITL p99 (ms)"}
+
+
+def sweep_frame(result: BenchmarkResult):
+    """One row per load point: the headline metrics with units, whether the point is
+    valid, and the spread (the widest max - min over repeats, in % of the median, among
+    the metrics shown)."""
+    rows = []
+    for c in result.combined:
+        row = {"load": f"{c['mode']} {c['value']:g}", "valid": c["valid"]}
+        row.update({label: c.get(k) for k, label in SWEEP_COLUMNS.items()})
+        spreads = [c[f"{k}_spread"] / c[k] * 100 for k in SWEEP_COLUMNS
+                   if c.get(k) and c.get(f"{k}_spread") is not None]
+        row["spread %"] = max(spreads) if spreads and c.get("repeats", 1) > 1 else None
+        rows.append(row)
+    return pd.DataFrame(rows).round(2)
+
+
+def compare_front_doors(cfg: LabConfig, session: ServingSession, served: Served,
+                        concurrency: int | None = None) -> FrontDoors | None:
+    """One sweep point (the sweep's lowest concurrency unless given), once through the
+    lab's proxy, then once through vllm-router on the same port in front of the same
+    instances; the lab's proxy is put back afterwards, whatever happens. None, with the reason printed,
+    when vllm-router cannot stand in here."""
+    if cfg.proxy.api_key_file:
+        print("skipped: proxy.api_key_file is set, and vllm-router checks no client key")
+        return None
+    try:
+        got = version("vllm-router")
+    except PackageNotFoundError:
+        print(f"skipped: vllm-router is not installed (pip install vllm-router=={router.VERSION})")
+        return None
+    c = concurrency or min(cfg.workload.concurrency or [1])
+    # one repeat through each: a side-by-side look, not a ranking (the sweep has the spread)
+    w = cfg.workload.model_copy(update={"concurrency": [c], "request_rates": [], "repeats": 1})
+    runs = {}
+    try:
+        for kind in ("lab", "vllm-router"):
+            session.swap_front_door(served, kind)
+            print(f"concurrency {c} through {'the lab proxy' if kind == 'lab' else kind} "
+                  f"({w.num_prompts} requests)", flush=True)
+            runs[kind] = run_sweep(cfg, served, workload=w)
+    finally:
+        session.swap_front_door(served, "lab")
+    return FrontDoors(point=f"concurrency {c}", lab=runs["lab"], vllm_router=runs["vllm-router"],
+                      router_version=got)
+
+
+def compare_policies(cfg: LabConfig, session: ServingSession, served: Served):
+    """03's look at routing: the mixed workload once at its highest concurrency through the
+    lab proxy with each routing policy in turn (the configured one is put back after),
+    side by side."""
+    w = cfg.workload
+    if not w.mixed_long_len:
+        print("skipped: workload.mixed_long_len is not set (the policies differ only when "
+              "requests of different lengths overlap)")
+        return None
+    one = w.model_copy(update={"repeats": 1})
+    rows = []
+    try:
+        for policy in ("round_robin", "least_outstanding"):
+            session.swap_front_door(served, "lab", policy=policy)
+            print(f"{policy}: the mixed workload at concurrency {max(w.concurrency)}", flush=True)
+            c = run_sweep(cfg, served, mixed=True, workload=one).combined[0]
+            rows.append({"policy": policy, **{label: c.get(k) for k, label in SWEEP_COLUMNS.items()}})
+    finally:
+        session.swap_front_door(served, "lab", policy=cfg.topology.replicated.policy)
+    return pd.DataFrame(rows).round(2)
+
+
+def compare_frame(reference: ResultsEnvelope, result: BenchmarkResult, names: tuple[str, str],
+                  key: str = "sweep"):
+    """Headline metrics of a reference notebook's sweep (or `key`: "mixed") and this one's,
+    side by side, with the change in percent (positive: higher) and which is better (with
+    "=" where the difference is within 10% or inside both repeats' ranges)."""
+    keys = ["output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_itl_ms", "p99_itl_ms"]
+    higher_better = {"output_throughput"}
+    theirs: BenchmarkResult | None = getattr(reference.payload, key)
+    if theirs is None:
+        raise LabError(f"notebook {reference.notebook}'s results have no {key!r} run; re-run it")
+    ref = {(c["mode"], c["value"]): c for c in theirs.combined}
+    rows = []
+    for c in result.combined:
+        r = ref.get((c["mode"], c["value"]))
+        if r is None:
+            continue
+        for k in keys:
+            a, b = r.get(k), c.get(k)
+            better = "="
+            if differs(r, c, k):
+                better = names[1] if (b > a) == (k in higher_better) else names[0]
+            rows.append({"load": f"{c['mode']} {c['value']:g}", "metric": SWEEP_COLUMNS[k],
+                         names[0]: a, names[1]: b,
+                         "change %": (b - a) / a * 100 if a and b is not None else None,
+                         "better": better, "both valid": bool(r["valid"] and c["valid"])})
+    return pd.DataFrame(rows).round(2)
+
+
+def versus_reference(cfg: LabConfig, notebook: str, result: BenchmarkResult, key: str = "sweep"):
+    """This run's sweep (or `key`: "mixed") beside the reference run's of the same notebook
+    (`python -m lab_utils reference`); None, said, when no reference is loaded."""
+    ref = load_reference_results(cfg, notebook)
+    if ref is None or getattr(ref.payload, key, None) is None:
+        print("no reference run loaded for this notebook (python -m lab_utils reference DIR "
+              "loads one): nothing to compare with")
+        return None
+    print(f"NOTE: notebook {notebook}'s comparison is with a REFERENCE run's, not this "
+          f"cluster's ({reference_origin(ref.reference or {})})")
+    return compare_frame(ref, result, ("reference", "yours"), key=key)

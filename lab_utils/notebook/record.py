@@ -1,0 +1,62 @@
+"""Writing the serving notebooks' results: `record_baseline`, `record_replicated` and
+`record_disaggregated` build each notebook's results (`lab_utils.results.payloads`) from what it
+measured and write them (`lab_utils.results`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from lab_utils.config import LabConfig
+from lab_utils.notebook.session import kv_buffer_device
+from lab_utils.results import (
+    BaselinePayload,
+    DisaggregatedPayload,
+    FrontDoors,
+    Instance,
+    Proof,
+    Reference,
+    ReplicatedPayload,
+    Roofline,
+    write_results,
+)
+from lab_utils.results.forecast import EngineProfile, Forecast
+from lab_utils.results.sweep import BenchmarkResult, RequestRecord
+from lab_utils.serve.topology import Served
+
+
+def instances(served: Served) -> list[Instance]:
+    """The processes serving the topology, as the results record them."""
+    return [Instance(name=r.name, node=r.node, url=r.url, kind=r.kind, role=r.extra.get("role"))
+            for r in served.records]
+
+
+def record_baseline(cfg: LabConfig, served: Served, result: BenchmarkResult, *,
+                    single: RequestRecord, roofline: Roofline, reference: Reference,
+                    profile: EngineProfile | None = None) -> Path:
+    """Write notebook 01's results: the sweep, the request shown in detail, the roofline,
+    the reference outputs and the engine profile."""
+    return write_results(cfg, "01", BaselinePayload(
+        topology=served.topology, instances=instances(served), sweep=result, mixed=None,
+        single_request=single, roofline=roofline, reference=reference, profile=profile))
+
+
+def record_replicated(cfg: LabConfig, served: Served, result: BenchmarkResult,
+                      mixed: BenchmarkResult | None, forecast: Forecast | None = None) -> Path:
+    """Write notebook 03's results: the sweep, the mixed run, the routing policy and the
+    forecast made before them."""
+    return write_results(cfg, "03", ReplicatedPayload(
+        topology=served.topology, instances=instances(served), sweep=result, mixed=mixed,
+        policy=cfg.topology.replicated.policy, forecast=forecast))
+
+
+def record_disaggregated(cfg: LabConfig, served: Served, result: BenchmarkResult,
+                         mixed: BenchmarkResult | None, proof: Proof,
+                         front_doors: FrontDoors | None = None,
+                         forecast: Forecast | None = None) -> Path:
+    """Write notebook 04's results: the sweep, the mixed run, the kv_buffer_device the
+    instances were given, the proof of transfer and, when run, the front-door comparison."""
+    device = served.kv_buffer_device or kv_buffer_device(cfg)
+    return write_results(cfg, "04", DisaggregatedPayload(
+        topology=served.topology, instances=instances(served), sweep=result, mixed=mixed,
+        kv_buffer_device=device, proof=proof, front_doors=front_doors, forecast=forecast))

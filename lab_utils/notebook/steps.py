@@ -1,0 +1,218 @@
+"""The measuring steps of the serving notebooks (01, 03, 04), one call per cell.
+
+The steps are the same for every architecture: one request shown in detail
+(`single_request`, `describe`), the configured sweep and the mixed long/short workload
+(`run_sweep`), all with one load generator and one workload, so 01, 03 and 04 are
+comparable. Then each notebook's own: 01's decode roofline, engine profile and reference
+outputs; 04's proof of transfer and its reading (`conclude_transfer`); and each
+notebook's conclusions from its recorded results (`conclude`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+
+import httpx
+import pandas as pd
+from matplotlib.figure import Figure
+
+from lab_utils.cluster import Cluster
+from lab_utils.config import LabConfig, api_key
+from lab_utils.errors import LabError, ProcessFailedError
+from lab_utils.forecast.profile import measure_profile
+from lab_utils.kv.budget import model_hf_config
+from lab_utils.kv.shapes import kv_shape
+from lab_utils.measure import roofline as hardware
+from lab_utils.measure.benchmark import sweep
+from lab_utils.measure.loadgen import RequestSpec, auth_headers, run_point, run_sync
+from lab_utils.measure.prompts import exact_prompt
+from lab_utils.measure.workload import build_requests
+from lab_utils.notebook import lessons
+from lab_utils.notebook import transfer_lesson as lesson
+from lab_utils.notebook.forecasting import eta
+from lab_utils.notebook.session import kv_buffer_device, tokenizer_of
+from lab_utils.results import (
+    Proof,
+    Reference,
+    ResultsEnvelope,
+    Roofline,
+    load_optional,
+    load_results,
+)
+from lab_utils.results.forecast import EngineProfile
+from lab_utils.results.sweep import BenchmarkResult, RequestRecord
+from lab_utils.serve.pd import complete, prove_via_proxy
+from lab_utils.serve.topology import Served
+
+REFERENCE_LENGTHS = (48, 96, 160, 224)  # the prompts whose greedy output 01 records
+REFERENCE_TOKENS = 16
+
+
+def single_request(cfg: LabConfig, served: Served) -> RequestRecord:
+    """One streamed request of the workload's shape, measured in detail."""
+    tokenize, _ = tokenizer_of(served, cfg)
+    w = cfg.workload
+    spec = RequestSpec(exact_prompt(tokenize, w.input_len, random.Random(w.seed + 7)), w.output_len)
+    records, _ = run_sync(run_point(served.proxy_url, cfg.model.name, [spec], concurrency=1,
+                                       timeout_s=w.request_timeout_s, show_progress=False,
+                                       api_key=api_key(cfg, "proxy")))
+    return records[0]
+
+
+def describe(rec: RequestRecord) -> str:
+    if rec.error:
+        return f"the request failed: {rec.error}"
+    itl = sorted(rec.itl_ms)
+    together = (f"; {rec.read_together} of them 0 ms: tokens the client read together, late"
+                if rec.read_together else "")
+    return (f"prompt {rec.prompt_tokens or rec.prompt_len} tokens, {rec.completion_tokens} "
+            f"generated\n  TTFT {rec.ttft_ms:.1f} ms (queue + prefill + first token)\n"
+            f"  TPOT {rec.tpot_ms:.2f} ms per output token after the first\n"
+            f"  ITL  median {itl[len(itl) // 2]:.2f} ms, max {itl[-1]:.2f} ms "
+            f"({len(itl)} gaps{together})\n  end-to-end {rec.e2el_ms:.1f} ms")
+
+
+def run_sweep(cfg: LabConfig, served: Served, *, mixed: bool = False,
+              workload=None) -> BenchmarkResult:
+    """The configured workload (or `workload`) through the proxy; mixed: at the highest
+    concurrency only, one long prompt every `mixed_long_every` requests. Prints the
+    predicted time first (`eta`) when there is something to predict it from."""
+    tokenize, detokenize = tokenizer_of(served, cfg)
+    w = workload or cfg.workload
+    with contextlib.suppress(LabError, ValueError):
+        if (when := eta(cfg, served.topology, w, mixed)) is not None:
+            print(f"{'mixed run' if mixed else 'sweep'}: {when}", flush=True)
+    if mixed:
+        w = w.model_copy(update={"concurrency": [max(w.concurrency or [1])], "request_rates": []})
+    result = sweep(served.proxy_url, cfg.model.name,
+                   lambda n, seed: build_requests(w, n, tokenize, detokenize, mixed=mixed,
+                                                  seed=seed),
+                   w, mixed=mixed, api_key=api_key(cfg, "proxy"))
+    if any(p.summary.get("failed") for p in result.points):
+        check_alive(cfg, served)
+    return result
+
+
+def check_alive(cfg: LabConfig, served: Served, lines: int = 8) -> None:
+    """Raise, naming the process and its log's last lines, if one of `served`'s processes
+    has died (a sweep whose requests failed asks this before anything else)."""
+    with Cluster(cfg) as cluster:
+        for rec in served.records:
+            if cluster.knows(rec.node) and not cluster.node(rec.node).is_alive(rec):
+                tail = cluster.node(rec.node).log_tail(rec, lines).rstrip()
+                raise ProcessFailedError(
+                    f"{rec.name} on {rec.node} stopped during the sweep, so its requests "
+                    f"failed; its log {rec.log_path} ends with:\n{tail}\nRe-run the cell "
+                    "that starts the topology, then the sweep.")
+
+
+def reference_outputs(cfg: LabConfig, served: Served) -> Reference:
+    """Fresh prompts (a new seed each run, recorded) and their greedy tokens, one at a
+    time through the proxy: what notebook 04's prefill/decode output must equal."""
+    tokenize, _ = tokenizer_of(served, cfg)
+    seed = random.SystemRandom().randrange(2**31)
+    rng = random.Random(seed)
+    prompts = [exact_prompt(tokenize, n, rng) for n in REFERENCE_LENGTHS]
+    with httpx.Client(timeout=cfg.workload.request_timeout_s,
+                      headers=auth_headers(api_key(cfg, "proxy"))) as client:
+        tokens = [complete(client, served.proxy_url, cfg.model.name, p, REFERENCE_TOKENS)
+                  for p in prompts]
+    return Reference(seed=seed, max_tokens=REFERENCE_TOKENS, prompts=prompts, tokens=tokens)
+
+
+def prove_kv_transfer(cfg: LabConfig, served: Served, reference: Reference) -> list:
+    """Notebook 01's reference prompts through the P/D proxy with counter deltas."""
+    kv = kv_shape(model_hf_config(cfg), cfg.model.dtype)
+    return prove_via_proxy(reference.prompts, reference.tokens, model=cfg.model.name,
+                           proxy_url=served.proxy_url, decode_urls=served.urls("decode"), kv=kv,
+                           max_tokens=reference.max_tokens,
+                           timeout=cfg.workload.request_timeout_s,
+                           strict=cfg.vllm.device == "cpu", api_key=api_key(cfg, "proxy"),
+                           instance_key=api_key(cfg, "vllm"))
+
+
+def profile_engine(cfg: LabConfig, served: Served, gpu_name: str | None = None) -> EngineProfile:
+    """The engine profile the forecasts of 03 and 04 are made from
+    (`lab_utils.forecast.profile`), with its table."""
+    return measure_profile(cfg, served.instance_records()[0], served.proxy_url,
+                           tokenizer_of(served, cfg)[0], gpu_name)
+
+
+def decode_roofline(cfg: LabConfig, gpu_name: str | None) -> Roofline:
+    """Decode's ceiling per stream: memory bandwidth / bytes of weights read per token
+    (`gpu_name`: notebook 00's, `require_environment(cfg).gpu_name`)."""
+    bw, source = hardware.memory_bandwidth(cfg, gpu_name)
+    weights = hardware.weight_bytes(cfg)
+    return Roofline(memory_bandwidth_GBps=bw, bandwidth_source=source, weight_bytes=weights,
+                    max_tokens_per_s_per_stream=bw * 1e9 / weights if bw and weights else None)
+
+
+def plot_decode_roofline(result: BenchmarkResult, roof: Roofline):
+    """Decode tokens/s per stream (1000 / median TPOT) against the memory roofline."""
+    points = [c for c in result.combined if c["mode"] == "concurrency" and c.get("median_tpot_ms")]
+    fig = Figure(figsize=(7, 4))
+    ax = fig.add_subplot()
+    ax.plot([c["value"] for c in points], [1000.0 / c["median_tpot_ms"] for c in points], "o-",
+            label="measured: 1000 / median TPOT")
+    if roof.max_tokens_per_s_per_stream:
+        ax.axhline(roof.max_tokens_per_s_per_stream, ls="--", color="grey",
+                   label=f"roofline: {roof.memory_bandwidth_GBps:.0f} GB/s / "
+                         f"{roof.weight_bytes / 1e9:.3g} GB of weights")
+        ax.set_yscale("log")
+    ax.set(xlabel="concurrent requests", ylabel="decode tokens/s per stream",
+           title="Decode speed per stream vs the memory-bandwidth bound")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    return fig
+
+
+def proof_record(proofs: list) -> Proof:
+    """The proof of transfer as notebook 04 records it."""
+    return Proof(ok=bool(proofs) and all(p.ok for p in proofs), prompts=[p.row() for p in proofs])
+
+
+def proof_frame(proofs: list):
+    return pd.DataFrame([{
+        "prompt tokens": p.prompt_tokens, "via NIXL": p.external_kv_transfer,
+        "computed": p.local_compute, "cache hit": p.local_cache_hit, "NIXL bytes": p.nixl_bytes,
+        "expected bytes": p.expected_bytes, "transfer ms": round(p.nixl_xfer_ms, 2),
+        "same tokens as 01": p.tokens_match, "diverged at": p.verdict.diverged_at,
+        "margin (nats)": p.verdict.margin, "tokens": p.verdict.why, "ok": p.ok}
+        for p in proofs])
+
+
+def conclude(cfg: LabConfig, notebook: str) -> list[str]:
+    """Notebook `notebook`'s conclusions from its recorded results (and the ones it compares
+    with), printed and returned (`lab_utils.notebook.lessons`)."""
+    device = cfg.vllm.device
+    if notebook == "01":
+        said = lessons.conclude_01(load_results(cfg, "01").payload, device)
+    elif notebook == "02":
+        said = lessons.conclude_02(load_results(cfg, "02").payload, cfg.workload.input_len)
+    elif notebook == "03":
+        rep = load_results(cfg, "03").payload
+        said = lessons.conclude_03(load_results(cfg, "01").payload.sweep, rep.sweep, rep.mixed,
+                                   device)
+    elif notebook == "04":
+        dis, rep = load_results(cfg, "04").payload, load_optional(cfg, "03")
+        said = lessons.conclude_04(rep.payload.sweep if rep else None, dis.sweep,
+                                   rep.payload.mixed if rep else None, dis.mixed, dis.proof,
+                                   device)
+    else:
+        raise LabError(f"no conclusions for notebook {notebook!r} (01-04)")
+    print(lessons.conclusions_of(said))
+    return said
+
+
+def conclude_transfer(cfg: LabConfig, proof: Proof, kv: ResultsEnvelope,
+                      baseline: ResultsEnvelope, *results: BenchmarkResult):
+    """Notebook 04's reading of its own run (`lab_utils.notebook.transfer_lesson`): the
+    table of the proof's moves against 02, and the sentences drawn from it, the first
+    sweep's concurrency-1 TTFT against 01's, and a note if any run stood still."""
+    rows = lesson.transfer_rows(proof, kv.payload, kv_buffer_device(cfg))
+    said = lesson.conclusions(rows, lesson.hop_cost(baseline.payload.sweep, results[0], proof))
+    if note := lesson.stall_note(*results):
+        said += ["", note]
+    # the probe's time at the same size exists only where 02 probed that exact size
+    return pd.DataFrame(rows).dropna(axis=1, how="all").round(3), said

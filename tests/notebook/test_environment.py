@@ -1,0 +1,32 @@
+"""Notebook 00's verdict, and how the later notebooks require it."""
+
+from __future__ import annotations
+
+import pytest
+
+from lab_utils.checks.frame import ChecklistReport, CheckResult
+from lab_utils.errors import LabError
+from lab_utils.notebook import record_environment, require_environment
+
+
+def _report(status: str) -> ChecklistReport:
+    return ChecklistReport([CheckResult("python", "spark-01", "pass", "ok"),
+                            CheckResult("cuda_build", "spark-02", status, "torch cu129",
+                                        fix="install cu130" if status != "pass" else None)])
+
+
+def test_environment_blessed(test_cfg):
+    record_environment(test_cfg, _report("pass"))
+    env = require_environment(test_cfg)
+    assert env.blessed is True and env.gpu_name is None  # no gpu check: no GPU
+
+
+def test_environment_with_failures_is_refused_then_continued_knowingly(test_cfg, capsys):
+    with pytest.raises(LabError, match="cuda_build on spark-02: torch cu129 .fix: install cu130"):
+        record_environment(test_cfg, _report("fail"))
+    with pytest.raises(LabError, match="fix them and re-run"):
+        require_environment(test_cfg)  # recorded, not blessed, no consent
+    record_environment(test_cfg, _report("fail"), continue_despite_failures=True)
+    payload = require_environment(test_cfg)
+    assert payload.continued_despite_failures and not payload.blessed
+    assert "continuing on an environment with failed checks" in capsys.readouterr().out
