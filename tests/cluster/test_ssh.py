@@ -1,19 +1,16 @@
-"""The SSH node against real sshd on loopback: run, copy, detached start and stop, quoting,
-host-key policy, ~/.ssh/config, secrets, one connection per node reused until its cluster
-closes; then deploy + serve of the disaggregated topology with every serving node reached
-over SSH, passing the proof of transfer. No connection outlives the tests."""
+"""What only the SSH node does, against real sshd on loopback: host-key policy,
+~/.ssh/config, one connection per node reused until its cluster closes (and reopened when
+it drops), the workdir rule; then deploy + serve of the disaggregated topology with every
+serving node reached over SSH, passing the proof of transfer. What every node does (run,
+copy, quoting, timeouts, detached start and stop, secrets, ports) is the node contract
+(test_node_contract.py). No connection outlives the tests."""
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import json
 import os
 import shlex
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import paramiko
@@ -24,58 +21,11 @@ from lab_utils.cluster.ssh import SSHNode
 from lab_utils.errors import LabError
 from lab_utils.on_node import proctools
 
-from support.profiles import CANARY_API_KEY, PORT_SHIFT, make_profile_data, write_profile
+from support.profiles import write_profile
+from support.ssh_cluster import open_transports, ssh_profile
 from support.sshd_server import LoopbackSSHD
 
 CANARY = "hf_canary_ssh_7f3a9c"
-
-
-@pytest.fixture(scope="session")
-def sshds(tmp_path_factory):
-    """One sshd per simulated serving node, on that node's loopback address."""
-    root = tmp_path_factory.mktemp("sshd")
-    servers = {name: LoopbackSSHD(root / name, address=addr).start()
-               for name, addr in (("spark-01", "127.0.0.2"), ("spark-02", "127.0.0.3"))}
-    known = root / "known_hosts"
-    known.write_text("".join(s.known_hosts_line() + "\n" for s in servers.values()))
-    yield servers, known
-    assert open_transports() == [], "an SSH connection was left open"
-    for s in servers.values():
-        s.stop()
-
-
-@pytest.fixture(autouse=True)
-def no_system_known_hosts(monkeypatch, tmp_path):
-    """This machine's /etc/ssh/ssh_known_hosts plays no part; a test names its own."""
-    monkeypatch.setattr(ssh, "GLOBAL_KNOWN_HOSTS", (str(tmp_path / "no-global-known-hosts"),))
-
-
-def open_transports(wait_s: float = 5.0) -> list:
-    """paramiko's transport threads still running (a closed one ends within moments)."""
-    t_end = time.monotonic() + wait_s
-    while True:
-        alive = [t for t in threading.enumerate() if isinstance(t, paramiko.Transport)]
-        if not alive or time.monotonic() > t_end:
-            return alive
-        time.sleep(0.05)
-
-
-def ssh_profile(root: Path, servers: dict, known: Path, **ssh_overrides) -> dict:
-    data = make_profile_data(str(root / "results"))
-    data["profile"] = "test-ssh"
-    data["model"]["node_path"] = str(root / "node-models" / "tiny-llama")
-    for name, server in servers.items():
-        node = data["nodes"][name]
-        node.update(connection="ssh", python=sys.executable, workdir=str(root / name))
-        node["ssh"] = {"host": server.host, "port": server.port, "user": server.user,
-                       "key_file": str(server.client_key), "known_hosts": str(known),
-                       **ssh_overrides}
-    for role in ("baseline", "replica", "prefill", "decode"):  # off the engine tests' ports
-        s = data["vllm"][role]
-        s["port"] += PORT_SHIFT
-        if s.get("side_channel_port"):
-            s["side_channel_port"] += PORT_SHIFT
-    return data
 
 
 @pytest.fixture(scope="session")
@@ -145,78 +95,6 @@ def test_a_dropped_connection_is_reopened(node, connects):
     node._conn.get_transport().close()  # as if the network dropped it
     assert node.run(["echo", "again"]).stdout.strip() == "again"
     assert len(connects) == 2
-
-
-def test_run_drains_both_streams(node):
-    big = "import sys; sys.stdout.write('o' * 2_000_000); sys.stderr.write('e' * 2_000_000); sys.exit(4)"
-    r = node.run([sys.executable, "-c", big], timeout=60)
-    assert (r.code, len(r.stdout), len(r.stderr)) == (4, 2_000_000, 2_000_000)
-
-
-def test_hostile_arguments_arrive_literally(node, tmp_path):
-    marker = tmp_path / "pwned"
-    hostile = [f"; touch {marker}", "$(id)", "`id`", "a b", "it's", 'say "hi"', "line\nbreak", "*"]
-    r = node.run([sys.executable, "-c", "import sys, json; print(json.dumps(sys.argv[1:]))", *hostile])
-    assert r.ok, r.stderr
-    assert json.loads(r.stdout) == hostile
-    assert not marker.exists()
-
-
-def test_run_timeout_is_bounded(node):
-    t0 = time.monotonic()
-    with pytest.raises(LabError, match="timed out"):
-        node.run(["sleep", "30"], timeout=1)
-    assert time.monotonic() - t0 < 5
-
-
-def test_copy_file(node, tmp_path):
-    src = tmp_path / "script.sh"
-    src.write_text("#!/bin/sh\necho copied\n")
-    src.chmod(0o750)
-    dest = f"{node.cfg.workdir}/sub dir/script.sh"
-    node.put_file(src, dest)
-    assert Path(dest).read_text() == src.read_text()
-    assert Path(dest).stat().st_mode & 0o777 == 0o750
-    assert node.run([dest]).stdout.strip() == "copied"
-
-
-def test_detached_start_and_stop_leave_nothing(node):
-    secrets = {"HF_TOKEN": CANARY, "VLLM_API_KEY": CANARY_API_KEY}
-    digest = {k: hashlib.sha256(v.encode()).hexdigest() for k, v in secrets.items()}
-    code = ("import hashlib, os, subprocess, sys, time\n"  # the program knows only the hashes
-            "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
-            "seen = {k: hashlib.sha256(os.environ.get(k, '').encode()).hexdigest() for k in "
-            f"{sorted(secrets)!r}}}\n"
-            f"print('token set:', seen == {digest!r}, flush=True)\n"
-            "time.sleep(600)\n")
-    log = f"{node.cfg.workdir}/logs/family.log"
-    rec = node.start_detached("family", [sys.executable, "-c", code], log_path=log,
-                              env=secrets)
-    try:
-        assert rec.pgid == rec.pid and node.state.get("family") == rec
-        assert Path(log).stat().st_mode & 0o777 == 0o600  # it holds command lines
-        t_end = time.monotonic() + 15
-        while "token set" not in node.log_tail(rec) and time.monotonic() < t_end:
-            time.sleep(0.1)
-        assert "token set: True" in node.log_tail(rec)  # the secret arrived...
-        assert node.is_alive(rec) and len(proctools.group_members(rec.pgid)) == 2
-        for pid in Path("/proc").iterdir():  # ...but is on no command line on the node
-            if pid.name.isdigit():
-                with contextlib.suppress(OSError):
-                    cmdline = (pid / "cmdline").read_bytes()
-                    assert not any(v.encode() in cmdline for v in secrets.values()), pid
-        for v in secrets.values():
-            assert v not in Path(log).read_text() and v not in node.state.path.read_text()
-    finally:
-        assert node.stop(rec, grace_s=2) is True
-    assert proctools.group_members(rec.pgid) == []
-    assert not node.is_alive(rec)
-
-
-def test_port_holder_reported_over_ssh(node, sshds):
-    servers, _ = sshds
-    report = node.port_report("127.0.0.2", servers["spark-01"].port)
-    assert not report["free"] and any("sshd" in h for h in report["holders"])
 
 
 def test_unknown_host_key_refused_unless_opted_in(sshds, tmp_path):
