@@ -29,6 +29,7 @@ from lab_utils.kv.budget import choose_buffer_device, model_hf_config
 from lab_utils.kv.shapes import kv_shape
 from lab_utils.measure.benchmark import BenchmarkResult, sweep
 from lab_utils.measure.loadgen import RequestRecord, RequestSpec, auth_headers, run_point, run_sync
+from lab_utils.measure.points import COMPARED, compare
 from lab_utils.measure.prompts import exact_prompt
 from lab_utils.measure.workload import build_requests, server_tokenizer
 from lab_utils.payloads import (
@@ -258,12 +259,6 @@ def check_alive(cfg: LabConfig, served: Served, lines: int = 8) -> None:
                     "that starts the topology, then the sweep.")
 
 
-SWEEP_COLUMNS = {"request_throughput": "req/s", "output_throughput": "output tok/s",
-                 "median_ttft_ms": "TTFT p50 (ms)", "p99_ttft_ms": "TTFT p99 (ms)",
-                 "median_tpot_ms": "TPOT p50 (ms)", "median_itl_ms": "ITL p50 (ms)",
-                 "p99_itl_ms": "ITL p99 (ms)"}
-
-
 def sweep_frame(result: BenchmarkResult):
     """One row per load point: the headline metrics with units, whether the point is
     valid, and the spread (the widest max - min over repeats, in % of the median, among
@@ -272,11 +267,10 @@ def sweep_frame(result: BenchmarkResult):
 
     rows = []
     for c in result.combined:
-        row = {"load": f"{c['mode']} {c['value']:g}", "valid": c["valid"]}
-        row.update({label: c.get(k) for k, label in SWEEP_COLUMNS.items()})
-        spreads = [c[f"{k}_spread"] / c[k] * 100 for k in SWEEP_COLUMNS
-                   if c.get(k) and c.get(f"{k}_spread") is not None]
-        row["spread %"] = max(spreads) if spreads and c.get("repeats", 1) > 1 else None
+        row = {"load": c.load, "valid": c.valid}
+        row.update({m.heading: c.median(m) for m in COMPARED})
+        spreads = [c.of(m).spread / c.median(m) * 100 for m in COMPARED if c.median(m)]
+        row["spread %"] = max(spreads) if spreads and c.repeats > 1 else None
         rows.append(row)
     return pd.DataFrame(rows).round(2)
 
@@ -369,10 +363,10 @@ def plot_decode_roofline(result: BenchmarkResult, roof: Roofline):
     """Decode tokens/s per stream (1000 / median TPOT) against the memory roofline."""
     from matplotlib.figure import Figure
 
-    points = [c for c in result.combined if c["mode"] == "concurrency" and c.get("median_tpot_ms")]
+    points = [c for c in result.combined if c.mode == "concurrency" and c.median("median_tpot_ms")]
     fig = Figure(figsize=(7, 4))
     ax = fig.add_subplot()
-    ax.plot([c["value"] for c in points], [1000.0 / c["median_tpot_ms"] for c in points], "o-",
+    ax.plot([c.value for c in points], [1000.0 / c.median("median_tpot_ms") for c in points], "o-",
             label="measured: 1000 / median TPOT")
     if roof.max_tokens_per_s_per_stream:
         ax.axhline(roof.max_tokens_per_s_per_stream, ls="--", color="grey",
@@ -475,7 +469,7 @@ def compare_policies(cfg: LabConfig, session: ServingSession, served: Served):
             session.swap_front_door(served, "lab", policy=policy)
             print(f"{policy}: the mixed workload at concurrency {max(w.concurrency)}", flush=True)
             c = run_sweep(cfg, served, mixed=True, workload=one).combined[0]
-            rows.append({"policy": policy, **{label: c.get(k) for k, label in SWEEP_COLUMNS.items()}})
+            rows.append({"policy": policy, **{m.heading: c.median(m) for m in COMPARED}})
     finally:
         session.swap_front_door(served, "lab", policy=cfg.topology.replicated.policy)
     return pd.DataFrame(rows).round(2)
@@ -484,32 +478,26 @@ def compare_policies(cfg: LabConfig, session: ServingSession, served: Served):
 def compare_frame(reference: ResultsEnvelope, result: BenchmarkResult, names: tuple[str, str],
                   key: str = "sweep"):
     """Headline metrics of a reference notebook's sweep (or `key`: "mixed") and this one's,
-    side by side, with the change in percent (positive: higher) and which is better (with
-    "=" where the difference is within 10% or inside both repeats' ranges)."""
+    side by side, with the change in percent (positive: higher) and which is better by the
+    lab's one rule (`points.compare`; "=" where they do not differ)."""
     import pandas as pd
 
-    from lab_utils.lessons import differs
-
-    keys = ["output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_itl_ms", "p99_itl_ms"]
-    higher_better = {"output_throughput"}
     theirs: BenchmarkResult | None = getattr(reference.payload, key)
     if theirs is None:
         raise LabError(f"notebook {reference.notebook}'s results have no {key!r} run; re-run it")
-    ref = {(c["mode"], c["value"]): c for c in theirs.combined}
+    ref = {(c.mode, c.value): c for c in theirs.combined}
     rows = []
     for c in result.combined:
-        r = ref.get((c["mode"], c["value"]))
+        r = ref.get((c.mode, c.value))
         if r is None:
             continue
-        for k in keys:
-            a, b = r.get(k), c.get(k)
-            better = "="
-            if differs(r, c, k):
-                better = names[1] if (b > a) == (k in higher_better) else names[0]
-            rows.append({"load": f"{c['mode']} {c['value']:g}", "metric": SWEEP_COLUMNS[k],
+        for m in COMPARED:
+            a, b = r.median(m), c.median(m)
+            better = {"a": names[0], "b": names[1]}.get(compare(r.of(m), c.of(m), m).better, "=")
+            rows.append({"load": c.load, "metric": m.heading,
                          names[0]: a, names[1]: b,
                          "change %": (b - a) / a * 100 if a and b is not None else None,
-                         "better": better, "both valid": bool(r["valid"] and c["valid"])})
+                         "better": better, "both valid": bool(r.valid and c.valid)})
     return pd.DataFrame(rows).round(2)
 
 
