@@ -150,7 +150,8 @@ def conclude_03(baseline: BenchmarkResult, replicated: BenchmarkResult,
     said = []
     if better(a[top], b[top], "output_throughput") == "b":
         said.append(f"As expected, two replicas added capacity: at concurrency {top:g} output "
-                    f"throughput rose {thr:.0f}% ({_tps(a[top])} -> {_tps(b[top])} tok/s).")
+                    f"throughput rose {'from 0' if thr is None else f'{thr:.0f}%'} "
+                    f"({_tps(a[top])} -> {_tps(b[top])} tok/s).")
     else:
         lost = [f"{c:g}: {_pct(_change(a[c].median('output_throughput'), b[c].median('output_throughput')))}"
                 for c in common]
