@@ -3,9 +3,9 @@ where the expectation the notebook started from held or failed, and the likely c
 with the numbers quoted. Each `conclude_NN` returns plain sentences; the first says
 whether the notebook's expectation held.
 
-Whether a difference counts is decided by the lab's one rule (`points.compare`: more than
-`points.MARGIN` of the smaller value and, with repeats on both sides, min-max ranges apart), the
-same as the report's, the comparison tables' and the forecast grading's.
+Whether a difference counts is decided by the lab's one rule (`points.compare`: more
+than `points.MARGIN` of the smaller value and, with repeats on both sides, min-max ranges
+apart), the same as the report's, the comparison tables' and the forecast grading's.
 """
 
 from __future__ import annotations

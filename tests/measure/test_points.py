@@ -237,7 +237,7 @@ def test_one_table_for_every_headline_metric():
                                          "p99_itl_ms", "median_tpot_ms"]
     ttft = BY_KEY["median_ttft_ms"]
     assert (ttft.heading, ttft.text(1234.56), ttft.text(None), ttft.way) == (
-        "TTFT p50 (ms)", "1,234.6 ms", "–", "lower")
+        "TTFT p50 (ms)", "1,234.56 ms", "–", "lower")
     assert BY_KEY["output_throughput"].better(2.0, 1.0) and ttft.better(1.0, 2.0)
     with pytest.raises(KeyError):
         points.select("median_ttft")
