@@ -66,7 +66,7 @@ def _floats(text: str | None) -> list[float] | None:
 def _cmd_bench(args) -> int:
     from lab_utils.config import read_secret_file
     from lab_utils.measure import sweep, workload
-    from lab_utils.results import write_envelope
+    from lab_utils.results import COMPARED, write_envelope
 
     cfg = load_config(args.config)
     overrides = {k: v for k, v in {
@@ -88,15 +88,15 @@ def _cmd_bench(args) -> int:
                    lambda n, seed: workload.build_requests(w, n, tok, detok, mixed=args.mixed, seed=seed), w,
                    mixed=args.mixed, api_key=key)
     out = write_envelope(cfg, args.out, "benchmark", "cli", result.model_dump())
-    print(f"{'point':<18}{'req/s':>8}{'out tok/s':>11}{'TTFT p50':>10}{'p99':>9}"
-          f"{'TPOT p50':>10}{'ITL p99':>9}  valid")
+    width = {m.key: max(len(m.label), 8) + 2 for m in COMPARED}
+    print(f"{'point':<18}" + "".join(f"{m.label:>{width[m.key]}}" for m in COMPARED) + "  valid")
+    print(f"{'':<18}" + "".join(f"{m.unit:>{width[m.key]}}" for m in COMPARED))
     for c in result.combined:
-        print(f"{c['mode'] + ' ' + format(c['value'], 'g'):<18}{c.get('request_throughput', 0):>8.2f}"
-              f"{c.get('output_throughput', 0):>11.1f}{c.get('median_ttft_ms', float('nan')):>10.1f}"
-              f"{c.get('p99_ttft_ms', float('nan')):>9.1f}{c.get('median_tpot_ms', float('nan')):>10.2f}"
-              f"{c.get('p99_itl_ms', float('nan')):>9.2f}  {'yes' if c['valid'] else 'NO: see errors'}")
+        print(f"{c.load:<18}"
+              + "".join(f"{m.text(c.median(m), unit=False):>{width[m.key]}}" for m in COMPARED)
+              + f"  {'yes' if c.valid else 'NO: see errors'}")
     print(f"written: {out}")
-    return 0 if all(c["valid"] for c in result.combined) else 1
+    return 0 if all(c.valid for c in result.combined) else 1
 
 
 def _cmd_status(args) -> int:

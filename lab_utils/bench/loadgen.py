@@ -13,8 +13,10 @@ highest concurrency in an untimed pass first), `--repeats` times each, the two t
 turn and the order swapped every repeat. With `--aiperf PATH` (an `aiperf` executable in
 a venv of its own; `make aiperf-venv` makes one) NVIDIA's AIPerf runs the same points as
 a third opinion. Per point and metric: the medians over the repeats, their [min-max],
-and a verdict: agree when the lab's median is within 10% of vLLM's, or when the two
-ranges overlap (the difference is within the runs' own spread); otherwise DIFFER.
+and a verdict by the lab's one rule (`lab_utils.results.points.compare`): "agree" when
+the medians are within 10% of the smaller one, "agree (spread)" when they are further
+apart but the two ranges overlap (the difference is within the runs' own spread), else
+"DIFFER".
 
 Why prefix caching is off: vLLM's random dataset makes each prompt a run of consecutive
 token ids from a random start, so on the tiny model's 512-token vocabulary its prompts
@@ -43,12 +45,12 @@ from lab_utils.config import WorkloadConfig, load_config
 from lab_utils.measure.benchmark import summarize
 from lab_utils.measure.loadgen import RequestSpec, run_point
 from lab_utils.on_node.proctools import port_is_free, stop_group
+from lab_utils.results.points import Measured, compare, select
 
 HOST = "127.0.0.8"
 NO_PREFIX_CACHING = "--no-enable-prefix-caching"
-METRICS = ("median_ttft_ms", "median_tpot_ms", "median_itl_ms", "output_throughput",
-           "request_throughput")
-REL = 0.10  # medians this close agree whatever the spread
+METRICS = tuple(m.key for m in select("request_throughput", "output_throughput",
+                                       "median_ttft_ms", "median_itl_ms", "median_tpot_ms"))
 
 
 def ceiling(rates: list[float], seconds: float) -> list[dict]:
@@ -71,15 +73,14 @@ def ceiling(rates: list[float], seconds: float) -> list[dict]:
         stop_group(pid, ticks, 5)
 
 
-def verdict(ours: list[float], theirs: list[float], rel: float = REL) -> str:
-    """'agree' (medians within `rel`), 'agree (spread)' (not within `rel`, but the two
-    [min-max] ranges overlap), or 'DIFFER'."""
-    a, b = statistics.median(ours), statistics.median(theirs)
-    if abs(a - b) <= rel * abs(b):
-        return "agree"
-    if min(ours) <= max(theirs) and min(theirs) <= max(ours):
-        return "agree (spread)"
-    return "DIFFER"
+def verdict(ours: list[float], theirs: list[float]) -> str:
+    """The lab's one rule (`points.compare`) on the two tools' runs: 'agree' (medians within
+    the 10% margin), 'agree (spread)' (further apart, but the two [min-max] ranges
+    overlap), or 'DIFFER'."""
+    v = compare(Measured.of(ours), Measured.of(theirs))
+    if v.differs:
+        return "DIFFER"
+    return "agree (spread)" if v.beyond_margin else "agree"
 
 
 # ---- vllm bench serve, in a process that imports vLLM once --------------------------------

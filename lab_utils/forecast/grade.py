@@ -1,8 +1,10 @@
 """Grade a forecast against what was then measured.
 
 For every metric at every load point of a forecast: the predicted median, its interval,
-the measured median, the error in percent of the measurement, and whether the
-measurement fell inside the interval. A point is not graded (it is shown, with the
+the measured median, the error in percent of the measurement, whether the measurement
+fell inside the interval, and whether the two differ by the lab's one rule
+(`points.compare`, the prediction's interval standing for its min-max range; with one
+measured repeat the 10% margin alone decides). A point is not graded (it is shown, with the
 reason) when it is invalid, when the machine stood still during one of its repeats (its
 latencies include the stall), or, for ITL and TPOT only, when the load generator read many
 tokens together, late (their gaps are the client's, not the server's).
@@ -13,9 +15,9 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from lab_utils.forecast.run import LABELS, SHOWN
 from lab_utils.measure.benchmark import read_late
 from lab_utils.results.forecast import Forecast
+from lab_utils.results.points import BY_KEY, FORECAST, Measured, compare
 from lab_utils.results.sweep import BenchmarkResult
 
 HEADLINE_GRADE = ("median_ttft_ms", "median_tpot_ms")  # the issue's yardstick
@@ -36,16 +38,18 @@ def grade_rows(fc: Forecast, measured: dict[str, BenchmarkResult | None]) -> lis
         result = measured.get(row["workload"])
         if result is None:
             continue
-        entry = next((c for c in result.combined if c["mode"] == row["mode"]
-                      and float(c["value"]) == row["value"]), None)
+        entry = next((c for c in result.combined if c.mode == row["mode"]
+                      and float(c.value) == row["value"]), None)
         if entry is None:
             continue
         stall = _stood_still(result, row["mode"], row["value"])
         late = read_late(result, row["mode"], row["value"])
-        for k in SHOWN:
-            pred, meas = row.get(k), entry.get(k)
+        for m in FORECAST:
+            k = m.key
+            got = entry.of(m)
+            pred, meas = row.get(k), None if got is None else got.median
             lo, hi = row.get(f"{k}_lo"), row.get(f"{k}_hi")
-            why = ("invalid point" if not entry.get("valid", True) else stall
+            why = ("invalid point" if not entry.valid else stall
                    or ("tokens read together, late" if late and k in PER_TOKEN else None))
             if pred is None or meas is None:
                 why = why or "not predicted or not measured"
@@ -55,17 +59,30 @@ def grade_rows(fc: Forecast, measured: dict[str, BenchmarkResult | None]) -> lis
                         "measured": meas, "error %": err,
                         "in interval": (lo is not None and hi is not None and meas is not None
                                         and lo <= meas <= hi),
+                        "differs": compare(got, predicted(pred, lo, hi)).differs,
                         "graded": why is None, "not graded because": why})
     return out
 
 
+def predicted(median: float | None, lo: float | None, hi: float | None) -> Measured | None:
+    """A forecast's value as the lab's rule reads it: its interval [lo, hi] stands for a
+    min-max range over repeats; without one it is a single value."""
+    if median is None:
+        return None
+    if lo is None or hi is None:
+        return Measured.one(median)
+    return Measured(median=median, min=lo, max=hi, n=2)
+
+
 def summary(rows: list[dict[str, Any]], metrics=HEADLINE_GRADE) -> dict[str, Any]:
-    """Median absolute error (%) over the graded points of `metrics`, and how many points."""
+    """Median absolute error (%) over the graded points of `metrics`, how many points, how
+    many inside the interval and how many differ from the forecast by the lab's rule."""
     errs = [abs(r["error %"]) for r in rows if r["graded"] and r["metric"] in metrics
             and r["error %"] is not None]
     inside = [r["in interval"] for r in rows if r["graded"] and r["metric"] in metrics]
+    differ = [r["differs"] for r in rows if r["graded"] and r["metric"] in metrics]
     return {"median_abs_error_pct": statistics.median(errs) if errs else None,
-            "points": len(errs), "in_interval": sum(inside),
+            "points": len(errs), "in_interval": sum(inside), "differ": sum(differ),
             "within_goal": bool(errs) and statistics.median(errs) <= GOAL_PCT,
             "ungraded": sum(1 for r in rows if not r["graded"] and r["metric"] in metrics)}
 
@@ -76,7 +93,7 @@ def grade_frame(rows: list[dict[str, Any]]):
     df = pd.DataFrame(rows)
     if df.empty:
         return df
-    df["metric"] = df["metric"].map(LABELS)
+    df["metric"] = df["metric"].map(lambda k: BY_KEY[k].heading)
     return df.round(2)
 
 
@@ -89,12 +106,14 @@ def sentences(arch: str, rows: list[dict[str, Any]]) -> list[str]:
     said = [f"{arch}: TTFT p50 and TPOT predicted with a median absolute error of "
             f"{s['median_abs_error_pct']:.0f}% over {s['points']} graded values "
             f"({'within' if s['within_goal'] else 'outside'} the {GOAL_PCT:g}% goal); "
-            f"{s['in_interval']} of them inside the forecast's interval"
+            f"{s['in_interval']} of them inside the forecast's interval, {s['differ']} "
+            "different from it by the lab's rule (more than 10% apart and, where the "
+            "measurement has repeats, its range clear of the interval)"
             + (f"; {s['ungraded']} not graded (flagged)" if s["ungraded"] else "")]
     graded = [r for r in rows if r["graded"] and r["error %"] is not None]
     if graded:
         worst = max(graded, key=lambda r: abs(r["error %"]))
-        said.append(f"  worst: {LABELS[worst['metric']]} at {worst['workload']} "
+        said.append(f"  worst: {BY_KEY[worst['metric']].heading} at {worst['workload']} "
                     f"{worst['load']}: predicted {worst['predicted']:.3g}, measured "
                     f"{worst['measured']:.3g} ({worst['error %']:+.0f}%)")
     return said

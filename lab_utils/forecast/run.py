@@ -25,13 +25,8 @@ from lab_utils.forecast.model import (
 )
 from lab_utils.results.forecast import EngineProfile, Forecast
 from lab_utils.results.kv_transfer import KvTransferPayload
+from lab_utils.results.points import FORECAST
 
-SHOWN = ("median_ttft_ms", "p99_ttft_ms", "median_itl_ms", "p99_itl_ms", "median_tpot_ms",
-         "output_throughput", "request_goodput")
-LABELS = {"median_ttft_ms": "TTFT p50 (ms)", "p99_ttft_ms": "TTFT p99 (ms)",
-          "median_itl_ms": "ITL p50 (ms)", "p99_itl_ms": "ITL p99 (ms)",
-          "median_tpot_ms": "TPOT p50 (ms)", "output_throughput": "output (tok/s)",
-          "request_goodput": "goodput (req/s)"}
 SPLIT_NODES = (2, 4, 8)
 
 
@@ -118,7 +113,7 @@ def forecast_frame(rows: list[dict[str, Any]]):
         return f"{v:.3g} [{lo:.3g}-{hi:.3g}]"
 
     return pd.DataFrame([{"workload": r["workload"], "load": r["load"],
-                          **{LABELS[k]: cell(r, k) for k in SHOWN},
+                          **{m.heading: cell(r, m.key) for m in FORECAST},
                           "bottleneck": r["bottleneck"]} for r in rows])
 
 

@@ -5,7 +5,9 @@
 - `workload`: the benchmark's prompts, seeded, with an exact number of tokens.
 - `prompts`: prompts of an exact token count from the served model's own tokenizer.
 - `benchmark`: a sweep over load points, its summaries in `vllm bench serve`'s field names
-  (the records, `RequestRecord` and `BenchmarkResult`, are in `lab_utils.results.sweep`).
+  (the records, `RequestRecord` and `BenchmarkResult`, are in `lab_utils.results.sweep`;
+  the typed measured point, the metric table and the rule for "this differs" in
+  `lab_utils.results.points`).
 - `roofline`: decode's memory-bandwidth ceiling per stream (bandwidth, weight bytes).
 - `stalls`: waiting in the harness when the machine itself stands still.
 """

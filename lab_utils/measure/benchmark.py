@@ -4,15 +4,15 @@
 writes (`completed`, `request_throughput`, `median_ttft_ms`, `p99_itl_ms`, ...), plus
 goodput under the configured SLOs, the first errors, and a verdict: a point where more
 than `max_failed_fraction` of requests failed is marked invalid, loudly, and must not be
-shown as a result. `combine` gives the median over repeats and the spread. `sweep` runs
-a workload over concurrency levels and request rates. Its records (`RequestRecord`,
+shown as a result. `combine` gives the typed `Point` (`lab_utils.results.points`): the
+median over repeats of every headline metric, with its min-max range. `sweep` runs a
+workload over concurrency levels and request rates. Its records (`RequestRecord`,
 `BenchmarkPoint`, `BenchmarkResult`, in `lab_utils.results.sweep`) travel inside the
 results envelope.
 """
 
 from __future__ import annotations
 
-import statistics
 from typing import Any
 
 import numpy as np
@@ -20,13 +20,12 @@ import numpy as np
 from lab_utils.config import WorkloadConfig
 from lab_utils.measure import stalls
 from lab_utils.measure.loadgen import RequestSpec, run_point, run_sync
+from lab_utils.results.points import KEYS, Measured, Point
 from lab_utils.results.sweep import BenchmarkPoint, BenchmarkResult, RequestRecord
 from lab_utils.util.progress import log_progress
 
 PERCENTILES = (90, 99)
-HEADLINE = ("request_throughput", "output_throughput", "total_token_throughput", "request_goodput",
-            "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms", "median_itl_ms",
-            "p99_itl_ms", "median_e2el_ms", "p99_e2el_ms")
+HEADLINE = KEYS  # the metric table's keys (lab_utils.results.points.METRICS)
 
 
 def _stats(name: str, values: list[float]) -> dict[str, float | None]:
@@ -75,16 +74,13 @@ def summarize(records: list[RequestRecord], wall_s: float, w: WorkloadConfig) ->
     return out
 
 
-def combine(summaries: list[dict[str, Any]]) -> dict[str, Any]:
-    """Median over repeats of the headline metrics, with min, max and the spread."""
-    out: dict[str, Any] = {"repeats": len(summaries), "valid": all(s["valid"] for s in summaries)}
-    for key in HEADLINE:
-        vals = [s[key] for s in summaries if s.get(key) is not None]
-        if vals:
-            out[key] = statistics.median(vals)
-            out[f"{key}_min"], out[f"{key}_max"] = min(vals), max(vals)
-            out[f"{key}_spread"] = max(vals) - min(vals)
-    return out
+def combine(summaries: list[dict[str, Any]], mode: str, value: float,
+            mixed: bool = False) -> Point:
+    """One load point's repeats (`summarize`'s records) as one Point: the median over the
+    repeats of every headline metric, with its min and max."""
+    return Point(mode=mode, value=value, mixed=mixed, repeats=len(summaries),
+                 valid=all(s["valid"] for s in summaries),
+                 **{k: Measured.of(s.get(k) for s in summaries) for k in HEADLINE})
 
 
 READ_TOGETHER_NOTE = 0.10
@@ -146,6 +142,6 @@ def sweep(url: str, model: str, make_requests, w: WorkloadConfig, *, mixed: bool
             summaries.append(s)
             points.append(BenchmarkPoint(mode=mode, value=value, repeat=rep, summary=s,
                                          requests=[r.as_dict() for r in records]))
-        combined.append({"mode": mode, "value": value, "mixed": mixed, **combine(summaries)})
+        combined.append(combine(summaries, mode, value, mixed))
     return BenchmarkResult(target=url, model=model, workload={**w.model_dump(), "mixed": mixed},
                            points=points, combined=combined)

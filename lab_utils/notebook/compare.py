@@ -12,18 +12,13 @@ import pandas as pd
 
 from lab_utils.config import LabConfig
 from lab_utils.errors import LabError
-from lab_utils.notebook.lessons import differs
 from lab_utils.notebook.session import ServingSession
 from lab_utils.notebook.steps import run_sweep
 from lab_utils.results import FrontDoors, ResultsEnvelope, load_reference_results, reference_origin
+from lab_utils.results.points import COMPARED, compare
 from lab_utils.results.sweep import BenchmarkResult
 from lab_utils.serve import router
 from lab_utils.serve.topology import Served
-
-SWEEP_COLUMNS = {"request_throughput": "req/s", "output_throughput": "output tok/s",
-                 "median_ttft_ms": "TTFT p50 (ms)", "p99_ttft_ms": "TTFT p99 (ms)",
-                 "median_tpot_ms": "TPOT p50 (ms)", "median_itl_ms": "ITL p50 (ms)",
-                 "p99_itl_ms": "ITL p99 (ms)"}
 
 
 def sweep_frame(result: BenchmarkResult):
@@ -32,11 +27,10 @@ def sweep_frame(result: BenchmarkResult):
     the metrics shown)."""
     rows = []
     for c in result.combined:
-        row = {"load": f"{c['mode']} {c['value']:g}", "valid": c["valid"]}
-        row.update({label: c.get(k) for k, label in SWEEP_COLUMNS.items()})
-        spreads = [c[f"{k}_spread"] / c[k] * 100 for k in SWEEP_COLUMNS
-                   if c.get(k) and c.get(f"{k}_spread") is not None]
-        row["spread %"] = max(spreads) if spreads and c.get("repeats", 1) > 1 else None
+        row = {"load": c.load, "valid": c.valid}
+        row.update({m.heading: c.median(m) for m in COMPARED})
+        spreads = [c.of(m).spread / c.median(m) * 100 for m in COMPARED if c.median(m)]
+        row["spread %"] = max(spreads) if spreads and c.repeats > 1 else None
         rows.append(row)
     return pd.DataFrame(rows).round(2)
 
@@ -87,7 +81,7 @@ def compare_policies(cfg: LabConfig, session: ServingSession, served: Served):
             session.swap_front_door(served, "lab", policy=policy)
             print(f"{policy}: the mixed workload at concurrency {max(w.concurrency)}", flush=True)
             c = run_sweep(cfg, served, mixed=True, workload=one).combined[0]
-            rows.append({"policy": policy, **{label: c.get(k) for k, label in SWEEP_COLUMNS.items()}})
+            rows.append({"policy": policy, **{m.heading: c.median(m) for m in COMPARED}})
     finally:
         session.swap_front_door(served, "lab", policy=cfg.topology.replicated.policy)
     return pd.DataFrame(rows).round(2)
@@ -96,28 +90,24 @@ def compare_policies(cfg: LabConfig, session: ServingSession, served: Served):
 def compare_frame(reference: ResultsEnvelope, result: BenchmarkResult, names: tuple[str, str],
                   key: str = "sweep"):
     """Headline metrics of a reference notebook's sweep (or `key`: "mixed") and this one's,
-    side by side, with the change in percent (positive: higher) and which is better (with
-    "=" where the difference is within 10% or inside both repeats' ranges)."""
-    keys = ["output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_itl_ms", "p99_itl_ms"]
-    higher_better = {"output_throughput"}
+    side by side, with the change in percent (positive: higher) and which is better by the
+    lab's one rule (`points.compare`; "=" where they do not differ)."""
     theirs: BenchmarkResult | None = getattr(reference.payload, key)
     if theirs is None:
         raise LabError(f"notebook {reference.notebook}'s results have no {key!r} run; re-run it")
-    ref = {(c["mode"], c["value"]): c for c in theirs.combined}
+    ref = {(c.mode, c.value): c for c in theirs.combined}
     rows = []
     for c in result.combined:
-        r = ref.get((c["mode"], c["value"]))
+        r = ref.get((c.mode, c.value))
         if r is None:
             continue
-        for k in keys:
-            a, b = r.get(k), c.get(k)
-            better = "="
-            if differs(r, c, k):
-                better = names[1] if (b > a) == (k in higher_better) else names[0]
-            rows.append({"load": f"{c['mode']} {c['value']:g}", "metric": SWEEP_COLUMNS[k],
+        for m in COMPARED:
+            a, b = r.median(m), c.median(m)
+            better = {"a": names[0], "b": names[1]}.get(compare(r.of(m), c.of(m), m).better, "=")
+            rows.append({"load": c.load, "metric": m.heading,
                          names[0]: a, names[1]: b,
                          "change %": (b - a) / a * 100 if a and b is not None else None,
-                         "better": better, "both valid": bool(r["valid"] and c["valid"])})
+                         "better": better, "both valid": bool(r.valid and c.valid)})
     return pd.DataFrame(rows).round(2)
 
 

@@ -3,8 +3,9 @@ where the expectation the notebook started from held or failed, and the likely c
 with the numbers quoted. Each `conclude_NN` returns plain sentences; the first says
 whether the notebook's expectation held.
 
-A difference counts when it is larger than `MARGIN` of the smaller value and, with
-repeats, outside the run-to-run range of both (the same rule as the report's, simpler).
+Whether a difference counts is decided by the lab's one rule (`points.compare`: more
+than `points.MARGIN` of the smaller value and, with repeats on both sides, min-max ranges
+apart), the same as the report's, the comparison tables' and the forecast grading's.
 """
 
 from __future__ import annotations
@@ -12,17 +13,17 @@ from __future__ import annotations
 from lab_utils.measure.benchmark import read_late
 from lab_utils.results import BaselinePayload, Proof
 from lab_utils.results.kv_transfer import KvTransferPayload
+from lab_utils.results.points import BY_KEY, Measured, Point, compare, differs
 from lab_utils.results.sweep import BenchmarkResult
 
-MARGIN = 0.10
 CPU_NOTE = ("on the CPU rehearsal every instance shares the machine's two cores with the "
             "others, the proxy and the load generator")
 
 
-def _points(result: BenchmarkResult | None, mode: str = "concurrency") -> dict[float, dict]:
+def _points(result: BenchmarkResult | None, mode: str = "concurrency") -> dict[float, Point]:
     if result is None:
         return {}
-    return {float(c["value"]): c for c in result.combined if c["mode"] == mode and c["valid"]}
+    return {float(c.value): c for c in result.combined if c.mode == mode and c.valid}
 
 
 def _change(a: float | None, b: float | None) -> float | None:
@@ -30,20 +31,19 @@ def _change(a: float | None, b: float | None) -> float | None:
     return (b - a) / a * 100 if a and b is not None else None
 
 
-def differs(a: dict, b: dict, key: str) -> bool:
-    """Whether b's `key` differs from a's beyond MARGIN and beyond both ranges."""
-    x, y = a.get(key), b.get(key)
-    if x is None or y is None or min(abs(x), abs(y)) == 0:
-        return False
-    if abs(y - x) <= MARGIN * min(abs(x), abs(y)):
-        return False
-    lo_a, hi_a = a.get(f"{key}_min", x), a.get(f"{key}_max", x)
-    lo_b, hi_b = b.get(f"{key}_min", y), b.get(f"{key}_max", y)
-    return hi_a < lo_b or hi_b < lo_a
+def better(a: Point, b: Point, key: str) -> str | None:
+    """"a" or "b": the better of two points on `key` when they differ by the lab's rule
+    (`points.compare`), else None."""
+    return compare(a.of(key), b.of(key), key).better
 
 
 def _ms(v: float | None) -> str:
     return "–" if v is None else f"{v:.3g} ms"
+
+
+def _tps(p: Point) -> str:
+    """A point's output throughput as the sentences quote it ("505")."""
+    return f"{p.median('output_throughput'):.0f}"
 
 
 def _pct(v: float | None) -> str:
@@ -59,23 +59,23 @@ def conclude_01(payload: BaselinePayload, device: str = "cpu") -> list[str]:
     if len(pts) < 2:
         return ["Only one valid load point: nothing to compare across concurrency."]
     lo, hi = pts[min(pts)], pts[max(pts)]
-    gain = hi["output_throughput"] / lo["output_throughput"]
-    tpot = _change(lo.get("median_tpot_ms"), hi.get("median_tpot_ms"))
+    gain = hi.median("output_throughput") / lo.median("output_throughput")
+    tpot = _change(lo.median("median_tpot_ms"), hi.median("median_tpot_ms"))
     said = []
-    if differs(lo, hi, "output_throughput") and gain > 1:
+    if better(lo, hi, "output_throughput") == "b":
         said.append(f"As expected, batching paid: output throughput rose {gain:.1f}x from "
-                    f"concurrency {min(pts):g} to {max(pts):g} ({lo['output_throughput']:.0f} -> "
-                    f"{hi['output_throughput']:.0f} tok/s) while TPOT changed {_pct(tpot)}: "
+                    f"concurrency {min(pts):g} to {max(pts):g} ({_tps(lo)} -> "
+                    f"{_tps(hi)} tok/s) while TPOT changed {_pct(tpot)}: "
                     f"{max(pts):g} requests shared each step.")
     else:
         said.append(f"Not as expected: output throughput did not grow with concurrency "
-                    f"({lo['output_throughput']:.0f} tok/s at {min(pts):g}, "
-                    f"{hi['output_throughput']:.0f} at {max(pts):g}). The instance was already "
+                    f"({_tps(lo)} tok/s at {min(pts):g}, "
+                    f"{_tps(hi)} at {max(pts):g}). The instance was already "
                     "saturated with one request"
                     + (f"; {CPU_NOTE}." if device == "cpu" else "."))
     roof = payload.roofline
-    if roof and roof.max_tokens_per_s_per_stream and lo.get("median_tpot_ms"):
-        per_stream = 1000 / lo["median_tpot_ms"]
+    if roof and roof.max_tokens_per_s_per_stream and lo.median("median_tpot_ms"):
+        per_stream = 1000 / lo.median("median_tpot_ms")
         share = per_stream / roof.max_tokens_per_s_per_stream
         said.append(f"One stream decoded {per_stream:.0f} tokens/s, {share:.0%} of the memory "
                     f"roofline ({roof.max_tokens_per_s_per_stream:.0f} tokens/s)"
@@ -97,6 +97,12 @@ def conclude_01(payload: BaselinePayload, device: str = "cpu") -> list[str]:
 # ---- 02 ---------------------------------------------------------------------------------
 
 
+def _above(ratio: float) -> bool:
+    """Whether a transfer took longer than the estimate by the lab's rule (measured /
+    predicted = `ratio`: more than `points.MARGIN` above it)."""
+    return ratio > 1 and differs(Measured.one(ratio), Measured.one(1.0))
+
+
 def conclude_02(kv: KvTransferPayload, input_len: int | None = None) -> list[str]:
     """Expectation: short prompts pay a fixed per-transfer cost above size / bandwidth."""
     rows = [r for r in kv.predicted_vs_measured if r.measured_ms and r.predicted_ms]
@@ -111,8 +117,8 @@ def conclude_02(kv: KvTransferPayload, input_len: int | None = None) -> list[str
         return said + ["The probe measured fewer than two prompt sizes: no comparison."]
     ratios = [(r.prompt_tokens, r.measured_ms / r.predicted_ms) for r in rows]
     short, long = ratios[0], ratios[-1]
-    over = [f"{n} tokens x{q:.2f}" for n, q in ratios if q > 1 + MARGIN]
-    if short[1] > 1 + MARGIN and short[1] > long[1]:
+    over = [f"{n} tokens x{q:.2f}" for n, q in ratios if _above(q)]
+    if _above(short[1]) and short[1] > long[1]:
         said.insert(0, f"As expected, the shortest prompt paid a fixed cost: its transfer "
                        f"took {short[1]:.2f}x the size / best-bandwidth estimate, the longest "
                        f"{long[1]:.2f}x (measured above the estimate at: {', '.join(over)}).")
@@ -141,25 +147,25 @@ def conclude_03(baseline: BenchmarkResult, replicated: BenchmarkResult,
     if not common:
         return ["No load point measured by both 01 and 03: nothing to compare."]
     top, one = common[-1], common[0]
-    thr = _change(a[top]["output_throughput"], b[top]["output_throughput"])
+    thr = _change(a[top].median("output_throughput"), b[top].median("output_throughput"))
     said = []
-    if differs(a[top], b[top], "output_throughput") and thr > 0:
+    if better(a[top], b[top], "output_throughput") == "b":
         said.append(f"As expected, two replicas added capacity: at concurrency {top:g} output "
-                    f"throughput rose {thr:.0f}% ({a[top]['output_throughput']:.0f} -> "
-                    f"{b[top]['output_throughput']:.0f} tok/s).")
+                    f"throughput rose {'from 0' if thr is None else f'{thr:.0f}%'} "
+                    f"({_tps(a[top])} -> {_tps(b[top])} tok/s).")
     else:
-        lost = [f"{c:g}: {_pct(_change(a[c]['output_throughput'], b[c]['output_throughput']))}"
+        lost = [f"{c:g}: {_pct(_change(a[c].median('output_throughput'), b[c].median('output_throughput')))}"
                 for c in common]
         said.append("Not as expected: two replicas did not add capacity (output throughput "
                     f"against one instance at concurrency {', '.join(lost)})"
                     + (f". The likely cause: {CPU_NOTE}, so two busy replicas each get half "
                        "of what one got alone; on two Sparks each has its own GPU."
                        if device == "cpu" else "; check that both nodes serve (status)."))
-    for key, name in (("median_ttft_ms", "TTFT p50"), ("p99_ttft_ms", "TTFT p99")):
-        ch = _change(a[one].get(key), b[one].get(key))
-        same = not differs(a[one], b[one], key)
-        said.append(f"At concurrency {one:g}, {name}: {_ms(a[one].get(key))} alone, "
-                    f"{_ms(b[one].get(key))} on replicas ({_pct(ch)}): "
+    for key in ("median_ttft_ms", "p99_ttft_ms"):
+        ch = _change(a[one].median(key), b[one].median(key))
+        same = not differs(a[one].of(key), b[one].of(key))
+        said.append(f"At concurrency {one:g}, {BY_KEY[key].label}: {_ms(a[one].median(key))} alone, "
+                    f"{_ms(b[one].median(key))} on replicas ({_pct(ch)}): "
                     + ("the same, as expected (each request still runs alone on one engine)."
                        if same else "not the same; a request alone on a replica should see "
                        "the single instance's latency" + (f" ({CPU_NOTE})." if device == "cpu"
@@ -167,7 +173,7 @@ def conclude_03(baseline: BenchmarkResult, replicated: BenchmarkResult,
     m = _points(mixed)
     if m and top in m and b.get(top):
         said.append(f"Mixed workload at concurrency {top:g}: ITL p99 "
-                    f"{_ms(m[top].get('p99_itl_ms'))} against {_ms(b[top].get('p99_itl_ms'))} "
+                    f"{_ms(m[top].median('p99_itl_ms'))} against {_ms(b[top].median('p99_itl_ms'))} "
                     "without long prompts: a long prefill stalls the decodes in its steps.")
     return said
 
@@ -189,13 +195,13 @@ def conclude_04(replicated: BenchmarkResult | None, disaggregated: BenchmarkResu
     common = sorted(set(mr) & set(md))
     if common:
         c = common[-1]
-        ch = _change(mr[c].get("p99_itl_ms"), md[c].get("p99_itl_ms"))
-        better = differs(mr[c], md[c], "p99_itl_ms") and (ch or 0) < 0
+        ch = _change(mr[c].median("p99_itl_ms"), md[c].median("p99_itl_ms"))
+        protected = better(mr[c], md[c], "p99_itl_ms") == "b"
         late = (read_late(mixed_dis, "concurrency", c)
                 or (mixed_rep is not None and read_late(mixed_rep, "concurrency", c)))
-        text = (f"mixed workload at concurrency {c:g}, ITL p99: {_ms(mr[c].get('p99_itl_ms'))} "
-                f"on replicas, {_ms(md[c].get('p99_itl_ms'))} disaggregated ({_pct(ch)})")
-        if better:
+        text = (f"mixed workload at concurrency {c:g}, ITL p99: {_ms(mr[c].median('p99_itl_ms'))} "
+                f"on replicas, {_ms(md[c].median('p99_itl_ms'))} disaggregated ({_pct(ch)})")
+        if protected:
             said.insert(0, f"As expected, disaggregation protected the ITL tail: {text}.")
         else:
             said.insert(0, f"Not as expected: disaggregation did not protect the ITL tail: "
@@ -212,12 +218,12 @@ def conclude_04(replicated: BenchmarkResult | None, disaggregated: BenchmarkResu
     both = sorted(set(r) & set(d))
     if both:
         c, one = both[-1], both[0]
-        said.append(f"Throughput at concurrency {c:g}: {r[c]['output_throughput']:.0f} tok/s "
-                    f"replicated, {d[c]['output_throughput']:.0f} disaggregated "
-                    f"({_pct(_change(r[c]['output_throughput'], d[c]['output_throughput']))}); "
+        said.append(f"Throughput at concurrency {c:g}: {_tps(r[c])} tok/s "
+                    f"replicated, {_tps(d[c])} disaggregated "
+                    f"({_pct(_change(r[c].median('output_throughput'), d[c].median('output_throughput')))}); "
                     "one node only prefills, as vLLM's documentation warns.")
-        said.append(f"TTFT p50 at concurrency {one:g}: {_ms(r[one].get('median_ttft_ms'))} "
-                    f"replicated, {_ms(d[one].get('median_ttft_ms'))} disaggregated: every "
+        said.append(f"TTFT p50 at concurrency {one:g}: {_ms(r[one].median('median_ttft_ms'))} "
+                    f"replicated, {_ms(d[one].median('median_ttft_ms'))} disaggregated: every "
                     "request pays a prefill round trip, the KV move and the hop.")
     return said
 
@@ -227,5 +233,5 @@ def conclusions_of(rows: list[str]) -> str:
     return "\n".join(f"- {s}" for s in rows)
 
 
-__all__ = ["MARGIN", "conclude_01", "conclude_02", "conclude_03", "conclude_04",
-           "conclusions_of", "differs"]
+__all__ = ["better", "conclude_01", "conclude_02", "conclude_03", "conclude_04",
+           "conclusions_of"]

@@ -150,10 +150,10 @@ def decode_roofline(cfg: LabConfig, gpu_name: str | None) -> Roofline:
 
 def plot_decode_roofline(result: BenchmarkResult, roof: Roofline):
     """Decode tokens/s per stream (1000 / median TPOT) against the memory roofline."""
-    points = [c for c in result.combined if c["mode"] == "concurrency" and c.get("median_tpot_ms")]
+    points = [c for c in result.combined if c.mode == "concurrency" and c.median("median_tpot_ms")]
     fig = Figure(figsize=(7, 4))
     ax = fig.add_subplot()
-    ax.plot([c["value"] for c in points], [1000.0 / c["median_tpot_ms"] for c in points], "o-",
+    ax.plot([c.value for c in points], [1000.0 / c.median("median_tpot_ms") for c in points], "o-",
             label="measured: 1000 / median TPOT")
     if roof.max_tokens_per_s_per_stream:
         ax.axhline(roof.max_tokens_per_s_per_stream, ls="--", color="grey",

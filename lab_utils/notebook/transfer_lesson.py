@@ -19,6 +19,7 @@ from typing import Any
 from lab_utils.kv.budget import best_bandwidth
 from lab_utils.results import Proof
 from lab_utils.results.kv_transfer import KvTransferPayload
+from lab_utils.results.points import Point
 from lab_utils.results.sweep import BenchmarkResult
 
 
@@ -49,9 +50,9 @@ def transfer_rows(proof: Proof, kv: KvTransferPayload, kv_buffer_device: str) ->
     return rows
 
 
-def _one_at_a_time(result: BenchmarkResult) -> dict[str, Any] | None:
-    return next((r for r in result.combined if r["mode"] == "concurrency" and r["value"] == 1
-                 and not r.get("mixed")), None)
+def _one_at_a_time(result: BenchmarkResult) -> Point | None:
+    return next((r for r in result.combined if r.mode == "concurrency" and r.value == 1
+                 and not r.mixed), None)
 
 
 def hop_cost(baseline: BenchmarkResult, disaggregated: BenchmarkResult,
@@ -60,13 +61,15 @@ def hop_cost(baseline: BenchmarkResult, disaggregated: BenchmarkResult,
     median NIXL transfer time of the proof's prompts. None when either sweep has no valid
     concurrency-1 point to compare."""
     one, two = _one_at_a_time(baseline), _one_at_a_time(disaggregated)
-    if not one or not two or not one["valid"] or not two["valid"]:
+    if not one or not two or not one.valid or not two.valid:
         return None
     moves = [p.nixl_xfer_ms for p in proof.prompts if p.nixl_xfer_ms is not None]
-    single, pair = one["median_ttft_ms"], two["median_ttft_ms"]
+    single, pair = one.median("median_ttft_ms"), two.median("median_ttft_ms")
+    if single is None or pair is None:
+        return None
     return {"single_ttft_ms": single, "pd_ttft_ms": pair, "extra_ms": pair - single,
             "transfer_ms": statistics.median(moves) if moves else None,
-            "single_tpot_ms": one.get("median_tpot_ms"), "pd_tpot_ms": two.get("median_tpot_ms")}
+            "single_tpot_ms": one.median("median_tpot_ms"), "pd_tpot_ms": two.median("median_tpot_ms")}
 
 
 def conclusions(rows: list[dict[str, Any]], hop: dict[str, Any] | None) -> list[str]:

@@ -2,7 +2,8 @@
 
 - `data`: loading the results into one `ReportData` (only 01 is required).
 - `tables`: the pandas tables; `points_table` is the one everything is computed from.
-- `conclusions`: who wins what, only beyond the run-to-run spread.
+- `conclusions`: who wins what, only where the lab's one rule says the two differ
+  (`lab_utils.results.points.compare`).
 - `expected`: this run's figures beside those expected on two DGX Sparks.
 - `forecast`: 03's and 04's forecasts graded, the forecast for two Sparks, the what-if.
 - `plots`: matplotlib figures (Agg canvas, pyplot never touched).
@@ -10,17 +11,19 @@
 - `render`: `build_report(cfg)` writes report.html, report.md and plots/*.png.
 """
 
-from lab_utils.report.conclusions import NOISE_FLOOR, Conclusions, Finding, compare, conclusions
-from lab_utils.report.data import METRICS, ReportData, fmt_num, load_report_data, run_hint
+from lab_utils.report.conclusions import Conclusions, Finding, compare, conclusions
+from lab_utils.report.data import ReportData, fmt_num, load_report_data, run_hint
 from lab_utils.report.expected import EXPECTED_TWO_SPARK, expected_figures
 from lab_utils.report.forecast import forecast_grades, spark_forecast, what_if
 from lab_utils.report.plots import PLOT_NAMES, Plot, plot_values, render_plots, write_plots
 from lab_utils.report.render import ReportPaths, build_report, render_html, render_markdown
 from lab_utils.report.sections import Block, report_blocks, verdict_table
 from lab_utils.report.tables import display_table, headline_table, kv_table, points_table
+from lab_utils.results.points import COMPARED as METRICS
+from lab_utils.results.points import MARGIN
 
 __all__ = [
-    "EXPECTED_TWO_SPARK", "METRICS", "NOISE_FLOOR", "PLOT_NAMES", "Block", "Conclusions",
+    "EXPECTED_TWO_SPARK", "MARGIN", "METRICS", "PLOT_NAMES", "Block", "Conclusions",
     "Finding", "Plot", "ReportData", "ReportPaths", "build_report", "compare", "conclusions",
     "display_table", "expected_figures", "fmt_num", "forecast_grades", "headline_table", "kv_table",
     "load_report_data", "plot_values", "points_table", "render_html", "render_markdown",

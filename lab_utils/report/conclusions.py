@@ -1,10 +1,10 @@
 """The report's conclusions, computed from the numbers, nothing assumed: every pair
 of architectures (disaggregated vs replicated, disaggregated vs baseline, replicated vs
 baseline) compared on every metric at every valid load point both measured, a winner only
-when the difference exceeds the run-to-run spread (non-overlapping min-max ranges over the
-repeats, or a stated noise floor with one repeat), then plain sentences: verdicts on
-disaggregation, one summary per pair and metric, warnings (failed proof of transfer,
-workloads that differ) and the invalid points left out.
+when the lab's one rule says the two differ (`points.compare`: more than 10% of the
+smaller value and, with repeats on both sides, min-max ranges apart), then plain
+sentences: verdicts on disaggregation, one summary per pair and metric, warnings (failed
+proof of transfer, workloads that differ) and the invalid points left out.
 """
 
 from __future__ import annotations
@@ -16,22 +16,13 @@ from typing import NamedTuple
 import pandas as pd
 
 from lab_utils.measure.benchmark import READ_TOGETHER_NOTE, read_together_share
-from lab_utils.report.data import (
-    ARCHITECTURES,
-    METRIC_BY_KEY,
-    METRICS,
-    Metric,
-    ReportData,
-    fmt_num,
-    join_words,
-    run_hint,
-)
+from lab_utils.report.data import ARCHITECTURES, ReportData, join_words, run_hint
 from lab_utils.report.tables import points_table
+from lab_utils.results.points import BY_KEY, COMPARED, MARGIN, Measured, Metric
+from lab_utils.results.points import compare as judge
 from lab_utils.results.sweep import BenchmarkResult
 
 WORKLOADS = {"standard": "", "mixed": "Mixed long/short workload, "}
-# With one repeat the spread is unknown: differences below this fraction count as none.
-NOISE_FLOOR = 0.05
 # Pairs compared in the conclusions: (subject, reference).
 PAIRS = (("disaggregated", "replicated"), ("disaggregated", "baseline"),
          ("replicated", "baseline"))
@@ -57,9 +48,9 @@ class Finding:
     reference: str
     subject_value: float
     reference_value: float
-    winner: str | None  # None: no difference (inside the spread)
+    winner: str | None  # None: no difference by the lab's rule (points.compare)
     difference_pct: float  # the better one's advantage, in % of the worse one's value
-    beyond_spread: bool
+    beyond_spread: bool  # the two differ by the lab's rule
     basis: str
     sentence: str
 
@@ -85,32 +76,24 @@ class Conclusions:
         return pd.DataFrame(rows, columns=cols)
 
 
-def _judge(m: Metric, a: pd.Series, b: pd.Series, pct: float,
-           noise_floor: float) -> tuple[bool, str]:
-    """Whether the difference of a and b on m (pct: the better one's advantage in %)
-    exceeds the run-to-run spread, and on what basis."""
-    lo_a, hi_a = a[f"{m.key}_min"], a[f"{m.key}_max"]
-    lo_b, hi_b = b[f"{m.key}_min"], b[f"{m.key}_max"]
-    if a["repeats"] > 1 and b["repeats"] > 1 and all(map(math.isfinite, (lo_a, hi_a, lo_b,
-                                                                          hi_b))):
-        overlap = lo_a <= hi_b and lo_b <= hi_a
-        basis = (f"min-max ranges over {a['repeats']} and {b['repeats']} repeats "
-                 f"{'overlap' if overlap else 'do not overlap'}")
-        return not overlap, basis
-    return pct > noise_floor * 100, (f"one repeat, spread unknown: {noise_floor:.0%} "
-                                     "noise floor")
+def measured(row: pd.Series, m: Metric) -> Measured:
+    """A points-table row's `m` (median and min-max over the row's repeats), as the rule
+    reads it; a missing min or max counts as the median."""
+    v = float(row[m.key])
+    lo, hi = float(row[f"{m.key}_min"]), float(row[f"{m.key}_max"])
+    return Measured(median=v, min=lo if math.isfinite(lo) else v,
+                    max=hi if math.isfinite(hi) else v, n=int(row["repeats"]))
 
 
-def _finding(workload: str, m: Metric, a: pd.Series, b: pd.Series,
-             noise_floor: float) -> Finding:
+def _finding(workload: str, m: Metric, a: pd.Series, b: pd.Series) -> Finding:
     av, bv = float(a[m.key]), float(b[m.key])
-    a_better = av > bv if m.higher_is_better else av < bv
+    a_better = m.better(av, bv)
     win, lose = (av, bv) if a_better else (bv, av)
     pct = abs(win - lose) / abs(lose) * 100 if lose else (0.0 if win == lose else math.inf)
-    beyond, basis = _judge(m, a, b, pct, noise_floor)
-    beyond = beyond and av != bv
+    verdict = judge(measured(a, m), measured(b, m), m)
+    beyond, basis = verdict.differs, verdict.basis
     names = (a["architecture"], b["architecture"])
-    winner = (names[0] if a_better else names[1]) if beyond else None
+    winner = {"a": names[0], "b": names[1]}.get(verdict.better)
     sentence = _finding_sentence(workload, m, a["load"], names, (av, bv), winner, pct, basis)
     return Finding(workload, m.key, m.label, a["mode"], float(a["value"]), a["load"],
                    names[0], names[1], av, bv, winner, pct, beyond, basis, sentence)
@@ -121,15 +104,13 @@ def _finding_sentence(workload: str, m: Metric, load: str, names: tuple[str, str
                       basis: str) -> str:
     head = f"{WORKLOADS[workload]}{load}, {m.label}"
     head = head[0].upper() + head[1:]
-    shown = {n: f"{fmt_num(v)} {m.unit}" for n, v in zip(names, values, strict=True)}
+    shown = {n: m.text(v) for n, v in zip(names, values, strict=True)}
     if winner is None:
         return (f"{head}: no difference between {names[0]} ({shown[names[0]]}) and "
-                f"{names[1]} ({shown[names[1]]}): {pct:.1f}% apart, inside the spread "
-                f"({basis}).")
+                f"{names[1]} ({shown[names[1]]}) ({basis}).")
     loser = names[1] if winner == names[0] else names[0]
-    way = "higher" if m.higher_is_better else "lower"
-    return (f"{head}: {winner} wins, {pct:.1f}% {way} than {loser} ({shown[winner]} vs "
-            f"{shown[loser]}), beyond the run-to-run spread ({basis}).")
+    return (f"{head}: {winner} wins, {pct:.1f}% {m.way} than {loser} ({shown[winner]} vs "
+            f"{shown[loser]}; {basis}).")
 
 
 def _pairs(table: pd.DataFrame):
@@ -150,16 +131,16 @@ def _read_together(row: pd.Series) -> bool:
     return bool(row.get("read_together", False))
 
 
-def compare(table: pd.DataFrame, noise_floor: float = NOISE_FLOOR) -> list[Finding]:
+def compare(table: pd.DataFrame) -> list[Finding]:
     """Every pair in PAIRS, on every metric, at every valid load point both measured;
     the per-token metrics only where neither side's tokens were read together."""
     findings = []
     for workload, a, b in _pairs(table):
-        for m in METRICS:
+        for m in COMPARED:
             if m.key in PER_TOKEN_KEYS and (_read_together(a) or _read_together(b)):
                 continue
             if math.isfinite(a[m.key]) and math.isfinite(b[m.key]):
-                findings.append(_finding(workload, m, a, b, noise_floor))
+                findings.append(_finding(workload, m, a, b))
     return findings
 
 
@@ -174,7 +155,7 @@ def _not_compared_per_token(table: pd.DataFrame) -> list[str]:
         return []
     where = "; ".join(f"{WORKLOADS[w].lower()}{subject} vs {reference} at {_loads(loads)}"
                       for (w, subject, reference), loads in left.items())
-    labels = join_words([METRIC_BY_KEY[k].label for k in PER_TOKEN_KEYS])
+    labels = join_words([BY_KEY[k].label for k in PER_TOKEN_KEYS])
     return [f"Not compared on {labels} where the load generator got many tokens in one read "
             f"on either side (the headline table's notes name the runs): {where}."]
 
@@ -201,7 +182,7 @@ def _pct_range(fs: list[Finding]) -> str:
 
 def _summary_sentence(fs: list[Finding]) -> str:
     f0 = fs[0]
-    m = METRIC_BY_KEY[f0.metric]
+    m = BY_KEY[f0.metric]
     parts = []
     for who in (f0.subject, f0.reference):
         wins = [f for f in fs if f.winner == who]
@@ -210,8 +191,7 @@ def _summary_sentence(fs: list[Finding]) -> str:
     ties = [f for f in fs if f.winner is None]
     if ties:
         parts.append(f"no difference at {_loads(ties)}")
-    way = "higher" if m.higher_is_better else "lower"
-    head = f"{WORKLOADS[f0.workload]}{m.label} ({way} is better), {f0.subject} vs {f0.reference}"
+    head = f"{WORKLOADS[f0.workload]}{m.label} ({m.way} is better), {f0.subject} vs {f0.reference}"
     return head[0].upper() + head[1:] + ": " + "; ".join(parts) + "."
 
 
@@ -235,8 +215,8 @@ def _verdicts(findings: list[Finding], workload: str, reference: str) -> list[st
         return []
     pre, ref = WORKLOADS[workload], REFERENCE_NAMES[reference]
     out, won_any = [], False
-    for m in METRICS:
-        way = "higher" if m.higher_is_better else "lower"
+    for m in COMPARED:
+        way = m.way
         lost = [f for f in fs if f.metric == m.key and f.winner == reference]
         won = [f for f in fs if f.metric == m.key and f.winner == "disaggregated"]
         if lost:
@@ -252,22 +232,25 @@ def _verdicts(findings: list[Finding], workload: str, reference: str) -> list[st
     return [s[0].upper() + s[1:] for s in out]
 
 
-def _spread_sentence(table: pd.DataFrame, noise_floor: float) -> str:
+def _spread_sentence(table: pd.DataFrame) -> str:
     ok = table[table["valid"]] if not table.empty else table
     once = [a for a in ARCHITECTURES
             if not ok.empty and ((ok["architecture"] == a) & (ok["repeats"] < 2)).any()]
     reps = sorted({int(r) for r in ok["repeats"] if r > 1}) if not ok.empty else []
-    parts = []
+    parts = [f"a difference counts only when it is larger than {MARGIN:.0%} of the smaller "
+             "value (the run-to-run variation of the CPU rehearsal is several percent, and "
+             f"{MARGIN:.0%} is the margin at which the lab's load generator agrees with "
+             "vllm bench serve)."]
     if reps:
         times = join_words([str(r) for r in reps])
-        parts.append(f"where both sides were measured {times} times, a difference counts only "
-                     "when their min-max ranges over the repeats do not overlap.")
+        parts.append(f"where both sides were measured {times} times, it must also be outside "
+                     "the run-to-run spread: their min-max ranges over the repeats must not "
+                     "overlap.")
     if once or not reps:
         who = f" ({', '.join(once)})" if once else ""
-        parts.append(f"points measured once{who} have an unknown spread, so against them "
-                     f"differences under {noise_floor:.0%} (a stated noise floor, not a "
-                     "measurement) are reported as no difference; set workload.repeats above 1 "
-                     "to measure it.")
+        parts.append(f"points measured once{who} have an unknown spread, so against them the "
+                     f"{MARGIN:.0%} margin alone decides; set workload.repeats above 1 to "
+                     "measure the spread.")
     return "Run-to-run spread: " + " ".join(x[0].upper() + x[1:] if i else x
                                             for i, x in enumerate(parts))
 
@@ -354,12 +337,11 @@ def _stall_warning(data: ReportData) -> list[str]:
             "it; the runs are in the numbers as measured."]
 
 
-def conclusions(data: ReportData, table: pd.DataFrame | None = None,
-                noise_floor: float = NOISE_FLOOR) -> Conclusions:
+def conclusions(data: ReportData, table: pd.DataFrame | None = None) -> Conclusions:
     """Plain sentences and structured findings computed from the numbers; invalid points
     are excluded and named."""
     table = points_table(data) if table is None else table
-    findings = compare(table, noise_floor)
+    findings = compare(table)
     excluded = _excluded(table)
     sentences = _warnings(data) + _absent(data)
     for workload in WORKLOADS:
@@ -372,7 +354,7 @@ def conclusions(data: ReportData, table: pd.DataFrame | None = None,
     if excluded:
         sentences.append("Excluded from the conclusions as invalid: " + "; ".join(excluded) + ".")
     sentences += _not_compared_per_token(table)
-    sentences.append(_spread_sentence(table, noise_floor))
+    sentences.append(_spread_sentence(table))
     return Conclusions(sentences, _summaries(findings), findings, excluded)
 
 

@@ -3,8 +3,8 @@ profile's results directory into one `ReportData`, with the benchmark sweeps of 
 04 parsed per architecture (standard and mixed long/short workload). Only notebook 01 is
 required; a missing or broken optional file is recorded with the notebook to run. Each
 notebook's payload is its typed model (`ReportData.baseline`, `.kv_transfer`, ...). Also
-the vocabulary the other report modules share: the architectures, the metrics compared,
-and a few formatting helpers.
+the vocabulary the other report modules share: the architectures and a few formatting
+helpers (the metrics and their labels are `lab_utils.results.points`'s table).
 """
 
 from __future__ import annotations
@@ -36,26 +36,6 @@ ARCHITECTURES = ("baseline", "replicated", "disaggregated")
 ARCH_NOTEBOOK = {"baseline": "01", "replicated": "03", "disaggregated": "04"}
 OPTIONAL_NOTEBOOKS = ("00", "02", "03", "04")
 PER_STREAM = "decode_tokens_per_s_per_stream"
-
-
-@dataclass(frozen=True)
-class Metric:
-    key: str
-    label: str
-    unit: str
-    higher_is_better: bool
-
-
-METRICS = (
-    Metric("request_throughput", "request throughput", "req/s", True),
-    Metric("output_throughput", "output throughput", "tok/s", True),
-    Metric("median_ttft_ms", "TTFT p50", "ms", False),
-    Metric("p99_ttft_ms", "TTFT p99", "ms", False),
-    Metric("median_itl_ms", "ITL p50", "ms", False),
-    Metric("p99_itl_ms", "ITL p99", "ms", False),
-    Metric("median_tpot_ms", "TPOT p50", "ms", False),
-)
-METRIC_BY_KEY = {m.key: m for m in METRICS}
 
 
 @dataclass

@@ -16,8 +16,9 @@ from lab_utils.config import WorkloadConfig
 from lab_utils.forecast import grade as g
 from lab_utils.forecast.inputs import from_results, spark_inputs_for
 from lab_utils.forecast.model import Architecture, forecast, loads_of
-from lab_utils.forecast.run import LABELS, SHOWN, rank
+from lab_utils.forecast.run import rank
 from lab_utils.report.data import ReportData, graded
+from lab_utils.results.points import BY_KEY, FORECAST
 
 EXAMPLE_CONFIG = Path(__file__).resolve().parents[2] / "environment_config.json.example"
 
@@ -40,11 +41,12 @@ def grade_table(rows: list[dict[str, Any]]) -> pd.DataFrame:
         return "–" if v is None else f"{v:.3g}"
 
     return pd.DataFrame([{
-        "workload": r["workload"], "load": r["load"], "metric": LABELS[r["metric"]],
+        "workload": r["workload"], "load": r["load"], "metric": BY_KEY[r["metric"]].heading,
         "predicted [interval]": f"{fmt(r['predicted'])} [{fmt(r['lo'])}-{fmt(r['hi'])}]",
         "measured": fmt(r["measured"]),
         "error %": "–" if r["error %"] is None else f"{r['error %']:+.0f}",
         "inside": "yes" if r["in interval"] else "no",
+        "verdict": "differs" if r["differs"] else "agrees",
         "graded": "yes" if r["graded"] else f"no: {r['not graded because']}"} for r in rows])
 
 
@@ -81,7 +83,7 @@ def spark_forecast(data: ReportData) -> tuple[pd.DataFrame, str, dict[str, str]]
                 p = forecast(inputs, arch, load)
                 rows.append({"workload": workload, "load": load.label,
                              "architecture": arch.name,
-                             **{LABELS[k]: p.metrics.get(k) for k in SHOWN},
+                             **{m.heading: p.metrics.get(m.key) for m in FORECAST},
                              "bottleneck": p.bottleneck()})
     about = (f"{model}, input {w.input_len} / output {w.output_len} tokens, concurrency "
              f"{w.concurrency}" + (f", mixed: one {w.mixed_long_len}-token prompt every "
@@ -119,7 +121,7 @@ def what_if(data: ReportData, *, input_len: int | None = None, output_len: int |
                                               for p in range(1, nodes)]
     preds = [forecast(inputs, arch, load) for arch in archs]
     df = pd.DataFrame([{"architecture": p.architecture,
-                        **{LABELS[k]: p.metrics.get(k) for k in SHOWN},
+                        **{m.heading: p.metrics.get(m.key) for m in FORECAST},
                         "requests (req/s)": p.metrics["request_throughput"],
                         "bottleneck": p.bottleneck(), "KV transfer (ms)": p.transfer_ms}
                        for p in preds]).round(2)

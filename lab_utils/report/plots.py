@@ -18,10 +18,10 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from lab_utils.forecast.run import LABELS
 from lab_utils.report.data import ARCHITECTURES, PER_STREAM, ReportData, fmt_num, graded
 from lab_utils.report.tables import kv_table, workload_rows
 from lab_utils.results.kv_transfer import KvTransferPayload
+from lab_utils.results.points import BY_KEY
 from lab_utils.util.atomic import atomic_write_bytes
 
 COLORS = {"baseline": "tab:blue", "replicated": "tab:orange", "disaggregated": "tab:green"}
@@ -193,8 +193,8 @@ def render_plots(data: ReportData, table: pd.DataFrame) -> list[Plot]:
     std, mixed = workload_rows(table, "standard"), workload_rows(table, "mixed")
     plots = [
         _metric_plot(std, "throughput", "Throughput vs load",
-                     [("output tokens/s", [("output_throughput", "-o", "")]),
-                      ("requests/s", [("request_throughput", "-o", "")])]),
+                     [(BY_KEY["output_throughput"].heading, [("output_throughput", "-o", "")]),
+                      (BY_KEY["request_throughput"].heading, [("request_throughput", "-o", "")])]),
         _metric_plot(std, "ttft", "TTFT p50 (solid) and p99 (dashed) vs load",
                      [("TTFT (ms)", [("median_ttft_ms", "-o", " p50"),
                                      ("p99_ttft_ms", "--s", " p99")])]),
@@ -204,7 +204,7 @@ def render_plots(data: ReportData, table: pd.DataFrame) -> list[Plot]:
         _kv_plot(data.kv_transfer),
         _roofline_plot(data, table),
         _metric_plot(mixed, "mixed_itl", "Mixed long/short workload: ITL p99 vs load",
-                     [("ITL p99 (ms)", [("p99_itl_ms", "-o", "")])],
+                     [(BY_KEY["p99_itl_ms"].heading, [("p99_itl_ms", "-o", "")])],
                      archs=("replicated", "disaggregated")),
     ]
     plots.append(grade_plot(graded(data)))
@@ -231,7 +231,7 @@ def grade_plot(by_arch: dict[str, list[dict[str, Any]]]) -> Plot | None:
                         ax.scatter([r["measured"] for r in sel], [r["predicted"] for r in sel],
                                    marker=markers.get(arch, "o"), edgecolors=color,
                                    facecolors=color if graded_only else "none",
-                                   label=f"{arch} {LABELS[k].split(' (')[0]}"
+                                   label=f"{arch} {BY_KEY[k].label}"
                                    + ("" if graded_only else " (not graded)"))
                 vals += [v for r in pts for v in (r["measured"], r["predicted"])]
         if vals:

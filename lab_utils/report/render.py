@@ -16,7 +16,7 @@ from typing import Any
 import pandas as pd
 
 from lab_utils.config import LabConfig
-from lab_utils.report.conclusions import NOISE_FLOOR, Finding, conclusions
+from lab_utils.report.conclusions import Finding, conclusions
 from lab_utils.report.data import load_report_data
 from lab_utils.report.plots import render_plots, write_plots
 from lab_utils.report.sections import Block, report_blocks
@@ -113,12 +113,12 @@ def render_markdown(blocks: list[Block]) -> str:
     return "\n\n".join(_md_block(b) for b in blocks) + "\n"
 
 
-def build_report(cfg: LabConfig, noise_floor: float = NOISE_FLOOR) -> ReportPaths:
+def build_report(cfg: LabConfig) -> ReportPaths:
     """Read the results of 00-04, write report.html, report.md and plots/*.png in
     cfg.results_dir. Raises ResultsMissingError (naming notebook 01) without a baseline."""
     data = load_report_data(cfg)
     table = points_table(data)
-    concl = conclusions(data, table, noise_floor)
+    concl = conclusions(data, table)
     plots = render_plots(data, table)
     out = cfg.results_dir
     plot_paths = write_plots(out / "plots", plots)

@@ -28,6 +28,7 @@ from lab_utils.report.tables import (
     workload_rows,
 )
 from lab_utils.results import RESULTS, reference_origin
+from lab_utils.results.points import RULE
 from lab_utils.results.sweep import BenchmarkResult
 
 FILE_MEANINGS = {
@@ -119,8 +120,8 @@ VERDICT_PAIRS = (("disaggregated", "replicated"), ("replicated", "baseline"),
 def verdict_table(concl: Conclusions) -> tuple[pd.DataFrame, str]:
     """One screen: for the first pair measured (disaggregated vs replicated, else replicated
     vs baseline, else disaggregated vs baseline), one row per workload and metric, one
-    column per load point, each cell the winner and its margin, "=" where the difference
-    is inside the run-to-run spread."""
+    column per load point, each cell the winner and its margin, "=" where the two do not
+    differ by the lab's rule (`points.compare`)."""
     for subject, reference in VERDICT_PAIRS:
         found = [f for f in concl.findings if (f.subject, f.reference) == (subject, reference)]
         if found:
@@ -132,7 +133,7 @@ def verdict_table(concl: Conclusions) -> tuple[pd.DataFrame, str]:
     for f in found:
         row = rows.setdefault((f.workload, f.label), {"workload": f.workload, "metric": f.label})
         row[f.load] = (f"{f.winner} +{f.difference_pct:.0f}%" if f.winner
-                       else f"= ({f.difference_pct:.0f}%, within spread)")
+                       else f"= ({f.difference_pct:.0f}%, no difference)")
     df = pd.DataFrame(list(rows.values())).reindex(columns=["workload", "metric", *loads])
     return df.fillna("–"), f"{subject} vs {reference}"
 
@@ -144,7 +145,7 @@ def _verdict_blocks(concl: Conclusions) -> list[Block]:
     blocks = [H("Verdict"),
               P(f"{pair}, at every load point measured by both: the winner of each metric and "
                 "its margin (the better value's advantage in % of the worse one); '=' where the "
-                "difference is inside the run-to-run spread. Details, every pair and every "
+                f"two do not differ: {RULE}. Details, every pair and every "
                 "sentence behind this table, are further down.")]
     blocks.append(T(df))
     if concl.excluded:
@@ -205,11 +206,11 @@ def _comparison_blocks(concl: Conclusions) -> list[Block]:
     df["beyond_spread"] = df["beyond_spread"].map({True: "yes", False: "no"})
     df = df.rename(columns={"label": "metric", "subject_value": "subject value",
                             "reference_value": "reference value", "difference_pct": "difference %",
-                            "beyond_spread": "beyond spread"})
+                            "beyond_spread": "differs"})
     return [H("Comparison at every load point"),
             fold(f"{len(df)} comparisons", [
                 P("Difference: the better value's advantage in % of the worse one. It counts "
-                  "only beyond the run-to-run spread (basis column)."), T(df)])]
+                  f"only by the lab's rule (basis column): {RULE}."), T(df)])]
 
 
 def _expected_blocks(data: ReportData, table: pd.DataFrame) -> list[Block]:
@@ -240,7 +241,8 @@ def _forecast_blocks(data: ReportData, plots: list[Plot]) -> list[Block]:
                 "step-by-step simulation of the engines, the proxy hop and the KV move). Here "
                 "each forecast meets its measurement: the error is in % of the measured "
                 "value, and 'inside' says whether the measurement fell in the interval the "
-                "spread of 01's and 02's measurements gives. Points where the machine stood "
+                "spread of 01's and 02's measurements gives; 'verdict' is the lab's one rule "
+                f"with that interval as the forecast's range: {RULE}. Points where the machine stood "
                 "still are shown but not graded; where the load generator read tokens late, "
                 "ITL and TPOT are not graded."),
               P("What the model leaves out, so where to look when it misses: the CPU that the "

@@ -15,7 +15,6 @@ import pandas as pd
 from lab_utils.measure.benchmark import read_late, read_together_share
 from lab_utils.report.data import (
     ARCHITECTURES,
-    METRICS,
     PER_STREAM,
     ReportData,
     fmt_num,
@@ -26,12 +25,9 @@ from lab_utils.report.data import (
 from lab_utils.results import EnvironmentPayload
 from lab_utils.results.checklist import CheckResult
 from lab_utils.results.kv_transfer import KvTransferPayload
+from lab_utils.results.points import COMPARED, Point
 from lab_utils.results.sweep import BenchmarkResult
 
-DISPLAY_COLUMNS = {"request_throughput": "req/s", "output_throughput": "output tok/s",
-                   "median_ttft_ms": "TTFT p50 ms", "p99_ttft_ms": "TTFT p99 ms",
-                   "median_itl_ms": "ITL p50 ms", "p99_itl_ms": "ITL p99 ms",
-                   "median_tpot_ms": "TPOT p50 ms"}
 CHECK_COLUMNS = ["check", "node", "status", "summary", "fix"]
 
 
@@ -65,20 +61,13 @@ def _repeat_note(result: BenchmarkResult, mode: str, value: float) -> str:
     return "; ".join(notes)
 
 
-def _entry_valid(result: BenchmarkResult, entry: dict) -> bool:
-    if "valid" in entry:
-        return bool(entry["valid"])
-    return all(p.summary.get("valid", True) for p in result.points
-               if p.mode == entry.get("mode") and p.value == entry.get("value"))
-
-
-def _metric_cells(entry: dict) -> dict[str, float]:
+def _metric_cells(entry: Point) -> dict[str, float]:
     out: dict[str, float] = {}
-    for m in METRICS:
-        v = num_or_nan(entry.get(m.key))
-        out[m.key] = v
-        out[f"{m.key}_min"] = num_or_nan(entry.get(f"{m.key}_min", v))
-        out[f"{m.key}_max"] = num_or_nan(entry.get(f"{m.key}_max", v))
+    for m in COMPARED:
+        got = entry.of(m)
+        out[m.key] = num_or_nan(got.median if got else None)
+        out[f"{m.key}_min"] = num_or_nan(got.min if got else None)
+        out[f"{m.key}_max"] = num_or_nan(got.max if got else None)
     tpot = out["median_tpot_ms"], out["median_tpot_ms_max"], out["median_tpot_ms_min"]
     rates = [1000.0 / t if t > 0 else math.nan for t in tpot]
     out[PER_STREAM], out[f"{PER_STREAM}_min"], out[f"{PER_STREAM}_max"] = rates
@@ -89,15 +78,13 @@ def _spread_pct(cells: dict[str, float], repeats: int) -> float:
     if repeats < 2:
         return math.nan
     spreads = [(cells[f"{m.key}_max"] - cells[f"{m.key}_min"]) / abs(cells[m.key]) * 100
-               for m in METRICS if cells[m.key]]
+               for m in COMPARED if cells[m.key]]
     spreads = [s for s in spreads if math.isfinite(s)]
     return max(spreads) if spreads else math.nan
 
 
-def _row(arch: str, workload: str, result: BenchmarkResult, entry: dict) -> dict[str, Any]:
-    mode, value = str(entry.get("mode", "concurrency")), float(entry.get("value", 0))
-    valid = _entry_valid(result, entry)
-    repeats = int(entry.get("repeats", 1))
+def _row(arch: str, workload: str, result: BenchmarkResult, entry: Point) -> dict[str, Any]:
+    mode, value, valid, repeats = entry.mode, float(entry.value), entry.valid, entry.repeats
     cells = _metric_cells(entry)
     return {"architecture": arch, "workload": workload, "mode": mode, "value": value,
             "load": load_label(mode, value), "repeats": repeats, "valid": valid,
@@ -151,13 +138,13 @@ def display_table(df: pd.DataFrame) -> pd.DataFrame:
     for _, row in df.iterrows():
         rec = {"architecture": row["architecture"], "load": row["load"],
                "valid": "yes" if row["valid"] else "INVALID"}
-        for key, name in DISPLAY_COLUMNS.items():
-            rec[name] = fmt_num(row[key]) if row["valid"] else "INVALID"
+        for m in COMPARED:
+            rec[m.heading] = m.text(row[m.key], unit=False) if row["valid"] else "INVALID"
         rec["spread"] = _spread_text(row)
         notes = [row.get(k) for k in ("invalid_reason", "repeat_note")]
         rec["note"] = "; ".join(n for n in notes if isinstance(n, str) and n)
         out.append(rec)
-    cols = ["architecture", "load", "valid", *DISPLAY_COLUMNS.values(), "spread", "note"]
+    cols = ["architecture", "load", "valid", *(m.heading for m in COMPARED), "spread", "note"]
     return pd.DataFrame(out, columns=cols)
 
 

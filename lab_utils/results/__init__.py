@@ -10,6 +10,8 @@ results files that carry them from one notebook to the next. It imports only `co
 - the records the payloads hold: `checklist` (a check's result), `sweep` (a request, a
   load point, a sweep), `forecast` (01's engine profile, a forecast), `kv_transfer`
   (notebook 02's probe, predictions and recommendation), `proof` (04's proof of transfer).
+- `points`: the typed measured point (`Point`, one `Measured` per metric), the one metric
+  table (`METRICS`) and the one rule for "this differs" (`compare`, `differs`).
 """
 
 from lab_utils.results.hardware import hardware_facts, software_versions
@@ -30,6 +32,7 @@ from lab_utils.results.payloads import (
     Roofline,
     ServingPayload,
 )
+from lab_utils.results.points import COMPARED, METRICS, Measured, Point, compare, differs
 from lab_utils.results.store import (
     RESULTS,
     SCHEMA_VERSION,
@@ -48,6 +51,7 @@ from lab_utils.results.store import (
 )
 
 __all__ = [
+    "COMPARED", "METRICS", "Measured", "Point", "compare", "differs",
     "PAYLOADS", "RESULTS", "SCHEMA_VERSION", "BaselinePayload", "DisaggregatedPayload",
     "EnvironmentPayload", "FrontDoors", "Instance", "KvRecommendation", "KvTransferPayload",
     "Payload", "Proof", "ProofRow", "Reference", "ReplicatedPayload", "ResultsEnvelope",

@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, model_validator
 from lab_utils.results.checklist import CheckResult
 from lab_utils.results.forecast import EngineProfile, Forecast
 from lab_utils.results.kv_transfer import KvRecommendation, KvTransferPayload
+from lab_utils.results.points import COMPARED
 from lab_utils.results.proof import ProofRow
 from lab_utils.results.sweep import BenchmarkResult, RequestRecord
 
@@ -158,14 +159,13 @@ class FrontDoors(Record):
         in percent (positive: vllm-router higher)."""
         import pandas as pd
 
-        keys = ["request_throughput", "output_throughput", "median_ttft_ms", "p99_ttft_ms",
-                "median_tpot_ms", "median_itl_ms", "p99_itl_ms"]
         a, b = self.lab.combined[0], self.vllm_router.combined[0]
         router = f"vllm-router {self.router_version}"
-        rows = [{"metric": k, "lab proxy": a.get(k), router: b.get(k),
-                 "change %": (b[k] - a[k]) / a[k] * 100 if a.get(k) and b.get(k) is not None else None}
-                for k in keys]
-        rows.append({"metric": "valid", "lab proxy": a["valid"], router: b["valid"], "change %": None})
+        rows = [{"metric": m.key, "lab proxy": a.median(m), router: b.median(m),
+                 "change %": ((b.median(m) - a.median(m)) / a.median(m) * 100
+                              if a.median(m) and b.median(m) is not None else None)}
+                for m in COMPARED]
+        rows.append({"metric": "valid", "lab proxy": a.valid, router: b.valid, "change %": None})
         return pd.DataFrame(rows).round(2)
 
 

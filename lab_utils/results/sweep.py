@@ -11,6 +11,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from lab_utils.results.points import Point
+
 
 @dataclass
 class RequestRecord:
@@ -57,4 +59,4 @@ class BenchmarkResult(BaseModel):
     model: str
     workload: dict[str, Any]
     points: list[BenchmarkPoint]
-    combined: list[dict[str, Any]]
+    combined: list[Point]

@@ -301,8 +301,7 @@ def measured_sweep(per_load: dict[int, tuple[float, float]]) -> dict:
              "mode": "concurrency", "value": float(c), "repeat": 0}
         points.append(BenchmarkPoint(mode="concurrency", value=c, repeat=0, summary=s,
                                      requests=[]))
-        combined.append({"mode": "concurrency", "value": float(c), "mixed": False,
-                         **combine([s])})
+        combined.append(combine([s], "concurrency", float(c)))
     return BenchmarkResult(target="t", model="tiny-llama", workload={"input_len": 128},
                            points=points, combined=combined).model_dump()
 

@@ -139,10 +139,12 @@ def test_duration_stops_new_requests(server):
 
 def test_combine_reports_median_and_spread():
     runs = [{"valid": True, "median_ttft_ms": v, "output_throughput": 10 * v} for v in (10, 14, 11)]
-    c = combine(runs)
-    assert c["median_ttft_ms"] == 11 and c["median_ttft_ms_spread"] == 4
-    assert c["output_throughput_min"] == 100 and c["valid"] and c["repeats"] == 3
-    assert not combine(runs + [{"valid": False, "median_ttft_ms": 1}])["valid"]
+    c = combine(runs, "concurrency", 2.0)
+    assert c.median_ttft_ms.median == 11 and c.median_ttft_ms.spread == 4
+    assert c.output_throughput.min == 100 and c.valid and c.repeats == 3
+    assert (c.mode, c.value, c.mixed, c.median_ttft_ms.n) == ("concurrency", 2.0, False, 3)
+    assert c.p99_itl_ms is None  # not measured
+    assert not combine(runs + [{"valid": False, "median_ttft_ms": 1}], "rate", 1.0).valid
 
 
 def sse(msg: dict) -> bytes:

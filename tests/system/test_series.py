@@ -65,7 +65,7 @@ def test_results_are_valid(series):
         sweep = load_results(cfg, notebook).payload.sweep
         reasons = [f"{p.mode} {p.value} #{p.repeat + 1}: {p.summary['invalid_reason']}"
                    for p in sweep.points if not p.summary["valid"]]
-        assert sweep.combined and all(c["valid"] for c in sweep.combined), (notebook, reasons)
+        assert sweep.combined and all(c.valid for c in sweep.combined), (notebook, reasons)
 
 
 def test_proof_of_transfer(series):

@@ -1,0 +1,271 @@
+"""One measured load point, the metric table, and the one rule for "this differs".
+
+Imports nothing from lab_utils (the standard library and pydantic only): every layer that
+measures, records, judges or shows a point can import it.
+
+- `METRICS`: every headline metric once, in vLLM's field name (`Metric.key`), with its
+  label, unit, the direction that is better and its display format. `COMPARED` are the
+  ones the notebooks' tables and the report compare; `FORECAST` the ones a forecast shows.
+- `Point`: one load point combined over its repeats (mode, value, mixed, repeats, valid),
+  one `Measured` per metric (median, min, max and how many repeats measured it; None when
+  not measured). Results files written before `Point` existed keep the flat form
+  (`median_ttft_ms`, `median_ttft_ms_min`, `_max`, `_spread`); they load unchanged.
+- `compare` / `differs`: the lab's single rule for whether two measurements differ,
+  used by every place that judges (the notebooks' conclusions and comparison tables, the
+  report's verdicts, the forecast grading and the load generator's agreement benchmark).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from pydantic import BaseModel, model_validator
+
+# ---- the metric table ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A headline metric: vLLM's field name, how people read it, and which way is better."""
+
+    key: str  # vLLM's field name (`vllm bench serve`'s result JSON)
+    label: str  # in sentences: "TTFT p50", "output throughput"
+    unit: str
+    higher_is_better: bool
+    fmt: str  # format spec of a value shown to people
+
+    @property
+    def heading(self) -> str:
+        """A table column's name: "TTFT p50 (ms)"."""
+        return f"{self.label} ({self.unit})"
+
+    @property
+    def way(self) -> str:
+        """The better direction, in words: "higher" or "lower"."""
+        return "higher" if self.higher_is_better else "lower"
+
+    def text(self, value: float | None, unit: bool = True) -> str:
+        """A value for people ("12.3 ms"); "–" when there is none."""
+        if value is None or not math.isfinite(value):
+            return "–"
+        return f"{value:{self.fmt}} {self.unit}" if unit else f"{value:{self.fmt}}"
+
+    def better(self, x: float, y: float) -> bool:
+        """Whether x is better than y on this metric."""
+        return x > y if self.higher_is_better else x < y
+
+
+METRICS = (
+    Metric("request_throughput", "request throughput", "req/s", True, ",.2f"),
+    Metric("output_throughput", "output throughput", "tok/s", True, ",.1f"),
+    Metric("total_token_throughput", "total token throughput", "tok/s", True, ",.1f"),
+    Metric("request_goodput", "goodput", "req/s", True, ",.2f"),
+    Metric("median_ttft_ms", "TTFT p50", "ms", False, ",.2f"),
+    Metric("p99_ttft_ms", "TTFT p99", "ms", False, ",.2f"),
+    Metric("median_itl_ms", "ITL p50", "ms", False, ",.2f"),
+    Metric("p99_itl_ms", "ITL p99", "ms", False, ",.2f"),
+    Metric("median_tpot_ms", "TPOT p50", "ms", False, ",.2f"),
+    Metric("p99_tpot_ms", "TPOT p99", "ms", False, ",.2f"),
+    Metric("median_e2el_ms", "E2E latency p50", "ms", False, ",.1f"),
+    Metric("p99_e2el_ms", "E2E latency p99", "ms", False, ",.1f"),
+)
+KEYS = tuple(m.key for m in METRICS)
+BY_KEY = {m.key: m for m in METRICS}
+
+
+def metric(key: str | Metric) -> Metric:
+    """The table's entry for a key (a Metric is returned as it is)."""
+    return key if isinstance(key, Metric) else BY_KEY[key]
+
+
+def select(*keys: str) -> tuple[Metric, ...]:
+    """The table's entries for `keys`, in the table's order."""
+    unknown = set(keys) - set(KEYS)
+    if unknown:
+        raise KeyError(f"not in the metric table: {sorted(unknown)}")
+    return tuple(m for m in METRICS if m.key in keys)
+
+
+# Compared in the notebooks' tables, their comparisons and the report.
+COMPARED = select("request_throughput", "output_throughput", "median_ttft_ms", "p99_ttft_ms",
+                  "median_itl_ms", "p99_itl_ms", "median_tpot_ms")
+# Shown and graded in a forecast.
+FORECAST = select("output_throughput", "request_goodput", "median_ttft_ms", "p99_ttft_ms",
+                  "median_itl_ms", "p99_itl_ms", "median_tpot_ms")
+
+
+# ---- the measured point -------------------------------------------------------------------
+
+
+class Measured(BaseModel):
+    """One metric of one load point over its repeats: the median, the min-max range and
+    `n`, the number of repeats that measured it (a range is known only from 2 on)."""
+
+    median: float
+    min: float
+    max: float
+    n: int = 1
+
+    @property
+    def spread(self) -> float:
+        """max - min over the repeats (0 with one repeat)."""
+        return self.max - self.min
+
+    @property
+    def ranged(self) -> bool:
+        """Whether the min-max range says something: measured at least twice."""
+        return self.n >= 2
+
+    @classmethod
+    def of(cls, values: Iterable[float]) -> Measured | None:
+        """The median, min and max of `values`, one per repeat; None when there are none."""
+        vals = [float(v) for v in values if v is not None]
+        if not vals:
+            return None
+        return cls(median=statistics.median(vals), min=min(vals), max=max(vals), n=len(vals))
+
+    @classmethod
+    def one(cls, value: float | None) -> Measured | None:
+        """A single value (one repeat, a prediction without an interval)."""
+        return None if value is None else cls(median=value, min=value, max=value, n=1)
+
+
+class Point(BaseModel):
+    """One load point combined over its repeats: the median of each headline metric with
+    its min-max range. `valid` is False when any repeat was invalid (too many failed
+    requests, `benchmark.summarize`)."""
+
+    mode: str  # "concurrency" | "rate"
+    value: float
+    mixed: bool = False
+    repeats: int = 1
+    valid: bool = True
+    request_throughput: Measured | None = None
+    output_throughput: Measured | None = None
+    total_token_throughput: Measured | None = None
+    request_goodput: Measured | None = None
+    median_ttft_ms: Measured | None = None
+    p99_ttft_ms: Measured | None = None
+    median_itl_ms: Measured | None = None
+    p99_itl_ms: Measured | None = None
+    median_tpot_ms: Measured | None = None
+    p99_tpot_ms: Measured | None = None
+    median_e2el_ms: Measured | None = None
+    p99_e2el_ms: Measured | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_flat(cls, data: Any) -> Any:
+        """Accept the flat form results files were written in before this model:
+        `median_ttft_ms: 12.0, median_ttft_ms_min: 11.0, median_ttft_ms_max: 13.5,
+        median_ttft_ms_spread: 2.5`, every range over the point's `repeats`."""
+        if not isinstance(data, dict):
+            return data
+        flat = [k for k in KEYS if _is_number(data.get(k))]
+        if not flat:
+            return data
+        n = data.get("repeats", 1)
+        out = {k: v for k, v in data.items()
+               if not any(k in (f"{m}_min", f"{m}_max", f"{m}_spread") for m in flat)}
+        for k in flat:
+            v = data[k]
+            lo, hi = data.get(f"{k}_min"), data.get(f"{k}_max")
+            out[k] = {"median": v, "min": v if lo is None else lo,
+                      "max": v if hi is None else hi, "n": n}
+        return out
+
+    def of(self, key: str | Metric) -> Measured | None:
+        """The metric `key` (a key of the table, or its Metric)."""
+        return getattr(self, metric(key).key)
+
+    def median(self, key: str | Metric) -> float | None:
+        """The metric's median over the repeats, None when not measured."""
+        m = self.of(key)
+        return None if m is None else m.median
+
+    @property
+    def load(self) -> str:
+        """"concurrency 4", "rate 2.5"."""
+        return f"{self.mode} {self.value:g}"
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+# ---- the one rule -------------------------------------------------------------------------
+
+MARGIN = 0.10
+"""A difference counts only when it is larger than this fraction of the smaller value.
+
+Why 10%: on the 2-core CPU rehearsal every instance, the proxy and the load generator
+share the same two cores, and the run-to-run variation of one point is several percent;
+10% is also the margin at which the lab's load generator was validated against
+`vllm bench serve` (`python -m lab_utils.bench.loadgen`), so a smaller difference is not
+one the lab's own ruler can vouch for. The report used to count, with one repeat, any
+difference over a 5% noise floor: that called one-repeat noise a win.
+"""
+
+
+class Verdict(NamedTuple):
+    """`compare`'s answer. `better`: "a" or "b", the better side by the metric's
+    direction when they differ, else None; `gap_pct`: |a - b| in % of the smaller value
+    (what MARGIN is held against; inf when the smaller is 0, None when not comparable);
+    `beyond_margin`: the gap alone is larger than MARGIN; `basis`: why, in a few words."""
+
+    differs: bool
+    better: str | None
+    gap_pct: float | None
+    beyond_margin: bool
+    basis: str
+
+
+def compare(a: Measured | None, b: Measured | None, key: str | Metric | None = None,
+            margin: float = MARGIN) -> Verdict:
+    """Whether b differs from a, and which is better (with `key`, the metric's direction).
+
+    The rule: a difference counts only when the medians are further apart than `margin`
+    (10%) of the smaller one AND, when both sides were measured at least twice, their
+    min-max ranges over the repeats do not overlap. With one repeat on either side the
+    spread is unknown and the margin alone decides. Not measured on either side (None,
+    not finite): no difference.
+    """
+    if a is None or b is None or not (math.isfinite(a.median) and math.isfinite(b.median)):
+        return Verdict(False, None, None, False, "not measured on both sides")
+    x, y = a.median, b.median
+    gap, small = abs(x - y), min(abs(x), abs(y))
+    gap_pct = gap / small * 100 if small else (0.0 if gap == 0 else math.inf)
+    apart = (f"gap {gap_pct:.1f}% of the smaller value" if math.isfinite(gap_pct)
+             else "one side is 0")
+    beyond = gap > margin * small
+    if not beyond:
+        return Verdict(False, None, gap_pct, False, f"{apart}, within the {margin:.0%} margin")
+    if a.ranged and b.ranged:
+        overlap = a.min <= b.max and b.min <= a.max
+        ranges = f"min-max ranges over {a.n} and {b.n} repeats"
+        if overlap:
+            return Verdict(False, None, gap_pct, True,
+                           f"{apart}, beyond the {margin:.0%} margin, but the {ranges} overlap")
+        basis = f"{apart}, beyond the {margin:.0%} margin, and the {ranges} do not overlap"
+    else:
+        basis = f"{apart}, beyond the {margin:.0%} margin; one repeat, spread unknown"
+    better = None if key is None else ("a" if metric(key).better(x, y) else "b")
+    return Verdict(True, better, gap_pct, True, basis)
+
+
+def differs(a: Measured | None, b: Measured | None, margin: float = MARGIN) -> bool:
+    """Whether a and b differ by the lab's rule (`compare`)."""
+    return compare(a, b, margin=margin).differs
+
+
+RULE = (f"a difference counts only when it is larger than {MARGIN:.0%} of the smaller value "
+        "and, where both sides were measured at least twice, their min-max ranges over the "
+        "repeats do not overlap (with one repeat the spread is unknown and the margin alone "
+        "decides)")
+
+__all__ = ["BY_KEY", "COMPARED", "FORECAST", "KEYS", "MARGIN", "METRICS", "RULE", "Measured",
+           "Metric", "Point", "Verdict", "compare", "differs", "metric", "select"]

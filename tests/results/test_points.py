@@ -1,0 +1,252 @@
+"""The typed measured point, the metric table and the one rule for "this differs": every
+place that judges (the notebooks' conclusions, the comparison table's better/worse column,
+the report's verdicts, the forecast grading, the load generator's agreement benchmark) is
+fed the same pairs of measurements and must give the same verdict; results files written
+with flat metric keys load into typed points."""
+
+from __future__ import annotations
+
+import ast
+import json
+import statistics
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from lab_utils.bench.loadgen import verdict as agreement
+from lab_utils.forecast import grade as g
+from lab_utils.measure.benchmark import HEADLINE, combine
+from lab_utils.notebook import lessons
+from lab_utils.notebook.compare import compare_frame
+from lab_utils.report.conclusions import compare as report_compare
+from lab_utils.report.data import ReportData
+from lab_utils.report.tables import points_table
+from lab_utils.results import load_envelope, points
+from lab_utils.results.forecast import Forecast
+from lab_utils.results.points import BY_KEY, COMPARED, METRICS, Measured, Point, compare, differs
+from lab_utils.results.sweep import BenchmarkResult
+
+from support.payloads import baseline_dict, model, sweep_dict
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "flat-points" / "baseline_metrics.json"
+TOP, ONE = 4.0, 1.0  # the load points conclude_03 compares (highest and lowest)
+FILLER = {"output_throughput": 100.0, "median_ttft_ms": 10.0}
+
+# (what, repeats of side a, repeats of side b, differ?)
+CASES = [
+    ("one repeat, 12% apart", [100.0], [112.0], True),
+    ("one repeat, 8% apart", [100.0], [108.0], False),
+    ("one repeat against three whose range reaches it, 12% apart", [100.0],
+     [95.0, 112.0, 120.0], True),
+    ("ranges overlap, medians 50% apart", [80.0, 100.0, 130.0], [120.0, 150.0, 160.0], False),
+    ("3% apart, ranges disjoint", [99.0, 100.0, 101.0], [102.5, 103.0, 103.5], False),
+    ("30% apart, ranges disjoint", [99.0, 100.0, 101.0], [129.0, 130.0, 131.0], True),
+    ("two repeats each, 20% apart, ranges disjoint", [99.0, 101.0], [119.0, 121.0], True),
+    ("b lower, 25% apart, one repeat", [125.0], [100.0], True),
+    ("zero against a value", [0.0], [5.0], True),
+    ("zero against zero", [0.0], [0.0], False),
+]
+KEYS = ("output_throughput", "median_ttft_ms")  # one of each direction
+
+
+def _sweep(per_load: dict[float, dict[str, list[float]]]) -> BenchmarkResult:
+    """A sweep whose points combine these repeats (every list of a load equally long)."""
+    combined = []
+    for load, metrics in per_load.items():
+        (n,) = {len(v) for v in metrics.values()}
+        summaries = [{"valid": True, **{k: v[i] for k, v in metrics.items()}} for i in range(n)]
+        combined.append(combine(summaries, "concurrency", load))
+    return BenchmarkResult(target="t", model="m", workload={}, points=[], combined=combined)
+
+
+def _pair(key: str, a: list[float], b: list[float]) -> tuple[BenchmarkResult, BenchmarkResult]:
+    """Two sweeps measuring `key` as a and b at both load points, the other keys fixed."""
+    def side(vals: list[float]) -> BenchmarkResult:
+        rest = {k: [v] * len(vals) for k, v in FILLER.items() if k != key}
+        return _sweep({ONE: {key: vals, **rest}, TOP: {key: vals, **rest}})
+    return side(a), side(b)
+
+
+def _expected(key: str, a: list[float], b: list[float], differ: bool) -> str | None:
+    if not differ:
+        return None
+    ma, mb = statistics.median(a), statistics.median(b)
+    return "a" if BY_KEY[key].better(ma, mb) else "b"
+
+
+# ---- each place that judges, asked for its verdict ("a", "b" or None) ------------------------
+
+
+def rule(key, a, b) -> str | None:
+    v = compare(Measured.of(a), Measured.of(b), key)
+    assert v.differs == (v.better is not None) == differs(Measured.of(a), Measured.of(b))
+    return v.better
+
+
+def notebook_conclusions(key, a, b) -> str | None:
+    """Notebook 03's sentences: capacity added (throughput at the top load) and the same
+    TTFT at concurrency 1."""
+    base, rep = _pair(key, a, b)
+    said = lessons.conclude_03(base, rep, device="cuda")
+    if key == "output_throughput":
+        won = said[0].startswith("As expected")
+        assert won == (lessons.better(base.combined[1], rep.combined[1], key) == "b")
+        return "b" if won else lessons.better(base.combined[1], rep.combined[1], key)
+    same = "the same, as expected" in said[1]
+    return None if same else lessons.better(base.combined[0], rep.combined[0], key)
+
+
+def report_verdict(key, a, b) -> str | None:
+    """The report's finding for replicated (b) against baseline (a) at the top load."""
+    base, rep = _pair(key, a, b)
+    data = ReportData("p", "cpu", Path("."), {}, {}, {"baseline": base, "replicated": rep}, {})
+    (f,) = [f for f in report_compare(points_table(data)) if f.metric == key and f.value == TOP]
+    assert (f.subject, f.reference) == ("replicated", "baseline")
+    assert f.beyond_spread == (f.winner is not None)
+    return {"replicated": "b", "baseline": "a", None: None}[f.winner]
+
+
+def loadgen_agreement(key, a, b) -> str | None:
+    """The agreement benchmark says only whether the tools differ; the side is the rule's."""
+    said = agreement(a, b)
+    assert said in ("agree", "agree (spread)", "DIFFER")
+    return rule(key, a, b) if said == "DIFFER" else None
+
+
+def forecast_grading(key, a, b) -> str | None:
+    """a measured, b predicted (its min-max as the prediction's interval)."""
+    measured, _ = _pair(key, a, b)
+    ranged = len(b) > 1
+    row = {"workload": "standard", "mode": "concurrency", "value": TOP,
+           "load": f"concurrency {TOP:g}", key: statistics.median(b),
+           f"{key}_lo": min(b) if ranged else None, f"{key}_hi": max(b) if ranged else None}
+    fc = Forecast(architecture="replicated", made_at="t", sources={}, rows=[row])
+    (r,) = [r for r in g.grade_rows(fc, {"standard": measured}) if r["metric"] == key]
+    return rule(key, a, b) if r["differs"] else None
+
+
+def comparison_table(key, a, b) -> str | None:
+    """The notebooks' side-by-side table (serving.compare_frame), its "better" column."""
+    base, rep = _pair(key, a, b)
+    reference = SimpleNamespace(notebook="01", payload=SimpleNamespace(sweep=base))
+    frame = compare_frame(reference, rep, ("one", "two"))
+    row = frame[(frame["metric"] == BY_KEY[key].heading) & (frame["load"] == "concurrency 4")]
+    return {"one": "a", "two": "b", "=": None}[row["better"].item()]
+
+
+JUDGES = [rule, notebook_conclusions, report_verdict, loadgen_agreement, forecast_grading,
+          comparison_table]
+
+
+@pytest.mark.parametrize("key", KEYS)
+@pytest.mark.parametrize(("what", "a", "b", "differ"), CASES, ids=[c[0] for c in CASES])
+def test_every_judge_gives_the_rules_verdict(what, a, b, differ, key):
+    want = _expected(key, a, b, differ)
+    got = {judge.__name__: judge(key, a, b) for judge in JUDGES}
+    assert got == dict.fromkeys(got, want), what
+
+
+def test_the_rule_in_numbers():
+    one = Measured.one
+    assert not differs(one(100.0), one(110.0))  # exactly 10% of the smaller: not larger
+    assert differs(one(100.0), one(110.5))
+    assert differs(one(110.5), one(100.0))  # symmetric
+    # 10% of the smaller value, not of either side: 100 vs 109.5 is 8.7% of the larger
+    assert not differs(one(100.0), one(109.5))
+    # a range known on one side only: the margin alone decides
+    assert differs(Measured.of([80.0, 100.0, 130.0]), one(120.0))
+    v = compare(Measured.of([99.0, 100.0, 101.0]), Measured.of([129.0, 130.0, 131.0]),
+                "median_ttft_ms")
+    assert (v.differs, v.better, round(v.gap_pct, 1), v.beyond_margin) == (True, "a", 30.0, True)
+    assert "do not overlap" in v.basis and "3 and 3 repeats" in v.basis
+    v = compare(Measured.of([80.0, 100.0, 130.0]), Measured.of([120.0, 150.0, 160.0]))
+    assert (v.differs, v.beyond_margin) == (False, True) and "overlap" in v.basis
+    assert "one repeat, spread unknown" in compare(one(1.0), one(2.0)).basis
+    assert compare(one(0.0), one(5.0)).gap_pct == float("inf")
+
+
+def test_not_measured_is_no_difference_everywhere():
+    assert compare(None, Measured.one(5.0)) == (False, None, None, False,
+                                                 "not measured on both sides")
+    assert not differs(Measured.one(float("nan")), Measured.one(5.0))
+    base = _sweep({TOP: {"output_throughput": [100.0]}})
+    rep = _sweep({TOP: {"output_throughput": [200.0], "median_ttft_ms": [10.0]}})
+    data = ReportData("p", "cpu", Path("."), {}, {}, {"baseline": base, "replicated": rep}, {})
+    assert {f.metric for f in report_compare(points_table(data))} == {"output_throughput"}
+    frame = compare_frame(SimpleNamespace(notebook="01", payload=SimpleNamespace(sweep=base)),
+                          rep, ("one", "two"))
+    assert frame.set_index("metric")["better"].to_dict()[BY_KEY["median_ttft_ms"].heading] == "="
+    fc = Forecast(architecture="replicated", made_at="t", sources={},
+                  rows=[{"workload": "standard", "mode": "concurrency", "value": TOP,
+                         "load": "concurrency 4", "median_ttft_ms": 12.0}])
+    (r,) = [r for r in g.grade_rows(fc, {"standard": base}) if r["metric"] == "median_ttft_ms"]
+    assert r["measured"] is None and not r["differs"] and not r["graded"]
+
+
+# ---- the typed point and its older flat form ---------------------------------------------------
+
+
+def test_an_older_flat_results_file_loads_into_typed_points():
+    raw = json.loads(FIXTURE.read_text())["payload"]["sweep"]["combined"]
+    assert "median_ttft_ms_min" in raw[0] and "median_ttft_ms_spread" in raw[0]
+    sweep = load_envelope(FIXTURE).payload.sweep
+    assert len(sweep.combined) == len(raw) == 3
+    for p, flat in zip(sweep.combined, raw, strict=True):
+        assert isinstance(p, Point)
+        assert (p.mode, p.value, p.mixed, p.repeats, p.valid) == (
+            flat["mode"], flat["value"], flat["mixed"], flat["repeats"], flat["valid"])
+        for key in HEADLINE:
+            m = p.of(key)
+            assert (m.median, m.min, m.max, m.n) == (flat[key], flat[f"{key}_min"],
+                                                      flat[f"{key}_max"], flat["repeats"])
+            assert m.spread == pytest.approx(flat[f"{key}_spread"])
+    # written again, it is the typed form, and reads back the same
+    again = BenchmarkResult.model_validate(json.loads(sweep.model_dump_json()))
+    assert again == sweep and "median_ttft_ms_min" not in again.model_dump()["combined"][0]
+
+
+def test_flat_points_in_a_payload_dict_load_too():
+    flat = {"mode": "rate", "value": 2.5, "valid": True, "repeats": 2, "median_ttft_ms": 20.0,
+            "median_ttft_ms_min": 18.0, "median_ttft_ms_max": 23.0,
+            "median_ttft_ms_spread": 5.0, "output_throughput": 300.0}
+    (p,) = model("01", baseline_dict(sweep_dict(combined=[flat]))).sweep.combined
+    assert p.median_ttft_ms == Measured(median=20.0, min=18.0, max=23.0, n=2)
+    assert p.output_throughput == Measured(median=300.0, min=300.0, max=300.0, n=2)
+    assert p.p99_itl_ms is None and p.median("p99_itl_ms") is None and p.load == "rate 2.5"
+    assert not p.mixed
+
+
+def test_combine_builds_the_point_of_its_repeats():
+    runs = [{"valid": True, "median_ttft_ms": v, "request_goodput": None} for v in (10, 14, 11)]
+    p = combine(runs, "concurrency", 4.0, mixed=True)
+    assert p.median_ttft_ms == Measured(median=11, min=10, max=14, n=3)
+    assert p.request_goodput is None and p.mixed and p.repeats == 3
+
+
+# ---- the metric table ----------------------------------------------------------------------------
+
+
+def test_one_table_for_every_headline_metric():
+    assert sorted(HEADLINE) == sorted(m.key for m in METRICS) == sorted(Point.model_fields.keys()
+                                                                         - {"mode", "value", "mixed",
+                                                                            "repeats", "valid"})
+    assert len({m.label for m in METRICS}) == len(METRICS)
+    assert [m.key for m in COMPARED] == ["request_throughput", "output_throughput",
+                                         "median_ttft_ms", "p99_ttft_ms", "median_itl_ms",
+                                         "p99_itl_ms", "median_tpot_ms"]
+    ttft = BY_KEY["median_ttft_ms"]
+    assert (ttft.heading, ttft.text(1234.56), ttft.text(None), ttft.way) == (
+        "TTFT p50 (ms)", "1,234.56 ms", "–", "lower")
+    assert BY_KEY["output_throughput"].better(2.0, 1.0) and ttft.better(1.0, 2.0)
+    with pytest.raises(KeyError):
+        points.select("median_ttft")
+
+
+def test_points_imports_nothing_from_lab_utils():
+    """It moves to the bottom of the package (lab_utils/results/points.py)."""
+    tree = ast.parse(Path(points.__file__).read_text())
+    names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    names |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert {n.split(".")[0] for n in names} <= {"__future__", "collections", "dataclasses",
+                                                  "math", "pydantic", "statistics", "typing"}
