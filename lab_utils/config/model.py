@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
+from pydantic_core import ErrorDetails
 
 from lab_utils.config import values
 from lab_utils.errors import ConfigError, LabError
@@ -87,7 +88,7 @@ class ModelConfig(_Strict):
     path: str | None = None
     node_path: str | None = None
     revision: str | None = None
-    dtype: Literal[values.VLLM_DTYPES] = "bfloat16"  # type: ignore[valid-type]
+    dtype: Literal[values.VLLM_DTYPES] = "bfloat16"  # type: ignore[valid-type]  # Literal of a tuple: mypy cannot expand it
     tiny_seed: int = 0
 
     _paths = field_validator("path", "node_path")(values.check_path)
@@ -256,7 +257,7 @@ class LabConfig(_Strict):
         the first local node); None when every node is reached over SSH."""
         local = [n for n, node in self.nodes.items() if node.connection == "local"]
         ctl = [n for n in local if "controller" in self.nodes[n].roles]
-        return (ctl or local or [None])[0]
+        return next(iter(ctl or local), None)
 
     @property
     def source(self) -> Path | None:
@@ -334,6 +335,7 @@ class LabConfig(_Strict):
 
     def instances(self, topology: str) -> list[InstanceSpec]:
         t = self.topology
+        placed: list[tuple[Role, list[str]]]
         if topology == "baseline":
             placed = [("baseline", [t.baseline.node])]
         elif topology == "replicated":
@@ -577,7 +579,7 @@ _FIXES = {
 }
 
 
-def _describe(err: dict) -> str:
+def _describe(err: ErrorDetails) -> str:
     loc = tuple(err["loc"])
     where = _fmt_loc(loc)
     etype = err["type"]
