@@ -15,17 +15,18 @@ fail, the fix. `run_checks(cfg)` runs them all; `python -m lab_utils check` prin
 from __future__ import annotations
 
 from lab_utils.checks import gpu, network, rdma, resources, software, views
-from lab_utils.checks.frame import ChecklistReport, CheckResult, Context, run_checklist
+from lab_utils.checks.frame import Check, ChecklistReport, CheckResult, Context, run_checklist
 from lab_utils.cluster.nodes import Node
 from lab_utils.config import LabConfig
 
 __all__ = ["CHECKS", "ChecklistReport", "CheckResult", "Context", "run_checks", "views"]
 
-CHECKS = [software.check_ssh, software.check_code, software.check_python, gpu.check_gpu,
-          gpu.check_cuda_build, rdma.check_rdma, rdma.check_ucx, rdma.check_memlock,
-          network.check_ports,
-          network.check_link, software.check_model, resources.check_resources,
-          software.check_clock, software.check_hf_token, software.check_logs]
+CHECKS: list[Check] = [
+    software.check_ssh, software.check_code, software.check_python, gpu.check_gpu,
+    gpu.check_cuda_build, rdma.check_rdma, rdma.check_ucx, rdma.check_memlock,
+    network.check_ports,
+    network.check_link, software.check_model, resources.check_resources,
+    software.check_clock, software.check_hf_token, software.check_logs]
 
 
 def run_checks(cfg: LabConfig, nodes: dict[str, Node] | None = None,
