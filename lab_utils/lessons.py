@@ -108,7 +108,8 @@ def conclude_02(kv: KvTransferPayload, input_len: int | None = None) -> list[str
                     f"({blocks} blocks of {kv.block_size} tokens x {per_token:,} bytes).")
     if len(rows) < 2:
         return said + ["The probe measured fewer than two prompt sizes: no comparison."]
-    ratios = [(r.prompt_tokens, r.measured_ms / r.predicted_ms) for r in rows]
+    ratios = [(r.prompt_tokens, r.measured_ms / r.predicted_ms) for r in rows
+              if r.measured_ms and r.predicted_ms]  # as `rows` (which the type checker forgets)
     short, long = ratios[0], ratios[-1]
     over = [f"{n} tokens x{q:.2f}" for n, q in ratios if q > 1 + MARGIN]
     if short[1] > 1 + MARGIN and short[1] > long[1]:
@@ -142,7 +143,7 @@ def conclude_03(baseline: BenchmarkResult, replicated: BenchmarkResult,
     top, one = common[-1], common[0]
     thr = _change(a[top]["output_throughput"], b[top]["output_throughput"])
     said = []
-    if differs(a[top], b[top], "output_throughput") and thr > 0:
+    if differs(a[top], b[top], "output_throughput") and (thr or 0) > 0:
         said.append(f"As expected, two replicas added capacity: at concurrency {top:g} output "
                     f"throughput rose {thr:.0f}% ({a[top]['output_throughput']:.0f} -> "
                     f"{b[top]['output_throughput']:.0f} tok/s).")
@@ -187,6 +188,7 @@ def conclude_04(replicated: BenchmarkResult | None, disaggregated: BenchmarkResu
     mr, md = _points(mixed_rep), _points(mixed_dis)
     common = sorted(set(mr) & set(md))
     if common:
+        assert mixed_dis is not None  # it has points
         c = common[-1]
         ch = _change(mr[c].get("p99_itl_ms"), md[c].get("p99_itl_ms"))
         better = differs(mr[c], md[c], "p99_itl_ms") and (ch or 0) < 0

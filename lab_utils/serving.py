@@ -67,13 +67,15 @@ class Served:
 
     @property
     def proxy_url(self) -> str:
-        return next(r.url for r in self.records if r.name == PROXY)
+        url = next(r.url for r in self.records if r.name == PROXY)
+        assert url is not None  # the proxy's record has its URL
+        return url
 
     def urls(self, role: str) -> list[str]:
         return urls(self.records, role)
 
     def instance_urls(self) -> list[str]:
-        return [r.url for r in self.records if r.kind == "vllm"]
+        return [r.url for r in self.records if r.kind == "vllm" and r.url is not None]
 
 
 class ServingSession:
@@ -375,6 +377,7 @@ def plot_decode_roofline(result: BenchmarkResult, roof: Roofline):
     ax.plot([c["value"] for c in points], [1000.0 / c["median_tpot_ms"] for c in points], "o-",
             label="measured: 1000 / median TPOT")
     if roof.max_tokens_per_s_per_stream:
+        assert roof.weight_bytes is not None  # the bound is computed from it
         ax.axhline(roof.max_tokens_per_s_per_stream, ls="--", color="grey",
                    label=f"roofline: {roof.memory_bandwidth_GBps:.0f} GB/s / "
                          f"{roof.weight_bytes / 1e9:.3g} GB of weights")
@@ -505,6 +508,7 @@ def compare_frame(reference: ResultsEnvelope, result: BenchmarkResult, names: tu
             a, b = r.get(k), c.get(k)
             better = "="
             if differs(r, c, k):
+                assert a is not None and b is not None  # differs() needs both
                 better = names[1] if (b > a) == (k in higher_better) else names[0]
             rows.append({"load": f"{c['mode']} {c['value']:g}", "metric": SWEEP_COLUMNS[k],
                          names[0]: a, names[1]: b,
@@ -528,9 +532,9 @@ def conclude(cfg: LabConfig, notebook: str) -> list[str]:
         said = lessons.conclude_03(load_results(cfg, "01").payload.sweep, rep.sweep, rep.mixed,
                                    device)
     elif notebook == "04":
-        dis, rep = load_results(cfg, "04").payload, load_optional(cfg, "03")
-        said = lessons.conclude_04(rep.payload.sweep if rep else None, dis.sweep,
-                                   rep.payload.mixed if rep else None, dis.mixed, dis.proof,
+        dis, env03 = load_results(cfg, "04").payload, load_optional(cfg, "03")
+        said = lessons.conclude_04(env03.payload.sweep if env03 else None, dis.sweep,
+                                   env03.payload.mixed if env03 else None, dis.mixed, dis.proof,
                                    device)
     else:
         raise LabError(f"no conclusions for notebook {notebook!r} (01-04)")
