@@ -14,7 +14,7 @@ those lines on the terminal as they come.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm as text_tqdm
 from tqdm.auto import tqdm
@@ -57,7 +57,7 @@ class _DisplayBar(text_tqdm):
     def __init__(self, *args, **kwargs):
         from IPython.display import display
 
-        self._handle = None
+        self._handle: Any = None  # IPython's display handle, once shown
         kwargs.setdefault("ncols", 100)
         kwargs.setdefault("ascii", False)
         super().__init__(*args, **kwargs)
