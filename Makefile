@@ -9,7 +9,7 @@ PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 CONFIG ?=
 
-.PHONY: lab jupyter test test-fast test-slow lint venv cleanup clean-venv sysdeps aiperf-venv
+.PHONY: lab jupyter test test-fast test-slow lint types venv cleanup clean-venv sysdeps aiperf-venv
 
 venv: $(STAMP)
 
@@ -51,6 +51,10 @@ test-slow: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+
+# mypy over lab_utils, as pyproject.toml's [tool.mypy] configures it
+types: $(STAMP)
+	$(VENV)/bin/mypy
 
 cleanup: $(STAMP)
 	$(PY) -m lab_utils cleanup $(if $(CONFIG),--config $(CONFIG))

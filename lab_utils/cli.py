@@ -73,7 +73,7 @@ def _cmd_bench(args) -> int:
         "input_len": args.input_len, "output_len": args.output_len, "num_prompts": args.num_prompts,
         "warmup": args.warmup, "repeats": args.repeats, "seed": args.seed,
         "burstiness": args.burstiness, "duration_s": args.duration, "chat": args.chat or None,
-        "concurrency": [int(c) for c in _floats(args.concurrency)] if args.concurrency else None,
+        "concurrency": [int(c) for c in _floats(args.concurrency) or []] if args.concurrency else None,
         "request_rates": _floats(args.rate),
     }.items() if v is not None}
     if args.rate and not args.concurrency:

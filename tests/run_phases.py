@@ -17,6 +17,7 @@ BIN = Path(sys.executable).parent
 
 PHASES = [
     ("lint (ruff)", [str(BIN / "ruff"), "check", "."]),
+    ("types (mypy)", [str(BIN / "mypy")]),
     ("fast tests", [sys.executable, "-m", "pytest", "-q", "-m", "not slow"]),
     ("slow tests (real vLLM + NIXL)", [sys.executable, "-m", "pytest", "-q", "-m", "slow",
                                        "--durations=10"]),

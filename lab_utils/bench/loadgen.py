@@ -127,6 +127,7 @@ class VllmBench:
                                      text=True, env=env)
 
     def run(self, argv: list[str]) -> dict:
+        assert self.proc.stdin is not None and self.proc.stdout is not None  # both PIPE
         self.proc.stdin.write(json.dumps(argv) + "\n")
         self.proc.stdin.flush()
         line = self.proc.stdout.readline()
@@ -138,6 +139,7 @@ class VllmBench:
 
     def close(self) -> None:
         if self.proc.poll() is None:
+            assert self.proc.stdin is not None  # PIPE
             self.proc.stdin.close()
             try:
                 self.proc.wait(30)
@@ -216,6 +218,7 @@ def agreement(cfg, url: str, key: str | None, concurrencies: list[int], n_rates:
                     elif who == "vllm bench serve":
                         s = vllm.run(vllm_bench_argv(url, cfg.model.name, cfg.model_path, w, n, p, seed))
                     else:
+                        assert aiperf is not None  # AIPerf is in `order` only when given
                         out = workdir / f"aiperf-{rep}-{p[0]}-{p[1]:g}"
                         s = aiperf_runner.run(aiperf, url, cfg, n, p, seed, key, out)
                     d = _counters(url) - before
@@ -315,6 +318,7 @@ def main(argv: list[str] | None = None) -> int:
         started = [r for r in records if r.name not in before]
         try:
             url = next(r.url for r in records if r.extra.get("role") == "baseline")
+            assert url is not None  # an instance's record has its URL
             workdir = cfg.results_dir / "bench-loadgen"  # vLLM's and AIPerf's logs
             workdir.mkdir(parents=True, exist_ok=True)
             result = agreement(cfg, url, key, concurrencies, args.poisson_rates, args.repeats,

@@ -158,8 +158,8 @@ def hold(prefill_url: str, model: str, headers: dict[str, str], lease_s: float) 
 
 
 def _median(xs: list[float | None]) -> float | None:
-    xs = [x for x in xs if x is not None]
-    return statistics.median(xs) if xs else None
+    known = [x for x in xs if x is not None]
+    return statistics.median(known) if known else None
 
 
 def run(config: Path, settings: list[str], label: str, single: int, concurrency: int,
@@ -186,6 +186,7 @@ def run(config: Path, settings: list[str], label: str, single: int, concurrency:
             row["idle"] = idle_spin([r.pid for r in instances])
             if with_hold:
                 prefill_url = next(r.url for r in instances if r.name.startswith("prefill"))
+                assert prefill_url is not None  # an instance's record has its URL
                 lease = float(cfg.kv_transfer.extra_config.get("kv_lease_duration", 30))
                 row["hold"] = hold(prefill_url, cfg.model.name,
                                    auth_headers(labconfig.api_key(cfg, "vllm")), lease)

@@ -91,6 +91,7 @@ def run_wrk(argv: list[str], cpus: set[int] | None = None, name: str = "wrk") ->
     """Run one wrk point; its JSON line, plus requests/s and the client's own CPU seconds."""
     p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
+    assert p.stdout is not None and p.stderr is not None  # both PIPE
     out, err = p.stdout.read(), p.stderr.read()
     _, status, usage = os.wait4(p.pid, 0)
     p.returncode = os.waitstatus_to_exitcode(status)
@@ -192,8 +193,8 @@ def main(argv: list[str] | None = None) -> int:
                 reps: dict[str, list[dict]] = {t: [] for t in targets}
                 for _ in range(args.repeats):
                     for name, (url, direct_pd, pid) in targets.items():
-                        watched = {"backend": backend_pid, "proxy": pid}
-                        before = {k: cpu_seconds(v) for k, v in watched.items() if v}
+                        watched = {k: v for k, v in (("backend", backend_pid), ("proxy", pid)) if v}
+                        before = {k: cpu_seconds(v) for k, v in watched.items()}
                         res = run_wrk(wrk_argv(url, conc, args.seconds, direct_pd, wrk), client_cpus, name)
                         for k, t0 in before.items():
                             res[f"{k}_cpu_s"] = cpu_seconds(watched[k]) - t0
@@ -205,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
             stop_group(pid, ticks, 5)
     verdicts = judge(rows)
     pinning = (f"wrk on CPU {sorted(client_cpus)}, servers on CPUs {sorted(server_cpus)}"
-               if client_cpus else "wrk and the servers share every CPU")
+               if client_cpus and server_cpus else "wrk and the servers share every CPU")
     print(table(rows, args.repeats, args.seconds, pinning))
     print("\n".join(verdicts))
     if args.json:

@@ -38,7 +38,7 @@ def check_gpu(ctx: Context) -> list[CheckResult]:
             continue
         gpus = parsers.nvidia_smi_csv(query)
         info = parsers.nvidia_smi_summary(summary)
-        names_seen = ", ".join(g["name"] for g in gpus)
+        names_seen = ", ".join(g["name"] or "?" for g in gpus)
         seen = f"{names_seen}, driver {gpus[0]['driver_version']}, CUDA {info['cuda_version']}"
         if any(g.get("memory_used_mib") is None for g in info["gpus"]):
             mem = meminfo(ctx, name)
@@ -57,7 +57,7 @@ def gpu_name(results: Iterable[CheckResult]) -> str | None:
     """The serving nodes' GPU as the gpu check saw it ("NVIDIA GB10"); the names joined if
     they differ; None without a GPU (CPU profile) or when a node's GPU was not seen."""
     gpus = [r for r in results if r.check == "gpu"]
-    names = [r.data.get("name") for r in gpus]
+    names = [r.data.get("name", "") for r in gpus]
     if not names or not all(names):
         return None
     return ", ".join(dict.fromkeys(names))

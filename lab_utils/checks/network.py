@@ -54,6 +54,7 @@ def connections(cfg: LabConfig) -> list[Connection]:
     specs = cfg.instances("disaggregated")
     for d in (s for s in specs if s.role == "decode"):
         for p in (s for s in specs if s.role == "prefill"):
+            assert p.side_channel_port is not None  # the config requires it of P/D instances
             add(Connection(d.node, p.node, cfg.nodes[p.node].data_address, p.side_channel_port,
                            f"NIXL side channel of {p.name} (from {d.name})"))
     target, initiator = cfg.probe_pair()

@@ -22,6 +22,7 @@ def check_ssh(ctx: Context) -> list[CheckResult]:
             out.append(CheckResult("ssh", name, "n/a", "local node: no SSH needed"))
             continue
         ssh = node_cfg.ssh
+        assert ssh is not None  # the config requires it of SSH nodes
         where = f"{ssh.user + '@' if ssh.user else ''}{ssh.host}:{ssh.port}"
         try:
             r = ctx.run(name, ["true"], timeout=ssh.connect_timeout_s + 20)

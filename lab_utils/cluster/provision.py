@@ -17,12 +17,16 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 from lab_utils.cluster.cluster import Cluster, as_cluster
 from lab_utils.cluster.nodes import Node
 from lab_utils.config import PACKAGE_DIR, LabConfig, hf_token
 from lab_utils.errors import LabError
 from lab_utils.on_node import dirs
+
+if TYPE_CHECKING:
+    from lab_utils.cluster.ssh import SSHNode
 
 PACKAGE = PACKAGE_DIR  # the package as installed: a checkout or a wheel
 ROLE_MODULES = {
@@ -132,6 +136,7 @@ def deploy_node(cluster: Cluster, name: str, force: bool = False) -> str:
     current = node.run(["cat", stamp])
     if not force and current.ok and current.stdout.strip() == digest:
         return f"{name}: up to date ({digest[:12]})"
+    node = cast("SSHNode", node)  # past the local return: an SSH node
     node.check_workdir()
     # the whole copy is replaced, so a module the package no longer has does not linger
     _copy_files(node, [(f, f.relative_to(PACKAGE).as_posix()) for f in package_files()],
@@ -160,7 +165,7 @@ def _not_the_labs(node: str, path: str, marker: str, field: str) -> str:
             "remove that directory yourself if it is yours.")
 
 
-def _copy_files(node: Node, files: list[tuple[Path, str]], remote: str, marker: str,
+def _copy_files(node: SSHNode, files: list[tuple[Path, str]], remote: str, marker: str,
                 field: str, stamp: str | None = None) -> None:
     """Copy `files` (local path, path under `remote`) to `remote` on the node through a
     staging directory beside it, then move it in place: nothing stale survives, and
@@ -195,7 +200,7 @@ def ensure_model_on(cluster: Cluster, name: str) -> str:
             return want
         if model_snapshot(node, where, full=True) != want:
             files = [(f, f.relative_to(local).as_posix()) for f in local.rglob("*") if f.is_file()]
-            _copy_files(node, files, where, tiny_model.MARKER, "model.node_path")
+            _copy_files(cast("SSHNode", node), files, where, tiny_model.MARKER, "model.node_path")
         have = model_snapshot(node, where, full=True)
         if have != want:
             raise LabError(f"node {name}: the tiny model at {where} differs from this host's")

@@ -122,6 +122,7 @@ class SSHNode(Node):
                     self._conn.close()
                     self._conn = None
                 self._conn = self._connect()
+            assert self._conn is not None
             return self._conn
 
     def close(self) -> None:
@@ -175,13 +176,15 @@ class SSHNode(Node):
             raise LabError(f"node {self.name} ({where}): SSH failed: {e}") from None
         except (TimeoutError, OSError) as e:
             raise LabError(f"node {self.name} ({where}): cannot connect: {e}") from None
-        client.get_transport().set_keepalive(15)
+        transport = client.get_transport()
+        assert transport is not None  # set by a successful connect()
+        transport.set_keepalive(15)
         return client
 
     def _check_not_loopback(self, hostname: str) -> None:
         """The config's loopback rule, for a host name the config could not judge."""
         try:
-            address = socket.getaddrinfo(hostname, None)[0][4][0]
+            address = str(socket.getaddrinfo(hostname, None)[0][4][0])
         except OSError:
             return  # connecting names the problem
         problems = loopback_problems(self.name, self.cfg, address)
@@ -190,7 +193,9 @@ class SSHNode(Node):
 
     # ----- Node interface -------------------------------------------------------------
     def _exec(self, command: str, stdin_text: str, timeout: float) -> RunResult:
-        chan = self._client().get_transport().open_session(timeout=self.ssh.connect_timeout_s)
+        transport = self._client().get_transport()
+        assert transport is not None  # _client() reconnects a connection without one
+        chan = transport.open_session(timeout=self.ssh.connect_timeout_s)
         try:
             chan.settimeout(0.2)
             chan.exec_command(command)
@@ -238,6 +243,7 @@ class SSHNode(Node):
         `lab_utils.on_node.dirs`), before anything is written on the node."""
         if self._workdir_checked:
             return
+        assert self.cfg.workdir, "the config requires a workdir on SSH nodes"
         found = json.loads(self.run_sent(dirs, "workdir", self.cfg.workdir))
         if found["problem"]:
             raise LabError(

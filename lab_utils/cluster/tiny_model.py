@@ -18,6 +18,7 @@ import json
 import random
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from lab_utils.errors import LabError
 from lab_utils.on_node import dirs
@@ -30,7 +31,7 @@ CHAT_TEMPLATE = (
     "<|{{ message['role'] }}|>{{ message['content'] }}\n"
     "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
-MODEL_SHAPE = dict(
+MODEL_SHAPE: dict[str, Any] = dict(
     hidden_size=256,
     intermediate_size=512,
     num_hidden_layers=4,
@@ -60,7 +61,7 @@ def _recipe(seed: int) -> dict:
     return {"recipe": RECIPE_VERSION, "seed": seed, "vocab": VOCAB_SIZE, "shape": MODEL_SHAPE}
 
 
-def _build_tokenizer(seed: int, out: Path) -> dict[str, int]:
+def _build_tokenizer(seed: int, out: Path) -> dict[str, int | None]:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     rng = random.Random(seed)
@@ -95,7 +96,7 @@ def _build_tokenizer(seed: int, out: Path) -> dict[str, int]:
     return ids
 
 
-def _build_weights(seed: int, out: Path, ids: dict[str, int]) -> None:
+def _build_weights(seed: int, out: Path, ids: dict[str, int | None]) -> None:
     import torch
     import transformers
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -109,7 +110,7 @@ def _build_weights(seed: int, out: Path, ids: dict[str, int]) -> None:
     )
     transformers.utils.logging.disable_progress_bar()
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(cfg).to(torch.bfloat16)
+    model = LlamaForCausalLM(cfg).to(torch.bfloat16)  # type: ignore[arg-type]  # transformers' @wraps(Module.to) hides the bound signature
     model.save_pretrained(out, safe_serialization=True)
     gen = {
         "bos_token_id": cfg.bos_token_id,

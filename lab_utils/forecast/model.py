@@ -207,6 +207,12 @@ class _Req:
     parent: _Req | None = None  # set: a P/D prefill leg (one token, then to a decode instance)
     done: float | None = None
 
+    @property
+    def done_at(self) -> float:
+        """When a finished request finished."""
+        assert self.done is not None
+        return self.done
+
 
 class _Engine:
     def __init__(self, sim: _Sim, costs: EngineCosts, name: str):
@@ -344,6 +350,7 @@ class _Sim:
             for _ in range(min(load.concurrency, len(self.pending))):
                 self._next(0.0)
         else:
+            assert load.rate is not None  # a Load has a concurrency or a rate
             gaps = _arrivals(len(self.pending), load.rate, load.burstiness, load.seed)
             for t in gaps:
                 i = self.pending.popleft()
@@ -392,14 +399,14 @@ def forecast(inputs: Inputs, arch: Architecture, load: Load) -> Prediction:
     done = [r for r in sim.reqs if r.done is not None]
     ttft = [r.times[0] - r.sent for r in done]
     itl = [b - a for r in done for a, b in zip(r.times, r.times[1:], strict=False)]
-    tpot = [(r.done - r.times[0]) / (len(r.times) - 1) for r in done if len(r.times) > 1]
-    e2el = [r.done - r.sent for r in done]
+    tpot = [(r.done_at - r.times[0]) / (len(r.times) - 1) for r in done if len(r.times) > 1]
+    e2el = [r.done_at - r.sent for r in done]
     wall_s = max(wall_ms / 1e3, 1e-9)
     out_tokens = sum(len(r.times) for r in done)
     good = sum(1 for r, t in zip(done, ttft, strict=True)
                if (load.slo_ttft_ms is None or t <= load.slo_ttft_ms)
                and (load.slo_tpot_ms is None or len(r.times) < 2
-                    or (r.done - r.times[0]) / (len(r.times) - 1) <= load.slo_tpot_ms))
+                    or (r.done_at - r.times[0]) / (len(r.times) - 1) <= load.slo_tpot_ms))
     metrics = {
         "request_throughput": len(done) / wall_s,
         "output_throughput": out_tokens / wall_s,
@@ -447,7 +454,8 @@ def ranged(inputs: Inputs, arch: Architecture, load: Load,
         return Ranged(mid, dict(mid.metrics), dict(mid.metrics))
     a = forecast(edges_of("lo"), arch, load).metrics
     b = forecast(edges_of("hi"), arch, load).metrics
-    lo, hi = {}, {}
+    lo: dict[str, float | None] = {}
+    hi: dict[str, float | None] = {}
     for k, v in mid.metrics.items():
         vals = [x for x in (a.get(k), b.get(k), v) if x is not None and math.isfinite(x)]
         lo[k], hi[k] = (min(vals), max(vals)) if vals else (None, None)

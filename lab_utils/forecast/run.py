@@ -49,8 +49,10 @@ def predict_rows(inputs: Inputs, edges_of, arch: Architecture, loads: list[Load]
     rows = []
     for load in loads:
         row = ranged(inputs, arch, load, edges_of).row()
+        value = load.concurrency or load.rate
+        assert value is not None  # a Load has a concurrency or a rate
         row.update(workload=workload, mode="concurrency" if load.concurrency else "rate",
-                   value=float(load.concurrency or load.rate))
+                   value=float(value))
         rows.append(row)
     return rows
 
@@ -80,7 +82,9 @@ def rank(p: Prediction) -> tuple[float, float]:
     """How predictions are ranked: by goodput under the SLO (requests served, without an
     SLO), then by the lower TTFT p50."""
     m = p.metrics
-    return (m["request_goodput"] if m["request_goodput"] is not None else m["request_throughput"],
+    # request_throughput is always a number (its `or` only tells the type checker so)
+    return (m["request_goodput"] if m["request_goodput"] is not None
+            else m["request_throughput"] or 0.0,
             -(m["median_ttft_ms"] or 0.0))
 
 

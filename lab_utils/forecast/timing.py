@@ -24,7 +24,7 @@ def sweep_seconds(inputs: Inputs, arch: Architecture, w: WorkloadConfig,
         m = forecast(inputs, arch, load).metrics
         alone = forecast(inputs, arch, replace(load, concurrency=1, rate=None, num_prompts=1))
         warm = w.warmup * (alone.metrics["median_e2el_ms"] or 0.0) / 1e3
-        total += w.repeats * (load.num_prompts / max(m["request_throughput"], 1e-9) + warm)
+        total += w.repeats * (load.num_prompts / max(m["request_throughput"] or 0.0, 1e-9) + warm)
     return total
 
 

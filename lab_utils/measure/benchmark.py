@@ -32,7 +32,7 @@ def _stats(name: str, values: list[float]) -> dict[str, float | None]:
     if not values:
         return {f"{k}_{name}_ms": None for k in ("mean", "median", "std", *(f"p{p}" for p in PERCENTILES))}
     arr = np.asarray(values, dtype=float)
-    out = {f"mean_{name}_ms": float(arr.mean()), f"median_{name}_ms": float(np.median(arr)),
+    out: dict[str, float | None] = {f"mean_{name}_ms": float(arr.mean()), f"median_{name}_ms": float(np.median(arr)),
            f"std_{name}_ms": float(arr.std())}
     out.update({f"p{p}_{name}_ms": float(np.percentile(arr, p)) for p in PERCENTILES})
     return out
@@ -45,9 +45,9 @@ def summarize(records: list[RequestRecord], wall_s: float, w: WorkloadConfig) ->
     total_out = sum(r.completion_tokens or 0 for r in ok)
     slo = w.slo
     good = sum(1 for r in ok
-               if (slo.ttft_ms is None or r.ttft_ms <= slo.ttft_ms)
+               if (slo.ttft_ms is None or (r.ttft_ms is not None and r.ttft_ms <= slo.ttft_ms))
                and (slo.tpot_ms is None or (r.tpot_ms or 0.0) <= slo.tpot_ms)
-               and (slo.e2el_ms is None or r.e2el_ms <= slo.e2el_ms))
+               and (slo.e2el_ms is None or (r.e2el_ms is not None and r.e2el_ms <= slo.e2el_ms)))
     dur = max(wall_s, 1e-9)
     out: dict[str, Any] = {
         "duration": wall_s, "completed": len(ok), "failed": failed,
@@ -56,12 +56,12 @@ def summarize(records: list[RequestRecord], wall_s: float, w: WorkloadConfig) ->
         "request_goodput": good / dur if any((slo.ttft_ms, slo.tpot_ms, slo.e2el_ms)) else None,
         "output_throughput": total_out / dur, "total_token_throughput": (total_in + total_out) / dur,
     }
-    out.update(_stats("ttft", [r.ttft_ms for r in ok]))
+    out.update(_stats("ttft", [r.ttft_ms for r in ok if r.ttft_ms is not None]))
     out.update(_stats("tpot", [r.tpot_ms for r in ok if r.tpot_ms is not None]))
     out.update(_stats("itl", [x for r in ok for x in r.itl_ms]))
     gaps = sum(len(r.itl_ms) for r in ok)
     out["itl_read_together_fraction"] = sum(r.read_together for r in ok) / gaps if gaps else None
-    out.update(_stats("e2el", [r.e2el_ms for r in ok]))
+    out.update(_stats("e2el", [r.e2el_ms for r in ok if r.e2el_ms is not None]))
     lags = [(r.sent_s - r.scheduled_s) * 1000.0 for r in records]
     out["p99_send_lag_ms"] = float(np.percentile(lags, 99)) if lags else None
     out["errors"] = list(dict.fromkeys(r.error for r in records if r.error))[:5]

@@ -202,6 +202,7 @@ async def run_point(url: str, model: str, requests: list[RequestSpec], *,
 
             await asyncio.gather(*(worker() for _ in range(concurrency)))
         else:
+            assert rate is not None  # exactly one of concurrency and rate, checked above
             offsets = arrival_offsets(len(measured), rate, burstiness, random.Random(seed))
             tasks = []
             for i, at in enumerate(offsets):

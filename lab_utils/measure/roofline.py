@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+from typing import Any
 
 from lab_utils.cluster import Cluster, as_cluster
 from lab_utils.config import LabConfig
@@ -59,7 +60,7 @@ _EMBEDDING = re.compile(r"(^|\.)(embed_tokens|wte|word_embeddings|tok_embeddings
 _LM_HEAD = re.compile(r"(^|\.)lm_head\.weight$|^output\.weight$")
 
 
-def _run(cluster: Cluster | LabConfig, code: str, in_model_dir: bool = False) -> float:
+def _run(cluster: Cluster | LabConfig, code: str, in_model_dir: bool = False) -> Any:
     """Run `code` on the baseline node (in the model's directory if asked); its last line."""
     from lab_utils.cluster.provision import run_in_model_dir
 

@@ -56,7 +56,8 @@ def build_requests(w: WorkloadConfig, n: int, tokenize: Tokenize,
         raise LabError("workload.mixed_long_len is not set: the mixed workload needs a long prompt length")
     specs = []
     for i in range(n):
-        length = w.mixed_long_len if mixed and i % w.mixed_long_every == 0 else w.input_len
+        length = (w.mixed_long_len if mixed and w.mixed_long_len and i % w.mixed_long_every == 0
+                  else w.input_len)
         ids = exact_prompt(tokenize, length, rng)
         text = detokenize(ids) if (w.chat and detokenize) else None
         specs.append(RequestSpec(ids, w.output_len, text))

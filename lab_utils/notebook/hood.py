@@ -53,6 +53,7 @@ GAUGES = {"running": "vllm:num_requests_running", "waiting": "vllm:num_requests_
 class _Sampler(Background):
     def __init__(self, url: str, period_s: float):
         super().__init__("metrics-sampler")
+        self.rows: list[dict[str, float | None]]  # one per sample: time and the gauges
         self.url, self.period_s, self.rows = url, period_s, []
 
     def _run(self) -> None:

@@ -30,6 +30,7 @@ import sys
 import time
 import zlib
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -53,7 +54,7 @@ def summarize(times_s: Sequence[float], nbytes: int) -> dict:
 
 def block_crcs(blocks: np.ndarray, indices: Iterable[int]) -> list[int]:
     """CRC32 of each selected row of a (blocks, block_bytes) array, in order."""
-    return [zlib.crc32(np.ascontiguousarray(blocks[int(i)])) for i in indices]
+    return [zlib.crc32(np.ascontiguousarray(blocks[int(i)]).data) for i in indices]
 
 
 def combine_crcs(crcs: Iterable[int]) -> int:
@@ -147,6 +148,7 @@ class _Region:
 
     def __init__(self, agent, seg: str, half: int, block: int):
         n = 2 * half * block
+        self.buf: Any  # a numpy array (DRAM) or a torch tensor (VRAM)
         if seg == "DRAM":
             self.buf = np.zeros(n, dtype=np.uint8)
             addr, dev = self.buf.ctypes.data, 0
@@ -167,7 +169,7 @@ class _Region:
 
     def fill(self, first: int, seed: int) -> None:
         n = self.half * self.block
-        data = np.frombuffer(np.random.default_rng(seed).bytes(n), dtype=np.uint8)
+        data: Any = np.frombuffer(np.random.default_rng(seed).bytes(n), dtype=np.uint8)
         if self.seg != "DRAM":
             import torch
 
@@ -280,7 +282,8 @@ def _initiator(a: argparse.Namespace) -> dict:
             mine = _Region(agent, seg, a.blocks, a.block_bytes)
             mine.fill(a.blocks, a.seed + 1)
             local = agent.prep_xfer_dlist("NIXL_INIT_AGENT", mine.rows, mem_type=seg)
-            theirs = block_rows(*hello["regions"][seg], 2 * a.blocks, a.block_bytes)
+            their_addr, their_dev = hello["regions"][seg]
+            theirs = block_rows(their_addr, their_dev, 2 * a.blocks, a.block_bytes)
             far = agent.prep_xfer_dlist(remote, theirs, mem_type=seg)
             rng = np.random.default_rng(a.seed + 2)
             lperm, rperm = rng.permutation(a.blocks), rng.permutation(a.blocks)
@@ -299,6 +302,7 @@ def _initiator(a: argparse.Namespace) -> dict:
                     if op == "READ":
                         ok = got == combine_crcs(hello["crcs"][seg][i] for i in ri)
                     else:
+                        assert tag is not None
                         reply = _ask(sock, {"cmd": "verify", "seg": seg, "tag": tag.decode(),
                                             "indices": ri})
                         ok = reply["checksum"] == got

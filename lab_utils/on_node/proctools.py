@@ -151,7 +151,7 @@ def _listening_inodes(port: int) -> set[str]:
 def port_holders(port: int) -> list[str]:
     """'PID N: cmdline' of every process listening on TCP `port` (any address)."""
     inodes = _listening_inodes(port)
-    found = []
+    found: list[str] = []
     if not inodes:
         return found
     for d in Path("/proc").iterdir():

@@ -103,7 +103,7 @@ def what_if(data: ReportData, *, input_len: int | None = None, output_len: int |
     published GB10 figures). Prints the predicted winner by goodput and why."""
     base = data.sweeps["baseline"].workload
     model, sw = spark_workload(data) if spark else (None, None)
-    w0 = sw if spark else workload_of(base)
+    w0 = sw if sw is not None else workload_of(base)  # sw: set when spark
     w = w0.model_copy(update={k: v for k, v in {
         "input_len": input_len, "output_len": output_len, "mixed_long_len": mixed_long_len,
         "concurrency": [concurrency] if concurrency else None}.items() if v is not None})
@@ -111,6 +111,7 @@ def what_if(data: ReportData, *, input_len: int | None = None, output_len: int |
                                                      "tpot_ms": slo_tpot_ms}.items() if v})
     w = w.model_copy(update={"slo": slo})
     if spark:
+        assert model is not None  # set with sw above
         inputs = spark_inputs_for(model, w, kv_buffer_device)
     else:
         base_profile = data.baseline.profile if data.baseline else None

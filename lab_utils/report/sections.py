@@ -292,6 +292,7 @@ def _nb00_blocks(data: ReportData) -> list[Block]:
 
 def _nb01_blocks(data: ReportData) -> list[Block]:
     p = data.baseline
+    assert p is not None  # each notebook's section is built only from its results
     blocks = [P(_sweep_text(data.sweeps["baseline"]))]
     if p.single_request is not None:
         blocks += [H("Single request", 3), T(key_value_table(asdict(p.single_request)))]
@@ -316,6 +317,7 @@ def _workload_text(w: dict) -> str:
 
 def _nb02_blocks(data: ReportData) -> list[Block]:
     p = data.kv_transfer
+    assert p is not None
     per_token = p.kv_per_token_bytes
     blocks = [P(f"KV cache per token of {p.model}: {fmt_num(per_token)} bytes "
                 f"({per_token / 1024:.1f} KiB), moved in blocks of {fmt_num(p.block_size)} "
@@ -332,6 +334,7 @@ def _nb02_blocks(data: ReportData) -> list[Block]:
 
 
 def _nb03_blocks(data: ReportData) -> list[Block]:
+    assert data.replicated is not None
     policy = data.replicated.policy
     mixed = "measured" if "replicated" in data.mixed else "not measured"
     return [P(f"Routing policy: {policy}. {_sweep_text(data.sweeps['replicated'])} Mixed "
@@ -340,6 +343,7 @@ def _nb03_blocks(data: ReportData) -> list[Block]:
 
 def _nb04_blocks(data: ReportData) -> list[Block]:
     p = data.disaggregated
+    assert p is not None
     blocks = [P(f"kv_buffer_device: {p.kv_buffer_device}. "
                 f"{_sweep_text(data.sweeps['disaggregated'])}")]
     proof = p.proof

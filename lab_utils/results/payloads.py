@@ -66,7 +66,7 @@ class EnvironmentPayload(Record):
         gpus = [c for c in checks if isinstance(c, dict) and c.get("check") == "gpu"]
         names = [(c.get("data") or {}).get("name")
                  or (str(c.get("summary")).split(", driver ")[0] if c.get("status") == "pass"
-                     else None) for c in gpus]
+                     else "") for c in gpus]
         found = ", ".join(dict.fromkeys(names)) if names and all(names) else None
         return {**data, "gpu_name": found}
 

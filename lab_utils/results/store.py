@@ -157,7 +157,7 @@ def write_envelope(
     any path (atomically; old file to history/)."""
     now = datetime.now(timezone.utc).isoformat(timespec="microseconds")
     kind_of = type(payload) if isinstance(payload, BaseModel) else dict[str, Any]
-    envelope = ResultsEnvelope[kind_of](
+    envelope = ResultsEnvelope[kind_of](  # type: ignore[valid-type]  # parametrized at run time
         schema_version=SCHEMA_VERSION,
         kind=kind,
         notebook=notebook,
@@ -226,7 +226,7 @@ def _typed(path: Path, envelope: ResultsEnvelope, spec: ResultsSpec) -> ResultsE
             f"{path}: not notebook {spec.notebook}'s results as this lab reads them "
             f"({_problems(e, 'payload')}); {_rerun(spec)}") from None
     fields = {k: getattr(envelope, k) for k in ResultsEnvelope.model_fields if k != "payload"}
-    return ResultsEnvelope[model](**fields, payload=payload)
+    return ResultsEnvelope[model](**fields, payload=payload)  # type: ignore[valid-type]  # parametrized at run time
 
 
 def load_envelope(path: str | os.PathLike) -> ResultsEnvelope:

@@ -23,6 +23,7 @@ import os
 import posixpath
 import sys
 import time
+from typing import Any
 
 import httpx
 
@@ -54,7 +55,7 @@ def kv_transfer_config(cfg: LabConfig, spec: InstanceSpec, *,
     role = KV_ROLES.get(spec.role)
     if role is None:
         return None
-    out = {
+    out: dict[str, Any] = {
         "kv_connector": cfg.kv_transfer.connector,
         "kv_role": role,
         "kv_buffer_device": kv_buffer_device or choose_buffer_device(cfg, None),
@@ -208,6 +209,7 @@ def wait_ready(cluster: Cluster, records: list[ProcessRecord], timeout: float | 
         while pending:
             for name, rec in list(pending.items()):
                 node = nodes[rec.node]
+                assert rec.url is not None  # an instance's or the proxy's record has its URL
                 if healthy(rec.url, api_key=keys["proxy" if rec.kind == "proxy" else "vllm"]):
                     ready[name] = time.monotonic() - t0
                     del pending[name]

@@ -146,6 +146,7 @@ def _fixes(cfg: LabConfig, budget: NodeBudget, plans: list[InstancePlan], weight
     if cfg.vllm.device == "cpu":
         return ["lower vllm.<role>.cpu_kvcache_space_gib, or place fewer instances on "
                 f"{budget.node} (topology)"]
+    assert budget.mem_total is not None  # asked only of a budget that does not fit
     inst = [(weights, p.memory.mirror) for p in plans]
     u = memory.fitting_utilization(budget.mem_total, inst)
     kv = memory.fitting_kv_bytes(budget.mem_total, inst)

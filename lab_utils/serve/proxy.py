@@ -36,6 +36,7 @@ import os
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any, Literal
 
 import aiohttp
 from fastapi import FastAPI, Request
@@ -127,7 +128,7 @@ def settings_from_config(cfg, mode: str) -> ProxySettings:
     def urls(topology: str, role: str) -> list[str]:
         return [instance_url(cfg, s) for s in cfg.instances(topology) if s.role == role]
 
-    def key(service: str) -> str | None:
+    def key(service: Literal["proxy", "vllm"]) -> str | None:
         return os.environ.get(KEY_ENV[service]) or api_key(cfg, service)
 
     p = cfg.proxy
@@ -348,7 +349,7 @@ class Proxy:
         checks = [(p, u) for p in self.pools.values() for u in p.urls]
         states = await asyncio.gather(*(self.backend_health(p, u) for p, u in checks))
         ok = all(s == "ok" for s in states)
-        answer = {"status": "ok" if ok else "degraded"}
+        answer: dict[str, Any] = {"status": "ok" if ok else "degraded"}
         if not self.settings.api_key:  # open to anyone on the LAN when a key is set: no URLs
             answer.update(mode=self.settings.mode, backends={
                 f"{p.role} {u}": s for (p, u), s in zip(checks, states, strict=True)})

@@ -60,6 +60,7 @@ class Pool:
         self.fresh: dict[str, aiohttp.ClientSession] = {}  # a new connection per request
         self.in_flight = dict.fromkeys(urls, 0)
         self._cycle = itertools.cycle(urls)
+        assert timeout.connect is not None  # the proxy gives its pools a connect timeout
         self.connect_attempts = max(2, math.ceil(timeout.connect / CONNECT_ATTEMPT_S))
         self._attempt = aiohttp.ClientTimeout(total=None, connect=timeout.connect / self.connect_attempts,
                                               sock_read=timeout.sock_read)

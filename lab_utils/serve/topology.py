@@ -135,6 +135,7 @@ def start_proxy(cluster: Cluster, mode: str, kind: str | None = None,
     env = {KEY_ENV[s]: key for s in ("proxy", "vllm") if (key := api_key(cfg, s))}
     config_path, cwd = str(cfg.source), None
     if node.cfg.connection == "ssh":  # run the deployed copy with a copy of this config
+        assert cfg.source is not None and node.cfg.workdir  # a config file; an SSH workdir
         config_path = f"{node.cfg.workdir}/configs/{cfg.profile}.json"
         node.put_file(cfg.source, config_path)
         env["PYTHONPATH"], cwd = node.cfg.workdir, node.cfg.workdir

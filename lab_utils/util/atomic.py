@@ -82,7 +82,7 @@ def _pid_alive(pid: int) -> bool:
 
 
 def remove_stale_temps(
-    directory: str | os.PathLike, *, min_age_s: float = STALE_TEMP_AGE_S
+    directory: str | os.PathLike[str], *, min_age_s: float = STALE_TEMP_AGE_S
 ) -> list[Path]:
     """Remove temp files that `atomic_write_bytes` left in `directory` when its writer was
     killed: only regular files named `.<name>.<pid>.<random>.tmp` whose PID is not alive

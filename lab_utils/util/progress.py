@@ -14,6 +14,7 @@ those lines on the terminal as they come.
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm as text_tqdm
 from tqdm.auto import tqdm
@@ -29,7 +30,13 @@ def log_progress(line: str) -> None:
             f.write(line.replace("\n", " ") + "\n")
 
 
-class _Logged:
+if TYPE_CHECKING:  # _Logged is mixed into tqdm bars: type-check it as one
+    _LoggedBase = text_tqdm
+else:
+    _LoggedBase = object
+
+
+class _Logged(_LoggedBase):
     """A bar that, when closed, logs what it counted and how long it took."""
 
     def close(self) -> None:
@@ -50,7 +57,7 @@ class _DisplayBar(text_tqdm):
     def __init__(self, *args, **kwargs):
         from IPython.display import display
 
-        self._handle = None
+        self._handle: Any = None  # IPython's display handle, once shown
         kwargs.setdefault("ncols", 100)
         kwargs.setdefault("ascii", False)
         super().__init__(*args, **kwargs)
@@ -87,7 +94,7 @@ def _in_kernel() -> bool:
     return shell is not None and hasattr(shell, "kernel")
 
 
-def progress_bar(**kwargs) -> tqdm:
+def progress_bar(**kwargs) -> text_tqdm:
     """A progress bar: one line of text redrawn in place in a notebook, tqdm's text bar
     elsewhere; use as a context manager."""
     logged = bool(os.environ.get(PROGRESS_LOG_ENV))
