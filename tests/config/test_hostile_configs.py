@@ -21,7 +21,7 @@ import pytest
 from lab_utils import cli
 from lab_utils.config import REPO_ROOT
 
-CORPUS = Path(__file__).parent / "fixtures" / "hostile-configs"
+CORPUS = Path(__file__).parents[1] / "fixtures" / "hostile-configs"
 CASES = sorted(CORPUS.glob("*.json"))
 
 # Every entry point that takes --config; the bench's URL is a closed loopback port.
