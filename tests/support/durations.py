@@ -9,7 +9,7 @@ last test of the session). A line per test, written as it ends: a run stopped ha
 still has the durations of what ran.
 
     {"phase": "slow tests (real vLLM + NIXL)", "test": "tests/system/test_series.py::
-     test_every_notebook_ran", "outcome": "passed", "seconds": 812.4}
+     test_every_notebook_ran", "outcome": "passed", "seconds": 184.9}
 
 The reference durations the budget compares with (tests/durations.json) are read and
 written here too; run_phases.py says when.
