@@ -1,5 +1,6 @@
-"""Shared fixtures: a test copy of the rehearsal profile (own ports, own results dir) and
-one set of real vLLM instances per test session, restarted only if a test stopped them.
+"""Shared fixtures: a test copy of the rehearsal profile (own ports, own results dir),
+one set of real vLLM instances per test session, restarted only if a test stopped them,
+and one run of the notebook series per session (`series`, tests/support/series.py).
 
 With LAB_STRICT=1 (set by `make test`, hence in CI) a skipped test counts as a failure:
 nothing that needs the real engine may silently drop out.
@@ -7,6 +8,7 @@ nothing that needs the real engine may silently drop out.
 A canary Hugging Face token is in the environment of the whole run (every process a test
 starts inherits it); the security tests look for it where a secret must never appear.
 At the end of the run, no process's private temporary directory may be left behind.
+Each test's duration goes to the file tests/run_phases.py names (tests/support/durations.py).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import pytest
 from lab_utils.cluster.nodes import PRIVATE_TMP_PREFIX
 from lab_utils.config import LabConfig
 
+from support import durations
 from support.profiles import (
     CANARY_API_KEY,
     CANARY_HF_TOKEN,
@@ -27,10 +30,12 @@ from support.profiles import (
     write_profile,
     write_secret,
 )
+from support.series import series  # noqa: F401  (the session's run of the notebooks)
 
 
 def pytest_configure(config):
     os.environ["HF_TOKEN"] = CANARY_HF_TOKEN
+    durations.register(config)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -111,6 +116,7 @@ def rehearsal(engine_cfg):
 
 def pytest_collection_modifyitems(config, items):
     """The notebook series runs first, on a quiet machine (its numbers are measured);
+    then the simulated cluster (which takes 01-03 from the series as a reference run);
     tests that stop the shared rehearsal instances run last, so the others share one
     start-up of them (about 90 s here): first those that still use them (the `rehearsal`
     fixture), then those that stop them before they start."""

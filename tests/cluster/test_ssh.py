@@ -1,9 +1,10 @@
 """What only the SSH node does, against real sshd on loopback: host-key policy,
 ~/.ssh/config, one connection per node reused until its cluster closes (and reopened when
-it drops), the workdir rule; then deploy + serve of the disaggregated topology with every
-serving node reached over SSH, passing the proof of transfer. What every node does (run,
-copy, quoting, timeouts, detached start and stop, secrets, ports) is the node contract
-(test_node_contract.py). No connection outlives the tests."""
+it drops), the workdir rule, deploy and the model copy. What every node does (run, copy,
+quoting, timeouts, detached start and stop, secrets, ports) is the node contract
+(test_node_contract.py). Deploy and serve of the disaggregated topology over SSH, with
+the proof of transfer, is the simulated cluster's (tests/system/test_simcluster.py). No
+connection outlives the tests."""
 
 from __future__ import annotations
 
@@ -19,7 +20,6 @@ import pytest
 from lab_utils.cluster import Cluster, provision, ssh, tiny_model
 from lab_utils.cluster.ssh import SSHNode
 from lab_utils.errors import LabError
-from lab_utils.on_node import proctools
 
 from support.profiles import write_profile
 from support.ssh_cluster import open_transports, ssh_profile
@@ -262,50 +262,6 @@ def test_workdir_that_is_the_home_directory_is_refused(tmp_path):
         assert "deployed" in provision.deploy(write_profile(tmp_path, data), ["spark-01"])[0]
         assert sorted(os.listdir(home / "spark-disagg-lab")) == [".venv", "lab_utils"]
     assert open_transports() == []
-
-
-@pytest.mark.slow
-@pytest.mark.stops_rehearsal
-def test_deploy_then_serve_over_ssh_proves_transfer(ssh_cfg, engine_cfg, tmp_path):
-    from lab_utils.cluster.provision import code_digest
-    from lab_utils.kv.shapes import kv_shape_from_dir
-    from lab_utils.measure.prompts import fresh_prompts, load_tokenizer
-    from lab_utils.serve.pd import prove_transfer
-    from lab_utils.serve.topology import cleanup, serve
-
-    cleanup(engine_cfg)  # two cores: do not run the local rehearsal beside this one
-    p = subprocess.run([sys.executable, "-m", "lab_utils", "deploy", "--config", str(ssh_cfg.source)],
-                       capture_output=True, text=True, timeout=300, cwd=tmp_path)
-    assert p.returncode == 0, p.stderr
-    assert "spark-01: deployed lab_utils" in p.stdout
-    for name in ("spark-01", "spark-02"):
-        stamp = Path(ssh_cfg.nodes[name].workdir) / "lab_utils" / ".deployed"
-        assert stamp.read_text() == code_digest()
-    try:
-        with Cluster(ssh_cfg) as cluster:
-            records = serve(cluster, "baseline", "disaggregated", show_progress=False)
-        for rec in records:
-            assert rec.log_path.startswith(ssh_cfg.nodes[rec.node].workdir)
-            assert ssh_cfg.model_path_on(rec.node) == ssh_cfg.model.node_path
-            assert CANARY not in Path(f"/proc/{rec.pid}/cmdline").read_text()
-        urls = {r.extra["role"]: r.url for r in records}
-        kv = kv_shape_from_dir(ssh_cfg.model_path_on("spark-02"), ssh_cfg.model.dtype)
-        prompts, _ = fresh_prompts(load_tokenizer(ssh_cfg.model_path_on("spark-01")), [20, 64, 150, 300])
-        proofs = prove_transfer(prompts, model=ssh_cfg.model.name, prefill_url=urls["prefill"],
-                                decode_url=urls["decode"], baseline_url=urls["baseline"],
-                                kv=kv, max_tokens=16)
-        for ids, proof in zip(prompts, proofs, strict=True):
-            assert proof.external_kv_transfer == len(ids) and proof.local_compute == 0, proof
-            assert proof.nixl_bytes == kv.transfer_bytes(len(ids), proof.block_size), proof
-            assert proof.tokens_match and len(set(proof.pd_tokens)) > 1, proof
-    finally:
-        p = subprocess.run([sys.executable, "-m", "lab_utils", "cleanup", "--config",
-                            str(ssh_cfg.source)], capture_output=True, text=True, timeout=120,
-                           cwd=tmp_path)
-    assert p.returncode == 0, p.stderr
-    for rec in records:
-        assert proctools.group_members(rec.pgid) == [], f"{rec.name} left processes"
-    assert os.path.exists(records[0].log_path)
 
 
 def test_deploy_copies_when_stale_and_names_missing_packages(sshds, tmp_path):

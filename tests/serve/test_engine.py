@@ -170,9 +170,9 @@ def test_port_in_use_names_holder(rehearsal, engine_cfg):
     assert f"PID {os.getpid()}" in msg
 
 
-def _lab(*args: str) -> subprocess.CompletedProcess:
+def _lab(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "lab_utils", *args], capture_output=True,
-                          text=True, timeout=600)
+                          text=True, timeout=600, cwd=cwd)
 
 
 @pytest.mark.stops_rehearsal  # its `cleanup` stops them
@@ -181,7 +181,9 @@ def test_serve_through_vllm_router_proves_transfer_and_cleanup_stops_it(rehearsa
     """`proxy.kind: "vllm-router"` as a user runs it: `serve --topology disaggregated`
     starts vLLM's router in front of the session's pair, the proof of transfer passes
     through it (the instances want their key, which the router must send them from its
-    environment), and `cleanup` leaves nothing running."""
+    environment), and `cleanup`, run from another directory (and again: it is safe
+    twice), leaves nothing running: neither the router nor the session's instances, nor
+    any process of their groups."""
     urls = rehearsal.up()
     # the same profile (so `serve` reuses the session's instances), with vllm-router in front
     data = json.loads(engine_cfg.source.read_text())
@@ -212,33 +214,20 @@ def test_serve_through_vllm_router_proves_transfer_and_cleanup_stops_it(rehearsa
     metrics = httpx.get(f"http://{lan}:{cfg.proxy.router_metrics_port}/metrics", timeout=10).text
     assert "vllm_router_pd_decode_requests_total" in metrics
 
-    done = _lab("cleanup", "--config", str(cfg.source))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    done = _lab("cleanup", "--config", str(cfg.source), cwd=elsewhere)
     assert done.returncode == 0 and "proxy" in done.stdout, done.stdout + done.stderr
+    again = _lab("cleanup", "--config", str(cfg.source), cwd=elsewhere)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert {"baseline", "prefill", "decode"} <= {r.extra.get("role") for r in records.values()}
     assert [r.name for r in records.values() if is_alive(r.pid, r.start_ticks)] == []
+    for rec in records.values():
+        assert proctools.group_members(rec.pgid) == [], f"{rec.name} left processes behind"
+    assert rehearsal.records() == []
     assert port_is_free(lan, cfg.proxy.port) and port_is_free(lan, cfg.proxy.router_metrics_port)
     assert "nothing recorded" in _lab("status", "--config", str(cfg.source)).stdout
     print(f"vllm-router {VERSION}: proof of {len(proofs)} prompts passed through it")
-
-
-@pytest.mark.stops_rehearsal
-def test_cleanup_from_another_directory(rehearsal, engine_cfg, tmp_path):
-    urls = rehearsal.up()
-    records = rehearsal.records()
-    assert {r.extra["role"] for r in records} >= {"baseline", "prefill", "decode"}
-    with httpx.Client(timeout=60, headers=auth_headers(api_key(engine_cfg, "vllm"))) as c:
-        # the instances really serve before we stop them
-        assert complete(c, urls["baseline"], engine_cfg.model.name, [5, 6, 7], 2)
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
-    for _ in range(2):  # safe twice
-        p = subprocess.run([sys.executable, "-m", "lab_utils", "cleanup", "--config",
-                            str(engine_cfg.source)], cwd=elsewhere, capture_output=True,
-                           text=True, timeout=120)
-        assert p.returncode == 0, p.stderr
-    for rec in records:
-        assert not proctools.is_alive(rec.pid, rec.start_ticks), f"{rec.name} still runs"
-        assert proctools.group_members(rec.pgid) == [], f"{rec.name} left processes behind"
-    assert rehearsal.records() == []
 
 
 class socket_held:

@@ -56,16 +56,27 @@ def show(request, line: str) -> None:
         reporter.write_line("\n" + line)
 
 
+# The simulated cluster's tests check what only it can show (deploy over SSH, P/D across
+# namespaces with an API key, secrets, faults), not numbers, and the rehearsal box runs
+# P/D requests there slowly (docs/SIMCLUSTER.md): one load point with requests that
+# overlap (concurrency 2, which the local series also measures, so notebook 04 has 03's
+# figures at that point to compare with), a few prompts, one repeat. The workshop's
+# workload stays in configs/simcluster.json.
+SIMCLUSTER_CHECK_WORKLOAD = {"concurrency": [2], "num_prompts": 4, "warmup": 1, "repeats": 1}
+
+
 def simcluster_profile(tmp_dir, name: str, kv_extra: dict | None = None, *,
                        api_key: bool = False, **proxy) -> LabConfig:
-    """configs/simcluster.json with its results under `tmp_dir`, the canary token in an
-    hf_token_file (so the instances get it the way a real run does), with `api_key` the
-    canary API key in proxy.api_key_file (the proxy's and so the instances' key), `proxy`
-    settings and `kv_extra` for kv_transfer.extra_config."""
+    """configs/simcluster.json with its results under `tmp_dir`, the workload sized for
+    checking (`SIMCLUSTER_CHECK_WORKLOAD`), the canary token in an hf_token_file (so the
+    instances get it the way a real run does), with `api_key` the canary API key in
+    proxy.api_key_file (the proxy's and so the instances' key), `proxy` settings and
+    `kv_extra` for kv_transfer.extra_config."""
     from support.simcluster import CONFIG
 
     data = json.loads(CONFIG.read_text())
     data["profile"] = name
+    data["workload"].update(SIMCLUSTER_CHECK_WORKLOAD)
     data["results_root"] = str(tmp_dir / "results")
     data["hf_token_file"] = str(write_secret(tmp_dir / "hf_token", CANARY_HF_TOKEN))
     if api_key:

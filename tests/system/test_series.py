@@ -1,58 +1,43 @@
 """The whole notebook series, headless, on the CPU rehearsal: run once per session (as
-`make lab` does), then checked: every results file valid, the proof of transfer in 04,
-the report with its conclusions, nothing left running, wall time per notebook printed."""
+`make lab` does; the `series` fixture, tests/support/series.py), then checked: every
+results file valid, 00's checklist as the rehearsal must see it, the proof of transfer in
+04, the report with its conclusions, nothing left running, wall time per notebook
+printed."""
 
 from __future__ import annotations
 
-import json
-import os
 import stat
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
 
 from lab_utils.results import RESULTS, load_results
 
-from support.profiles import make_profile_data, show, write_profile
-
-TMP_ADDED: list[str] = []  # what the series added to the temporary directory
-SERIES_SHIFT = 3000  # ports apart from the other tests' profiles (+1000, +2000)
+from support.profiles import show
 
 pytestmark = [pytest.mark.slow, pytest.mark.series]
 
 
-@pytest.fixture(scope="module")
-def series(tmp_path_factory, request):
-    from lab_utils.runner import run_notebooks
-
-    root = tmp_path_factory.mktemp("series")
-    data = make_profile_data(str(root / "results"))
-    data["profile"] = "test-series"
-    for role in ("baseline", "replica", "prefill", "decode"):
-        data["vllm"][role]["port"] += SERIES_SHIFT
-        if data["vllm"][role].get("side_channel_port"):
-            data["vllm"][role]["side_channel_port"] += SERIES_SHIFT
-    data["proxy"]["port"] += SERIES_SHIFT
-    data["kv_transfer"]["probe_port"] += SERIES_SHIFT
-    cfg = write_profile(root, data)
-    t0 = time.monotonic()
-    tmp_before = set(os.listdir(tempfile.gettempdir()))
-    executed = run_notebooks(cfg)
-    TMP_ADDED[:] = sorted(set(os.listdir(tempfile.gettempdir())) - tmp_before)
-    times = json.loads((cfg.results_dir / "executed" / "times.json").read_text())
-    line = f"[series] 00-05 in {time.monotonic() - t0:.0f} s: " + ", ".join(
-        f"{name[:2]} {t:.0f} s" for name, t in times.items())
-    show(request, line)
-    return cfg, executed
-
-
 def test_every_notebook_ran(series):
-    cfg, executed = series
-    assert [p.name[:2] for p in executed] == ["00", "01", "02", "03", "04", "05"]
-    times = json.loads((cfg.results_dir / "executed" / "times.json").read_text())
-    assert set(times) == {p.name for p in executed} and all(t > 0 for t in times.values())
+    assert [p.name[:2] for p in series.executed] == ["00", "01", "02", "03", "04", "05"]
+    times = series.times
+    assert set(times) == {p.name for p in series.executed} and all(t > 0 for t in times.values())
+
+
+def test_the_checklist_passed_on_the_rehearsal(series):
+    """Notebook 00 ran every check for real on the rehearsal profile (models fetched, the
+    ports' listeners and the link's sink started and stopped): no failure, and what only
+    a CPU rehearsal on one machine shows."""
+    env = load_results(series.cfg, "00").payload
+    got = {(c.check, c.node): c for c in env.checks}
+    assert env.blessed and not env.continued_despite_failures and env.counts.get("fail", 0) == 0
+    assert got[("gpu", "spark-01")].status == "n/a" and "cpu" in got[("gpu", "spark-01")].summary
+    assert got[("rdma", "spark-02")].status == "n/a"
+    assert got[("python", "spark-01")].status == "pass"
+    assert "Gb/s" in got[("link", "spark-02 -> spark-01")].summary
+    ports = [c for c in env.checks if c.check == "ports"]
+    assert len(ports) == 8 and all(c.status == "pass" for c in ports)
 
 
 def test_results_are_valid(series):
@@ -123,6 +108,6 @@ def test_nothing_left_running(series):
     assert Cluster(cfg).running() == []
     # vLLM's ZMQ sockets and rendezvous files went with the instances' private TMPDIRs
     tmp = Path(tempfile.gettempdir())
-    left = [n for n in TMP_ADDED if n.startswith(("vllm_dist_", "spark-lab-"))
+    left = [n for n in series.tmp_added if n.startswith(("vllm_dist_", "spark-lab-"))
             or ((tmp / n).exists() and stat.S_ISSOCK((tmp / n).lstat().st_mode))]
     assert left == [], f"the series left these in {tmp}: {left}"
