@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import inspect
 import json
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
 from lab_utils.cluster import Cluster, Node, RunResult, as_cluster
@@ -129,7 +129,7 @@ def _crashed(check: Check, error: Exception) -> CheckResult:
                        fix="read the error; if it names a node or a command, fix that and re-run")
 
 
-def run_checklist(cluster: Cluster | LabConfig, checks: list[Check],
+def run_checklist(cluster: Cluster | LabConfig, checks: Sequence[Check],
                   nodes: Mapping[str, Node] | None = None,
                   show_progress: bool = True) -> ChecklistReport:
     """Run `checks` on a cluster, or on one built from a config for the checklist (and

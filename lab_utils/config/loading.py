@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
 
 from lab_utils.config.checks import cross_check
 from lab_utils.config.schema import REPO_ROOT, LabConfig, checkout_path
@@ -74,7 +75,7 @@ _FIXES = {
 }
 
 
-def _describe(err: dict) -> str:
+def _describe(err: ErrorDetails) -> str:
     loc = tuple(err["loc"])
     where = _fmt_loc(loc)
     etype = err["type"]

@@ -32,6 +32,7 @@ class InstanceSpec:
 def instances(layout: TopologyConfig, vllm: VllmConfig, topology: str) -> list[InstanceSpec]:
     """The instances of one topology: one per node listed for each of its roles, with the
     role's ports plus one per instance already on that node."""
+    placed: list[tuple[Role, list[str]]]
     if topology == "baseline":
         placed = [("baseline", [layout.baseline.node])]
     elif topology == "replicated":
@@ -81,4 +82,5 @@ def notebook_host(nodes: dict[str, NodeConfig]) -> str | None:
     the first local node); None when every node is reached over SSH."""
     local = [n for n, node in nodes.items() if node.connection == "local"]
     ctl = [n for n in local if "controller" in nodes[n].roles]
-    return (ctl or local or [None])[0]
+    found = ctl or local
+    return found[0] if found else None

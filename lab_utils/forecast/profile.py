@@ -83,6 +83,7 @@ def measure_profile(cfg: LabConfig, inst: ProcessRecord, proxy: str, tokenize,
     t0 = time.monotonic()
     rng = random.Random(random.SystemRandom().randrange(2**31))  # fresh prompts every run
     direct = inst.url
+    assert direct is not None  # an instance's record has its URL
     vkey, pkey = api_key(cfg, "vllm"), api_key(cfg, "proxy")
     model, timeout = cfg.model.name, cfg.workload.request_timeout_s
     lengths, batches, contexts = prefill_lengths(cfg), decode_batches(cfg), decode_contexts(cfg)

@@ -312,6 +312,7 @@ def run_probe(cluster: Cluster | LabConfig, sizes: Sequence[int] | None = None, 
                         bar.total = step[1]  # sizes x memory types that apply on both nodes
                         bar.update(step[0] - bar.n)
                 res = run.result()
+                assert bar.total is not None  # the bar was made with a total
                 bar.update(bar.total - bar.n)
         finally:
             pool.shutdown(wait=False)

@@ -29,7 +29,7 @@ def sweep_frame(result: BenchmarkResult):
     for c in result.combined:
         row = {"load": c.load, "valid": c.valid}
         row.update({m.heading: c.median(m) for m in COMPARED})
-        spreads = [c.of(m).spread / c.median(m) * 100 for m in COMPARED if c.median(m)]
+        spreads = [x.spread / x.median * 100 for m in COMPARED if (x := c.of(m)) and x.median]
         row["spread %"] = max(spreads) if spreads and c.repeats > 1 else None
         rows.append(row)
     return pd.DataFrame(rows).round(2)
@@ -96,6 +96,7 @@ def compare_frame(reference: ResultsEnvelope, result: BenchmarkResult, names: tu
     if theirs is None:
         raise LabError(f"notebook {reference.notebook}'s results have no {key!r} run; re-run it")
     ref = {(c.mode, c.value): c for c in theirs.combined}
+    sides: dict[str | None, str] = {"a": names[0], "b": names[1]}
     rows = []
     for c in result.combined:
         r = ref.get((c.mode, c.value))
@@ -103,7 +104,7 @@ def compare_frame(reference: ResultsEnvelope, result: BenchmarkResult, names: tu
             continue
         for m in COMPARED:
             a, b = r.median(m), c.median(m)
-            better = {"a": names[0], "b": names[1]}.get(compare(r.of(m), c.of(m), m).better, "=")
+            better = sides.get(compare(r.of(m), c.of(m), m).better, "=")
             rows.append({"load": c.load, "metric": m.heading,
                          names[0]: a, names[1]: b,
                          "change %": (b - a) / a * 100 if a and b is not None else None,

@@ -31,6 +31,11 @@ def _change(a: float | None, b: float | None) -> float | None:
     return (b - a) / a * 100 if a and b is not None else None
 
 
+def _ratio(a: float | None, b: float | None) -> float | None:
+    """a / b; None when either is missing or b is 0."""
+    return a / b if a is not None and b else None
+
+
 def better(a: Point, b: Point, key: str) -> str | None:
     """"a" or "b": the better of two points on `key` when they differ by the lab's rule
     (`points.compare`), else None."""
@@ -59,7 +64,7 @@ def conclude_01(payload: BaselinePayload, device: str = "cpu") -> list[str]:
     if len(pts) < 2:
         return ["Only one valid load point: nothing to compare across concurrency."]
     lo, hi = pts[min(pts)], pts[max(pts)]
-    gain = hi.median("output_throughput") / lo.median("output_throughput")
+    gain = _ratio(hi.median("output_throughput"), lo.median("output_throughput"))
     tpot = _change(lo.median("median_tpot_ms"), hi.median("median_tpot_ms"))
     said = []
     if better(lo, hi, "output_throughput") == "b":
@@ -74,8 +79,8 @@ def conclude_01(payload: BaselinePayload, device: str = "cpu") -> list[str]:
                     "saturated with one request"
                     + (f"; {CPU_NOTE}." if device == "cpu" else "."))
     roof = payload.roofline
-    if roof and roof.max_tokens_per_s_per_stream and lo.median("median_tpot_ms"):
-        per_stream = 1000 / lo.median("median_tpot_ms")
+    if roof and roof.max_tokens_per_s_per_stream and (lo_tpot := lo.median("median_tpot_ms")):
+        per_stream = 1000 / lo_tpot
         share = per_stream / roof.max_tokens_per_s_per_stream
         said.append(f"One stream decoded {per_stream:.0f} tokens/s, {share:.0%} of the memory "
                     f"roofline ({roof.max_tokens_per_s_per_stream:.0f} tokens/s)"
@@ -105,7 +110,8 @@ def _above(ratio: float) -> bool:
 
 def conclude_02(kv: KvTransferPayload, input_len: int | None = None) -> list[str]:
     """Expectation: short prompts pay a fixed per-transfer cost above size / bandwidth."""
-    rows = [r for r in kv.predicted_vs_measured if r.measured_ms and r.predicted_ms]
+    ratios = [(r.prompt_tokens, r.measured_ms / r.predicted_ms)
+              for r in kv.predicted_vs_measured if r.measured_ms and r.predicted_ms]
     said = []
     per_token = kv.kv_per_token_bytes
     if input_len:
@@ -113,9 +119,8 @@ def conclude_02(kv: KvTransferPayload, input_len: int | None = None) -> list[str
         said.append(f"A {input_len}-token prompt of {kv.model} holds "
                     f"{blocks * kv.block_size * per_token / 2**20:.3g} MiB of KV "
                     f"({blocks} blocks of {kv.block_size} tokens x {per_token:,} bytes).")
-    if len(rows) < 2:
+    if len(ratios) < 2:
         return said + ["The probe measured fewer than two prompt sizes: no comparison."]
-    ratios = [(r.prompt_tokens, r.measured_ms / r.predicted_ms) for r in rows]
     short, long = ratios[0], ratios[-1]
     over = [f"{n} tokens x{q:.2f}" for n, q in ratios if _above(q)]
     if _above(short[1]) and short[1] > long[1]:
@@ -197,7 +202,7 @@ def conclude_04(replicated: BenchmarkResult | None, disaggregated: BenchmarkResu
         c = common[-1]
         ch = _change(mr[c].median("p99_itl_ms"), md[c].median("p99_itl_ms"))
         protected = better(mr[c], md[c], "p99_itl_ms") == "b"
-        late = (read_late(mixed_dis, "concurrency", c)
+        late = ((mixed_dis is not None and read_late(mixed_dis, "concurrency", c))
                 or (mixed_rep is not None and read_late(mixed_rep, "concurrency", c)))
         text = (f"mixed workload at concurrency {c:g}, ITL p99: {_ms(mr[c].median('p99_itl_ms'))} "
                 f"on replicas, {_ms(md[c].median('p99_itl_ms'))} disaggregated ({_pct(ch)})")

@@ -150,12 +150,13 @@ def decode_roofline(cfg: LabConfig, gpu_name: str | None) -> Roofline:
 
 def plot_decode_roofline(result: BenchmarkResult, roof: Roofline):
     """Decode tokens/s per stream (1000 / median TPOT) against the memory roofline."""
-    points = [c for c in result.combined if c.mode == "concurrency" and c.median("median_tpot_ms")]
+    points = [(c.value, tpot) for c in result.combined
+              if c.mode == "concurrency" and (tpot := c.median("median_tpot_ms"))]
     fig = Figure(figsize=(7, 4))
     ax = fig.add_subplot()
-    ax.plot([c.value for c in points], [1000.0 / c.median("median_tpot_ms") for c in points], "o-",
+    ax.plot([v for v, _ in points], [1000.0 / t for _, t in points], "o-",
             label="measured: 1000 / median TPOT")
-    if roof.max_tokens_per_s_per_stream:
+    if roof.max_tokens_per_s_per_stream and roof.weight_bytes:
         ax.axhline(roof.max_tokens_per_s_per_stream, ls="--", color="grey",
                    label=f"roofline: {roof.memory_bandwidth_GBps:.0f} GB/s / "
                          f"{roof.weight_bytes / 1e9:.3g} GB of weights")
@@ -195,9 +196,9 @@ def conclude(cfg: LabConfig, notebook: str) -> list[str]:
         said = lessons.conclude_03(load_results(cfg, "01").payload.sweep, rep.sweep, rep.mixed,
                                    device)
     elif notebook == "04":
-        dis, rep = load_results(cfg, "04").payload, load_optional(cfg, "03")
-        said = lessons.conclude_04(rep.payload.sweep if rep else None, dis.sweep,
-                                   rep.payload.mixed if rep else None, dis.mixed, dis.proof,
+        dis, rep03 = load_results(cfg, "04").payload, load_optional(cfg, "03")
+        said = lessons.conclude_04(rep03.payload.sweep if rep03 else None, dis.sweep,
+                                   rep03.payload.mixed if rep03 else None, dis.mixed, dis.proof,
                                    device)
     else:
         raise LabError(f"no conclusions for notebook {notebook!r} (01-04)")

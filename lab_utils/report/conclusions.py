@@ -93,7 +93,8 @@ def _finding(workload: str, m: Metric, a: pd.Series, b: pd.Series) -> Finding:
     verdict = judge(measured(a, m), measured(b, m), m)
     beyond, basis = verdict.differs, verdict.basis
     names = (a["architecture"], b["architecture"])
-    winner = {"a": names[0], "b": names[1]}.get(verdict.better)
+    sides: dict[str | None, str] = {"a": names[0], "b": names[1]}
+    winner = sides.get(verdict.better)
     sentence = _finding_sentence(workload, m, a["load"], names, (av, bv), winner, pct, basis)
     return Finding(workload, m.key, m.label, a["mode"], float(a["value"]), a["load"],
                    names[0], names[1], av, bv, winner, pct, beyond, basis, sentence)

@@ -161,10 +161,11 @@ class FrontDoors(Record):
 
         a, b = self.lab.combined[0], self.vllm_router.combined[0]
         router = f"vllm-router {self.router_version}"
-        rows = [{"metric": m.key, "lab proxy": a.median(m), router: b.median(m),
-                 "change %": ((b.median(m) - a.median(m)) / a.median(m) * 100
-                              if a.median(m) and b.median(m) is not None else None)}
-                for m in COMPARED]
+        rows = []
+        for m in COMPARED:
+            x, y = a.median(m), b.median(m)
+            rows.append({"metric": m.key, "lab proxy": x, router: y,
+                         "change %": (y - x) / x * 100 if x and y is not None else None})
         rows.append({"metric": "valid", "lab proxy": a.valid, router: b.valid, "change %": None})
         return pd.DataFrame(rows).round(2)
 

@@ -121,7 +121,7 @@ class Measured(BaseModel):
         return self.n >= 2
 
     @classmethod
-    def of(cls, values: Iterable[float]) -> Measured | None:
+    def of(cls, values: Iterable[float | None]) -> Measured | None:
         """The median, min and max of `values`, one per repeat; None when there are none."""
         vals = [float(v) for v in values if v is not None]
         if not vals:

@@ -34,7 +34,7 @@ class Served:
 
     @property
     def proxy_url(self) -> str:
-        return next(r.url for r in self.records if r.name == PROXY)
+        return next(_url(r) for r in self.records if r.name == PROXY)
 
     def urls(self, role: str) -> list[str]:
         return urls(self.records, role)
@@ -43,7 +43,12 @@ class Served:
         return [r for r in self.records if r.kind == "vllm"]
 
     def instance_urls(self) -> list[str]:
-        return [r.url for r in self.instance_records()]
+        return [_url(r) for r in self.instance_records()]
+
+
+def _url(rec: ProcessRecord) -> str:
+    assert rec.url is not None  # an instance's or the proxy's record has its URL
+    return rec.url
 
 
 def serve(cluster: Cluster, *topologies: str, show_progress: bool = True,
