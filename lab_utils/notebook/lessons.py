@@ -48,7 +48,8 @@ def _ms(v: float | None) -> str:
 
 def _tps(p: Point) -> str:
     """A point's output throughput as the sentences quote it ("505")."""
-    return f"{p.median('output_throughput'):.0f}"
+    tps = p.median("output_throughput")
+    return "–" if tps is None else f"{tps:.0f}"
 
 
 def _pct(v: float | None) -> str:
@@ -68,7 +69,8 @@ def conclude_01(payload: BaselinePayload, device: str = "cpu") -> list[str]:
     tpot = _change(lo.median("median_tpot_ms"), hi.median("median_tpot_ms"))
     said = []
     if better(lo, hi, "output_throughput") == "b":
-        said.append(f"As expected, batching paid: output throughput rose {gain:.1f}x from "
+        rose = f"rose {gain:.1f}x" if gain is not None else "rose"
+        said.append(f"As expected, batching paid: output throughput {rose} from "
                     f"concurrency {min(pts):g} to {max(pts):g} ({_tps(lo)} -> "
                     f"{_tps(hi)} tok/s) while TPOT changed {_pct(tpot)}: "
                     f"{max(pts):g} requests shared each step.")

@@ -35,6 +35,11 @@ def test_01_batching_paid_or_not():
     said = conclude_01(flat, "cpu")
     assert said[0].startswith("Not as expected") and "600 tok/s at 1" in said[0]
     assert "two cores" in said[0]
+    # from nothing at the lowest load: no ratio to quote, still a sentence
+    from_zero = SimpleNamespace(sweep=result({1: point(0), 4: point(50)}), roofline=None,
+                                profile=None)
+    said = conclude_01(from_zero, "cpu")
+    assert said[0].startswith("As expected") and "rose from concurrency 1" in said[0]
 
 
 def kv(measured: list[float]) -> object:
