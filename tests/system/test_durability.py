@@ -74,7 +74,11 @@ from lab_utils.results import write_results
 hold_at = "none"
 
 def say(*words):
-    print(*words, flush=True)  # one short line per write: never interleaved
+    # one write of the whole line: print() writes each word and separator on its own,
+    # and under PYTHONUNBUFFERED (as `make test` runs) each is its own write(2), so a
+    # kill between them left half a line ("temp" without its newline)
+    sys.stdout.write(" ".join(map(str, words)) + "\n")
+    sys.stdout.flush()
 
 def step(path):
     return "archive" if Path(path).parent.name == "history" else "results"
