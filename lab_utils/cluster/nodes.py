@@ -168,7 +168,7 @@ class LocalNode(Node):
         # show").
         with open(fd, "ab") as log:
             p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,
-                                 stderr=subprocess.STDOUT, process_group=0,  # type: ignore[call-overload]  # Python 3.11+
+                                 stderr=subprocess.STDOUT, process_group=0,  # Python 3.11+ (requires-python)
                                  env={**os.environ, **env}, cwd=cwd)
         # The Popen object is dropped; proctools reaps the child when it exits.
         p.returncode = 0

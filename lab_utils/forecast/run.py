@@ -9,7 +9,7 @@ inputs' sources, and for P/D the best prefill/decode split for 2, 4 and 8 nodes.
 from __future__ import annotations
 
 from dataclasses import replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from lab_utils.config import LabConfig
@@ -100,7 +100,7 @@ def forecast_for(cfg: LabConfig, kind: str, profile: EngineProfile | None,
         rows += predict_rows(inputs, edges_of, arch, loads_of(w, mixed=True), "mixed")
     splits = (best_splits(inputs, loads_of(w, mixed=bool(w.mixed_long_len))[-1])
               if kind == "disaggregated" else [])
-    return Forecast(architecture=kind, made_at=datetime.now(timezone.utc).isoformat(),
+    return Forecast(architecture=kind, made_at=datetime.now(UTC).isoformat(),
                     sources=dict(inputs.sources), rows=rows, splits=splits)
 
 

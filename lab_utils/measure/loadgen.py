@@ -130,7 +130,7 @@ async def send_one(session: aiohttp.ClientSession, url: str, body: dict,
             rec.error = "no usage in the response (is stream_options.include_usage supported?)"
         elif rec.completion_tokens > 1:  # first token to last token, not to the stream's end
             rec.tpot_ms = ((reader.last - stamp["sent"]) * 1000.0 - rec.ttft_ms) / (rec.completion_tokens - 1)
-    except (aiohttp.ClientError, asyncio.TimeoutError, RuntimeError, ValueError) as e:
+    except (TimeoutError, aiohttp.ClientError, RuntimeError, ValueError) as e:
         rec.error = f"{type(e).__name__}: {e}"[:400]
     return rec
 

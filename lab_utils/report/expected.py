@@ -60,9 +60,9 @@ def measured_nixl_dram_GBps(payload02: KvTransferPayload | None) -> Measured:
     kv = kv[kv["measured_ms"] > 0]
     if kv.empty:
         return Measured(None, "not measured (no 02 probe DRAM READ rows or measured transfers)")
-    top = kv.iloc[-1]
-    return Measured(top["kv_bytes"] / top["measured_ms"] / 1e6,
-                    f"02's KV transfer of {top['prompt_tokens']:g} prompt tokens "
+    last = kv.iloc[-1]
+    return Measured(last["kv_bytes"] / last["measured_ms"] / 1e6,
+                    f"02's KV transfer of {last['prompt_tokens']:g} prompt tokens "
                     "(includes latency)")
 
 

@@ -13,7 +13,7 @@ so that the document's outline is this file's outline.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pandas as pd
 
@@ -87,7 +87,7 @@ def T(df: pd.DataFrame) -> Block:
 
 
 def _intro(data: ReportData) -> list[Block]:
-    now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     model = data.sweeps["baseline"].model
     return [H(f"Benchmark report: profile {data.profile}", 1),
             P(f"Written {now} from the results in {data.results_dir}. Model: {model}. "

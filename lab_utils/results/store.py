@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Generic, Literal, NamedTuple, TypeVar, overload
 
@@ -64,7 +64,7 @@ def results_spec(notebook: str | int) -> ResultsSpec:
 
 def _parse_time(value: str) -> datetime:
     t = datetime.fromisoformat(value[:-1] + "+00:00" if value.endswith("Z") else value)
-    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
+    return t if t.tzinfo else t.replace(tzinfo=UTC)
 
 
 P = TypeVar("P")
@@ -113,8 +113,8 @@ def _archive(path: Path) -> None:
     try:
         stamp = _parse_time(json.loads(text)["timestamp"])
     except Exception:
-        stamp = datetime.fromtimestamp(path.stat().st_mtime, timezone.utc)
-    stem = f"{path.stem}.{stamp.astimezone(timezone.utc):%Y%m%dT%H%M%S.%fZ}"
+        stamp = datetime.fromtimestamp(path.stat().st_mtime, UTC)
+    stem = f"{path.stem}.{stamp.astimezone(UTC):%Y%m%dT%H%M%S.%fZ}"
     base = path.parent / "history" / stem
     target, n = base.with_name(base.name + ".json"), 1
     while target.exists():
@@ -155,7 +155,7 @@ def write_envelope(
 ) -> Path:
     """Write `payload` (a model, or a dict for files no notebook reads) in the envelope to
     any path (atomically; old file to history/)."""
-    now = datetime.now(timezone.utc).isoformat(timespec="microseconds")
+    now = datetime.now(UTC).isoformat(timespec="microseconds")
     kind_of = type(payload) if isinstance(payload, BaseModel) else dict[str, Any]
     envelope = ResultsEnvelope[kind_of](  # type: ignore[valid-type]  # parametrized at run time
         schema_version=SCHEMA_VERSION,

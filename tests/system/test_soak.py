@@ -184,7 +184,7 @@ async def one_request(session: aiohttp.ClientSession, url: str, body: dict, res:
             res.outcome = "disconnected"
         else:
             res.detail = f"no end within {REQUEST_BOUND_S:.0f} s"
-    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
+    except (TimeoutError, aiohttp.ClientError, ValueError) as e:
         res.detail = f"{type(e).__name__}: {e}"[:300]
     res.seconds = loop.time() - t0
     if res.outcome == "disconnected":
