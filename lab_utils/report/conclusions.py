@@ -18,7 +18,7 @@ import pandas as pd
 from lab_utils.measure.benchmark import READ_TOGETHER_NOTE, read_together_share
 from lab_utils.report.data import ARCHITECTURES, ReportData, join_words, run_hint
 from lab_utils.report.tables import points_table
-from lab_utils.results.points import BY_KEY, COMPARED, MARGIN, Measured, Metric
+from lab_utils.results.points import BY_KEY, COMPARED, MARGIN, Measured, Metric, with_caches
 from lab_utils.results.points import compare as judge
 from lab_utils.results.sweep import BenchmarkResult
 
@@ -85,12 +85,18 @@ def measured(row: pd.Series, m: Metric) -> Measured:
                     max=hi if math.isfinite(hi) else v, n=int(row["repeats"]))
 
 
+def _hits(row: pd.Series) -> float | None:
+    """A points-table row's prefix-cache hit share (%), None when not recorded."""
+    v = row.get("prefix_cache_hit_pct")
+    return float(v) if v is not None and math.isfinite(float(v)) else None
+
+
 def _finding(workload: str, m: Metric, a: pd.Series, b: pd.Series) -> Finding:
     av, bv = float(a[m.key]), float(b[m.key])
     a_better = m.better(av, bv)
     win, lose = (av, bv) if a_better else (bv, av)
     pct = abs(win - lose) / abs(lose) * 100 if lose else (0.0 if win == lose else math.inf)
-    verdict = judge(measured(a, m), measured(b, m), m)
+    verdict = with_caches(judge(measured(a, m), measured(b, m), m), _hits(a), _hits(b))
     beyond, basis = verdict.differs, verdict.basis
     names = (a["architecture"], b["architecture"])
     winner = {"a": names[0], "b": names[1]}.get(verdict.better)

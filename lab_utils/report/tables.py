@@ -91,6 +91,7 @@ def _row(arch: str, workload: str, result: BenchmarkResult, entry: Point) -> dic
             "invalid_reason": None if valid else _invalid_reason(result, mode, value),
             "repeat_note": _repeat_note(result, mode, value),
             "read_together": read_late(result, mode, value),
+            "prefix_cache_hit_pct": num_or_nan(entry.prefix_cache_hit_pct),
             **cells, "spread_pct": _spread_pct(cells, repeats)}
 
 
