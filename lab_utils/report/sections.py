@@ -1,6 +1,8 @@
 """The report as a document: a list of `Block`s (heading, paragraph, warning, list, table,
 plot) that `lab_utils.report.render` renders the same way to HTML and to Markdown. The sections,
-in order: what was run and what is missing, a one-screen verdict, the plots, the headline
+in order: the first screen (the verdict in one sentence, the CPU rehearsal's banner, the
+system under test: `lab_utils.report.summary`), what was run and what is missing, a
+one-screen verdict table, the plots, the headline
 tables, the conclusions and the comparison at every load point (folded), the forecasts graded against the measurements,
 the expected figures and the forecast for two Sparks, one
 section per notebook 00-04 with what it recorded, what each results file holds, and what
@@ -21,6 +23,7 @@ from lab_utils.report.conclusions import Conclusions
 from lab_utils.report.data import ReportData, fmt_num, run_hint
 from lab_utils.report.expected import EXPECTED_TWO_SPARK, expected_figures
 from lab_utils.report.plots import Plot, roofline_text
+from lab_utils.report.summary import REHEARSAL_BANNER, system_under_test, verdict_sentence
 from lab_utils.report.tables import (
     checks_table,
     display_table,
@@ -86,10 +89,18 @@ def T(df: pd.DataFrame) -> Block:
     return Block("table", df=df)
 
 
-def _intro(data: ReportData) -> list[Block]:
+def _first_screen(data: ReportData, concl: Conclusions) -> list[Block]:
+    """The verdict in one sentence, the rehearsal's banner, the system under test."""
+    blocks = [P(f"Verdict: {verdict_sentence(concl)}")]
+    if data.device == "cpu":
+        blocks.append(W(REHEARSAL_BANNER))
+    return blocks + [T(system_under_test(data))]
+
+
+def _intro(data: ReportData, concl: Conclusions) -> list[Block]:
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     model = data.sweeps["baseline"].model
-    return [H(f"Benchmark report: profile {data.profile}", 1),
+    return [H(f"Benchmark report: profile {data.profile}", 1), *_first_screen(data, concl),
             P(f"Written {now} from the results in {data.results_dir}. Model: {model}. "
               f"Engine device: {data.device}."),
             P("Architectures: baseline (one vLLM instance, notebook 01), replicated (one "
@@ -399,7 +410,7 @@ def _beyond_blocks() -> list[Block]:
 def report_blocks(data: ReportData, table: pd.DataFrame, concl: Conclusions,
                   plots: list[Plot]) -> list[Block]:
     """The whole report as a list of blocks."""
-    blocks = _intro(data) + _missing_blocks(data) + _verdict_blocks(concl)
+    blocks = _intro(data, concl) + _missing_blocks(data) + _verdict_blocks(concl)
     blocks += _plot_blocks(plots) + _table_blocks(table) + _conclusion_blocks(concl)
     blocks += _comparison_blocks(concl) + _forecast_blocks(data, plots) + _expected_blocks(data, table)
     sections = [("00", "environment checklist", _nb00_blocks),

@@ -86,6 +86,7 @@ class Instance(Record):
     url: str | None
     kind: str
     role: str | None = None
+    argv: list[str] | None = None  # its command line (None: written before it was recorded)
 
 
 class Roofline(Record):

@@ -61,6 +61,18 @@ class Metric:
         """Whether x is better than y on this metric."""
         return x > y if self.higher_is_better else x < y
 
+    def times(self, x: float, y: float) -> str:
+        """How far apart two values are, as a ratio with the direction in words, the larger
+        over the smaller: "2.6x higher" (x against y), "1.3x lower"; "∞" when one is 0."""
+        big, small = max(abs(x), abs(y)), min(abs(x), abs(y))
+        way = "higher" if x > y else "lower" if x < y else "the same"
+        if x == y:
+            return "the same"
+        if small == 0:
+            return f"∞ {way}"
+        r = big / small
+        return f"{r:.1f}x {way}" if r < 10 else f"{r:.0f}x {way}"
+
 
 METRICS = (
     Metric("request_throughput", "request throughput", "req/s", True, ",.2f"),

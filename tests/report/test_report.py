@@ -12,6 +12,7 @@ from __future__ import annotations
 import html
 import json
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -24,7 +25,7 @@ from lab_utils.checks.rdma import link_verdict
 from lab_utils.errors import ResultsMissingError
 from lab_utils.kv.probe import apply_limits, summarize
 from lab_utils.measure.benchmark import HEADLINE, combine
-from lab_utils.results import RESULTS, write_envelope, write_results
+from lab_utils.results import RESULTS, hardware, write_envelope, write_results
 from lab_utils.results.checklist import CheckResult
 from lab_utils.results.sweep import BenchmarkPoint, BenchmarkResult
 
@@ -555,3 +556,51 @@ def test_the_report_opens_with_a_one_screen_verdict(test_cfg):
     folded = md[md.index("## Conclusions"):md.index("## Comparison at every load point")]
     assert "<details><summary>" in folded and "</details>" in folded
     assert "<details><summary>" in paths.html.read_text()
+
+
+def test_the_first_screen_has_the_verdict_sentence_the_banner_and_the_system(test_cfg):
+    write_loses_throughput_wins_itl(test_cfg)
+    data = {c: metrics(100 * c, 50, 10, 30) for c in LOADS}
+    payload = baseline_dict(sweep("baseline", data), roofline=roofline_dict())
+    payload["instances"] = [{"name": "baseline-0", "node": "spark-01", "url": "http://h:1",
+                             "kind": "vllm", "role": "baseline",
+                             "argv": ["/py", "-m", "vllm.entrypoints.openai.api_server",
+                                      "--model", "/m", "--port", "1", "--dtype", "bfloat16",
+                                      "--block-size", "32", "--enforce-eager"]}]
+    write_results(test_cfg, "01", model("01", payload))  # this machine's software and hardware
+    md = report.build_report(test_cfg).md.read_text()
+    first = md[:md.index("Written ")]  # before the rest of the introduction
+    lines = first.splitlines()
+    assert lines[0] == "# Benchmark report: profile test-local-cpu"
+    # computed: the largest win as a ratio, what it cost, where, on which hardware
+    assert lines[2] == (
+        "Verdict: Disaggregated serving beat replicated serving on ITL p99 at concurrency 1 "
+        "(1.7x lower: 30.00 ms vs 50.00 ms), at a cost in TTFT p50 at concurrency 1 "
+        "(replicated serving 1.5x lower: 40.00 ms vs 60.00 ms) (measured at concurrency 1, 2 "
+        "and 4, both on the same two nodes).")
+    assert "> **Warning:** CPU REHEARSAL, NOT A DGX SPARK" in first
+    box = dict(re.findall(r"^\| ([^|]+?) \| (.+?) \|$", first, re.M))
+    software = hardware.software_versions()
+    assert f"vLLM {software['vllm']}, NIXL {software['nixl']}" in box["software"]
+    assert f"UCX {software['ucx']}" in box["software"]
+    assert f"{os.cpu_count()} cores" in box["hardware"] and "GB memory" in box["hardware"]
+    assert platform.release() in box["OS and kernel"]
+    if software["lab_commit"]:
+        assert f"commit {software['lab_commit'][:12]}" in box["the lab"]
+    assert box["model"] == "tiny-llama, dtype bfloat16, revision not pinned (as fetched)"
+    assert box["vLLM flags: baseline (baseline, notebook 01)"] == (
+        "--dtype bfloat16 --block-size 32 --enforce-eager")
+    assert "128-token prompts; 32 output tokens (ignore_eos)" in box["workload"]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d( to .*)?", box["date (UTC)"])
+
+
+def test_the_verdict_sentence_when_nothing_differs_and_on_a_gpu(tmp_path):
+    cfg = cuda_cfg(tmp_path)
+    same = {c: metrics(100 * c, 50, 10, 30) for c in LOADS}
+    write(cfg, "01", baseline_dict(sweep("baseline", same), roofline=roofline_dict()))
+    write_replicated(cfg, {c: metrics(104 * c, 52, 10, 31) for c in LOADS})
+    md = report.build_report(cfg).md.read_text()
+    assert ("Verdict: Replicated serving and the single instance did not differ on any metric "
+            "by the lab's rule (measured at concurrency 1, 2 and 4, on two nodes against the "
+            "single instance's one).") in md
+    assert "CPU REHEARSAL" not in md
