@@ -54,6 +54,24 @@ class Finding:
     basis: str
     sentence: str
 
+    @property
+    def ratio(self) -> float:
+        """The larger value over the smaller (inf when one is 0): the margin, symmetric."""
+        big = max(abs(self.subject_value), abs(self.reference_value))
+        small = min(abs(self.subject_value), abs(self.reference_value))
+        return big / small if small else (1.0 if big == small else math.inf)
+
+    @property
+    def margin(self) -> str:
+        """The margin in words: the winner's value against the loser's as a ratio ("1.7x
+        lower"); without a winner, how far apart they are ("1.05x apart")."""
+        m = BY_KEY[self.metric]
+        if self.winner is None:
+            return f"{_times(self.ratio)} apart"
+        win, lose = ((self.subject_value, self.reference_value) if self.winner == self.subject
+                     else (self.reference_value, self.subject_value))
+        return m.times(win, lose)
+
 
 @dataclass
 class Conclusions:
@@ -100,14 +118,18 @@ def _finding(workload: str, m: Metric, a: pd.Series, b: pd.Series) -> Finding:
     beyond, basis = verdict.differs, verdict.basis
     names = (a["architecture"], b["architecture"])
     winner = {"a": names[0], "b": names[1]}.get(verdict.better)
-    sentence = _finding_sentence(workload, m, a["load"], names, (av, bv), winner, pct, basis)
+    sentence = _finding_sentence(workload, m, a["load"], names, (av, bv), winner, basis)
     return Finding(workload, m.key, m.label, a["mode"], float(a["value"]), a["load"],
                    names[0], names[1], av, bv, winner, pct, beyond, basis, sentence)
 
 
+def _times(r: float) -> str:
+    """A ratio as the margins are written: "1.7x", "12x", "∞"."""
+    return "∞" if not math.isfinite(r) else (f"{r:.1f}x" if r < 10 else f"{r:.0f}x")
+
+
 def _finding_sentence(workload: str, m: Metric, load: str, names: tuple[str, str],
-                      values: tuple[float, float], winner: str | None, pct: float,
-                      basis: str) -> str:
+                      values: tuple[float, float], winner: str | None, basis: str) -> str:
     head = f"{WORKLOADS[workload]}{load}, {m.label}"
     head = head[0].upper() + head[1:]
     shown = {n: m.text(v) for n, v in zip(names, values, strict=True)}
@@ -115,7 +137,8 @@ def _finding_sentence(workload: str, m: Metric, load: str, names: tuple[str, str
         return (f"{head}: no difference between {names[0]} ({shown[names[0]]}) and "
                 f"{names[1]} ({shown[names[1]]}) ({basis}).")
     loser = names[1] if winner == names[0] else names[0]
-    return (f"{head}: {winner} wins, {pct:.1f}% {m.way} than {loser} ({shown[winner]} vs "
+    win, lose = values if winner == names[0] else values[::-1]
+    return (f"{head}: {winner} wins, {m.times(win, lose)} than {loser} ({shown[winner]} vs "
             f"{shown[loser]}; {basis}).")
 
 
@@ -181,9 +204,10 @@ def _loads(fs: list[Finding] | list[_Load]) -> str:
     return " and at ".join(parts)
 
 
-def _pct_range(fs: list[Finding]) -> str:
-    lo, hi = min(f.difference_pct for f in fs), max(f.difference_pct for f in fs)
-    return f"{hi:.1f}%" if f"{lo:.1f}" == f"{hi:.1f}" else f"{lo:.1f}-{hi:.1f}%"
+def _ratio_range(fs: list[Finding]) -> str:
+    """"1.4x" or "1.4-1.7x": the margins of `fs` as ratios."""
+    lo, hi = _times(min(f.ratio for f in fs)), _times(max(f.ratio for f in fs))
+    return hi if lo == hi else f"{lo.removesuffix('x')}-{hi}"
 
 
 def _summary_sentence(fs: list[Finding]) -> str:
@@ -193,7 +217,7 @@ def _summary_sentence(fs: list[Finding]) -> str:
     for who in (f0.subject, f0.reference):
         wins = [f for f in fs if f.winner == who]
         if wins:
-            parts.append(f"{who} better at {_loads(wins)} (by {_pct_range(wins)})")
+            parts.append(f"{who} better at {_loads(wins)} ({_ratio_range(wins)} {m.way})")
     ties = [f for f in fs if f.winner is None]
     if ties:
         parts.append(f"no difference at {_loads(ties)}")
@@ -227,11 +251,11 @@ def _verdicts(findings: list[Finding], workload: str, reference: str) -> list[st
         won = [f for f in fs if f.metric == m.key and f.winner == "disaggregated"]
         if lost:
             out.append(f"{pre}disaggregation lost on {m.label} to {ref} at {_loads(lost)} "
-                       f"({reference} up to {max(f.difference_pct for f in lost):.1f}% {way}).")
+                       f"({reference} up to {_times(max(f.ratio for f in lost))} {way}).")
         if won:
             won_any = True
             out.append(f"{pre}disaggregation won on {m.label} against {ref} at {_loads(won)} "
-                       f"(up to {max(f.difference_pct for f in won):.1f}% {way}).")
+                       f"(up to {_times(max(f.ratio for f in won))} {way}).")
     if not won_any:
         out.append(f"{pre}disaggregation won on no metric against {ref} at any valid load "
                    "point of this run.")

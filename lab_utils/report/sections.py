@@ -146,8 +146,7 @@ def verdict_table(concl: Conclusions) -> tuple[pd.DataFrame, str]:
     rows: dict[tuple[str, str], dict[str, str]] = {}
     for f in found:
         row = rows.setdefault((f.workload, f.label), {"workload": f.workload, "metric": f.label})
-        row[f.load] = (f"{f.winner} +{f.difference_pct:.0f}%" if f.winner
-                       else f"= ({f.difference_pct:.0f}%, no difference)")
+        row[f.load] = f"{f.winner} {f.margin}" if f.winner else f"= ({f.margin})"
     df = pd.DataFrame(list(rows.values())).reindex(columns=["workload", "metric", *loads])
     return df.fillna("–"), f"{subject} vs {reference}"
 
@@ -158,7 +157,8 @@ def _verdict_blocks(concl: Conclusions) -> list[Block]:
         return [H("Verdict"), P("No two architectures share a valid load point yet.")]
     blocks = [H("Verdict"),
               P(f"{pair}, at every load point measured by both: the winner of each metric and "
-                "its margin (the better value's advantage in % of the worse one); '=' where the "
+                "its margin (the larger value over the smaller, with the direction in words: "
+                "\"1.7x lower\"); '=' where the "
                 f"two do not differ: {RULE}. Details, every pair and every "
                 "sentence behind this table, are further down.")]
     blocks.append(T(df))
@@ -214,16 +214,18 @@ def _comparison_blocks(concl: Conclusions) -> list[Block]:
         return [H("Comparison at every load point"),
                 P("No two architectures share a valid load point yet.")]
     df = concl.table()
-    for col in ("subject_value", "reference_value", "difference_pct"):
+    df["difference_pct"] = [f.margin for f in concl.findings]
+    for col in ("subject_value", "reference_value"):
         df[col] = df[col].map(fmt_num)
     df["winner"] = df["winner"].fillna("no difference")
     df["beyond_spread"] = df["beyond_spread"].map({True: "yes", False: "no"})
     df = df.rename(columns={"label": "metric", "subject_value": "subject value",
-                            "reference_value": "reference value", "difference_pct": "difference %",
+                            "reference_value": "reference value", "difference_pct": "margin",
                             "beyond_spread": "differs"})
     return [H("Comparison at every load point"),
             fold(f"{len(df)} comparisons", [
-                P("Difference: the better value's advantage in % of the worse one. It counts "
+                P("Margin: the larger value over the smaller, with the winner's direction in "
+                  "words (\"1.7x lower\"), or how far apart when neither wins. It counts "
                   f"only by the lab's rule (basis column): {RULE}."), T(df)])]
 
 

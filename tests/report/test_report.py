@@ -161,11 +161,11 @@ def test_disaggregation_loses_throughput_wins_itl_p99(test_cfg):
     paths = report.build_report(test_cfg)
     text = "\n".join(paths.conclusions)
     assert ("Disaggregation lost on output throughput to replicated serving (the same two "
-            "nodes) at concurrency 1, 2 and 4 (replicated up to 42.9% higher).") in text
+            "nodes) at concurrency 1, 2 and 4 (replicated up to 1.4x higher).") in text
     assert ("Disaggregation won on ITL p99 against replicated serving (the same two nodes) at "
-            "concurrency 1, 2 and 4 (up to 40.0% lower).") in paths.conclusions
+            "concurrency 1, 2 and 4 (up to 1.7x lower).") in paths.conclusions
     assert ("Output throughput (higher is better), disaggregated vs replicated: replicated "
-            "better at concurrency 1, 2 and 4 (by 42.9%).") in paths.conclusions
+            "better at concurrency 1, 2 and 4 (1.4x higher).") in paths.conclusions
     assert sum("does not raise throughput" in s for s in paths.conclusions) == 1
     assert "Mixed long/short workload, disaggregation won on ITL p99" in text
     f = finding(paths.findings, "output_throughput", 4)
@@ -275,7 +275,7 @@ def test_rate_points_are_labelled_and_compared(test_cfg):
     assert list(table["load"])[-4:] == ["rate 2 req/s", "rate 2 req/s", "rate 4 req/s",
                                         "rate 4 req/s"]
     assert ("Output throughput (higher is better), replicated vs baseline: replicated better "
-            "at concurrency 1, 2 and 4 and at rate 2 and 4 req/s (by 87.5-100.0%).") \
+            "at concurrency 1, 2 and 4 and at rate 2 and 4 req/s (1.9-2.0x higher).") \
         in paths.conclusions
 
 
@@ -546,9 +546,9 @@ def test_the_report_opens_with_a_one_screen_verdict(test_cfg):
     verdict, pair = report.verdict_table(report.conclusions(data, report.points_table(data)))
     assert pair == "disaggregated vs replicated"
     row = verdict[(verdict["workload"] == "standard") & (verdict["metric"] == "output throughput")]
-    assert row["concurrency 4"].item() == "replicated +43%"
+    assert row["concurrency 4"].item() == "replicated 1.4x higher"
     row = verdict[(verdict["workload"] == "standard") & (verdict["metric"] == "ITL p99")]
-    assert row["concurrency 2"].item() == "disaggregated +40%"
+    assert row["concurrency 2"].item() == "disaggregated 1.7x lower"
     assert len(verdict) <= 2 * len(report.METRICS)  # one screen: a row per workload and metric
     md = paths.md.read_text()
     order = [md.index(h) for h in ("## Verdict", "## Plots", "## Headline table", "## Conclusions")]
