@@ -67,7 +67,7 @@ class Finding:
         lower"); without a winner, how far apart they are ("1.05x apart")."""
         m = BY_KEY[self.metric]
         if self.winner is None:
-            return f"{_times(self.ratio)} apart"
+            return f"{times(self.ratio)} apart"
         win, lose = ((self.subject_value, self.reference_value) if self.winner == self.subject
                      else (self.reference_value, self.subject_value))
         return m.times(win, lose)
@@ -117,13 +117,13 @@ def _finding(workload: str, m: Metric, a: pd.Series, b: pd.Series) -> Finding:
     verdict = with_caches(judge(measured(a, m), measured(b, m), m), _hits(a), _hits(b))
     beyond, basis = verdict.differs, verdict.basis
     names = (a["architecture"], b["architecture"])
-    winner = {"a": names[0], "b": names[1]}.get(verdict.better)
+    winner = {"a": names[0], "b": names[1]}.get(verdict.better or "")
     sentence = _finding_sentence(workload, m, a["load"], names, (av, bv), winner, basis)
     return Finding(workload, m.key, m.label, a["mode"], float(a["value"]), a["load"],
                    names[0], names[1], av, bv, winner, pct, beyond, basis, sentence)
 
 
-def _times(r: float) -> str:
+def times(r: float) -> str:
     """A ratio as the margins are written: "1.7x", "12x", "∞"."""
     return "∞" if not math.isfinite(r) else (f"{r:.1f}x" if r < 10 else f"{r:.0f}x")
 
@@ -206,7 +206,7 @@ def _loads(fs: list[Finding] | list[_Load]) -> str:
 
 def _ratio_range(fs: list[Finding]) -> str:
     """"1.4x" or "1.4-1.7x": the margins of `fs` as ratios."""
-    lo, hi = _times(min(f.ratio for f in fs)), _times(max(f.ratio for f in fs))
+    lo, hi = times(min(f.ratio for f in fs)), times(max(f.ratio for f in fs))
     return hi if lo == hi else f"{lo.removesuffix('x')}-{hi}"
 
 
@@ -251,11 +251,11 @@ def _verdicts(findings: list[Finding], workload: str, reference: str) -> list[st
         won = [f for f in fs if f.metric == m.key and f.winner == "disaggregated"]
         if lost:
             out.append(f"{pre}disaggregation lost on {m.label} to {ref} at {_loads(lost)} "
-                       f"({reference} up to {_times(max(f.ratio for f in lost))} {way}).")
+                       f"({reference} up to {times(max(f.ratio for f in lost))} {way}).")
         if won:
             won_any = True
             out.append(f"{pre}disaggregation won on {m.label} against {ref} at {_loads(won)} "
-                       f"(up to {_times(max(f.ratio for f in won))} {way}).")
+                       f"(up to {times(max(f.ratio for f in won))} {way}).")
     if not won_any:
         out.append(f"{pre}disaggregation won on no metric against {ref} at any valid load "
                    "point of this run.")

@@ -19,8 +19,8 @@ from datetime import datetime, timezone
 
 import pandas as pd
 
-from lab_utils.report.conclusions import Conclusions
-from lab_utils.report.data import ReportData, fmt_num, run_hint
+from lab_utils.report.conclusions import Conclusions, Finding, times
+from lab_utils.report.data import ARCHITECTURES, ReportData, fmt_num, join_words, run_hint
 from lab_utils.report.expected import EXPECTED_TWO_SPARK, expected_figures
 from lab_utils.report.plots import Plot, roofline_text
 from lab_utils.report.summary import REHEARSAL_BANNER, system_under_test, verdict_sentence
@@ -34,7 +34,7 @@ from lab_utils.report.tables import (
     workload_rows,
 )
 from lab_utils.results import RESULTS, reference_origin
-from lab_utils.results.points import RULE
+from lab_utils.results.points import BY_KEY, RULE
 from lab_utils.results.sweep import BenchmarkResult
 
 FILE_MEANINGS = {
@@ -127,40 +127,63 @@ def _missing_only(data: ReportData) -> list[Block]:
             UL(items)]
 
 
-VERDICT_PAIRS = (("disaggregated", "replicated"), ("replicated", "baseline"),
-                 ("disaggregated", "baseline"))
+def _ranking(fs: list[Finding]) -> str:
+    """The architectures compared at one load point on one metric, best first by their
+    values, each joined to the next by ">" with the margin where the lab's rule says they
+    differ and by "=" where not: "replicated > disaggregated (1.4x) = baseline"."""
+    f0 = fs[0]
+    m = BY_KEY[f0.metric]
+    values: dict[str, float] = {}
+    for f in fs:
+        values[f.subject], values[f.reference] = f.subject_value, f.reference_value
+    by_pair = {frozenset((f.subject, f.reference)): f for f in fs}
+    order = sorted(values, key=lambda a: values[a], reverse=m.higher_is_better)
+    out = order[0]
+    for left, right in zip(order, order[1:], strict=False):
+        pair = by_pair.get(frozenset((left, right)))
+        out += (f" > {right} ({times(pair.ratio)})" if pair is not None and pair.winner == left
+                else f" = {right}")
+    return out
 
 
 def verdict_table(concl: Conclusions) -> tuple[pd.DataFrame, str]:
-    """One screen: for the first pair measured (disaggregated vs replicated, else replicated
-    vs baseline, else disaggregated vs baseline), one row per workload and metric, one
-    column per load point, each cell the winner and its margin, "=" where the two do not
-    differ by the lab's rule (`points.compare`)."""
-    for subject, reference in VERDICT_PAIRS:
-        found = [f for f in concl.findings if (f.subject, f.reference) == (subject, reference)]
-        if found:
-            break
-    else:
+    """One screen: every architecture measured, one row per workload and metric (the
+    request throughput row left out where it ranks and measures as the output throughput
+    row does, as with a fixed output length), one column per load point, each cell the
+    architectures best first, ">" with the margin where the lab's rule (`points.compare`)
+    says two differ, "=" where not. Also says which architectures are in it."""
+    if not concl.findings:
         return pd.DataFrame(), ""
-    loads = list(dict.fromkeys(f.load for f in found))
+    loads = list(dict.fromkeys(f.load for f in concl.findings))
+    cells: dict[tuple[str, str], dict[str, list[Finding]]] = {}
+    for f in concl.findings:
+        cells.setdefault((f.workload, f.metric), {}).setdefault(f.load, []).append(f)
     rows: dict[tuple[str, str], dict[str, str]] = {}
-    for f in found:
-        row = rows.setdefault((f.workload, f.label), {"workload": f.workload, "metric": f.label})
-        row[f.load] = f"{f.winner} {f.margin}" if f.winner else f"= ({f.margin})"
+    for (workload, key), by_load in cells.items():
+        m = BY_KEY[key]
+        rows[(workload, key)] = {"workload": workload, "metric": f"{m.label} ({m.way} is better)",
+                                 **{load: _ranking(fs) for load, fs in by_load.items()}}
+    for workload in dict.fromkeys(w for w, _ in rows):
+        req, out = rows.get((workload, "request_throughput")), rows.get((workload, "output_throughput"))
+        if req and out and {k: v for k, v in req.items() if k != "metric"} == {
+                k: v for k, v in out.items() if k != "metric"}:
+            del rows[(workload, "request_throughput")]
+            out["metric"] = "output throughput (higher is better; request throughput ranks the same)"
+    archs = [a for a in ARCHITECTURES if any(a in (f.subject, f.reference) for f in concl.findings)]
     df = pd.DataFrame(list(rows.values())).reindex(columns=["workload", "metric", *loads])
-    return df.fillna("–"), f"{subject} vs {reference}"
+    return df.fillna("–"), join_words(archs)
 
 
 def _verdict_blocks(concl: Conclusions) -> list[Block]:
-    df, pair = verdict_table(concl)
+    df, archs = verdict_table(concl)
     if df.empty:
         return [H("Verdict"), P("No two architectures share a valid load point yet.")]
     blocks = [H("Verdict"),
-              P(f"{pair}, at every load point measured by both: the winner of each metric and "
-                "its margin (the larger value over the smaller, with the direction in words: "
-                "\"1.7x lower\"); '=' where the "
-                f"two do not differ: {RULE}. Details, every pair and every "
-                "sentence behind this table, are further down.")]
+              P(f"{archs}, at every load point measured by more than one: per metric, the "
+                "architectures best first; \">\" with the margin (the larger value over the "
+                "smaller) where the two differ, \"=\" where they do not: "
+                f"{RULE}. Details, every pair and every sentence behind this table, are "
+                "further down.")]
     blocks.append(T(df))
     if concl.excluded:
         blocks.append(UL([f"excluded (invalid): {e}" for e in concl.excluded]))
