@@ -10,7 +10,8 @@
 - `summary`: the first screen: the verdict in one sentence, the CPU rehearsal's banner,
   the system under test.
 - `sections`: the report as a list of blocks, in reading order.
-- `render`: `build_report(cfg)` writes report.html, report.md and plots/*.png.
+- `export`: every run as a CSV row and as a `vllm bench serve --save-result` JSON file.
+- `render`: `build_report(cfg)` writes report.html, report.md, plots/*.png and export/.
 """
 
 from lab_utils.report.conclusions import Conclusions, Finding, compare, conclusions

@@ -414,7 +414,12 @@ def _files_blocks(data: ReportData) -> list[Block]:
               "holds": "this report (HTML with embedded plots; Markdown linking plots/)",
               "status": "written"},
              {"file": "plots/*.png", "notebook": "05_Benchmark_Report.ipynb",
-              "holds": "the plots above", "status": "written"}]
+              "holds": "the plots above", "status": "written"},
+             {"file": "export/runs.csv, export/*.json", "notebook": "05_Benchmark_Report.ipynb",
+              "holds": "every run (one repeat of one load point) as a CSV row, and as a JSON "
+                       "file in the layout of `vllm bench serve --save-result`, in its field "
+                       "names and units, for the tools that load those",
+              "status": "written"}]
     return [H("What each result file means"),
             P("Every results file is one envelope: schema version, kind, notebook, UTC "
               "timestamp, profile, config snapshot (no secrets), software versions, hardware "

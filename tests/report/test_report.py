@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import time
 
+import pandas as pd
 import pytest
 
 from lab_utils import report
@@ -610,3 +611,39 @@ def test_the_verdict_sentence_when_nothing_differs_and_on_a_gpu(tmp_path):
             "by the lab's rule (measured at concurrency 1, 2 and 4, on two nodes against the "
             "single instance's one).") in md
     assert "CPU REHEARSAL" not in md
+
+
+# What `vllm bench serve --save-result` (vLLM 0.32, without --save-detailed) writes for a
+# run at a concurrency with --percentile-metrics ttft,tpot,itl,e2el, from
+# vllm/benchmarks/serve.py's `benchmark` and `main`: the lab's export must carry each.
+VLLM_SAVE_RESULT_KEYS = {
+    "date", "endpoint_type", "backend", "label", "model_id", "tokenizer_id", "num_prompts",
+    "request_rate", "burstiness", "max_concurrency", "duration", "completed", "failed",
+    "total_input_tokens", "total_output_tokens", "request_throughput", "request_goodput",
+    "output_throughput", "total_token_throughput", "latencies",
+    *(f"{s}_{m}_ms" for m in ("ttft", "tpot", "itl", "e2el")
+      for s in ("mean", "median", "std", "p99")),
+}
+
+
+def test_every_run_is_exported_as_vllm_bench_serve_json_and_as_csv(test_cfg):
+    write_loses_throughput_wins_itl(test_cfg)
+    paths = report.build_report(test_cfg)
+    names = sorted(p.name for p in paths.exports)
+    assert "runs.csv" in names and "replicated-standard-concurrency4-repeat1.json" in names
+    runs = (2 * 3 + 2 * 3) + 3  # standard and mixed of 03 and 04, standard of 01
+    assert len(names) == runs + 1
+    got = json.loads((paths.exports[0].parent / "replicated-standard-concurrency4-repeat1.json")
+                     .read_text())
+    assert set(got) >= VLLM_SAVE_RESULT_KEYS, VLLM_SAVE_RESULT_KEYS - set(got)
+    # the same meaning: the run's numbers, in vLLM's units
+    assert got["max_concurrency"] == 4 and got["request_rate"] == "inf"
+    assert got["output_throughput"] == 800.0 and got["median_ttft_ms"] == 40.0
+    assert got["model_id"] == "tiny-llama" and re.fullmatch(r"\d{8}-\d{6}", got["date"])
+    csv = pd.read_csv(paths.exports[0])
+    assert len(csv) == runs and {"architecture", "workload", "repeat", "mean_e2el_ms",
+                                 "prefix_cache_hit_pct",
+                                 "completed", "failed", "duration"} <= set(csv.columns)
+    row = csv[(csv["architecture"] == "disaggregated") & (csv["workload"] == "standard")
+              & (csv["value"] == 2)]
+    assert row["output_throughput"].item() == 280.0
