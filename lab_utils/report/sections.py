@@ -257,8 +257,9 @@ def _expected_blocks(data: ReportData, table: pd.DataFrame) -> list[Block]:
     blocks = [H("Expected figures for two DGX Sparks"),
               P(f"Source: {EXPECTED_TWO_SPARK['source']}.")]
     if data.device != "cuda":
-        blocks.append(P("This is the CPU rehearsal: its numbers are not comparable with a "
-                        "Spark's, so none are compared."))
+        blocks.append(P("This is the CPU rehearsal: what two Sparks are expected to measure, "
+                        "for the Spark profile's model; none of this run's figures is set "
+                        "beside them, since a CPU and a tiny model measure something else."))
     else:
         bad = df[df["verdict"].str.startswith("WARNING")]
         for _, r in bad.iterrows():
