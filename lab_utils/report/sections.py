@@ -206,7 +206,10 @@ def _table_blocks(table: pd.DataFrame) -> list[Block]:
                 "the machine running the benchmark stood still, and for how long: their "
                 "latencies include it; and those in which many tokens reached the load "
                 "generator in one read with the token before (\"read together\"): their "
-                "inter-token gaps count as 0 ms, so ITL there is not the decode step.")]
+                "inter-token gaps count as 0 ms, so ITL there is not the decode step. Each p99 "
+                "shows the n it is over (requests; for ITL, inter-token gaps, in the repeat "
+                "with fewest): over fewer than 100, \"~max\" says it is close to the largest "
+                "value, not a 1-in-100 tail.")]
     blocks.append(T(display_table(workload_rows(table, "standard"))))
     mixed = workload_rows(table, "mixed")
     if not mixed.empty:

@@ -651,3 +651,17 @@ def test_every_run_is_exported_as_vllm_bench_serve_json_and_as_csv(test_cfg):
     row = csv[(csv["architecture"] == "disaggregated") & (csv["workload"] == "standard")
               & (csv["value"] == 2)]
     assert row["output_throughput"].item() == 280.0
+
+
+def test_each_p99_shows_its_n_and_says_max_under_100(test_cfg):
+    from lab_utils.report.tables import display_table, headline_table
+
+    write_baseline(test_cfg)
+    data = report.load_report_data(test_cfg)
+    for p in data.sweeps["baseline"].points:  # 24 requests, 31 gaps each
+        p.summary["completed"] = 24
+        p.requests = [{"error": None, "itl_ms": [1.0] * 31}] * 24
+    shown = display_table(headline_table(data)).iloc[0]
+    assert shown["TTFT p99 (ms)"] == "100.00 (n=24, ~max)"
+    assert shown["ITL p99 (ms)"] == "30.00 (n=744)"
+    assert shown["TTFT p50 (ms)"] == "50.00"
