@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -79,6 +80,32 @@ def runs_frame(data: ReportData) -> pd.DataFrame:
             for arch, workload, _, p in _runs(data)]
     return pd.DataFrame(rows, columns=["architecture", "workload", "mode", "value", "repeat",
                                        *VLLM_FIELDS, *LAB_FIELDS])
+
+
+# vllm bench serve's per-point fields, in the order it prints them (the report's fold)
+SHOWN = ("completed", "failed", "duration", "request_throughput", "output_throughput",
+         "total_token_throughput",
+         *(f"{stat}_{name}_ms" for name in ("ttft", "tpot", "itl", "e2el")
+           for stat in ("mean", "median", "p99")))
+
+
+def fields_table(data: ReportData) -> pd.DataFrame:
+    """Every point of every sweep, one row, with the fields `vllm bench serve` prints
+    (counts, duration, the three throughputs, mean, median and p99 of TTFT, TPOT, ITL and
+    E2E latency): the median over the point's repeats of each, in vLLM's names."""
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for arch, workload, _, p in _runs(data):
+        groups.setdefault((arch, workload, p.mode, p.value), []).append(p.summary)
+    rows = []
+    for (arch, workload, mode, value), summaries in groups.items():
+        row: dict[str, Any] = {"architecture": arch, "workload": workload,
+                               "load": f"{mode} {value:g}", "repeats": len(summaries)}
+        for k in SHOWN:
+            got = [float(v) for s in summaries if isinstance(v := s.get(k), (int, float))
+                   and not isinstance(v, bool) and math.isfinite(v)]
+            row[k] = statistics.median(got) if got else None
+        rows.append(row)
+    return pd.DataFrame(rows, columns=["architecture", "workload", "load", "repeats", *SHOWN])
 
 
 def write_exports(data: ReportData, out: Path) -> list[Path]:

@@ -22,6 +22,7 @@ import pandas as pd
 from lab_utils.report.conclusions import Conclusions, Finding, times
 from lab_utils.report.data import ARCHITECTURES, ReportData, fmt_num, join_words, run_hint
 from lab_utils.report.expected import EXPECTED_TWO_SPARK, expected_figures
+from lab_utils.report.export import fields_table
 from lab_utils.report.plots import Plot, roofline_text
 from lab_utils.report.summary import REHEARSAL_BANNER, system_under_test, verdict_sentence
 from lab_utils.report.tables import (
@@ -197,7 +198,7 @@ def _conclusion_blocks(concl: Conclusions) -> list[Block]:
     return [H("Conclusions"), fold(f"{len(concl.sentences)} sentences, one per finding", inner)]
 
 
-def _table_blocks(table: pd.DataFrame) -> list[Block]:
+def _table_blocks(table: pd.DataFrame, data: ReportData | None = None) -> list[Block]:
     blocks = [H("Headline table"),
               P("One row per architecture and load point: median over repeats. Spread is the "
                 "widest (max - min) / median over the repeats among the metrics shown. Invalid "
@@ -216,6 +217,16 @@ def _table_blocks(table: pd.DataFrame) -> list[Block]:
         blocks += [H("Mixed long/short workload", 3),
                    P("Long prompts interleaved with short ones: the case where a long prefill "
                      "can stall other requests' decode steps."), T(display_table(mixed))]
+    if data is not None:
+        fields = fields_table(data).map(fmt_num)
+        blocks.append(fold(f"Every field vllm bench serve reports, per point ({len(fields)} "
+                           "points)", [
+            P("In vLLM's names and units (ms; duration in s; throughputs per s): completed and "
+              "failed requests, the run's duration, request, output and total token "
+              "throughput, and the mean, median and p99 of TTFT, TPOT, ITL and end-to-end "
+              "latency; each the median over the point's repeats. Every run is also in "
+              "export/: runs.csv, and one JSON file per run in the layout of `vllm bench "
+              "serve --save-result`."), T(fields)]))
     return blocks
 
 
@@ -445,7 +456,7 @@ def report_blocks(data: ReportData, table: pd.DataFrame, concl: Conclusions,
                   plots: list[Plot]) -> list[Block]:
     """The whole report as a list of blocks."""
     blocks = _intro(data, concl) + _missing_blocks(data) + _verdict_blocks(concl)
-    blocks += _plot_blocks(plots) + _table_blocks(table) + _conclusion_blocks(concl)
+    blocks += _plot_blocks(plots) + _table_blocks(table, data) + _conclusion_blocks(concl)
     blocks += _comparison_blocks(concl) + _forecast_blocks(data, plots) + _expected_blocks(data, table)
     sections = [("00", "environment checklist", _nb00_blocks),
                 ("01", "single-instance baseline", _nb01_blocks),

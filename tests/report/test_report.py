@@ -651,6 +651,13 @@ def test_every_run_is_exported_as_vllm_bench_serve_json_and_as_csv(test_cfg):
     row = csv[(csv["architecture"] == "disaggregated") & (csv["workload"] == "standard")
               & (csv["value"] == 2)]
     assert row["output_throughput"].item() == 280.0
+    # and in the report, per point: the fields vllm bench serve prints
+    fields = report.fields_table(report.load_report_data(test_cfg))
+    assert {"completed", "failed", "duration", "total_token_throughput", "mean_ttft_ms",
+            "median_e2el_ms", "p99_tpot_ms"} <= set(fields.columns)
+    assert len(fields) == 3 * 3 + 2 * 3  # the points: 01, 03 and 04; mixed of 03 and 04
+    md = paths.md.read_text()
+    assert "Every field vllm bench serve reports, per point (15 points)" in md
 
 
 def test_each_p99_shows_its_n_and_says_max_under_100(test_cfg):
