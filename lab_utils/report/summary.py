@@ -76,17 +76,17 @@ def verdict_sentence(concl: Conclusions) -> str:
     wins = sorted((f for f in found if f.winner == subject), key=_ratio, reverse=True)
     losses = sorted((f for f in found if f.winner == reference), key=_ratio, reverse=True)
     ties = len(found) - len(wins) - len(losses)
-    rest = f"; no difference in {ties} of the {len(found)} comparisons" if ties else ""
-    where = f" (measured at {_loads(found)}{HARDWARE[reference]})."
+    tally = (f"{len(wins)} won, {len(losses)} lost and {ties} without a difference of the "
+             f"{len(found)} comparisons (every metric at every load)")
+    where = f"; {tally}, measured at {_loads(found)}{HARDWARE[reference]}."
     head = a[0].upper() + a[1:]
     if wins and losses:
-        return (f"{head} beat {b} on {_won(wins[0])}, at a cost in "
-                f"{_won(losses[0], f'{b} ')}{rest}{where}")
+        return f"{head} beat {b} on {_won(wins[0])}, at a cost in {_won(losses[0], f'{b} ')}{where}"
     if wins:
-        return f"{head} beat {b} on {_won(wins[0])} and lost on nothing{rest}{where}"
+        return f"{head} beat {b} on {_won(wins[0])} and lost on nothing{where}"
     if losses:
-        return (f"{head} did not beat {b} on any metric at any load: {b} won on "
-                f"{_won(losses[0])}{rest}{where}")
+        return (f"{head} did not beat {b} on any metric at any load; {b} won most on "
+                f"{_won(losses[0])}{where}")
     return f"{head} and {b} did not differ on any metric by the lab's rule{where}"
 
 
@@ -169,7 +169,7 @@ def system_under_test(data: ReportData) -> pd.DataFrame:
     gpu = hw.get("gpu") or (data.environment.gpu_name if data.environment else None)
     model = cfg.get("model", {})
     commit = sw.get("lab_commit")
-    lab = (NOT_RECORDED if commit is None else
+    lab = (f"commit {NOT_RECORDED}" if commit is None else
            f"commit {commit[:12]}" + (", with local modifications (the tree differs from it)"
                                       if sw.get("lab_tree_modified") else ", tree unmodified"))
     stamps = sorted(e.timestamp for nb, e in data.envelopes.items() if nb in ARCH_NOTEBOOK.values())

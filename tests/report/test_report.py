@@ -587,8 +587,9 @@ def test_the_first_screen_has_the_verdict_sentence_the_banner_and_the_system(tes
     assert lines[2] == (
         "Verdict: Disaggregated serving beat replicated serving on ITL p99 at concurrency 1 "
         "(1.7x lower: 30.00 ms vs 50.00 ms), at a cost in TTFT p50 at concurrency 1 "
-        "(replicated serving 1.5x lower: 40.00 ms vs 60.00 ms) (measured at concurrency 1, 2 "
-        "and 4, both on the same two nodes).")
+        "(replicated serving 1.5x lower: 40.00 ms vs 60.00 ms); 9 won, 12 lost and 0 without "
+        "a difference of the 21 comparisons (every metric at every load), measured at "
+        "concurrency 1, 2 and 4, both on the same two nodes.")
     assert "> **Warning:** CPU REHEARSAL, NOT A DGX SPARK" in first
     box = dict(re.findall(r"^\| ([^|]+?) \| (.+?) \|$", first, re.M))
     software = hardware.software_versions()
@@ -612,8 +613,9 @@ def test_the_verdict_sentence_when_nothing_differs_and_on_a_gpu(tmp_path):
     write_replicated(cfg, {c: metrics(104 * c, 52, 10, 31) for c in LOADS})
     md = report.build_report(cfg).md.read_text()
     assert ("Verdict: Replicated serving and the single instance did not differ on any metric "
-            "by the lab's rule (measured at concurrency 1, 2 and 4, on two nodes against the "
-            "single instance's one).") in md
+            "by the lab's rule; 0 won, 0 lost and 21 without a difference of the 21 "
+            "comparisons (every metric at every load), measured at concurrency 1, 2 and 4, on "
+            "two nodes against the single instance's one.") in md
     assert "CPU REHEARSAL" not in md
 
 
