@@ -112,8 +112,9 @@ def side_by_side(points: dict[str, Point]):
 def compare_frame(reference: ResultsEnvelope, result: BenchmarkResult, names: tuple[str, str],
                   key: str = "sweep"):
     """Headline metrics of a reference notebook's sweep (or `key`: "mixed") and this one's,
-    side by side, with the change in percent (positive: higher) and which is better by the
-    lab's one rule (`points.compare`; "=" where they do not differ)."""
+    side by side, with the margin (the second against the first as a ratio: "1.3x
+    lower") and which is better by the lab's one rule (`points.compare_points`; "=" where
+    they do not differ)."""
     theirs: BenchmarkResult | None = getattr(reference.payload, key)
     if theirs is None:
         raise LabError(f"notebook {reference.notebook}'s results have no {key!r} run; re-run it")
@@ -128,7 +129,7 @@ def compare_frame(reference: ResultsEnvelope, result: BenchmarkResult, names: tu
             better = {"a": names[0], "b": names[1]}.get(compare_points(r, c, m).better or "", "=")
             rows.append({"load": c.load, "metric": m.heading,
                          names[0]: a, names[1]: b,
-                         "change %": (b - a) / a * 100 if a and b is not None else None,
+                         "margin": None if a is None or b is None else m.times(b, a),
                          "better": better, "both valid": bool(r.valid and c.valid)})
     return pd.DataFrame(rows).round(2)
 
