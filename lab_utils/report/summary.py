@@ -166,7 +166,8 @@ def system_under_test(data: ReportData) -> pd.DataFrame:
     the workload of the baseline's sweep, and when the serving notebooks were run."""
     env = data.envelopes["01"]
     hw, sw, cfg = env.hardware, env.software, env.config
-    gpu = hw.get("gpu") or (data.environment.gpu_name if data.environment else None)
+    gpu = hw.get("gpu") or "none"
+    nodes_gpu = data.environment.gpu_name if data.environment else None
     model = cfg.get("model", {})
     commit = sw.get("lab_commit")
     lab = (f"commit {NOT_RECORDED}" if commit is None else
@@ -177,9 +178,10 @@ def system_under_test(data: ReportData) -> pd.DataFrame:
         f" to {stamps[-1][:16].replace('T', ' ')}" if stamps[-1][:16] != stamps[0][:16] else "")
     rows = [
         ("engine", f"vLLM on {data.device}" + (" (the CPU rehearsal)" if data.device == "cpu" else "")),
-        ("hardware", f"{_get(hw, 'cpu_model')}, {_get(hw, 'cpu_count')} cores "
-                     f"({_get(hw, 'machine')}), {_gb(hw.get('memory_total_bytes'))} memory; "
-                     f"GPU: {gpu or 'none'}; host {_get(hw, 'hostname')}"),
+        ("hardware (where the notebooks ran)",
+         f"{_get(hw, 'cpu_model')}, {_get(hw, 'cpu_count')} cores ({_get(hw, 'machine')}), "
+         f"{_gb(hw.get('memory_total_bytes'))} memory; GPU: {gpu}; host {_get(hw, 'hostname')}"),
+        *([("GPU of the nodes (notebook 00)", nodes_gpu)] if nodes_gpu else []),
         ("OS and kernel", f"{_get(hw, 'os')}; kernel {_get(hw, 'kernel')}"),
         ("software", f"vLLM {_get(sw, 'vllm')}, NIXL {_get(sw, 'nixl')}, torch "
                      f"{_get(sw, 'torch')}, UCX {_get(sw, 'ucx')}, GPU driver "
