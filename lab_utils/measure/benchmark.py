@@ -6,7 +6,9 @@ goodput under the configured SLOs, the first errors, and a verdict: a point wher
 than `max_failed_fraction` of requests failed is marked invalid, loudly, and must not be
 shown as a result. `combine` gives the typed `Point` (`lab_utils.results.points`): the
 median over repeats of every headline metric, with its min-max range. `sweep` runs a
-workload over concurrency levels and request rates.
+workload over concurrency levels and request rates. Its records (`RequestRecord`,
+`BenchmarkPoint`, `BenchmarkResult`, in `lab_utils.results.sweep`) travel inside the
+results envelope.
 
 Fair runs: every run of a series draws its prompts from a seed of its own (`run_seed`:
 the workload's seed, the run's name such as "replicated/mixed" or "replicated/policy
@@ -14,9 +16,7 @@ round_robin", the load point and the repeat), so no run replays another's prompt
 same instances; and, given the instances' counters (`cache_meter`), each repeat records
 the share of its prompt tokens the instances served from their prefix cache
 (`prefix_cache_hit_pct`). Hits where none were intended make the repeat invalid, with
-the reason: a cache hit skips the prefill, so its TTFT is not a prefill's. Its records (`RequestRecord`,
-`BenchmarkPoint`, `BenchmarkResult`, in `lab_utils.results.sweep`) travel inside the
-results envelope.
+the reason: a cache hit skips the prefill, so its TTFT is not a prefill's.
 """
 
 from __future__ import annotations
