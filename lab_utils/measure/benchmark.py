@@ -9,10 +9,20 @@ median over repeats of every headline metric, with its min-max range. `sweep` ru
 workload over concurrency levels and request rates. Its records (`RequestRecord`,
 `BenchmarkPoint`, `BenchmarkResult`, in `lab_utils.results.sweep`) travel inside the
 results envelope.
+
+Fair runs: every run of a series draws its prompts from a seed of its own (`run_seed`:
+the workload's seed, the run's name such as "replicated/mixed" or "replicated/policy
+round_robin", the load point and the repeat), so no run replays another's prompts on the
+same instances; and, given the instances' counters (`cache_meter`), each repeat records
+the share of its prompt tokens the instances served from their prefix cache
+(`prefix_cache_hit_pct`). Hits where none were intended make the repeat invalid, with
+the reason: a cache hit skips the prefill, so its TTFT is not a prefill's.
 """
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -78,9 +88,57 @@ def combine(summaries: list[dict[str, Any]], mode: str, value: float,
             mixed: bool = False) -> Point:
     """One load point's repeats (`summarize`'s records) as one Point: the median over the
     repeats of every headline metric, with its min and max."""
+    hits = [s["prefix_cache_hit_pct"] for s in summaries
+            if s.get("prefix_cache_hit_pct") is not None]
     return Point(mode=mode, value=value, mixed=mixed, repeats=len(summaries),
                  valid=all(s["valid"] for s in summaries),
+                 invalid_reason=next((s.get("invalid_reason") for s in summaries
+                                      if not s["valid"]), None),
+                 prefix_cache_hit_pct=max(hits) if hits else None,
                  **{k: Measured.of(s.get(k) for s in summaries) for k in HEADLINE})
+
+
+# Instance name -> (prompt tokens, of them served from the prefix cache), counters since
+# the instance started (`lab_utils.serve.metrics.InstanceCounters`).
+CacheCounts = dict[str, tuple[float, float]]
+
+
+def run_seed(base: int, run: str, mode: str, value: float, repeat: int) -> int:
+    """The prompt seed of one repeat of one load point of the run named `run`: `base`
+    (the workload's seed) plus a number drawn from the run's name, load point and repeat,
+    so that two runs of a series (a sweep, its mixed run, a comparison after them) never
+    share prompts."""
+    digest = hashlib.sha256(f"{run}|{mode}|{value:g}|{repeat}".encode()).digest()
+    return base + int.from_bytes(digest[:6], "big")
+
+
+def cache_hits(before: CacheCounts, after: CacheCounts) -> tuple[float | None, dict[str, float]]:
+    """The share (%) of the prompt tokens between two readings that the instances served
+    from their prefix cache, over all of them and per instance (None: nothing read)."""
+    per, total, hit = {}, 0.0, 0.0
+    for name, (prompt_after, hit_after) in after.items():
+        if name not in before:
+            continue
+        d_prompt, d_hit = prompt_after - before[name][0], hit_after - before[name][1]
+        if d_prompt > 0:
+            per[name] = round(100 * d_hit / d_prompt, 2)
+        total, hit = total + d_prompt, hit + d_hit
+    return (round(100 * hit / total, 2) if total > 0 else None), per
+
+
+def mark_cache_hits(s: dict[str, Any], pct: float | None, per: dict[str, float],
+                    hits_expected: bool = False) -> None:
+    """Record a run's prefix-cache hit share in its summary; with hits where none were
+    expected, mark it invalid and say why."""
+    s["prefix_cache_hit_pct"], s["prefix_cache_hit_pct_by_instance"] = pct, per
+    if pct and not hits_expected:
+        where = ", ".join(f"{k} {v:.1f}%" for k, v in per.items() if v)
+        reason = (f"{pct:.1f}% of the prompt tokens were prefix-cache hits ({where}): the "
+                  "instances had seen these prompts, so TTFT and throughput are not a "
+                  "prefill's; restart the instances or re-run with fresh prompts")
+        s["valid"] = False
+        s["invalid_reason"] = (f"{s['invalid_reason']}; {reason}" if s.get("invalid_reason")
+                               else reason)
 
 
 READ_TOGETHER_NOTE = 0.10
@@ -107,17 +165,23 @@ def _say(text: str) -> None:
 
 
 def sweep(url: str, model: str, make_requests, w: WorkloadConfig, *, mixed: bool = False,
-          show_progress: bool = True, api_key: str | None = None) -> BenchmarkResult:
+          show_progress: bool = True, api_key: str | None = None, run: str = "sweep",
+          cache_meter: Callable[[], CacheCounts] | None = None,
+          hits_expected: bool = False) -> BenchmarkResult:
     """Run the workload at every configured concurrency and rate, `w.repeats` times
     (`api_key`: the endpoint's, sent as a bearer token).
-    `make_requests(n, seed)` returns n RequestSpecs; each repeat uses its own seed so
-    the prefix cache cannot turn repeats into cache hits."""
+    `make_requests(n, seed)` returns n RequestSpecs; each repeat of each point of the run
+    named `run` uses its own seed (`run_seed`), so the prefix cache cannot turn repeats or
+    other runs into cache hits. `cache_meter()`, when given, reads the instances' counters
+    before and after each repeat (`mark_cache_hits`)."""
     plan = [("concurrency", c) for c in w.concurrency] + [("rate", r) for r in w.request_rates]
     points, combined = [], []
     for mode, value in plan:
         summaries, label = [], f"{'mixed ' if mixed else ''}{mode} {value:g}"
         for rep in range(w.repeats):
-            specs: list[RequestSpec] = make_requests(w.warmup + w.num_prompts, w.seed + 1000 * rep + int(value * 10))
+            seed = run_seed(w.seed, f"{run}/{'mixed' if mixed else 'standard'}", mode, value, rep)
+            specs: list[RequestSpec] = make_requests(w.warmup + w.num_prompts, seed)
+            before = cache_meter() if cache_meter else None
             with stalls.Watch() as watch:
                 records, wall = run_sync(run_point(
                     url, model, specs, warmup=w.warmup, seed=w.seed + rep, chat=w.chat,
@@ -126,8 +190,10 @@ def sweep(url: str, model: str, make_requests, w: WorkloadConfig, *, mixed: bool
                     duration_s=w.duration_s, timeout_s=w.request_timeout_s,
                     show_progress=show_progress, desc=f"{label} #{rep + 1}", api_key=api_key))
             s = summarize(records, wall, w)
-            s.update(mode=mode, value=value, repeat=rep, mixed=mixed,
+            s.update(mode=mode, value=value, repeat=rep, mixed=mixed, run=run, seed=seed,
                      held_up_s=round(watch.held_up_s, 2), stalls=len(watch.stalls))
+            if cache_meter is not None and before is not None:
+                mark_cache_hits(s, *cache_hits(before, cache_meter()), hits_expected)
             if watch.stalls:
                 _say(f"note ({label}, repeat {rep + 1}): the machine stood still "
                      f"{watch.held_up_s:.1f} s during this run (longest {max(watch.stalls):.1f} s); "

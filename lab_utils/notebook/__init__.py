@@ -42,6 +42,7 @@ from lab_utils.notebook.hood import protocol_by_hand, watch_scheduler
 from lab_utils.notebook.record import record_baseline, record_disaggregated, record_replicated
 from lab_utils.notebook.session import ServingSession, kv_buffer_device, tokenizer_of
 from lab_utils.notebook.steps import (
+    cache_meter,
     check_alive,
     conclude,
     conclude_transfer,
@@ -58,7 +59,7 @@ from lab_utils.notebook.steps import (
 )
 
 __all__ = [
-    "ServingSession", "check_alive", "compare_frame", "compare_front_doors", "compare_policies",
+    "ServingSession", "cache_meter", "check_alive", "compare_frame", "compare_front_doors", "compare_policies",
     "conclude", "conclude_transfer", "decode_roofline", "describe", "eta_inputs", "eta_lines",
     "grade_forecast", "hood", "kv_buffer_device", "lessons", "make_forecast",
     "plot_decode_roofline", "predict", "profile_engine", "profile_frame", "proof_frame",

@@ -15,7 +15,7 @@ from lab_utils.errors import LabError
 from lab_utils.notebook.session import ServingSession
 from lab_utils.notebook.steps import run_sweep
 from lab_utils.results import FrontDoors, ResultsEnvelope, load_reference_results, reference_origin
-from lab_utils.results.points import COMPARED, compare
+from lab_utils.results.points import COMPARED, Point, compare_points, unlike_caches
 from lab_utils.results.sweep import BenchmarkResult
 from lab_utils.serve import router
 from lab_utils.serve.topology import Served
@@ -31,6 +31,7 @@ def sweep_frame(result: BenchmarkResult):
         row.update({m.heading: c.median(m) for m in COMPARED})
         spreads = [x.spread / x.median * 100 for m in COMPARED if (x := c.of(m)) and x.median]
         row["spread %"] = max(spreads) if spreads and c.repeats > 1 else None
+        row["cache hits %"] = c.prefix_cache_hit_pct
         rows.append(row)
     return pd.DataFrame(rows).round(2)
 
@@ -58,7 +59,7 @@ def compare_front_doors(cfg: LabConfig, session: ServingSession, served: Served,
             session.swap_front_door(served, kind)
             print(f"concurrency {c} through {'the lab proxy' if kind == 'lab' else kind} "
                   f"({w.num_prompts} requests)", flush=True)
-            runs[kind] = run_sweep(cfg, served, workload=w)
+            runs[kind] = run_sweep(cfg, served, workload=w, run=f"front door {kind}")
     finally:
         session.swap_front_door(served, "lab")
     return FrontDoors(point=f"concurrency {c}", lab=runs["lab"], vllm_router=runs["vllm-router"],
@@ -75,28 +76,49 @@ def compare_policies(cfg: LabConfig, session: ServingSession, served: Served):
               "requests of different lengths overlap)")
         return None
     one = w.model_copy(update={"repeats": 1})
-    rows = []
+    points: dict[str, Point] = {}
     try:
         for policy in ("round_robin", "least_outstanding"):
             session.swap_front_door(served, "lab", policy=policy)
             print(f"{policy}: the mixed workload at concurrency {max(w.concurrency)}", flush=True)
-            c = run_sweep(cfg, served, mixed=True, workload=one).combined[0]
-            rows.append({"policy": policy, **{m.heading: c.median(m) for m in COMPARED}})
+            points[policy] = run_sweep(cfg, served, mixed=True, workload=one,
+                                       run=f"policy {policy}").combined[0]
     finally:
         session.swap_front_door(served, "lab", policy=cfg.topology.replicated.policy)
+    return side_by_side(points)
+
+
+def side_by_side(points: dict[str, Point]):
+    """Two runs of one load point (name -> its Point), one row each: the headline metrics,
+    validity, the prefix-cache hit share, and a last row naming the better one per metric
+    by the lab's one rule (`points.compare_points`): none ("=") when they do not differ or
+    their hit shares differ, none ("invalid") when either run is invalid."""
+    (na, a), (nb, b) = points.items()
+    rows: list[dict] = [{"run": name, "valid": p.valid, "cache hits %": p.prefix_cache_hit_pct,
+                         **{m.heading: p.median(m) for m in COMPARED}}
+                        for name, p in points.items()]
+    both = a.valid and b.valid
+    rows.append({"run": "better", "valid": None, "cache hits %": None,
+                 **{m.heading: ({"a": na, "b": nb}.get(compare_points(a, b, m).better or "", "=")
+                                if both else "invalid") for m in COMPARED}})
+    for name, p in points.items():
+        if not p.valid:
+            print(f"INVALID ({name}): {p.invalid_reason}; no winner is named")
+    if why := unlike_caches(a.prefix_cache_hit_pct, b.prefix_cache_hit_pct):
+        print(f"{na} vs {nb}: {why}")
     return pd.DataFrame(rows).round(2)
 
 
 def compare_frame(reference: ResultsEnvelope, result: BenchmarkResult, names: tuple[str, str],
                   key: str = "sweep"):
     """Headline metrics of a reference notebook's sweep (or `key`: "mixed") and this one's,
-    side by side, with the change in percent (positive: higher) and which is better by the
-    lab's one rule (`points.compare`; "=" where they do not differ)."""
+    side by side, with the margin (the second against the first as a ratio: "1.3x
+    lower") and which is better by the lab's one rule (`points.compare_points`; "=" where
+    they do not differ)."""
     theirs: BenchmarkResult | None = getattr(reference.payload, key)
     if theirs is None:
         raise LabError(f"notebook {reference.notebook}'s results have no {key!r} run; re-run it")
     ref = {(c.mode, c.value): c for c in theirs.combined}
-    sides: dict[str | None, str] = {"a": names[0], "b": names[1]}
     rows = []
     for c in result.combined:
         r = ref.get((c.mode, c.value))
@@ -104,10 +126,10 @@ def compare_frame(reference: ResultsEnvelope, result: BenchmarkResult, names: tu
             continue
         for m in COMPARED:
             a, b = r.median(m), c.median(m)
-            better = sides.get(compare(r.of(m), c.of(m), m).better, "=")
+            better = {"a": names[0], "b": names[1]}.get(compare_points(r, c, m).better or "", "=")
             rows.append({"load": c.load, "metric": m.heading,
                          names[0]: a, names[1]: b,
-                         "change %": (b - a) / a * 100 if a and b is not None else None,
+                         "margin": None if a is None or b is None else m.times(b, a),
                          "better": better, "both valid": bool(r.valid and c.valid)})
     return pd.DataFrame(rows).round(2)
 

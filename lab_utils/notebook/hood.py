@@ -35,10 +35,12 @@ from matplotlib.figure import Figure
 from lab_utils.cluster import Cluster
 from lab_utils.config import LabConfig, api_key
 from lab_utils.errors import LabError
+from lab_utils.measure.benchmark import cache_hits
 from lab_utils.measure.loadgen import auth_headers, run_point, run_sync
 from lab_utils.measure.prompts import exact_prompt
 from lab_utils.measure.workload import build_requests
 from lab_utils.notebook.session import tokenizer_of
+from lab_utils.notebook.steps import cache_meter
 from lab_utils.results.sweep import RequestRecord
 from lab_utils.serve import pd as prefill_decode
 from lab_utils.serve.metrics import fetch_metrics
@@ -134,7 +136,14 @@ def watch_scheduler(cfg: LabConfig, served: Served):
     w = cfg.workload
     print(blocks_of(w.input_len + w.output_len, cfg.vllm.block_size or 16)
           + f": a request of {w.input_len} prompt + {w.output_len} output tokens")
+    meter = cache_meter(served)
+    before = meter()
     frame, records, fig = sample_scheduler(cfg, served, tokenize, detokenize)
+    pct, _ = cache_hits(before, meter())
+    if pct is not None:
+        print(f"prefix-cache hits: {pct:.1f}% of the prompt tokens"
+              + ("" if not pct else " (prompts the instance had seen: their prefills were "
+                 "skipped, so the picture is not of this workload as fresh)"))
     if not frame.empty:
         print(f"{len(frame)} /metrics samples: at most {frame['running'].max():.0f} running and "
               f"{frame['waiting'].max():.0f} waiting; KV cache at most "

@@ -13,7 +13,7 @@ from __future__ import annotations
 from lab_utils.measure.benchmark import read_late
 from lab_utils.results import BaselinePayload, Proof
 from lab_utils.results.kv_transfer import KvTransferPayload
-from lab_utils.results.points import BY_KEY, Measured, Point, compare, differs
+from lab_utils.results.points import BY_KEY, Measured, Point, compare_points, differs
 from lab_utils.results.sweep import BenchmarkResult
 
 CPU_NOTE = ("on the CPU rehearsal every instance shares the machine's two cores with the "
@@ -38,8 +38,8 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 def better(a: Point, b: Point, key: str) -> str | None:
     """"a" or "b": the better of two points on `key` when they differ by the lab's rule
-    (`points.compare`), else None."""
-    return compare(a.of(key), b.of(key), key).better
+    (`points.compare_points`: none when their prefix-cache hit shares differ), else None."""
+    return compare_points(a, b, key).better
 
 
 def _ms(v: float | None) -> str:

@@ -26,8 +26,10 @@ from lab_utils.serve.topology import Served
 
 
 def instances(served: Served) -> list[Instance]:
-    """The processes serving the topology, as the results record them."""
-    return [Instance(name=r.name, node=r.node, url=r.url, kind=r.kind, role=r.extra.get("role"))
+    """The processes serving the topology, as the results record them (with their command
+    lines, which carry no secret: keys go by environment)."""
+    return [Instance(name=r.name, node=r.node, url=r.url, kind=r.kind, role=r.extra.get("role"),
+                     argv=list(r.argv))
             for r in served.records]
 
 

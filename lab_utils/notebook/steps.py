@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+from collections import Counter
 
 import httpx
 import pandas as pd
@@ -24,7 +25,7 @@ from lab_utils.forecast.profile import measure_profile
 from lab_utils.kv.budget import model_hf_config
 from lab_utils.kv.shapes import kv_shape
 from lab_utils.measure import roofline as hardware
-from lab_utils.measure.benchmark import sweep
+from lab_utils.measure.benchmark import CacheCounts, sweep
 from lab_utils.measure.loadgen import RequestSpec, auth_headers, run_point, run_sync
 from lab_utils.measure.prompts import exact_prompt
 from lab_utils.measure.workload import build_requests
@@ -42,6 +43,7 @@ from lab_utils.results import (
 )
 from lab_utils.results.forecast import EngineProfile
 from lab_utils.results.sweep import BenchmarkResult, RequestRecord
+from lab_utils.serve.metrics import fetch_metrics, read_counters
 from lab_utils.serve.pd import complete, prove_via_proxy
 from lab_utils.serve.topology import Served
 
@@ -73,11 +75,44 @@ def describe(rec: RequestRecord) -> str:
             f"({len(itl)} gaps{together})\n  end-to-end {rec.e2el_ms:.1f} ms")
 
 
+def cache_meter(served: Served):
+    """A reader of `served`'s instances' prompt-token counters (`CacheCounts`: instance ->
+    prompt tokens, of them prefix-cache hits); an instance whose counters cannot be read
+    (a vLLM without the by-source counter) is left out."""
+    instances = [(r.name, r.url) for r in served.instance_records() if r.url]
+
+    def read() -> CacheCounts:
+        out = {}
+        for name, url in instances:
+            with contextlib.suppress(LabError):
+                c = read_counters(fetch_metrics(url), require_nixl=False)
+                out[name] = (c.prompt_tokens, c.prompt_tokens_local_cache_hit)
+        return out
+
+    return read
+
+
+# How many runs of each name this kernel has made: a run made again (a cell re-run on the
+# same instances) gets a name, and so prompts, of its own.
+_RUNS: Counter[str] = Counter()
+
+
+def run_name(served: Served, run: str) -> str:
+    """The seed namespace of a run: the topology (so the notebook), the run's kind
+    ("sweep", "policy round_robin", ...) and, from the second time in one kernel, its
+    number."""
+    name = f"{served.topology}/{run}"
+    _RUNS[name] += 1
+    return name if _RUNS[name] == 1 else f"{name}#{_RUNS[name]}"
+
+
 def run_sweep(cfg: LabConfig, served: Served, *, mixed: bool = False,
-              workload=None) -> BenchmarkResult:
+              workload=None, run: str = "sweep") -> BenchmarkResult:
     """The configured workload (or `workload`) through the proxy; mixed: at the highest
     concurrency only, one long prompt every `mixed_long_every` requests. Prints the
-    predicted time first (`eta`) when there is something to predict it from."""
+    predicted time first (`eta`) when there is something to predict it from. `run` names
+    the run (its prompts are its own, `run_name`); every repeat records the instances'
+    prefix-cache hit share, and hits make it invalid (`benchmark.mark_cache_hits`)."""
     tokenize, detokenize = tokenizer_of(served, cfg)
     w = workload or cfg.workload
     with contextlib.suppress(LabError, ValueError):
@@ -88,7 +123,11 @@ def run_sweep(cfg: LabConfig, served: Served, *, mixed: bool = False,
     result = sweep(served.proxy_url, cfg.model.name,
                    lambda n, seed: build_requests(w, n, tokenize, detokenize, mixed=mixed,
                                                   seed=seed),
-                   w, mixed=mixed, api_key=api_key(cfg, "proxy"))
+                   w, mixed=mixed, api_key=api_key(cfg, "proxy"), run=run_name(served, "mixed" if mixed and run == "sweep" else run),
+                   cache_meter=cache_meter(served),
+                   # chat requests share the chat template's first tokens: those hits are
+                   # the workload's own, recorded but not a reason to reject the run
+                   hits_expected=w.chat)
     if any(p.summary.get("failed") for p in result.points):
         check_alive(cfg, served)
     return result

@@ -7,26 +7,31 @@
 - `expected`: this run's figures beside those expected on two DGX Sparks.
 - `forecast`: 03's and 04's forecasts graded, the forecast for two Sparks, the what-if.
 - `plots`: matplotlib figures (Agg canvas, pyplot never touched).
+- `summary`: the first screen: the verdict in one sentence, the CPU rehearsal's banner,
+  the system under test.
 - `sections`: the report as a list of blocks, in reading order.
-- `render`: `build_report(cfg)` writes report.html, report.md and plots/*.png.
+- `export`: every run as a CSV row and as a `vllm bench serve --save-result` JSON file.
+- `render`: `build_report(cfg)` writes report.html, report.md, plots/*.png and export/.
 """
 
 from lab_utils.report.conclusions import Conclusions, Finding, compare, conclusions
 from lab_utils.report.data import ReportData, fmt_num, load_report_data, run_hint
 from lab_utils.report.expected import EXPECTED_TWO_SPARK, expected_figures
+from lab_utils.report.export import fields_table, runs_frame, write_exports
 from lab_utils.report.forecast import forecast_grades, spark_forecast, what_if
 from lab_utils.report.plots import PLOT_NAMES, Plot, plot_values, render_plots, write_plots
 from lab_utils.report.render import ReportPaths, build_report, render_html, render_markdown
 from lab_utils.report.sections import Block, report_blocks, verdict_table
+from lab_utils.report.summary import REHEARSAL_BANNER, system_under_test, verdict_sentence
 from lab_utils.report.tables import display_table, headline_table, kv_table, points_table
 from lab_utils.results.points import COMPARED as METRICS
 from lab_utils.results.points import MARGIN
 
 __all__ = [
-    "EXPECTED_TWO_SPARK", "MARGIN", "METRICS", "PLOT_NAMES", "Block", "Conclusions",
+    "EXPECTED_TWO_SPARK", "MARGIN", "METRICS", "PLOT_NAMES", "REHEARSAL_BANNER", "Block", "Conclusions",
     "Finding", "Plot", "ReportData", "ReportPaths", "build_report", "compare", "conclusions",
-    "display_table", "expected_figures", "fmt_num", "forecast_grades", "headline_table", "kv_table",
+    "display_table", "expected_figures", "fields_table", "fmt_num", "forecast_grades", "headline_table", "kv_table",
     "load_report_data", "plot_values", "points_table", "render_html", "render_markdown",
-    "render_plots", "report_blocks", "run_hint", "spark_forecast", "verdict_table", "what_if",
-    "write_plots",
+    "render_plots", "report_blocks", "run_hint", "runs_frame", "spark_forecast", "system_under_test",
+    "verdict_sentence", "verdict_table", "what_if", "write_exports", "write_plots",
 ]

@@ -18,7 +18,7 @@ import pandas as pd
 from lab_utils.measure.benchmark import READ_TOGETHER_NOTE, read_together_share
 from lab_utils.report.data import ARCHITECTURES, ReportData, join_words, run_hint
 from lab_utils.report.tables import points_table
-from lab_utils.results.points import BY_KEY, COMPARED, MARGIN, Measured, Metric
+from lab_utils.results.points import BY_KEY, COMPARED, MARGIN, Measured, Metric, with_caches
 from lab_utils.results.points import compare as judge
 from lab_utils.results.sweep import BenchmarkResult
 
@@ -54,6 +54,24 @@ class Finding:
     basis: str
     sentence: str
 
+    @property
+    def ratio(self) -> float:
+        """The larger value over the smaller (inf when one is 0): the margin, symmetric."""
+        big = max(abs(self.subject_value), abs(self.reference_value))
+        small = min(abs(self.subject_value), abs(self.reference_value))
+        return big / small if small else (1.0 if big == small else math.inf)
+
+    @property
+    def margin(self) -> str:
+        """The margin in words: the winner's value against the loser's as a ratio ("1.7x
+        lower"); without a winner, how far apart they are ("1.05x apart")."""
+        m = BY_KEY[self.metric]
+        if self.winner is None:
+            return f"{times(self.ratio)} apart"
+        win, lose = ((self.subject_value, self.reference_value) if self.winner == self.subject
+                     else (self.reference_value, self.subject_value))
+        return m.times(win, lose)
+
 
 @dataclass
 class Conclusions:
@@ -85,24 +103,33 @@ def measured(row: pd.Series, m: Metric) -> Measured:
                     max=hi if math.isfinite(hi) else v, n=int(row["repeats"]))
 
 
+def _hits(row: pd.Series) -> float | None:
+    """A points-table row's prefix-cache hit share (%), None when not recorded."""
+    v = row.get("prefix_cache_hit_pct")
+    return float(v) if v is not None and math.isfinite(float(v)) else None
+
+
 def _finding(workload: str, m: Metric, a: pd.Series, b: pd.Series) -> Finding:
     av, bv = float(a[m.key]), float(b[m.key])
     a_better = m.better(av, bv)
     win, lose = (av, bv) if a_better else (bv, av)
     pct = abs(win - lose) / abs(lose) * 100 if lose else (0.0 if win == lose else math.inf)
-    verdict = judge(measured(a, m), measured(b, m), m)
+    verdict = with_caches(judge(measured(a, m), measured(b, m), m), _hits(a), _hits(b))
     beyond, basis = verdict.differs, verdict.basis
     names = (a["architecture"], b["architecture"])
-    sides: dict[str | None, str] = {"a": names[0], "b": names[1]}
-    winner = sides.get(verdict.better)
-    sentence = _finding_sentence(workload, m, a["load"], names, (av, bv), winner, pct, basis)
+    winner = {"a": names[0], "b": names[1]}.get(verdict.better or "")
+    sentence = _finding_sentence(workload, m, a["load"], names, (av, bv), winner, basis)
     return Finding(workload, m.key, m.label, a["mode"], float(a["value"]), a["load"],
                    names[0], names[1], av, bv, winner, pct, beyond, basis, sentence)
 
 
+def times(r: float) -> str:
+    """A ratio as the margins are written: "1.7x", "12x", "∞"."""
+    return "∞" if not math.isfinite(r) else (f"{r:.1f}x" if r < 10 else f"{r:.0f}x")
+
+
 def _finding_sentence(workload: str, m: Metric, load: str, names: tuple[str, str],
-                      values: tuple[float, float], winner: str | None, pct: float,
-                      basis: str) -> str:
+                      values: tuple[float, float], winner: str | None, basis: str) -> str:
     head = f"{WORKLOADS[workload]}{load}, {m.label}"
     head = head[0].upper() + head[1:]
     shown = {n: m.text(v) for n, v in zip(names, values, strict=True)}
@@ -110,7 +137,8 @@ def _finding_sentence(workload: str, m: Metric, load: str, names: tuple[str, str
         return (f"{head}: no difference between {names[0]} ({shown[names[0]]}) and "
                 f"{names[1]} ({shown[names[1]]}) ({basis}).")
     loser = names[1] if winner == names[0] else names[0]
-    return (f"{head}: {winner} wins, {pct:.1f}% {m.way} than {loser} ({shown[winner]} vs "
+    win, lose = values if winner == names[0] else values[::-1]
+    return (f"{head}: {winner} wins, {m.times(win, lose)} than {loser} ({shown[winner]} vs "
             f"{shown[loser]}; {basis}).")
 
 
@@ -176,9 +204,10 @@ def _loads(fs: list[Finding] | list[_Load]) -> str:
     return " and at ".join(parts)
 
 
-def _pct_range(fs: list[Finding]) -> str:
-    lo, hi = min(f.difference_pct for f in fs), max(f.difference_pct for f in fs)
-    return f"{hi:.1f}%" if f"{lo:.1f}" == f"{hi:.1f}" else f"{lo:.1f}-{hi:.1f}%"
+def _ratio_range(fs: list[Finding]) -> str:
+    """"1.4x" or "1.4-1.7x": the margins of `fs` as ratios."""
+    lo, hi = times(min(f.ratio for f in fs)), times(max(f.ratio for f in fs))
+    return hi if lo == hi else f"{lo.removesuffix('x')}-{hi}"
 
 
 def _summary_sentence(fs: list[Finding]) -> str:
@@ -188,7 +217,7 @@ def _summary_sentence(fs: list[Finding]) -> str:
     for who in (f0.subject, f0.reference):
         wins = [f for f in fs if f.winner == who]
         if wins:
-            parts.append(f"{who} better at {_loads(wins)} (by {_pct_range(wins)})")
+            parts.append(f"{who} better at {_loads(wins)} ({_ratio_range(wins)} {m.way})")
     ties = [f for f in fs if f.winner is None]
     if ties:
         parts.append(f"no difference at {_loads(ties)}")
@@ -222,11 +251,11 @@ def _verdicts(findings: list[Finding], workload: str, reference: str) -> list[st
         won = [f for f in fs if f.metric == m.key and f.winner == "disaggregated"]
         if lost:
             out.append(f"{pre}disaggregation lost on {m.label} to {ref} at {_loads(lost)} "
-                       f"({reference} up to {max(f.difference_pct for f in lost):.1f}% {way}).")
+                       f"({reference} up to {times(max(f.ratio for f in lost))} {way}).")
         if won:
             won_any = True
             out.append(f"{pre}disaggregation won on {m.label} against {ref} at {_loads(won)} "
-                       f"(up to {max(f.difference_pct for f in won):.1f}% {way}).")
+                       f"(up to {times(max(f.ratio for f in won))} {way}).")
     if not won_any:
         out.append(f"{pre}disaggregation won on no metric against {ref} at any valid load "
                    "point of this run.")

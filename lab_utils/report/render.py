@@ -18,6 +18,7 @@ import pandas as pd
 from lab_utils.config import LabConfig
 from lab_utils.report.conclusions import Finding, conclusions
 from lab_utils.report.data import load_report_data
+from lab_utils.report.export import write_exports
 from lab_utils.report.plots import render_plots, write_plots
 from lab_utils.report.sections import Block, report_blocks
 from lab_utils.report.tables import points_table
@@ -32,6 +33,8 @@ class ReportPaths:
     conclusions: list[str]
     findings: list[Finding] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)  # notebooks whose results are absent
+    # export/runs.csv and each run in `vllm bench serve --save-result`'s layout
+    exports: list[Path] = field(default_factory=list)
 
 
 CSS = """
@@ -122,10 +125,11 @@ def build_report(cfg: LabConfig) -> ReportPaths:
     plots = render_plots(data, table)
     out = cfg.results_dir
     plot_paths = write_plots(out / "plots", plots)
+    exports = write_exports(data, out / "export")
     blocks = report_blocks(data, table, concl, plots)
     atomic_write_text(out / "report.md", render_markdown(blocks))
     atomic_write_text(out / "report.html",
                       render_html(blocks, f"Benchmark report: {cfg.profile}"))
     return ReportPaths(html=out / "report.html", md=out / "report.md", plots=plot_paths,
                        conclusions=concl.sentences, findings=concl.findings,
-                       missing=sorted(data.missing))
+                       missing=sorted(data.missing), exports=exports)

@@ -1,6 +1,8 @@
 """The report as a document: a list of `Block`s (heading, paragraph, warning, list, table,
 plot) that `lab_utils.report.render` renders the same way to HTML and to Markdown. The sections,
-in order: what was run and what is missing, a one-screen verdict, the plots, the headline
+in order: the first screen (the verdict in one sentence, the CPU rehearsal's banner, the
+system under test: `lab_utils.report.summary`), what was run and what is missing, a
+one-screen verdict table, the plots, the headline
 tables, the conclusions and the comparison at every load point (folded), the forecasts graded against the measurements,
 the expected figures and the forecast for two Sparks, one
 section per notebook 00-04 with what it recorded, what each results file holds, and what
@@ -17,10 +19,12 @@ from datetime import UTC, datetime
 
 import pandas as pd
 
-from lab_utils.report.conclusions import Conclusions
-from lab_utils.report.data import ReportData, fmt_num, run_hint
+from lab_utils.report.conclusions import Conclusions, Finding, times
+from lab_utils.report.data import ARCHITECTURES, ReportData, fmt_num, join_words, run_hint
 from lab_utils.report.expected import EXPECTED_TWO_SPARK, expected_figures
+from lab_utils.report.export import fields_table
 from lab_utils.report.plots import Plot, roofline_text
+from lab_utils.report.summary import REHEARSAL_BANNER, system_under_test, verdict_sentence
 from lab_utils.report.tables import (
     checks_table,
     display_table,
@@ -31,7 +35,7 @@ from lab_utils.report.tables import (
     workload_rows,
 )
 from lab_utils.results import RESULTS, reference_origin
-from lab_utils.results.points import RULE
+from lab_utils.results.points import BY_KEY, RULE
 from lab_utils.results.sweep import BenchmarkResult
 
 FILE_MEANINGS = {
@@ -86,10 +90,18 @@ def T(df: pd.DataFrame) -> Block:
     return Block("table", df=df)
 
 
-def _intro(data: ReportData) -> list[Block]:
+def _first_screen(data: ReportData, concl: Conclusions) -> list[Block]:
+    """The verdict in one sentence, the rehearsal's banner, the system under test."""
+    blocks = [P(f"Verdict: {verdict_sentence(concl)}")]
+    if data.device == "cpu":
+        blocks.append(W(REHEARSAL_BANNER))
+    return blocks + [T(system_under_test(data))]
+
+
+def _intro(data: ReportData, concl: Conclusions) -> list[Block]:
     now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     model = data.sweeps["baseline"].model
-    return [H(f"Benchmark report: profile {data.profile}", 1),
+    return [H(f"Benchmark report: profile {data.profile}", 1), *_first_screen(data, concl),
             P(f"Written {now} from the results in {data.results_dir}. Model: {model}. "
               f"Engine device: {data.device}."),
             P("Architectures: baseline (one vLLM instance, notebook 01), replicated (one "
@@ -116,40 +128,63 @@ def _missing_only(data: ReportData) -> list[Block]:
             UL(items)]
 
 
-VERDICT_PAIRS = (("disaggregated", "replicated"), ("replicated", "baseline"),
-                 ("disaggregated", "baseline"))
+def _ranking(fs: list[Finding]) -> str:
+    """The architectures compared at one load point on one metric, best first by their
+    values, each joined to the next by ">" with the margin where the lab's rule says they
+    differ and by "=" where not: "replicated > disaggregated (1.4x) = baseline"."""
+    f0 = fs[0]
+    m = BY_KEY[f0.metric]
+    values: dict[str, float] = {}
+    for f in fs:
+        values[f.subject], values[f.reference] = f.subject_value, f.reference_value
+    by_pair = {frozenset((f.subject, f.reference)): f for f in fs}
+    order = sorted(values, key=lambda a: values[a], reverse=m.higher_is_better)
+    out = order[0]
+    for left, right in zip(order, order[1:], strict=False):
+        pair = by_pair.get(frozenset((left, right)))
+        out += (f" > {right} ({times(pair.ratio)})" if pair is not None and pair.winner == left
+                else f" = {right}")
+    return out
 
 
 def verdict_table(concl: Conclusions) -> tuple[pd.DataFrame, str]:
-    """One screen: for the first pair measured (disaggregated vs replicated, else replicated
-    vs baseline, else disaggregated vs baseline), one row per workload and metric, one
-    column per load point, each cell the winner and its margin, "=" where the two do not
-    differ by the lab's rule (`points.compare`)."""
-    for subject, reference in VERDICT_PAIRS:
-        found = [f for f in concl.findings if (f.subject, f.reference) == (subject, reference)]
-        if found:
-            break
-    else:
+    """One screen: every architecture measured, one row per workload and metric (the
+    request throughput row left out where it ranks and measures as the output throughput
+    row does, as with a fixed output length), one column per load point, each cell the
+    architectures best first, ">" with the margin where the lab's rule (`points.compare`)
+    says two differ, "=" where not. Also says which architectures are in it."""
+    if not concl.findings:
         return pd.DataFrame(), ""
-    loads = list(dict.fromkeys(f.load for f in found))
+    loads = list(dict.fromkeys(f.load for f in concl.findings))
+    cells: dict[tuple[str, str], dict[str, list[Finding]]] = {}
+    for f in concl.findings:
+        cells.setdefault((f.workload, f.metric), {}).setdefault(f.load, []).append(f)
     rows: dict[tuple[str, str], dict[str, str]] = {}
-    for f in found:
-        row = rows.setdefault((f.workload, f.label), {"workload": f.workload, "metric": f.label})
-        row[f.load] = (f"{f.winner} +{f.difference_pct:.0f}%" if f.winner
-                       else f"= ({f.difference_pct:.0f}%, no difference)")
+    for (workload, key), by_load in cells.items():
+        m = BY_KEY[key]
+        rows[(workload, key)] = {"workload": workload, "metric": f"{m.label} ({m.way} is better)",
+                                 **{load: _ranking(fs) for load, fs in by_load.items()}}
+    for workload in dict.fromkeys(w for w, _ in rows):
+        req, out = rows.get((workload, "request_throughput")), rows.get((workload, "output_throughput"))
+        if req and out and {k: v for k, v in req.items() if k != "metric"} == {
+                k: v for k, v in out.items() if k != "metric"}:
+            del rows[(workload, "request_throughput")]
+            out["metric"] = "output throughput (higher is better; request throughput ranks the same)"
+    archs = [a for a in ARCHITECTURES if any(a in (f.subject, f.reference) for f in concl.findings)]
     df = pd.DataFrame(list(rows.values())).reindex(columns=["workload", "metric", *loads])
-    return df.fillna("–"), f"{subject} vs {reference}"
+    return df.fillna("–"), join_words(archs)
 
 
 def _verdict_blocks(concl: Conclusions) -> list[Block]:
-    df, pair = verdict_table(concl)
+    df, archs = verdict_table(concl)
     if df.empty:
         return [H("Verdict"), P("No two architectures share a valid load point yet.")]
     blocks = [H("Verdict"),
-              P(f"{pair}, at every load point measured by both: the winner of each metric and "
-                "its margin (the better value's advantage in % of the worse one); '=' where the "
-                f"two do not differ: {RULE}. Details, every pair and every "
-                "sentence behind this table, are further down.")]
+              P(f"{archs}, at every load point measured by more than one: per metric, the "
+                "architectures best first; \">\" with the margin (the larger value over the "
+                "smaller) where the two differ, \"=\" where they do not: "
+                f"{RULE}. Details, every pair and every sentence behind this table, are "
+                "further down.")]
     blocks.append(T(df))
     if concl.excluded:
         blocks.append(UL([f"excluded (invalid): {e}" for e in concl.excluded]))
@@ -163,7 +198,7 @@ def _conclusion_blocks(concl: Conclusions) -> list[Block]:
     return [H("Conclusions"), fold(f"{len(concl.sentences)} sentences, one per finding", inner)]
 
 
-def _table_blocks(table: pd.DataFrame) -> list[Block]:
+def _table_blocks(table: pd.DataFrame, data: ReportData | None = None) -> list[Block]:
     blocks = [H("Headline table"),
               P("One row per architecture and load point: median over repeats. Spread is the "
                 "widest (max - min) / median over the repeats among the metrics shown. Invalid "
@@ -172,13 +207,26 @@ def _table_blocks(table: pd.DataFrame) -> list[Block]:
                 "the machine running the benchmark stood still, and for how long: their "
                 "latencies include it; and those in which many tokens reached the load "
                 "generator in one read with the token before (\"read together\"): their "
-                "inter-token gaps count as 0 ms, so ITL there is not the decode step.")]
+                "inter-token gaps count as 0 ms, so ITL there is not the decode step. Each p99 "
+                "shows the n it is over (requests; for ITL, inter-token gaps, in the repeat "
+                "with fewest): over fewer than 100, \"~max\" says it is close to the largest "
+                "value, not a 1-in-100 tail.")]
     blocks.append(T(display_table(workload_rows(table, "standard"))))
     mixed = workload_rows(table, "mixed")
     if not mixed.empty:
         blocks += [H("Mixed long/short workload", 3),
                    P("Long prompts interleaved with short ones: the case where a long prefill "
                      "can stall other requests' decode steps."), T(display_table(mixed))]
+    if data is not None:
+        fields = fields_table(data).map(fmt_num)
+        blocks.append(fold(f"Every field vllm bench serve reports, per point ({len(fields)} "
+                           "points)", [
+            P("In vLLM's names and units (ms; duration in s; throughputs per s): completed and "
+              "failed requests, the run's duration, request, output and total token "
+              "throughput, and the mean, median and p99 of TTFT, TPOT, ITL and end-to-end "
+              "latency; each the median over the point's repeats. Every run is also in "
+              "export/: runs.csv, and one JSON file per run in the layout of `vllm bench "
+              "serve --save-result`."), T(fields)]))
     return blocks
 
 
@@ -203,16 +251,18 @@ def _comparison_blocks(concl: Conclusions) -> list[Block]:
         return [H("Comparison at every load point"),
                 P("No two architectures share a valid load point yet.")]
     df = concl.table()
-    for col in ("subject_value", "reference_value", "difference_pct"):
+    df["difference_pct"] = [f.margin for f in concl.findings]
+    for col in ("subject_value", "reference_value"):
         df[col] = df[col].map(fmt_num)
     df["winner"] = df["winner"].fillna("no difference")
     df["beyond_spread"] = df["beyond_spread"].map({True: "yes", False: "no"})
     df = df.rename(columns={"label": "metric", "subject_value": "subject value",
-                            "reference_value": "reference value", "difference_pct": "difference %",
+                            "reference_value": "reference value", "difference_pct": "margin",
                             "beyond_spread": "differs"})
     return [H("Comparison at every load point"),
             fold(f"{len(df)} comparisons", [
-                P("Difference: the better value's advantage in % of the worse one. It counts "
+                P("Margin: the larger value over the smaller, with the winner's direction in "
+                  "words (\"1.7x lower\"), or how far apart when neither wins. It counts "
                   f"only by the lab's rule (basis column): {RULE}."), T(df)])]
 
 
@@ -221,8 +271,9 @@ def _expected_blocks(data: ReportData, table: pd.DataFrame) -> list[Block]:
     blocks = [H("Expected figures for two DGX Sparks"),
               P(f"Source: {EXPECTED_TWO_SPARK['source']}.")]
     if data.device != "cuda":
-        blocks.append(P("This is the CPU rehearsal: its numbers are not comparable with a "
-                        "Spark's, so none are compared."))
+        blocks.append(P("This is the CPU rehearsal: what two Sparks are expected to measure, "
+                        "for the Spark profile's model; none of this run's figures is set "
+                        "beside them, since a CPU and a tiny model measure something else."))
     else:
         bad = df[df["verdict"].str.startswith("WARNING")]
         for _, r in bad.iterrows():
@@ -378,7 +429,12 @@ def _files_blocks(data: ReportData) -> list[Block]:
               "holds": "this report (HTML with embedded plots; Markdown linking plots/)",
               "status": "written"},
              {"file": "plots/*.png", "notebook": "05_Benchmark_Report.ipynb",
-              "holds": "the plots above", "status": "written"}]
+              "holds": "the plots above", "status": "written"},
+             {"file": "export/runs.csv, export/*.json", "notebook": "05_Benchmark_Report.ipynb",
+              "holds": "every run (one repeat of one load point) as a CSV row, and as a JSON "
+                       "file in the layout of `vllm bench serve --save-result`, in its field "
+                       "names and units, for the tools that load those",
+              "status": "written"}]
     return [H("What each result file means"),
             P("Every results file is one envelope: schema version, kind, notebook, UTC "
               "timestamp, profile, config snapshot (no secrets), software versions, hardware "
@@ -399,8 +455,8 @@ def _beyond_blocks() -> list[Block]:
 def report_blocks(data: ReportData, table: pd.DataFrame, concl: Conclusions,
                   plots: list[Plot]) -> list[Block]:
     """The whole report as a list of blocks."""
-    blocks = _intro(data) + _missing_blocks(data) + _verdict_blocks(concl)
-    blocks += _plot_blocks(plots) + _table_blocks(table) + _conclusion_blocks(concl)
+    blocks = _intro(data, concl) + _missing_blocks(data) + _verdict_blocks(concl)
+    blocks += _plot_blocks(plots) + _table_blocks(table, data) + _conclusion_blocks(concl)
     blocks += _comparison_blocks(concl) + _forecast_blocks(data, plots) + _expected_blocks(data, table)
     sections = [("00", "environment checklist", _nb00_blocks),
                 ("01", "single-instance baseline", _nb01_blocks),

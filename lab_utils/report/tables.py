@@ -61,6 +61,38 @@ def _repeat_note(result: BenchmarkResult, mode: str, value: float) -> str:
     return "; ".join(notes)
 
 
+P99_AS_MAX = 100  # a p99 over fewer samples than this is (close to) the largest one
+
+
+def _samples(result: BenchmarkResult, mode: str, value: float) -> tuple[float, float]:
+    """The fewest requests completed, and inter-token gaps measured, in any repeat of a
+    point: the n behind its percentiles (NaN when the run recorded neither)."""
+    reqs, gaps = [], []
+    for p in result.points:
+        if p.mode == mode and p.value == value:
+            if is_count(p.summary.get("completed")):
+                reqs.append(p.summary["completed"])
+            ok = [r for r in p.requests if r.get("error") is None]
+            if ok:
+                gaps.append(sum(len(r.get("itl_ms") or []) for r in ok))
+    return (float(min(reqs)) if reqs else math.nan, float(min(gaps)) if gaps else math.nan)
+
+
+def is_count(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def percentile_text(m_key: str, text: str, row: pd.Series) -> str:
+    """A percentile's value with the n it is over ("812.4 (n=24, ~max)"): ITL's over the
+    inter-token gaps, the others' over the requests; "~max" when n is under P99_AS_MAX."""
+    if not m_key.startswith("p99_"):
+        return text
+    n = row.get("n_gaps" if "_itl_" in m_key else "n_requests")
+    if n is None or not math.isfinite(n):
+        return text
+    return f"{text} (n={n:.0f}{', ~max' if n < P99_AS_MAX else ''})"
+
+
 def _metric_cells(entry: Point) -> dict[str, float]:
     out: dict[str, float] = {}
     for m in COMPARED:
@@ -86,12 +118,15 @@ def _spread_pct(cells: dict[str, float], repeats: int) -> float:
 def _row(arch: str, workload: str, result: BenchmarkResult, entry: Point) -> dict[str, Any]:
     mode, value, valid, repeats = entry.mode, float(entry.value), entry.valid, entry.repeats
     cells = _metric_cells(entry)
+    n_requests, n_gaps = _samples(result, mode, value)
     return {"architecture": arch, "workload": workload, "mode": mode, "value": value,
             "load": load_label(mode, value), "repeats": repeats, "valid": valid,
             "invalid_reason": None if valid else _invalid_reason(result, mode, value),
             "repeat_note": _repeat_note(result, mode, value),
             "read_together": read_late(result, mode, value),
-            **cells, "spread_pct": _spread_pct(cells, repeats)}
+            "prefix_cache_hit_pct": num_or_nan(entry.prefix_cache_hit_pct),
+            **cells, "spread_pct": _spread_pct(cells, repeats), "n_requests": n_requests,
+            "n_gaps": n_gaps}
 
 
 def points_table(data: ReportData) -> pd.DataFrame:
@@ -139,7 +174,8 @@ def display_table(df: pd.DataFrame) -> pd.DataFrame:
         rec = {"architecture": row["architecture"], "load": row["load"],
                "valid": "yes" if row["valid"] else "INVALID"}
         for m in COMPARED:
-            rec[m.heading] = m.text(row[m.key], unit=False) if row["valid"] else "INVALID"
+            rec[m.heading] = (percentile_text(m.key, m.text(row[m.key], unit=False), row)
+                              if row["valid"] else "INVALID")
         rec["spread"] = _spread_text(row)
         notes = [row.get(k) for k in ("invalid_reason", "repeat_note")]
         rec["note"] = "; ".join(n for n in notes if isinstance(n, str) and n)

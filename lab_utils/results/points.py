@@ -13,6 +13,9 @@ measures, records, judges or shows a point can import it.
 - `compare` / `differs`: the lab's single rule for whether two measurements differ,
   used by every place that judges (the notebooks' conclusions and comparison tables, the
   report's verdicts, the forecast grading and the load generator's agreement benchmark).
+  `compare_points` applies it to two `Point`s, and names no winner when the two runs'
+  prefix-cache hit shares differ (`unlike_caches`): a cache hit skips a prefill, so such
+  runs did not do the same work.
 """
 
 from __future__ import annotations
@@ -57,6 +60,18 @@ class Metric:
     def better(self, x: float, y: float) -> bool:
         """Whether x is better than y on this metric."""
         return x > y if self.higher_is_better else x < y
+
+    def times(self, x: float, y: float) -> str:
+        """How far apart two values are, as a ratio with the direction in words, the larger
+        over the smaller: "2.6x higher" (x against y), "1.3x lower"; "∞" when one is 0."""
+        big, small = max(abs(x), abs(y)), min(abs(x), abs(y))
+        way = "higher" if x > y else "lower" if x < y else "the same"
+        if x == y:
+            return "the same"
+        if small == 0:
+            return f"∞ {way}"
+        r = big / small
+        return f"{r:.1f}x {way}" if r < 10 else f"{r:.0f}x {way}"
 
 
 METRICS = (
@@ -144,6 +159,10 @@ class Point(BaseModel):
     mixed: bool = False
     repeats: int = 1
     valid: bool = True
+    invalid_reason: str | None = None  # the first invalid repeat's reason
+    # the highest share (%) of prompt tokens over the repeats that the instances served
+    # from their prefix cache (their counters); None: not read (older results files)
+    prefix_cache_hit_pct: float | None = None
     request_throughput: Measured | None = None
     output_throughput: Measured | None = None
     total_token_throughput: Measured | None = None
@@ -262,10 +281,43 @@ def differs(a: Measured | None, b: Measured | None, margin: float = MARGIN) -> b
     return compare(a, b, margin=margin).differs
 
 
+def unlike_caches(a: float | None, b: float | None) -> str | None:
+    """Why two runs cannot be ranked against each other: their prefix-cache hit shares (%,
+    `Point.prefix_cache_hit_pct`) differ; None when they do not (both unknown, or equal to
+    0.1 percentage point, or one unknown and the other 0)."""
+    if a is None and b is None:
+        return None
+    if a is not None and b is not None and abs(a - b) < 0.1:
+        return None
+    if not a and not b:
+        return None
+    shown = ["not read" if v is None else f"{v:.1f}%" for v in (a, b)]
+    return (f"prefix-cache hit shares differ ({shown[0]} vs {shown[1]}): a cache hit skips "
+            "the prefill, so the runs did not do the same work and no winner is named")
+
+
+def with_caches(verdict: Verdict, a_hits: float | None, b_hits: float | None) -> Verdict:
+    """`verdict` for two runs whose prefix-cache hit shares (%) were `a_hits` and `b_hits`:
+    unchanged when they do not differ (`unlike_caches`), else no difference claimed and no
+    winner named, the basis saying why."""
+    why = unlike_caches(a_hits, b_hits)
+    if why is None:
+        return verdict
+    return verdict._replace(differs=False, better=None, basis=f"{verdict.basis}; but {why}")
+
+
+def compare_points(a: Point, b: Point, key: str | Metric) -> Verdict:
+    """The rule (`compare`) on metric `key` of two points, naming no winner when their
+    prefix-cache hit shares differ (`with_caches`)."""
+    return with_caches(compare(a.of(key), b.of(key), key), a.prefix_cache_hit_pct,
+                       b.prefix_cache_hit_pct)
+
+
 RULE = (f"a difference counts only when it is larger than {MARGIN:.0%} of the smaller value "
         "and, where both sides were measured at least twice, their min-max ranges over the "
         "repeats do not overlap (with one repeat the spread is unknown and the margin alone "
         "decides)")
 
 __all__ = ["BY_KEY", "COMPARED", "FORECAST", "KEYS", "MARGIN", "METRICS", "RULE", "Measured",
-           "Metric", "Point", "Verdict", "compare", "differs", "metric", "select"]
+           "Metric", "Point", "Verdict", "compare", "compare_points", "differs", "metric", "select",
+           "unlike_caches", "with_caches"]

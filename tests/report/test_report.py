@@ -12,11 +12,13 @@ from __future__ import annotations
 import html
 import json
 import os
+import platform
 import re
 import shutil
 import subprocess
 import time
 
+import pandas as pd
 import pytest
 
 from lab_utils import report
@@ -24,7 +26,7 @@ from lab_utils.checks.rdma import link_verdict
 from lab_utils.errors import ResultsMissingError
 from lab_utils.kv.probe import apply_limits, summarize
 from lab_utils.measure.benchmark import HEADLINE, combine
-from lab_utils.results import RESULTS, write_envelope, write_results
+from lab_utils.results import RESULTS, hardware, write_envelope, write_results
 from lab_utils.results.checklist import CheckResult
 from lab_utils.results.sweep import BenchmarkPoint, BenchmarkResult
 
@@ -160,11 +162,11 @@ def test_disaggregation_loses_throughput_wins_itl_p99(test_cfg):
     paths = report.build_report(test_cfg)
     text = "\n".join(paths.conclusions)
     assert ("Disaggregation lost on output throughput to replicated serving (the same two "
-            "nodes) at concurrency 1, 2 and 4 (replicated up to 42.9% higher).") in text
+            "nodes) at concurrency 1, 2 and 4 (replicated up to 1.4x higher).") in text
     assert ("Disaggregation won on ITL p99 against replicated serving (the same two nodes) at "
-            "concurrency 1, 2 and 4 (up to 40.0% lower).") in paths.conclusions
+            "concurrency 1, 2 and 4 (up to 1.7x lower).") in paths.conclusions
     assert ("Output throughput (higher is better), disaggregated vs replicated: replicated "
-            "better at concurrency 1, 2 and 4 (by 42.9%).") in paths.conclusions
+            "better at concurrency 1, 2 and 4 (1.4x higher).") in paths.conclusions
     assert sum("does not raise throughput" in s for s in paths.conclusions) == 1
     assert "Mixed long/short workload, disaggregation won on ITL p99" in text
     f = finding(paths.findings, "output_throughput", 4)
@@ -274,7 +276,7 @@ def test_rate_points_are_labelled_and_compared(test_cfg):
     assert list(table["load"])[-4:] == ["rate 2 req/s", "rate 2 req/s", "rate 4 req/s",
                                         "rate 4 req/s"]
     assert ("Output throughput (higher is better), replicated vs baseline: replicated better "
-            "at concurrency 1, 2 and 4 and at rate 2 and 4 req/s (by 87.5-100.0%).") \
+            "at concurrency 1, 2 and 4 and at rate 2 and 4 req/s (1.9-2.0x higher).") \
         in paths.conclusions
 
 
@@ -304,7 +306,8 @@ def test_front_doors_table_when_04_recorded_it(test_cfg):
     md = report.build_report(test_cfg).md.read_text()
     assert "one sweep point (concurrency 1) through the lab's proxy, then through vllm-router 0.1.17" in md
     row = next(line for line in md.splitlines() if line.startswith("| median_ttft_ms"))
-    assert [c.strip() for c in row.strip("|").split("|")] == ["median_ttft_ms", "60.0", "45.0", "-25.0"]
+    assert [c.strip() for c in row.strip("|").split("|")] == ["median_ttft_ms", "60.0", "45.0", "1.3x lower",
+                                                               "vllm-router 0.1.17"]
 
 
 def test_empty_sweep_still_builds(test_cfg):
@@ -352,8 +355,12 @@ def test_expected_figures_not_comparable_on_cpu(test_cfg):
     write_baseline(test_cfg)
     data = report.load_report_data(test_cfg)
     df = report.expected_figures(data)
-    assert set(df["this run"]) == {"not comparable (CPU rehearsal)"}
-    assert "not comparable" in report.build_report(test_cfg).md.read_text()
+    assert "this run" not in df.columns  # left out, not shown as "not comparable"
+    decode = df.set_index("figure").loc["decode tokens/s per stream"]
+    # the Spark profile's model, never the rehearsal's tiny one (01's roofline weights)
+    assert decode["expected (two Sparks)"] == "17"
+    assert "Qwen/Qwen3-8B" in decode["basis"] and "this model" not in decode["basis"]
+    assert "not comparable" not in report.build_report(test_cfg).md.read_text()
 
 
 def test_expected_figures_warn_when_far_off_on_cuda(tmp_path):
@@ -541,12 +548,18 @@ def test_the_report_opens_with_a_one_screen_verdict(test_cfg):
     write_loses_throughput_wins_itl(test_cfg)
     paths = report.build_report(test_cfg)
     data = report.load_report_data(test_cfg)
-    verdict, pair = report.verdict_table(report.conclusions(data, report.points_table(data)))
-    assert pair == "disaggregated vs replicated"
-    row = verdict[(verdict["workload"] == "standard") & (verdict["metric"] == "output throughput")]
-    assert row["concurrency 4"].item() == "replicated +43%"
-    row = verdict[(verdict["workload"] == "standard") & (verdict["metric"] == "ITL p99")]
-    assert row["concurrency 2"].item() == "disaggregated +40%"
+    verdict, archs = report.verdict_table(report.conclusions(data, report.points_table(data)))
+    assert archs == "baseline, replicated and disaggregated"
+    standard = verdict[verdict["workload"] == "standard"]
+    row = standard[standard["metric"].str.startswith("output throughput")]
+    # request throughput ranks and measures the same (fixed output length): one row
+    assert row["metric"].item() == ("output throughput (higher is better; request throughput "
+                                    "ranks the same)")
+    assert not standard["metric"].str.startswith("request throughput").any()
+    # all three, best first, the margin where they differ
+    assert row["concurrency 4"].item() == "replicated > disaggregated (1.4x) > baseline (1.4x)"
+    row = standard[standard["metric"] == "ITL p99 (lower is better)"]
+    assert row["concurrency 2"].item() == "disaggregated = baseline > replicated (1.7x)"
     assert len(verdict) <= 2 * len(report.METRICS)  # one screen: a row per workload and metric
     md = paths.md.read_text()
     order = [md.index(h) for h in ("## Verdict", "## Plots", "## Headline table", "## Conclusions")]
@@ -554,3 +567,111 @@ def test_the_report_opens_with_a_one_screen_verdict(test_cfg):
     folded = md[md.index("## Conclusions"):md.index("## Comparison at every load point")]
     assert "<details><summary>" in folded and "</details>" in folded
     assert "<details><summary>" in paths.html.read_text()
+
+
+def test_the_first_screen_has_the_verdict_sentence_the_banner_and_the_system(test_cfg):
+    write_loses_throughput_wins_itl(test_cfg)
+    data = {c: metrics(100 * c, 50, 10, 30) for c in LOADS}
+    payload = baseline_dict(sweep("baseline", data), roofline=roofline_dict())
+    payload["instances"] = [{"name": "baseline-0", "node": "spark-01", "url": "http://h:1",
+                             "kind": "vllm", "role": "baseline",
+                             "argv": ["/py", "-m", "vllm.entrypoints.openai.api_server",
+                                      "--model", "/m", "--port", "1", "--dtype", "bfloat16",
+                                      "--block-size", "32", "--enforce-eager"]}]
+    write_results(test_cfg, "01", model("01", payload))  # this machine's software and hardware
+    md = report.build_report(test_cfg).md.read_text()
+    first = md[:md.index("Written ")]  # before the rest of the introduction
+    lines = first.splitlines()
+    assert lines[0] == "# Benchmark report: profile test-local-cpu"
+    # computed: the largest win as a ratio, what it cost, where, on which hardware
+    assert lines[2] == (
+        "Verdict: Disaggregated serving beat replicated serving on ITL p99 at concurrency 1 "
+        "(1.7x lower: 30.00 ms vs 50.00 ms), at a cost in TTFT p50 at concurrency 1 "
+        "(replicated serving 1.5x lower: 40.00 ms vs 60.00 ms); 9 won, 12 lost and 0 without "
+        "a difference of the 21 comparisons (every metric at every load), measured at "
+        "concurrency 1, 2 and 4, both on the same two nodes.")
+    assert "> **Warning:** CPU REHEARSAL, NOT A DGX SPARK" in first
+    box = dict(re.findall(r"^\| ([^|]+?) \| (.+?) \|$", first, re.M))
+    software = hardware.software_versions()
+    assert f"vLLM {software['vllm']}, NIXL {software['nixl']}" in box["software"]
+    assert f"UCX {software['ucx']}" in box["software"]
+    hw = box["hardware (where the notebooks ran)"]
+    assert f"{os.cpu_count()} cores" in hw and "GB memory" in hw
+    assert platform.release() in box["OS and kernel"]
+    if software["lab_commit"]:
+        assert f"commit {software['lab_commit'][:12]}" in box["the lab"]
+    assert box["model"] == "tiny-llama, dtype bfloat16, revision not pinned (as fetched)"
+    assert box["vLLM flags: baseline (baseline, notebook 01)"] == (
+        "--dtype bfloat16 --block-size 32 --enforce-eager")
+    assert "128-token prompts; 32 output tokens (ignore_eos)" in box["workload"]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d( to .*)?", box["date (UTC)"])
+
+
+def test_the_verdict_sentence_when_nothing_differs_and_on_a_gpu(tmp_path):
+    cfg = cuda_cfg(tmp_path)
+    same = {c: metrics(100 * c, 50, 10, 30) for c in LOADS}
+    write(cfg, "01", baseline_dict(sweep("baseline", same), roofline=roofline_dict()))
+    write_replicated(cfg, {c: metrics(104 * c, 52, 10, 31) for c in LOADS})
+    md = report.build_report(cfg).md.read_text()
+    assert ("Verdict: Replicated serving and the single instance did not differ on any metric "
+            "by the lab's rule; 0 won, 0 lost and 21 without a difference of the 21 "
+            "comparisons (every metric at every load), measured at concurrency 1, 2 and 4, on "
+            "two nodes against the single instance's one.") in md
+    assert "CPU REHEARSAL" not in md
+
+
+# What `vllm bench serve --save-result` (vLLM 0.32, without --save-detailed) writes for a
+# run at a concurrency with --percentile-metrics ttft,tpot,itl,e2el, from
+# vllm/benchmarks/serve.py's `benchmark` and `main`: the lab's export must carry each.
+VLLM_SAVE_RESULT_KEYS = {
+    "date", "endpoint_type", "backend", "label", "model_id", "tokenizer_id", "num_prompts",
+    "request_rate", "burstiness", "max_concurrency", "duration", "completed", "failed",
+    "total_input_tokens", "total_output_tokens", "request_throughput", "request_goodput",
+    "output_throughput", "total_token_throughput", "latencies",
+    *(f"{s}_{m}_ms" for m in ("ttft", "tpot", "itl", "e2el")
+      for s in ("mean", "median", "std", "p99")),
+}
+
+
+def test_every_run_is_exported_as_vllm_bench_serve_json_and_as_csv(test_cfg):
+    write_loses_throughput_wins_itl(test_cfg)
+    paths = report.build_report(test_cfg)
+    names = sorted(p.name for p in paths.exports)
+    assert "runs.csv" in names and "replicated-standard-concurrency4-repeat1.json" in names
+    runs = (2 * 3 + 2 * 3) + 3  # standard and mixed of 03 and 04, standard of 01
+    assert len(names) == runs + 1
+    got = json.loads((paths.exports[0].parent / "replicated-standard-concurrency4-repeat1.json")
+                     .read_text())
+    assert set(got) >= VLLM_SAVE_RESULT_KEYS, VLLM_SAVE_RESULT_KEYS - set(got)
+    # the same meaning: the run's numbers, in vLLM's units
+    assert got["max_concurrency"] == 4 and got["request_rate"] == "inf"
+    assert got["output_throughput"] == 800.0 and got["median_ttft_ms"] == 40.0
+    assert got["model_id"] == "tiny-llama" and re.fullmatch(r"\d{8}-\d{6}", got["date"])
+    csv = pd.read_csv(paths.exports[0])
+    assert len(csv) == runs and {"architecture", "workload", "repeat", "mean_e2el_ms",
+                                 "prefix_cache_hit_pct",
+                                 "completed", "failed", "duration"} <= set(csv.columns)
+    row = csv[(csv["architecture"] == "disaggregated") & (csv["workload"] == "standard")
+              & (csv["value"] == 2)]
+    assert row["output_throughput"].item() == 280.0
+    # and in the report, per point: the fields vllm bench serve prints
+    fields = report.fields_table(report.load_report_data(test_cfg))
+    assert {"completed", "failed", "duration", "total_token_throughput", "mean_ttft_ms",
+            "median_e2el_ms", "p99_tpot_ms"} <= set(fields.columns)
+    assert len(fields) == 3 * 3 + 2 * 3  # the points: 01, 03 and 04; mixed of 03 and 04
+    md = paths.md.read_text()
+    assert "Every field vllm bench serve reports, per point (15 points)" in md
+
+
+def test_each_p99_shows_its_n_and_says_max_under_100(test_cfg):
+    from lab_utils.report.tables import display_table, headline_table
+
+    write_baseline(test_cfg)
+    data = report.load_report_data(test_cfg)
+    for p in data.sweeps["baseline"].points:  # 24 requests, 31 gaps each
+        p.summary["completed"] = 24
+        p.requests = [{"error": None, "itl_ms": [1.0] * 31}] * 24
+    shown = display_table(headline_table(data)).iloc[0]
+    assert shown["TTFT p99 (ms)"] == "100.00 (n=24, ~max)"
+    assert shown["ITL p99 (ms)"] == "30.00 (n=744)"
+    assert shown["TTFT p50 (ms)"] == "50.00"

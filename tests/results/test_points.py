@@ -230,7 +230,9 @@ def test_combine_builds_the_point_of_its_repeats():
 def test_one_table_for_every_headline_metric():
     assert sorted(HEADLINE) == sorted(m.key for m in METRICS) == sorted(Point.model_fields.keys()
                                                                          - {"mode", "value", "mixed",
-                                                                            "repeats", "valid"})
+                                                                            "repeats", "valid",
+                                                                            "invalid_reason",
+                                                                            "prefix_cache_hit_pct"})
     assert len({m.label for m in METRICS}) == len(METRICS)
     assert [m.key for m in COMPARED] == ["request_throughput", "output_throughput",
                                          "median_ttft_ms", "p99_ttft_ms", "median_itl_ms",
