@@ -10,6 +10,8 @@ from typing import Literal
 from lab_utils.config.schema import LabConfig
 from lab_utils.errors import LabError
 
+MIN_API_KEY_CHARS = 16  # a shorter API key is refused (one character was accepted)
+
 
 def hf_token(cfg: LabConfig) -> str | None:
     """The Hugging Face token, for a hub model only (read when needed, not before):
@@ -62,4 +64,9 @@ def api_key(cfg: LabConfig, service: Literal["proxy", "vllm"]) -> str | None:
     else:
         field = "vllm.api_key_file" if cfg.vllm.api_key_file else "proxy.api_key_file"
         path = cfg.vllm.api_key_file or cfg.proxy.api_key_file
-    return read_secret_file(cfg, path, f"API key ({field})")
+    key = read_secret_file(cfg, path, f"API key ({field})")
+    if key is not None and len(key) < MIN_API_KEY_CHARS:
+        raise LabError(f"the API key in {field} has {len(key)} characters, fewer than "
+                       f"{MIN_API_KEY_CHARS}: write a longer random key, e.g. "
+                       "`python -c 'import secrets; print(secrets.token_urlsafe(32))'`")
+    return key

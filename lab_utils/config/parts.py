@@ -161,6 +161,8 @@ class ProxyConfig(_Strict):
     connect_timeout_s: float = Field(5.0, gt=0)
     request_timeout_s: float = Field(300.0, gt=0)
     max_body_bytes: int = Field(8 * 1024 * 1024, gt=0)
+    # the most choices (`n`, `best_of`) one request may ask for: each is a KV transfer
+    max_n: int = Field(8, ge=1, le=1024)
 
 
 class JupyterConfig(_Strict):

@@ -53,6 +53,26 @@ from prometheus_client import (
 from lab_utils.measure.loadgen import auth_headers
 from lab_utils.serve.protocol import decode_request, prefill_request, transfer_params
 from lab_utils.serve.routing import UPSTREAM_ERRORS, Pool, ProxyError, log, upstream_error
+from lab_utils.serve.validate import InvalidRequest, Limits, check_request
+
+
+def _refuse_constant(name: str):
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _backend_error(status: int, raw: bytes, role: str, url: str) -> ProxyError:
+    """A backend's error answer: vLLM's own JSON error passes through with its status;
+    anything else is wrapped in that shape (the backend's URL only in `backend`)."""
+    try:
+        parsed = json.loads(raw)
+    except (ValueError, RecursionError):
+        parsed = None
+    if isinstance(parsed, dict) and isinstance(parsed.get("error"), dict):
+        return ProxyError(status, f"{role}_failed", f"{role} backend answered {status}", url,
+                          raw=raw)
+    text = raw[:300].decode("utf-8", "replace")
+    return ProxyError(status if status >= 400 else 502, f"{role}_failed",
+                      f"{role} backend answered {status}: {text}", url)
 
 
 @dataclass
@@ -67,6 +87,8 @@ class ProxySettings:
     max_body_bytes: int = 8 * 1024 * 1024
     api_key: str | None = None  # what clients of the proxy must send
     backend_api_key: str | None = None  # what the proxy sends to the instances
+    max_n: int = 8  # the most choices (n, best_of) a request may ask for
+    max_tokens: int | None = None  # the most output tokens a request may ask for
 
 
 # The keys reach a proxy started by the lab through its environment (over SSH on a remote
@@ -132,9 +154,12 @@ def settings_from_config(cfg, mode: str) -> ProxySettings:
         return os.environ.get(KEY_ENV[service]) or api_key(cfg, service)
 
     p = cfg.proxy
+    topology = {"replicated": "replicated", "baseline": "baseline"}.get(mode, "disaggregated")
+    longest = max([cfg.vllm.max_model_len] + [s.settings.max_model_len for s in cfg.instances(topology)
+                                              if s.settings.max_model_len])
     common = dict(connect_timeout_s=p.connect_timeout_s, request_timeout_s=p.request_timeout_s,
                   max_body_bytes=p.max_body_bytes, api_key=key("proxy"),
-                  backend_api_key=key("vllm"))
+                  backend_api_key=key("vllm"), max_n=p.max_n, max_tokens=longest)
     if mode == "replicated":
         return ProxySettings(mode=mode, backends=urls("replicated", "replica"),
                              policy=cfg.topology.replicated.policy, **common)
@@ -171,6 +196,7 @@ class Proxy:
                                  headers=auth_headers(settings.backend_api_key))
                       for role, urls in roles.items()}
         self.front = self.pools.get("replica") or self.pools["decode"]
+        self.limits = Limits(max_n=settings.max_n, max_tokens=settings.max_tokens)
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: FastAPI):
@@ -192,11 +218,15 @@ class Proxy:
             self.metrics.in_flight.labels(pool.role, url).dec()
 
     def authorize(self, request: Request) -> None:
-        """Refuse a request without the API key (when one is set); constant-time compare."""
+        """Refuse a request without the API key (when one is set); constant-time compare.
+        The scheme is matched case-insensitively (RFC 9110), as vLLM does."""
         key = self.settings.api_key
         if not key:
             return
         sent = request.headers.get("authorization", "")
+        scheme, _, token = sent.strip().partition(" ")
+        if scheme.lower() == "bearer":
+            sent = f"Bearer {token.strip()}"
         if not hmac.compare_digest(sent.encode(), f"Bearer {key}".encode()):
             raise ProxyError(401, "unauthorized", "missing or wrong API key (Authorization: Bearer ...)")
 
@@ -219,9 +249,11 @@ class Proxy:
             chunks.append(chunk)
         raw = b"".join(chunks)
         try:
-            body = json.loads(raw)
+            body = json.loads(raw, parse_constant=_refuse_constant)
         except ValueError as e:
             raise ProxyError(400, "invalid_json", f"request body is not valid JSON: {e}") from None
+        except RecursionError:
+            raise ProxyError(400, "invalid_json", "request body is nested too deeply") from None
         if not isinstance(body, dict):
             raise ProxyError(400, "invalid_json", "request body must be a JSON object")
         return body
@@ -236,12 +268,27 @@ class Proxy:
                 raise ProxyError(400, "kv_transfer_params_refused",
                                  "kv_transfer_params are set by the proxy, not by clients: remove "
                                  "the field from the request")
+            try:
+                check_request(body, path, self.limits)
+            except InvalidRequest as e:
+                raise ProxyError(400, "BadRequestError", str(e), param=e.param) from None
             if self.settings.mode == "disaggregated":
                 body = decode_request(body, await self.prefill(request, path, body))
             return await self.forward(request, path, body, self.front)
         except ProxyError as e:
-            self.metrics.errors.labels(e.kind).inc()
-            return e.response()
+            return self.answer(e)
+        except Exception:  # never a plain-text 500
+            log.exception("the proxy failed on a %s request", path)
+            return self.answer(ProxyError(500, "InternalServerError", "the proxy failed on this "
+                                          "request; its log has the details"))
+
+    def answer(self, e: ProxyError) -> Response:
+        """The client's error answer: counted, and without backend URLs when a key is set."""
+        self.metrics.errors.labels(e.kind).inc()
+        if e.backend and self.settings.api_key:
+            log.warning("%s", e)
+            e = e.redacted()
+        return e.response()
 
     async def prefill(self, request: Request, path: str, body: dict) -> dict:
         """Run the prompt on a prefill backend; return its `kv_transfer_params`."""
@@ -261,8 +308,11 @@ class Proxy:
                 raise upstream_error(e, url, "prefill") from None
         self.metrics.prefill_s.observe(time.perf_counter() - t0)
         if status != 200:
-            raise ProxyError(status, "prefill_failed", f"prefill backend {url}: {raw[:500]!r}", url)
-        params = transfer_params(json.loads(raw))
+            raise _backend_error(status, raw, "prefill", url)
+        try:
+            params = transfer_params(json.loads(raw))
+        except (ValueError, RecursionError, AttributeError):
+            params = None
         if not params:
             raise ProxyError(502, "no_kv_transfer_params",
                              f"prefill backend {url} returned no kv_transfer_params: its KV connector "
@@ -304,9 +354,16 @@ class Proxy:
                 yield chunk
         except UPSTREAM_ERRORS as e:
             self.metrics.errors.labels("upstream_stream_broken").inc()
-            err = {"error": {"message": f"{pool.role} backend {url} broke off the stream: {e!r}",
-                             "type": "upstream_stream_broken", "code": 502, "backend": url}}
-            yield f"data: {json.dumps(err)}\n\n".encode()
+            err = ProxyError(502, "upstream_stream_broken",
+                             f"{pool.role} backend {url} broke off the stream: {e!r}", url,
+                             public=f"{pool.role} backend broke off the stream ({type(e).__name__})")
+            if self.settings.api_key:
+                log.warning("%s", err)
+                err = err.redacted()
+            body = {"error": {"message": str(err), "type": err.kind, "param": None, "code": 502}}
+            if err.backend:
+                body["error"]["backend"] = url
+            yield f"data: {json.dumps(body)}\n\n".encode()
         finally:
             resp.close()  # unfinished: drops the connection, so the backend sees the client leave
             done()
@@ -321,7 +378,7 @@ class Proxy:
             async with self.front.clients[url].request(method, path, json=body) as r:
                 return Response(await r.read(), status_code=r.status, media_type="application/json")
         except UPSTREAM_ERRORS as e:
-            return upstream_error(e, url, self.front.role).response()
+            return self.answer(upstream_error(e, url, self.front.role))
 
     async def models(self, request: Request) -> Response:
         try:
@@ -366,7 +423,21 @@ class Proxy:
 def create_app(settings: ProxySettings) -> FastAPI:
     proxy = Proxy(settings)
     app = FastAPI(title="spark-disagg-lab proxy", lifespan=proxy.lifespan, docs_url=None,
-                  redoc_url=None)
+                  redoc_url=None, openapi_url=None)
+
+    async def openapi(request: Request) -> Response:  # behind the key, like every route
+        try:
+            proxy.authorize(request)
+        except ProxyError as e:
+            return e.response()
+        return JSONResponse(app.openapi())
+
+    async def failed(request: Request, exc: Exception) -> Response:  # never plain text
+        log.error("the proxy failed on %s: %r", request.url.path, exc)
+        return ProxyError(500, "InternalServerError", "the proxy failed on this request; its "
+                          "log has the details").response()
+
+    app.add_exception_handler(Exception, failed)
     app.state.proxy, app.state.pools, app.state.metrics = proxy, proxy.pools, proxy.metrics
     app.state.settings = settings
     # Plain Starlette routes for the hot path: FastAPI's parameter machinery costs
@@ -380,4 +451,5 @@ def create_app(settings: ProxySettings) -> FastAPI:
     app.get("/v1/models")(proxy.models)
     app.get("/health")(proxy.health)
     app.get("/metrics")(proxy.prometheus)
+    app.add_route("/openapi.json", openapi, methods=["GET"], include_in_schema=False)
     return app

@@ -20,7 +20,7 @@ import math
 import time
 
 import aiohttp
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 # A pooled backend connection idle longer than this is not reused. It must stay below the
 # backends' own HTTP keep-alive (vLLM's VLLM_HTTP_TIMEOUT_KEEP_ALIVE and uvicorn's default
@@ -37,12 +37,30 @@ log = logging.getLogger("lab_utils.serve.proxy")  # one logger for the whole pro
 
 
 class ProxyError(Exception):
-    def __init__(self, status: int, kind: str, message: str, backend: str | None = None):
-        super().__init__(message)
-        self.status, self.kind, self.backend = status, kind, backend
+    """An error the proxy answers with, in vLLM's shape: `{"error": {"message", "type",
+    "param", "code"}}` (plus `backend` when the backends' URLs may be shown). `kind` is
+    the error's type and its label in `proxy_errors_total`. `raw`: a backend's own error
+    body, passed through as it came (with `status`)."""
 
-    def response(self) -> JSONResponse:
-        body = {"error": {"message": str(self), "type": self.kind, "code": self.status}}
+    def __init__(self, status: int, kind: str, message: str, backend: str | None = None,
+                 param: str | None = None, raw: bytes | None = None, public: str | None = None):
+        super().__init__(message)
+        self.status, self.kind, self.backend, self.param = status, kind, backend, param
+        self.raw, self.public = raw, public
+
+    def redacted(self, role: str = "") -> ProxyError:
+        """This error without the backend's URL (for clients when a key is set: they
+        are not told where the instances are, as /health does not)."""
+        if not self.backend:
+            return self
+        message = self.public or str(self).replace(self.backend, "").replace("  ", " ")
+        return ProxyError(self.status, self.kind, message, None, self.param, self.raw)
+
+    def response(self) -> Response:
+        if self.raw is not None:
+            return Response(self.raw, status_code=self.status, media_type="application/json")
+        body: dict = {"error": {"message": str(self), "type": self.kind, "param": self.param,
+                                "code": self.status}}
         if self.backend:
             body["error"]["backend"] = self.backend
         return JSONResponse(body, status_code=self.status)
@@ -132,4 +150,5 @@ UPSTREAM_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
 def upstream_error(exc: Exception, url: str, role: str) -> ProxyError:
     if isinstance(exc, asyncio.TimeoutError):
         return ProxyError(504, "upstream_timeout", f"{role} backend {url} timed out ({type(exc).__name__})", url)
-    return ProxyError(502, "upstream_unavailable", f"{role} backend {url} unreachable: {exc!r}", url)
+    return ProxyError(502, "upstream_unavailable", f"{role} backend {url} unreachable: {exc!r}", url,
+                      public=f"{role} backend unreachable ({type(exc).__name__})")
