@@ -11,17 +11,22 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from lab_utils.config import values
 
-Port = Annotated[int, Field(ge=1, le=65535)]
+# The ports the lab binds: unprivileged (1024-65535), so no service needs root and none
+# takes a well-known port (80 was accepted). SSH ports (the nodes' own) may be any.
+Port = Annotated[int, Field(ge=1024, le=65535)]
+SSHPort = Annotated[int, Field(ge=1, le=65535)]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # strict: `true` or "8400" is not an integer (they became 1 and 8400); allow_inf_nan:
+    # 1e999 (infinity) is not a timeout
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
 class SSHConfig(_Strict):
     host: str
     user: str | None = None
-    port: Port = 22
+    port: SSHPort = 22
     key_file: str | None = None
     known_hosts: str | None = None
     accept_new_host_key: bool = False

@@ -30,6 +30,9 @@ def check_ip(value: str) -> str:
     if ip.is_multicast or ip == ipaddress.IPv4Address("255.255.255.255"):
         raise ValueError("a multicast or broadcast address names a group, not a node; use the "
                          "node's own address")
+    if ip.version == 6:
+        raise ValueError("IPv6 addresses are not supported: the lab writes host:port without "
+                         "brackets in URLs, NIXL and UCX settings; use the node's IPv4 address")
     if ip.version == 4 and ip.is_reserved:
         raise ValueError("a reserved address (240.0.0.0/4) is not routable; use the node's own address")
     return str(ip)

@@ -4,8 +4,10 @@ remote command runs, with its message and no traceback, leaving no state behind.
 
 Each case in tests/fixtures/hostile-configs/ is a small diff from a shipped profile:
 `set` maps a dotted field to a value (a value "@other.field" copies that field),
-`text_replace` edits the file's text (for JSON mistakes), `expect` lists fragments the
-message must contain.
+`text_replace` edits the file's text (for JSON mistakes; in its replacement "@DEEP@"
+stands for a list nested 200,000 deep and "@DIGITS@" for a 5,000-digit number),
+`encoding` is the one the file is written in (UTF-8 unless it says), `expect` lists
+fragments the message must contain.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ def build_case(case_file: Path, tmp: Path) -> tuple[Path, list[str]]:
     text = (REPO_ROOT / case["base"]).read_text()
     if "text_replace" in case:
         old, new = case["text_replace"]
+        new = new.replace("@DEEP@", "[" * 200_000 + "]" * 200_000).replace("@DIGITS@", "9" * 5000)
         assert old in text, f"{case_file.name}: the text to replace is not in {case['base']}"
         text = text.replace(old, new).replace('"results_root": "results"',
                                               json.dumps({"results_root": str(tmp / "results")})[1:-1])
@@ -65,7 +68,7 @@ def build_case(case_file: Path, tmp: Path) -> tuple[Path, list[str]]:
             parent[key] = value
         text = json.dumps(data, indent=2)
     path = tmp / "config.json"
-    path.write_text(text)
+    path.write_bytes(text.encode(case.get("encoding", "utf-8")))
     return path, case["expect"]
 
 
