@@ -38,8 +38,11 @@ def secret_file_problem(cfg: LabConfig, path: str, what: str) -> tuple[str, str]
         if not p.read_text().strip():
             return f"{what} file {p} is empty", f"write the {what} into {quoted}"
     except FileNotFoundError:
-        return (f"{what} file {p} (named in the config) does not exist",
-                f"write the {what} to {quoted} and `chmod 600 {quoted}`")
+        # the path is not shown: a missing "file" is often the secret itself, pasted where
+        # its file's path goes
+        return (f"the {what} file named in the config does not exist (its name is not shown: "
+                "it may be the secret itself, pasted where a path goes)",
+                f"write the {what} to a file, `chmod 600` it and name that file in the config")
     except OSError as e:
         return f"{what} file {p} cannot be read: {e.strerror}", f"check {quoted}"
     return None

@@ -74,6 +74,15 @@ _FIXES = {
 }
 
 
+# Fields whose value may be (or hold) a secret, e.g. a key pasted where its file's path
+# goes: their errors name the field, never the value.
+_SECRET_BEARING = ("extra_args", "extra_env", "api_key_file", "hf_token_file", "key_file")
+
+
+def _may_hold_secret(loc: tuple) -> bool:
+    return any(str(part) in _SECRET_BEARING for part in loc)
+
+
 def _describe(err: dict) -> str:
     loc = tuple(err["loc"])
     where = _fmt_loc(loc)
@@ -88,7 +97,10 @@ def _describe(err: dict) -> str:
     if etype == "missing":
         return f"{where}: required field is missing; add it (see {EXAMPLE_NAME} for an example)"
     value = err.get("input")
-    shown = json.dumps(value) if isinstance(value, (str, int, float, bool)) else repr(value)
+    if _may_hold_secret(loc):
+        shown = "the value (not shown: it may hold a secret)"
+    else:
+        shown = json.dumps(value) if isinstance(value, (str, int, float, bool)) else repr(value)
     msg = err["msg"].removeprefix("Value error, ")
     fix = _FIXES.get(str(loc[-1]) if loc else "", "")
     return f"{where}: {shown} is invalid: {msg}" + (f"; {fix}" if fix else "")

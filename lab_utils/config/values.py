@@ -8,7 +8,6 @@ in place behind these checks (a second wall, not a replacement).
 from __future__ import annotations
 
 import ipaddress
-import json
 import os
 import re
 from typing import Any
@@ -86,15 +85,52 @@ _SECRET_FLAG = re.compile(r"^--?[A-Za-z0-9-]*(api-?key|token|secret|passw|creden
                           re.I)
 
 
+# The flags the lab sets on every instance's command line (`serve.launcher`): an
+# extra_args entry that sets one again would override it (argparse keeps the last), e.g.
+# --host=0.0.0.0 after the lab's --host. Spelled as vLLM's parser reads them: `_` and `-`
+# alike, `--flag=value`, any unambiguous prefix, and `--no-flag` for a boolean.
+LAB_OWNED_FLAGS = ("model", "served-model-name", "host", "port", "max-model-len", "dtype",
+                   "seed", "revision", "block-size", "gpu-memory-utilization",
+                   "enforce-eager", "kv-transfer-config", "middleware", "api-key", "uds",
+                   "hf-token")
+
+
+def _flag_name(arg: str) -> str | None:
+    """The option an argument names as vLLM's parser reads it (lower case, `-` for `_`,
+    without its `=value`); None for a value."""
+    if not arg.startswith("-") or arg == "-" or arg.lstrip("-")[:1].isdigit():
+        return None
+    return arg.split("=", 1)[0].lstrip("-").replace("_", "-").lower()
+
+
+def owned_flag(arg: str) -> str | None:
+    """The lab-owned flag (`LAB_OWNED_FLAGS`) that `arg` would set, or None."""
+    name = _flag_name(arg)
+    if not name:
+        return None
+    for candidate in (name, name.removeprefix("no-")):
+        for flag in LAB_OWNED_FLAGS:
+            if flag == candidate or (len(candidate) >= 2 and flag.startswith(candidate)):
+                return flag
+    return None
+
+
 def check_args(args: list[str]) -> list[str]:
+    """Refuse an argument that puts a secret on the command line or sets a flag the lab
+    sets; the message names the flag, never the argument's value."""
     for a in args:
-        if _SECRET_FLAG.match(a):
-            flag = a.split("=", 1)[0]
+        name = _flag_name(a)
+        if name and _SECRET_FLAG.match("--" + name):
             raise ValueError(
-                f"{flag} would put a secret on the command line (visible in `ps`, saved in "
+                f"--{name} would put a secret on the command line (visible in `ps`, saved in "
                 "state.json and results); name a file instead: proxy.api_key_file / "
                 "vllm.api_key_file for API keys, hf_token_file (or $HF_TOKEN) for the "
                 "Hugging Face token")
+        owned = owned_flag(a)
+        if owned:
+            raise ValueError(
+                f"--{name} sets --{owned}, which the lab sets from the config (a second one "
+                "would override it): change the config's own field instead")
     return args
 
 
@@ -106,8 +142,8 @@ def control_characters(value: Any, where: str = "") -> list[str]:
     if isinstance(value, list):
         return [p for i, v in enumerate(value) for p in control_characters(v, f"{where}[{i}]")]
     if isinstance(value, str) and any(ord(c) < 32 or ord(c) == 127 for c in value):
-        return [f"{where}: {json.dumps(value)} contains a control character (a newline?); "
-                "write the value on one line"]
+        return [f"{where}: the value (not shown: it may hold a secret) contains a control "
+                "character (a newline?); write the value on one line"]
     return []
 
 

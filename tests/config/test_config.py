@@ -189,7 +189,7 @@ def test_secrets_redacted_by_name_pattern_and_by_value(tmp_path, monkeypatch):
                                   "AWS_ACCESS_KEY_ID": "k-canary-3", "OMP_NUM_THREADS": "4"}
         # secrets where no name says so: a description, an unflagged argument
         d["description"] = "key is sk-proxy-canary-4711"
-        d["vllm"]["decode"]["extra_args"] = ["--served-model-name", "sk-env-canary-0815"]
+        d["vllm"]["decode"]["extra_args"] = ["--chat-template", "sk-env-canary-0815"]
     snap = json.dumps(parse_config(mutated(change)).snapshot())
     for canary in ("a-canary-1", "c-canary-2", "k-canary-3", "sk-proxy-canary-4711",
                    "sk-env-canary-0815"):

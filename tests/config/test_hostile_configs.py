@@ -7,7 +7,7 @@ Each case in tests/fixtures/hostile-configs/ is a small diff from a shipped prof
 `text_replace` edits the file's text (for JSON mistakes; in its replacement "@DEEP@"
 stands for a list nested 200,000 deep and "@DIGITS@" for a 5,000-digit number),
 `encoding` is the one the file is written in (UTF-8 unless it says), `expect` lists
-fragments the message must contain.
+fragments the message must contain and `absent` fragments (a secret) it must not.
 """
 
 from __future__ import annotations
@@ -72,6 +72,10 @@ def build_case(case_file: Path, tmp: Path) -> tuple[Path, list[str]]:
     return path, case["expect"]
 
 
+def absent(case_file: Path) -> list[str]:
+    return json.loads(case_file.read_text()).get("absent", [])
+
+
 @pytest.fixture
 def no_node_reached(monkeypatch):
     """Fail the test if anything would start a process, open SSH or dial a socket."""
@@ -112,6 +116,8 @@ def test_refused_by_every_entry_point(case_file, tmp_path, capsys, no_node_reach
         assert rc == 2, f"{argv[0]}: exit {rc}, not refused:\n{said}"
         for fragment in expect:
             assert fragment in said, f"{argv[0]}: {fragment!r} not in:\n{said}"
+        for fragment in absent(case_file):
+            assert fragment not in said, f"{argv[0]}: {fragment!r} shown in:\n{said}"
         assert "Traceback" not in said
     assert no_node_reached == []
     left = sorted(p.name for p in tmp_path.iterdir())
