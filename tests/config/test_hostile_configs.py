@@ -12,6 +12,7 @@ fragments the message must contain and `absent` fragments (a secret) it must not
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import subprocess
@@ -63,7 +64,7 @@ def build_case(case_file: Path, tmp: Path) -> tuple[Path, list[str]]:
                 parent, key = _walk(data, value[1:])
                 value = parent[key]
             parent, key = _walk(data, dotted)
-            assert key in parent or dotted.endswith(("extra_env", "extra_args", "revision")), \
+            assert key in parent or dotted.endswith(("extra_env", "extra_args", "revision", "_file")), \
                 f"{case_file.name}: {dotted} is not a field of {case['base']}"
             parent[key] = value
         text = json.dumps(data, indent=2)
@@ -133,3 +134,23 @@ def test_a_refused_config_prints_no_traceback_from_a_real_process(tmp_path):
                         "--config", str(config)], capture_output=True, text=True, timeout=120)
     assert p.returncode == 2
     assert all(f in p.stderr for f in expect) and "Traceback" not in p.stderr + p.stdout
+
+
+CANARY = "sk-canary-pasted-key-0b7e51d9"
+
+
+@pytest.mark.parametrize("field", ["proxy.api_key_file", "vllm.api_key_file"])
+def test_a_key_pasted_where_its_file_goes_is_shown_by_no_command(field, tmp_path, capsys,
+                                                                  no_node_reached):
+    """The config is valid (a file name), so each command gets as far as it gets; the key
+    appears in none of their output."""
+    case = {"base": "configs/local-cpu.json", "set": {field: CANARY}, "expect": []}
+    (tmp_path / "case.json").write_text(json.dumps(case))
+    config, _ = build_case(tmp_path / "case.json", tmp_path)
+    for argv in [["serve", "--topology", "disaggregated"], ["proxy", "--mode", "disaggregated"],
+                 ["serve", "--topology", "baseline", "--dry-run", "--offline"], ["check"],
+                 ["bench", "--url", "http://127.0.0.1:9", "--out", str(tmp_path / "b.json")]]:
+        with contextlib.suppress(AssertionError):  # no_node_reached refused a process
+            cli.main([*argv, "--config", str(config)])
+        out = capsys.readouterr()
+        assert CANARY not in out.err + out.out, argv
