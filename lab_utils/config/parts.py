@@ -78,7 +78,8 @@ class ModelConfig(_Strict):
     dtype: Literal[values.VLLM_DTYPES] = "bfloat16"  # type: ignore[valid-type]
     tiny_seed: int = 0
 
-    _paths = field_validator("path", "node_path")(values.check_path)
+    _path = field_validator("path")(values.check_path)
+    _node_path = field_validator("node_path")(values.check_node_path)
     _revision = field_validator("revision")(values.check_revision)
 
 

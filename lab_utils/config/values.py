@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import posixpath
 import re
 from typing import Any
 
@@ -64,11 +65,48 @@ def check_path(value: str | None, *, absolute: bool = False) -> str | None:
     return value
 
 
+def _normal(path: str) -> str:
+    """`path` with `.`, repeated and leading double slashes collapsed (POSIX keeps a
+    leading `//`, which the kernel reads as `/`)."""
+    p = posixpath.normpath(path)
+    return "/" + p.lstrip("/") if p.startswith("//") else p
+
+
 def is_system_dir(path: str | os.PathLike) -> bool:
     """Whether `path` is the root or inside one of the system's own trees (the list the
     nodes apply to a workdir)."""
-    p = os.path.normpath(str(path))
+    p = _normal(str(path))
     return p == "/" or any(p == d or p.startswith(d + "/") for d in SYSTEM_TREES)
+
+
+def check_node_path(value: str | None, *, absolute: bool = False) -> str | None:
+    """A path used on a node (where this machine cannot resolve it): as `check_path`, and
+    with no `..` or `~` in it, so what is judged here is what the node will use."""
+    value = check_path(value, absolute=absolute)
+    if value is None:
+        return value
+    parts = value.split("/")
+    if ".." in parts:
+        raise ValueError("contains '..': write the directory it means, without '..'")
+    if "~" in value:
+        raise ValueError("contains '~', which is expanded differently on each node: write the "
+                         "absolute path (e.g. /home/lab/spark-disagg-lab)")
+    return value
+
+
+def check_local_dir(value: str, base: str) -> str:
+    """A directory on this machine (`results_root`), judged where it really is: `~`
+    expanded, relative to `base`, `..`, `//` and symlinks resolved; not the root, a system
+    tree or a home directory itself."""
+    real = os.path.realpath(os.path.join(base, os.path.expanduser(value)))
+    if is_system_dir(real):
+        raise ValueError(f"is {real}, the root or a system directory; results go in a directory "
+                         'of the lab\'s (e.g. "results", inside the checkout)')
+    homes = {os.path.realpath(os.path.expanduser("~")), "/home", "/root"}
+    if real in homes or os.path.dirname(real) == "/home":
+        raise ValueError(f"is {real}, a home directory itself; results go in a directory of the "
+                         'lab\'s (e.g. "results", inside the checkout)')
+    return value
 
 
 def check_env(env: dict[str, str]) -> dict[str, str]:
@@ -210,11 +248,11 @@ def check_threads_bind(value: str | dict[str, str] | None) -> str | dict[str, st
 
 
 def check_absolute_path(value: str | None) -> str | None:
-    return check_path(value, absolute=True)
+    return check_node_path(value, absolute=True)
 
 
 def check_workdir(value: str | None) -> str | None:
-    value = check_path(value)
+    value = check_node_path(value)
     if value is not None and value.startswith("/") and is_system_dir(value):
         raise ValueError("is the root or a system directory; the lab writes its code and logs "
                          "there: use a directory of its own (e.g. /home/lab/spark-disagg-lab)")

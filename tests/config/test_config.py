@@ -240,3 +240,11 @@ def test_loopback_rule_applies_to_an_alias_once_resolved(tmp_path, monkeypatch):
         cluster.node("spark-01").run(["true"])
     assert "nodes.spark-01.lan_address" in str(e.value) and "192.0.2.7" in str(e.value)
     assert connects == []
+
+
+def test_results_root_is_judged_where_a_symlink_leads(tmp_path):
+    link = tmp_path / "results-link"
+    link.symlink_to("/etc")
+    with pytest.raises(ConfigError, match=r"results_root: .* is invalid: is /etc/lab, the root or a system"):
+        parse_config(mutated(lambda d: d.update(results_root=str(link / "lab"))))
+    parse_config(mutated(lambda d: d.update(results_root=str(tmp_path / "results"))))
