@@ -55,6 +55,8 @@ from lab_utils.serve.protocol import decode_request, prefill_request, transfer_p
 from lab_utils.serve.routing import UPSTREAM_ERRORS, Pool, ProxyError, log, upstream_error
 from lab_utils.serve.validate import InvalidRequest, Limits, check_request
 
+MAX_HEADER_BYTES = 64 * 1024  # a request's headers beyond this are refused (uvicorn/h11)
+
 
 def _refuse_constant(name: str):
     raise ValueError(f"{name} is not valid JSON")
@@ -89,6 +91,7 @@ class ProxySettings:
     backend_api_key: str | None = None  # what the proxy sends to the instances
     max_n: int = 8  # the most choices (n, best_of) a request may ask for
     max_tokens: int | None = None  # the most output tokens a request may ask for
+    body_timeout_s: float = 30.0  # a request body not read whole in this time is refused (408)
 
 
 # The keys reach a proxy started by the lab through its environment (over SSH on a remote
@@ -175,7 +178,8 @@ def run(cfg, mode: str) -> None:
 
     app = create_app(settings_from_config(cfg, mode))
     uvicorn.run(app, host=cfg.nodes[cfg.proxy.node].lan_address, port=cfg.proxy.port,
-                log_level="warning", access_log=False, timeout_graceful_shutdown=5)
+                log_level="warning", access_log=False, timeout_graceful_shutdown=5,
+                h11_max_incomplete_event_size=MAX_HEADER_BYTES)
 
 
 class Proxy:
@@ -241,12 +245,21 @@ class Proxy:
             raise ProxyError(400, "invalid_request", f"Content-Length {declared[:40]!r} is not a number")
         if declared and int(declared) > s.max_body_bytes:
             raise too_large
-        chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > s.max_body_bytes:
-                raise too_large
-            chunks.append(chunk)
+        chunks: list[bytes] = []
+
+        async def read() -> None:
+            size = 0
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > s.max_body_bytes:
+                    raise too_large
+                chunks.append(chunk)
+
+        try:  # a client that sends its body slowly (or never ends it) does not hold on
+            await asyncio.wait_for(read(), s.body_timeout_s)
+        except asyncio.TimeoutError:
+            raise ProxyError(408, "body_timeout", f"the request body was not received within "
+                             f"{s.body_timeout_s:g} s") from None
         raw = b"".join(chunks)
         try:
             body = json.loads(raw, parse_constant=_refuse_constant)

@@ -527,3 +527,15 @@ def test_bearer_is_matched_in_any_case_and_openapi_wants_the_key(backends):
         assert httpx.get(f"{p.url}/openapi.json", headers={"Authorization": f"Bearer {key}"}).status_code == 200
     with proxy(ProxySettings("replicated", backends=[backends[0][1].url])) as p:
         assert httpx.get(f"{p.url}/openapi.json").status_code == 200
+
+
+def test_a_body_sent_too_slowly_is_refused_in_bounded_time(backends):
+    settings = ProxySettings("replicated", backends=[backends[0][1].url], body_timeout_s=1.0)
+    with proxy(settings) as p, socket.create_connection((ADDR, p.port), timeout=10) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: 100\r\n\r\n{\"model\":")  # and then nothing
+        t0 = time.monotonic()
+        head = s.recv(200)
+    assert head.startswith(b"HTTP/1.1 408"), head
+    assert 0.9 < time.monotonic() - t0 < 3
+    assert backends[0][0].requests == []
