@@ -21,7 +21,10 @@ connection was lost before any answer is sent once more on a new one; both are c
 With an API key every endpoint but `/health` wants it (compared in constant time), and
 `/health` then says only whether the backends are healthy, not where they are. The body
 is read up to `max_body_bytes` and no further. `kv_transfer_params` are the proxy's to
-set: a client's own are refused (they would tell an instance where to read KV from).
+set: a client's own are refused (they would tell an instance where to read KV from). A
+request vLLM would refuse is refused before any backend is called (`serve.validate`), so
+a bad field no longer costs a prefill; errors have vLLM's shape and, with a key set, do
+not name the backends.
 The instances' key goes with every request to a backend.
 """
 
@@ -32,11 +35,9 @@ import contextlib
 import functools
 import hmac
 import json
-import os
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import aiohttp
 from fastapi import FastAPI, Request
@@ -52,7 +53,17 @@ from prometheus_client import (
 
 from lab_utils.measure.loadgen import auth_headers
 from lab_utils.serve.protocol import decode_request, prefill_request, transfer_params
-from lab_utils.serve.routing import UPSTREAM_ERRORS, Pool, ProxyError, log, upstream_error
+from lab_utils.serve.proxy_settings import KEY_ENV as KEY_ENV
+from lab_utils.serve.proxy_settings import ProxySettings as ProxySettings
+from lab_utils.serve.proxy_settings import settings_from_config
+from lab_utils.serve.routing import (
+    UPSTREAM_ERRORS,
+    Pool,
+    ProxyError,
+    backend_error,
+    log,
+    upstream_error,
+)
 from lab_utils.serve.validate import InvalidRequest, Limits, check_request
 
 MAX_HEADER_BYTES = 64 * 1024  # a request's headers beyond this are refused (uvicorn/h11)
@@ -60,43 +71,6 @@ MAX_HEADER_BYTES = 64 * 1024  # a request's headers beyond this are refused (uvi
 
 def _refuse_constant(name: str):
     raise ValueError(f"{name} is not valid JSON")
-
-
-def _backend_error(status: int, raw: bytes, role: str, url: str) -> ProxyError:
-    """A backend's error answer: vLLM's own JSON error passes through with its status;
-    anything else is wrapped in that shape (the backend's URL only in `backend`)."""
-    try:
-        parsed = json.loads(raw)
-    except (ValueError, RecursionError):
-        parsed = None
-    if isinstance(parsed, dict) and isinstance(parsed.get("error"), dict):
-        return ProxyError(status, f"{role}_failed", f"{role} backend answered {status}", url,
-                          raw=raw)
-    text = raw[:300].decode("utf-8", "replace")
-    return ProxyError(status if status >= 400 else 502, f"{role}_failed",
-                      f"{role} backend answered {status}: {text}", url)
-
-
-@dataclass
-class ProxySettings:
-    mode: str  # "replicated" | "disaggregated"
-    backends: list[str] = field(default_factory=list)  # replicated
-    prefill: list[str] = field(default_factory=list)  # disaggregated
-    decode: list[str] = field(default_factory=list)
-    policy: str = "round_robin"  # or "least_outstanding"
-    connect_timeout_s: float = 5.0
-    request_timeout_s: float = 300.0
-    max_body_bytes: int = 8 * 1024 * 1024
-    api_key: str | None = None  # what clients of the proxy must send
-    backend_api_key: str | None = None  # what the proxy sends to the instances
-    max_n: int = 8  # the most choices (n, best_of) a request may ask for
-    max_tokens: int | None = None  # the most output tokens a request may ask for
-    body_timeout_s: float = 30.0  # a request body not read whole in this time is refused (408)
-
-
-# The keys reach a proxy started by the lab through its environment (over SSH on a remote
-# controller, where the key files named in the config are not); else from those files.
-KEY_ENV = {"proxy": "LAB_PROXY_API_KEY", "vllm": "VLLM_API_KEY"}
 
 
 class Metrics:
@@ -143,33 +117,6 @@ async def _until_disconnect(request: Request, work: asyncio.Future):
         return work.result()
     finally:
         watcher.cancel()
-
-
-def settings_from_config(cfg, mode: str) -> ProxySettings:
-    """The proxy's backends and limits for `mode`, from a `LabConfig`."""
-    from lab_utils.config import api_key
-    from lab_utils.serve.launcher import instance_url
-
-    def urls(topology: str, role: str) -> list[str]:
-        return [instance_url(cfg, s) for s in cfg.instances(topology) if s.role == role]
-
-    def key(service: Literal["proxy", "vllm"]) -> str | None:
-        return os.environ.get(KEY_ENV[service]) or api_key(cfg, service)
-
-    p = cfg.proxy
-    topology = {"replicated": "replicated", "baseline": "baseline"}.get(mode, "disaggregated")
-    longest = max([cfg.vllm.max_model_len] + [s.settings.max_model_len for s in cfg.instances(topology)
-                                              if s.settings.max_model_len])
-    common = dict(connect_timeout_s=p.connect_timeout_s, request_timeout_s=p.request_timeout_s,
-                  max_body_bytes=p.max_body_bytes, api_key=key("proxy"),
-                  backend_api_key=key("vllm"), max_n=p.max_n, max_tokens=longest)
-    if mode == "replicated":
-        return ProxySettings(mode=mode, backends=urls("replicated", "replica"),
-                             policy=cfg.topology.replicated.policy, **common)
-    if mode == "baseline":  # one backend, the same path as the other architectures
-        return ProxySettings(mode="replicated", backends=urls("baseline", "baseline"), **common)
-    return ProxySettings(mode=mode, prefill=urls("disaggregated", "prefill"),
-                         decode=urls("disaggregated", "decode"), **common)
 
 
 def run(cfg, mode: str) -> None:
@@ -321,7 +268,7 @@ class Proxy:
                 raise upstream_error(e, url, "prefill") from None
         self.metrics.prefill_s.observe(time.perf_counter() - t0)
         if status != 200:
-            raise _backend_error(status, raw, "prefill", url)
+            raise backend_error(status, raw, "prefill", url)
         try:
             params = transfer_params(json.loads(raw))
         except (ValueError, RecursionError, AttributeError):

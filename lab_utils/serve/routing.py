@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import itertools
+import json
 import logging
 import math
 import time
@@ -152,3 +153,18 @@ def upstream_error(exc: Exception, url: str, role: str) -> ProxyError:
         return ProxyError(504, "upstream_timeout", f"{role} backend {url} timed out ({type(exc).__name__})", url)
     return ProxyError(502, "upstream_unavailable", f"{role} backend {url} unreachable: {exc!r}", url,
                       public=f"{role} backend unreachable ({type(exc).__name__})")
+
+
+def backend_error(status: int, raw: bytes, role: str, url: str) -> ProxyError:
+    """A backend's error answer: vLLM's own JSON error passes through with its status;
+    anything else is wrapped in that shape (the backend's URL only in `backend`)."""
+    try:
+        parsed = json.loads(raw)
+    except (ValueError, RecursionError):
+        parsed = None
+    if isinstance(parsed, dict) and isinstance(parsed.get("error"), dict):
+        return ProxyError(status, f"{role}_failed", f"{role} backend answered {status}", url,
+                          raw=raw)
+    text = raw[:300].decode("utf-8", "replace")
+    return ProxyError(status if status >= 400 else 502, f"{role}_failed",
+                      f"{role} backend answered {status}: {text}", url)
