@@ -114,6 +114,8 @@ def _cmd_status(args) -> int:
             alive = cluster.knows(rec.node) and cluster.node(rec.node).is_alive(rec)
             key = keys["proxy" if rec.kind == "proxy" else "vllm"]
             state = ("healthy" if rec.url and healthy(rec.url, api_key=key) else "alive") if alive else "dead"
+            if not alive and cluster.knows(rec.node) and cluster.node(rec.node).stop(rec, 5.0):
+                state = "dead (the processes it left running were stopped)"
             print(f"{rec.name:<12} {rec.node:<12} {rec.url or '':<28} pid {rec.pid:<8} {state}")
     return 0
 

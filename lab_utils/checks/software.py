@@ -28,7 +28,7 @@ def check_ssh(ctx: Context) -> list[CheckResult]:
             r = ctx.run(name, ["true"], timeout=ssh.connect_timeout_s + 20)
         except LabError as e:
             ctx.unreachable[name] = "SSH failed (see the ssh check)"
-            seen, fix = _ssh_fix(str(e), where)
+            seen, fix = _ssh_fix(str(e), where, ssh_command(ssh))
             out.append(CheckResult("ssh", name, "fail", f"cannot reach {where}", evidence=seen,
                                    fix=fix))
             continue
@@ -36,7 +36,7 @@ def check_ssh(ctx: Context) -> list[CheckResult]:
             ctx.unreachable[name] = "commands fail there (see the ssh check)"
             out.append(CheckResult("ssh", name, "fail", f"`true` failed on {where}",
                                    evidence=r.stderr.strip()[-300:],
-                                   fix=f"log in with `ssh -p {ssh.port} {shlex.quote(where.rsplit(':', 1)[0])}` "
+                                   fix=f"log in with `{ssh_command(ssh)}` "
                                        "and fix the shell start-up error shown"))
             continue
         policy = "accept-new" if ssh.accept_new_host_key else "known_hosts only"
@@ -45,7 +45,15 @@ def check_ssh(ctx: Context) -> list[CheckResult]:
     return out
 
 
-def _ssh_fix(error: str, where: str) -> tuple[str, str]:
+def ssh_command(ssh) -> str:
+    """The `ssh` command a user types to reach the node as the lab does: the configured
+    port, user and key."""
+    login = f"{ssh.user}@{ssh.host}" if ssh.user else ssh.host
+    key = f" -i {shlex.quote(ssh.key_file)}" if ssh.key_file else ""
+    return f"ssh -p {ssh.port}{key} {shlex.quote(login)}"
+
+
+def _ssh_fix(error: str, where: str, command: str) -> tuple[str, str]:
     """(what was seen, the fix) for an SSH failure; a changed host key's error carries
     its own fix, which is then not repeated as evidence."""
     if "ssh-keygen -R" in error and "If the node" in error:
@@ -57,7 +65,7 @@ def _ssh_fix(error: str, where: str) -> tuple[str, str]:
         return error, (f"ssh to {where} once to check and record its host key in known_hosts, "
                        "or set ssh.accept_new_host_key: true in the config")
     return error, (f"check that {where} is up and the SSH user/key are right: "
-                   f"`ssh {shlex.quote(where.rsplit(':', 1)[0])} true` must work without a "
+                   f"`{command} true` must work without a "
                    "password")
 
 

@@ -12,6 +12,7 @@ built for the call and closed after it) or a cluster its caller owns.
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 from collections.abc import Iterator, Mapping
 
@@ -20,6 +21,8 @@ from lab_utils.cluster.ssh import SSHNode
 from lab_utils.cluster.state import ProcessRecord, StateFile
 from lab_utils.config import LabConfig
 from lab_utils.errors import LabError
+
+log = logging.getLogger("lab_utils.cluster")
 
 
 class Cluster:
@@ -70,14 +73,19 @@ class Cluster:
 
     def alive(self, record: ProcessRecord | str) -> ProcessRecord | None:
         """The record (or the record named so) if its process still runs. A dead one is
-        forgotten, with its private temporary directory. A record of a node this profile
+        forgotten, with its private temporary directory, and what is left of its process
+        group is stopped (and said so in the log). A record of a node this profile
         does not have is left alone and counts as not running."""
         rec = self.state.get(record) if isinstance(record, str) else record
         if rec is None or not self.knows(rec.node):
             return None
         node = self.node(rec.node)
         if not node.is_alive(rec):
-            node.forget(rec)
+            # the rest of its process group (a vLLM API server's engine core and workers)
+            # would otherwise run on, orphaned, until `cleanup`
+            if node.stop(rec, grace_s=min(self.cfg.vllm.stop_grace_s, 5.0)):
+                log.warning("%s on node %s had died; the processes it left running (its "
+                            "process group) were stopped", rec.name, rec.node)
             return None
         return rec
 

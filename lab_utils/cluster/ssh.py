@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import logging
 import os
 import shlex
 import socket
@@ -33,6 +34,13 @@ from lab_utils.cluster.state import ProcessRecord, StateFile
 from lab_utils.config import NodeConfig, loopback_problems
 from lab_utils.errors import LabError
 from lab_utils.on_node import dirs, proctools
+
+# paramiko logs its own failures (with tracebacks) on the "paramiko" logger; with no
+# handler Python prints them to stderr, before the lab's one-line error. The lab reports
+# every SSH failure itself, so paramiko's log reaches no terminal.
+_PARAMIKO_LOG = logging.getLogger("paramiko")
+_PARAMIKO_LOG.addHandler(logging.NullHandler())
+_PARAMIKO_LOG.propagate = False
 
 # Reads NAME=VALUE lines from stdin up to an empty line, exports them, runs the command.
 _ENV_THEN_EXEC = 'while IFS= read -r kv && [ -n "$kv" ]; do export "$kv"; done; exec "$@"'

@@ -10,6 +10,8 @@ from typing import Literal
 from lab_utils.config.schema import LabConfig
 from lab_utils.errors import LabError
 
+MIN_API_KEY_CHARS = 16  # a shorter API key is refused (one character was accepted)
+
 
 def hf_token(cfg: LabConfig) -> str | None:
     """The Hugging Face token, for a hub model only (read when needed, not before):
@@ -36,8 +38,11 @@ def secret_file_problem(cfg: LabConfig, path: str, what: str) -> tuple[str, str]
         if not p.read_text().strip():
             return f"{what} file {p} is empty", f"write the {what} into {quoted}"
     except FileNotFoundError:
-        return (f"{what} file {p} (named in the config) does not exist",
-                f"write the {what} to {quoted} and `chmod 600 {quoted}`")
+        # the path is not shown: a missing "file" is often the secret itself, pasted where
+        # its file's path goes
+        return (f"the {what} file named in the config does not exist (its name is not shown: "
+                "it may be the secret itself, pasted where a path goes)",
+                f"write the {what} to a file, `chmod 600` it and name that file in the config")
     except OSError as e:
         return f"{what} file {p} cannot be read: {e.strerror}", f"check {quoted}"
     return None
@@ -62,4 +67,9 @@ def api_key(cfg: LabConfig, service: Literal["proxy", "vllm"]) -> str | None:
     else:
         field = "vllm.api_key_file" if cfg.vllm.api_key_file else "proxy.api_key_file"
         path = cfg.vllm.api_key_file or cfg.proxy.api_key_file
-    return read_secret_file(cfg, path, f"API key ({field})")
+    key = read_secret_file(cfg, path, f"API key ({field})")
+    if key is not None and len(key) < MIN_API_KEY_CHARS:
+        raise LabError(f"the API key in {field} has {len(key)} characters, fewer than "
+                       f"{MIN_API_KEY_CHARS}: write a longer random key, e.g. "
+                       "`python -c 'import secrets; print(secrets.token_urlsafe(32))'`")
+    return key

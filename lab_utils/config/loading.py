@@ -75,6 +75,15 @@ _FIXES = {
 }
 
 
+# Fields whose value may be (or hold) a secret, e.g. a key pasted where its file's path
+# goes: their errors name the field, never the value.
+_SECRET_BEARING = ("extra_args", "extra_env", "api_key_file", "hf_token_file", "key_file")
+
+
+def _may_hold_secret(loc: tuple) -> bool:
+    return any(str(part) in _SECRET_BEARING for part in loc)
+
+
 def _describe(err: ErrorDetails) -> str:
     loc = tuple(err["loc"])
     where = _fmt_loc(loc)
@@ -89,11 +98,86 @@ def _describe(err: ErrorDetails) -> str:
     if etype == "missing":
         return f"{where}: required field is missing; add it (see {EXAMPLE_NAME} for an example)"
     value = err.get("input")
-    shown = json.dumps(value) if isinstance(value, (str, int, float, bool)) else repr(value)
+    if _may_hold_secret(loc):
+        shown = "the value (not shown: it may hold a secret)"
+    else:
+        shown = json.dumps(value) if isinstance(value, (str, int, float, bool)) else repr(value)
     msg = err["msg"].removeprefix("Value error, ")
     fix = _FIXES.get(str(loc[-1]) if loc else "", "")
     return f"{where}: {shown} is invalid: {msg}" + (f"; {fix}" if fix else "")
 
+
+
+# A profile is a few kilobytes; these bound what a hostile one can make the parser do.
+MAX_CONFIG_BYTES = 1024 * 1024
+MAX_DEPTH = 32
+MAX_INT_DIGITS = 20
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict:
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise ValueError(f"key {key!r} appears twice in one object: JSON keeps only the "
+                             "last, which would silently replace the first; remove one")
+        seen[key] = value
+    return seen
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a number the config accepts")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise ValueError(f"the number {text[:30]} is too large (it reads as infinity)")
+    return value
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise ValueError(f"an integer of {len(text.lstrip('-'))} digits is not a value the "
+                         "config accepts")
+    return int(text)
+
+
+def _depth(value: Any, level: int = 1) -> int:
+    if isinstance(value, dict):
+        return max([level] + [_depth(v, level + 1) for v in value.values()])
+    if isinstance(value, list):
+        return max([level] + [_depth(v, level + 1) for v in value])
+    return level
+
+
+def parse_config_text(raw: bytes, source: str) -> Any:
+    """The JSON in `raw`, read one way for every command: UTF-8 only, at most
+    MAX_CONFIG_BYTES and MAX_DEPTH levels, no duplicate keys, no NaN or Infinity, no
+    number too large to be one; else a one-line ConfigError naming the place."""
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{source}: {len(raw)} bytes, more than a profile needs "
+                          f"({MAX_CONFIG_BYTES}); is this the right file?")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[:e.start].count(b"\n") + 1
+        raise ConfigError(f"{source}: not UTF-8 at line {line} (byte {e.start}): save the "
+                          "file as UTF-8") from None
+    try:
+        data = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant,
+                          parse_float=_finite, parse_int=_bounded_int)
+    except json.JSONDecodeError as e:
+        raise ConfigError(
+            f"{source}: not valid JSON at line {e.lineno}, column {e.colno}: {e.msg}"
+        ) from None
+    except ValueError as e:
+        raise ConfigError(f"{source}: {e}") from None
+    except RecursionError:
+        raise ConfigError(f"{source}: nested too deeply (a profile has at most {MAX_DEPTH} "
+                          "levels)") from None
+    if _depth(data) > MAX_DEPTH:
+        raise ConfigError(f"{source}: nested too deeply (a profile has at most {MAX_DEPTH} levels)")
+    return data
 
 
 def find_config_path(explicit: str | os.PathLike | None = None) -> Path:
@@ -134,13 +218,11 @@ def load_config(path: str | os.PathLike | None = None) -> LabConfig:
         )
         raise ConfigError(f"config file {p} does not exist; {hint}")
     try:
-        data = json.loads(p.read_text())
-    except json.JSONDecodeError as e:
-        raise ConfigError(
-            f"{p}: not valid JSON at line {e.lineno}, column {e.colno}: {e.msg}"
-        ) from None
+        with p.open("rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
     except OSError as e:
         raise ConfigError(f"{p}: cannot read: {e.strerror}") from None
+    data = parse_config_text(raw, str(p))
     cfg = parse_config(data, str(p))
     cfg._source = p
     return cfg

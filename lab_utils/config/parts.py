@@ -11,17 +11,22 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from lab_utils.config import values
 
-Port = Annotated[int, Field(ge=1, le=65535)]
+# The ports the lab binds: unprivileged (1024-65535), so no service needs root and none
+# takes a well-known port (80 was accepted). SSH ports (the nodes' own) may be any.
+Port = Annotated[int, Field(ge=1024, le=65535)]
+SSHPort = Annotated[int, Field(ge=1, le=65535)]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # strict: `true` or "8400" is not an integer (they became 1 and 8400); allow_inf_nan:
+    # 1e999 (infinity) is not a timeout
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
 class SSHConfig(_Strict):
     host: str
     user: str | None = None
-    port: Port = 22
+    port: SSHPort = 22
     key_file: str | None = None
     known_hosts: str | None = None
     accept_new_host_key: bool = False
@@ -73,7 +78,8 @@ class ModelConfig(_Strict):
     dtype: Literal[values.VLLM_DTYPES] = "bfloat16"  # type: ignore[valid-type]
     tiny_seed: int = 0
 
-    _paths = field_validator("path", "node_path")(values.check_path)
+    _path = field_validator("path")(values.check_path)
+    _node_path = field_validator("node_path")(values.check_node_path)
     _revision = field_validator("revision")(values.check_revision)
 
 
@@ -161,6 +167,8 @@ class ProxyConfig(_Strict):
     connect_timeout_s: float = Field(5.0, gt=0)
     request_timeout_s: float = Field(300.0, gt=0)
     max_body_bytes: int = Field(8 * 1024 * 1024, gt=0)
+    # the most choices (`n`, `best_of`) one request may ask for: each is a KV transfer
+    max_n: int = Field(8, ge=1, le=1024)
 
 
 class JupyterConfig(_Strict):

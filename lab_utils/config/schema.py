@@ -66,10 +66,9 @@ class LabConfig(_Strict):
     @field_validator("results_root")
     @classmethod
     def _results_root(cls, v: str) -> str:
-        if v.startswith("/") and values.is_system_dir(v):
-            raise ValueError("is the root or a system directory; results go in a directory "
-                             'of the lab\'s (e.g. "results", inside the checkout)')
-        return v
+        # judged where it really is (`~`, `..`, `//` and symlinks resolved), as resolve_path
+        # finds it
+        return values.check_local_dir(v, str(REPO_ROOT if in_checkout() else Path.cwd()))
 
     # ----- derived values -------------------------------------------------------------
 

@@ -8,8 +8,8 @@ in place behind these checks (a second wall, not a replacement).
 from __future__ import annotations
 
 import ipaddress
-import json
 import os
+import posixpath
 import re
 from typing import Any
 
@@ -30,6 +30,9 @@ def check_ip(value: str) -> str:
     if ip.is_multicast or ip == ipaddress.IPv4Address("255.255.255.255"):
         raise ValueError("a multicast or broadcast address names a group, not a node; use the "
                          "node's own address")
+    if ip.version == 6:
+        raise ValueError("IPv6 addresses are not supported: the lab writes host:port without "
+                         "brackets in URLs, NIXL and UCX settings; use the node's IPv4 address")
     if ip.version == 4 and ip.is_reserved:
         raise ValueError("a reserved address (240.0.0.0/4) is not routable; use the node's own address")
     return str(ip)
@@ -62,11 +65,48 @@ def check_path(value: str | None, *, absolute: bool = False) -> str | None:
     return value
 
 
+def _normal(path: str) -> str:
+    """`path` with `.`, repeated and leading double slashes collapsed (POSIX keeps a
+    leading `//`, which the kernel reads as `/`)."""
+    p = posixpath.normpath(path)
+    return "/" + p.lstrip("/") if p.startswith("//") else p
+
+
 def is_system_dir(path: str | os.PathLike) -> bool:
     """Whether `path` is the root or inside one of the system's own trees (the list the
     nodes apply to a workdir)."""
-    p = os.path.normpath(str(path))
+    p = _normal(str(path))
     return p == "/" or any(p == d or p.startswith(d + "/") for d in SYSTEM_TREES)
+
+
+def check_node_path(value: str | None, *, absolute: bool = False) -> str | None:
+    """A path used on a node (where this machine cannot resolve it): as `check_path`, and
+    with no `..` or `~` in it, so what is judged here is what the node will use."""
+    value = check_path(value, absolute=absolute)
+    if value is None:
+        return value
+    parts = value.split("/")
+    if ".." in parts:
+        raise ValueError("contains '..': write the directory it means, without '..'")
+    if "~" in value:
+        raise ValueError("contains '~', which is expanded differently on each node: write the "
+                         "absolute path (e.g. /home/lab/spark-disagg-lab)")
+    return value
+
+
+def check_local_dir(value: str, base: str) -> str:
+    """A directory on this machine (`results_root`), judged where it really is: `~`
+    expanded, relative to `base`, `..`, `//` and symlinks resolved; not the root, a system
+    tree or a home directory itself."""
+    real = os.path.realpath(os.path.join(base, os.path.expanduser(value)))
+    if is_system_dir(real):
+        raise ValueError(f"is {real}, the root or a system directory; results go in a directory "
+                         'of the lab\'s (e.g. "results", inside the checkout)')
+    homes = {os.path.realpath(os.path.expanduser("~")), "/home", "/root"}
+    if real in homes or os.path.dirname(real) == "/home":
+        raise ValueError(f"is {real}, a home directory itself; results go in a directory of the "
+                         'lab\'s (e.g. "results", inside the checkout)')
+    return value
 
 
 def check_env(env: dict[str, str]) -> dict[str, str]:
@@ -83,15 +123,52 @@ _SECRET_FLAG = re.compile(r"^--?[A-Za-z0-9-]*(api-?key|token|secret|passw|creden
                           re.I)
 
 
+# The flags the lab sets on every instance's command line (`serve.launcher`): an
+# extra_args entry that sets one again would override it (argparse keeps the last), e.g.
+# --host=0.0.0.0 after the lab's --host. Spelled as vLLM's parser reads them: `_` and `-`
+# alike, `--flag=value`, any unambiguous prefix, and `--no-flag` for a boolean.
+LAB_OWNED_FLAGS = ("model", "served-model-name", "host", "port", "max-model-len", "dtype",
+                   "seed", "revision", "block-size", "gpu-memory-utilization",
+                   "enforce-eager", "kv-transfer-config", "middleware", "api-key", "uds",
+                   "hf-token")
+
+
+def _flag_name(arg: str) -> str | None:
+    """The option an argument names as vLLM's parser reads it (lower case, `-` for `_`,
+    without its `=value`); None for a value."""
+    if not arg.startswith("-") or arg == "-" or arg.lstrip("-")[:1].isdigit():
+        return None
+    return arg.split("=", 1)[0].lstrip("-").replace("_", "-").lower()
+
+
+def owned_flag(arg: str) -> str | None:
+    """The lab-owned flag (`LAB_OWNED_FLAGS`) that `arg` would set, or None."""
+    name = _flag_name(arg)
+    if not name:
+        return None
+    for candidate in (name, name.removeprefix("no-")):
+        for flag in LAB_OWNED_FLAGS:
+            if flag == candidate or (len(candidate) >= 2 and flag.startswith(candidate)):
+                return flag
+    return None
+
+
 def check_args(args: list[str]) -> list[str]:
+    """Refuse an argument that puts a secret on the command line or sets a flag the lab
+    sets; the message names the flag, never the argument's value."""
     for a in args:
-        if _SECRET_FLAG.match(a):
-            flag = a.split("=", 1)[0]
+        name = _flag_name(a)
+        if name and _SECRET_FLAG.match("--" + name):
             raise ValueError(
-                f"{flag} would put a secret on the command line (visible in `ps`, saved in "
+                f"--{name} would put a secret on the command line (visible in `ps`, saved in "
                 "state.json and results); name a file instead: proxy.api_key_file / "
                 "vllm.api_key_file for API keys, hf_token_file (or $HF_TOKEN) for the "
                 "Hugging Face token")
+        owned = owned_flag(a)
+        if owned:
+            raise ValueError(
+                f"--{name} sets --{owned}, which the lab sets from the config (a second one "
+                "would override it): change the config's own field instead")
     return args
 
 
@@ -103,8 +180,8 @@ def control_characters(value: Any, where: str = "") -> list[str]:
     if isinstance(value, list):
         return [p for i, v in enumerate(value) for p in control_characters(v, f"{where}[{i}]")]
     if isinstance(value, str) and any(ord(c) < 32 or ord(c) == 127 for c in value):
-        return [f"{where}: {json.dumps(value)} contains a control character (a newline?); "
-                "write the value on one line"]
+        return [f"{where}: the value (not shown: it may hold a secret) contains a control "
+                "character (a newline?); write the value on one line"]
     return []
 
 
@@ -171,11 +248,11 @@ def check_threads_bind(value: str | dict[str, str] | None) -> str | dict[str, st
 
 
 def check_absolute_path(value: str | None) -> str | None:
-    return check_path(value, absolute=True)
+    return check_node_path(value, absolute=True)
 
 
 def check_workdir(value: str | None) -> str | None:
-    value = check_path(value)
+    value = check_node_path(value)
     if value is not None and value.startswith("/") and is_system_dir(value):
         raise ValueError("is the root or a system directory; the lab writes its code and logs "
                          "there: use a directory of its own (e.g. /home/lab/spark-disagg-lab)")

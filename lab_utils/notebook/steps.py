@@ -140,8 +140,11 @@ def check_alive(cfg: LabConfig, served: Served, lines: int = 8) -> None:
         for rec in served.records:
             if cluster.knows(rec.node) and not cluster.node(rec.node).is_alive(rec):
                 tail = cluster.node(rec.node).log_tail(rec, lines).rstrip()
+                left = cluster.node(rec.node).stop(rec, 5.0)  # its engine, workers: orphans
                 raise ProcessFailedError(
-                    f"{rec.name} on {rec.node} stopped during the sweep, so its requests "
+                    f"{rec.name} on {rec.node} stopped during the sweep"
+                    + (" (the processes it left running were stopped)" if left else "")
+                    + ", so its requests "
                     f"failed; its log {rec.log_path} ends with:\n{tail}\nRe-run the cell "
                     "that starts the topology, then the sweep.")
 

@@ -32,6 +32,9 @@ class RequireKey:
                 or scope.get("method") == "OPTIONS" or scope["path"] in OPEN_PATHS):
             return await self.app(scope, receive, send)
         sent = dict(scope.get("headers") or []).get(b"authorization", b"")
+        scheme, _, token = sent.strip().partition(b" ")
+        if scheme.lower() == b"bearer":  # the scheme in any case (RFC 9110), as vLLM does
+            sent = b"Bearer " + token.strip()
         if hmac.compare_digest(sent, self.expected):
             return await self.app(scope, receive, send)
         if scope["type"] == "websocket":

@@ -215,7 +215,10 @@ def wait_ready(cluster: Cluster, records: list[ProcessRecord], timeout: float | 
                     del pending[name]
                     bar.update(1)
                 elif not node.is_alive(rec):
-                    raise _failure(node, rec, "exited before it became ready")
+                    # what it left running (its engine core, workers) is stopped too
+                    orphans = node.stop(rec, grace_s=min(cluster.cfg.vllm.stop_grace_s, 5.0))
+                    raise _failure(node, rec, "exited before it became ready" + (
+                        " (the processes it left running were stopped)" if orphans else ""))
             if pending and time.monotonic() - t0 > timeout:
                 rec = next(iter(pending.values()))
                 raise _failure(nodes[rec.node], rec,

@@ -21,7 +21,10 @@ connection was lost before any answer is sent once more on a new one; both are c
 With an API key every endpoint but `/health` wants it (compared in constant time), and
 `/health` then says only whether the backends are healthy, not where they are. The body
 is read up to `max_body_bytes` and no further. `kv_transfer_params` are the proxy's to
-set: a client's own are refused (they would tell an instance where to read KV from).
+set: a client's own are refused (they would tell an instance where to read KV from). A
+request vLLM would refuse is refused before any backend is called (`serve.validate`), so
+a bad field no longer costs a prefill; errors have vLLM's shape and, with a key set, do
+not name the backends.
 The instances' key goes with every request to a backend.
 """
 
@@ -32,11 +35,9 @@ import contextlib
 import functools
 import hmac
 import json
-import os
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import aiohttp
 from fastapi import FastAPI, Request
@@ -52,26 +53,24 @@ from prometheus_client import (
 
 from lab_utils.measure.loadgen import auth_headers
 from lab_utils.serve.protocol import decode_request, prefill_request, transfer_params
-from lab_utils.serve.routing import UPSTREAM_ERRORS, Pool, ProxyError, log, upstream_error
+from lab_utils.serve.proxy_settings import KEY_ENV as KEY_ENV
+from lab_utils.serve.proxy_settings import ProxySettings as ProxySettings
+from lab_utils.serve.proxy_settings import settings_from_config
+from lab_utils.serve.routing import (
+    UPSTREAM_ERRORS,
+    Pool,
+    ProxyError,
+    backend_error,
+    log,
+    upstream_error,
+)
+from lab_utils.serve.validate import InvalidRequest, Limits, check_request
+
+MAX_HEADER_BYTES = 64 * 1024  # a request's headers beyond this are refused (uvicorn/h11)
 
 
-@dataclass
-class ProxySettings:
-    mode: str  # "replicated" | "disaggregated"
-    backends: list[str] = field(default_factory=list)  # replicated
-    prefill: list[str] = field(default_factory=list)  # disaggregated
-    decode: list[str] = field(default_factory=list)
-    policy: str = "round_robin"  # or "least_outstanding"
-    connect_timeout_s: float = 5.0
-    request_timeout_s: float = 300.0
-    max_body_bytes: int = 8 * 1024 * 1024
-    api_key: str | None = None  # what clients of the proxy must send
-    backend_api_key: str | None = None  # what the proxy sends to the instances
-
-
-# The keys reach a proxy started by the lab through its environment (over SSH on a remote
-# controller, where the key files named in the config are not); else from those files.
-KEY_ENV = {"proxy": "LAB_PROXY_API_KEY", "vllm": "VLLM_API_KEY"}
+def _refuse_constant(name: str):
+    raise ValueError(f"{name} is not valid JSON")
 
 
 class Metrics:
@@ -120,37 +119,14 @@ async def _until_disconnect(request: Request, work: asyncio.Future):
         watcher.cancel()
 
 
-def settings_from_config(cfg, mode: str) -> ProxySettings:
-    """The proxy's backends and limits for `mode`, from a `LabConfig`."""
-    from lab_utils.config import api_key
-    from lab_utils.serve.launcher import instance_url
-
-    def urls(topology: str, role: str) -> list[str]:
-        return [instance_url(cfg, s) for s in cfg.instances(topology) if s.role == role]
-
-    def key(service: Literal["proxy", "vllm"]) -> str | None:
-        return os.environ.get(KEY_ENV[service]) or api_key(cfg, service)
-
-    p = cfg.proxy
-    common = dict(connect_timeout_s=p.connect_timeout_s, request_timeout_s=p.request_timeout_s,
-                  max_body_bytes=p.max_body_bytes, api_key=key("proxy"),
-                  backend_api_key=key("vllm"))
-    if mode == "replicated":
-        return ProxySettings(mode=mode, backends=urls("replicated", "replica"),
-                             policy=cfg.topology.replicated.policy, **common)
-    if mode == "baseline":  # one backend, the same path as the other architectures
-        return ProxySettings(mode="replicated", backends=urls("baseline", "baseline"), **common)
-    return ProxySettings(mode=mode, prefill=urls("disaggregated", "prefill"),
-                         decode=urls("disaggregated", "decode"), **common)
-
-
 def run(cfg, mode: str) -> None:
     """Serve the proxy in the foreground on the proxy node's LAN address."""
     import uvicorn
 
     app = create_app(settings_from_config(cfg, mode))
     uvicorn.run(app, host=cfg.nodes[cfg.proxy.node].lan_address, port=cfg.proxy.port,
-                log_level="warning", access_log=False, timeout_graceful_shutdown=5)
+                log_level="warning", access_log=False, timeout_graceful_shutdown=5,
+                h11_max_incomplete_event_size=MAX_HEADER_BYTES)
 
 
 class Proxy:
@@ -171,6 +147,7 @@ class Proxy:
                                  headers=auth_headers(settings.backend_api_key))
                       for role, urls in roles.items()}
         self.front = self.pools.get("replica") or self.pools["decode"]
+        self.limits = Limits(max_n=settings.max_n, max_tokens=settings.max_tokens)
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: FastAPI):
@@ -192,11 +169,15 @@ class Proxy:
             self.metrics.in_flight.labels(pool.role, url).dec()
 
     def authorize(self, request: Request) -> None:
-        """Refuse a request without the API key (when one is set); constant-time compare."""
+        """Refuse a request without the API key (when one is set); constant-time compare.
+        The scheme is matched case-insensitively (RFC 9110), as vLLM does."""
         key = self.settings.api_key
         if not key:
             return
         sent = request.headers.get("authorization", "")
+        scheme, _, token = sent.strip().partition(" ")
+        if scheme.lower() == "bearer":
+            sent = f"Bearer {token.strip()}"
         if not hmac.compare_digest(sent.encode(), f"Bearer {key}".encode()):
             raise ProxyError(401, "unauthorized", "missing or wrong API key (Authorization: Bearer ...)")
 
@@ -211,17 +192,28 @@ class Proxy:
             raise ProxyError(400, "invalid_request", f"Content-Length {declared[:40]!r} is not a number")
         if declared and int(declared) > s.max_body_bytes:
             raise too_large
-        chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > s.max_body_bytes:
-                raise too_large
-            chunks.append(chunk)
+        chunks: list[bytes] = []
+
+        async def read() -> None:
+            size = 0
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > s.max_body_bytes:
+                    raise too_large
+                chunks.append(chunk)
+
+        try:  # a client that sends its body slowly (or never ends it) does not hold on
+            await asyncio.wait_for(read(), s.body_timeout_s)
+        except TimeoutError:
+            raise ProxyError(408, "body_timeout", f"the request body was not received within "
+                             f"{s.body_timeout_s:g} s") from None
         raw = b"".join(chunks)
         try:
-            body = json.loads(raw)
+            body = json.loads(raw, parse_constant=_refuse_constant)
         except ValueError as e:
             raise ProxyError(400, "invalid_json", f"request body is not valid JSON: {e}") from None
+        except RecursionError:
+            raise ProxyError(400, "invalid_json", "request body is nested too deeply") from None
         if not isinstance(body, dict):
             raise ProxyError(400, "invalid_json", "request body must be a JSON object")
         return body
@@ -236,12 +228,27 @@ class Proxy:
                 raise ProxyError(400, "kv_transfer_params_refused",
                                  "kv_transfer_params are set by the proxy, not by clients: remove "
                                  "the field from the request")
+            try:
+                check_request(body, path, self.limits)
+            except InvalidRequest as e:
+                raise ProxyError(400, "BadRequestError", str(e), param=e.param) from None
             if self.settings.mode == "disaggregated":
                 body = decode_request(body, await self.prefill(request, path, body))
             return await self.forward(request, path, body, self.front)
         except ProxyError as e:
-            self.metrics.errors.labels(e.kind).inc()
-            return e.response()
+            return self.answer(e)
+        except Exception:  # never a plain-text 500
+            log.exception("the proxy failed on a %s request", path)
+            return self.answer(ProxyError(500, "InternalServerError", "the proxy failed on this "
+                                          "request; its log has the details"))
+
+    def answer(self, e: ProxyError) -> Response:
+        """The client's error answer: counted, and without backend URLs when a key is set."""
+        self.metrics.errors.labels(e.kind).inc()
+        if e.backend and self.settings.api_key:
+            log.warning("%s", e)
+            e = e.redacted()
+        return e.response()
 
     async def prefill(self, request: Request, path: str, body: dict) -> dict:
         """Run the prompt on a prefill backend; return its `kv_transfer_params`."""
@@ -261,8 +268,11 @@ class Proxy:
                 raise upstream_error(e, url, "prefill") from None
         self.metrics.prefill_s.observe(time.perf_counter() - t0)
         if status != 200:
-            raise ProxyError(status, "prefill_failed", f"prefill backend {url}: {raw[:500]!r}", url)
-        params = transfer_params(json.loads(raw))
+            raise backend_error(status, raw, "prefill", url)
+        try:
+            params = transfer_params(json.loads(raw))
+        except (ValueError, RecursionError, AttributeError):
+            params = None
         if not params:
             raise ProxyError(502, "no_kv_transfer_params",
                              f"prefill backend {url} returned no kv_transfer_params: its KV connector "
@@ -304,9 +314,16 @@ class Proxy:
                 yield chunk
         except UPSTREAM_ERRORS as e:
             self.metrics.errors.labels("upstream_stream_broken").inc()
-            err = {"error": {"message": f"{pool.role} backend {url} broke off the stream: {e!r}",
-                             "type": "upstream_stream_broken", "code": 502, "backend": url}}
-            yield f"data: {json.dumps(err)}\n\n".encode()
+            err = ProxyError(502, "upstream_stream_broken",
+                             f"{pool.role} backend {url} broke off the stream: {e!r}", url,
+                             public=f"{pool.role} backend broke off the stream ({type(e).__name__})")
+            if self.settings.api_key:
+                log.warning("%s", err)
+                err = err.redacted()
+            body = {"error": {"message": str(err), "type": err.kind, "param": None, "code": 502}}
+            if err.backend:
+                body["error"]["backend"] = url
+            yield f"data: {json.dumps(body)}\n\n".encode()
         finally:
             resp.close()  # unfinished: drops the connection, so the backend sees the client leave
             done()
@@ -321,7 +338,7 @@ class Proxy:
             async with self.front.clients[url].request(method, path, json=body) as r:
                 return Response(await r.read(), status_code=r.status, media_type="application/json")
         except UPSTREAM_ERRORS as e:
-            return upstream_error(e, url, self.front.role).response()
+            return self.answer(upstream_error(e, url, self.front.role))
 
     async def models(self, request: Request) -> Response:
         try:
@@ -366,7 +383,21 @@ class Proxy:
 def create_app(settings: ProxySettings) -> FastAPI:
     proxy = Proxy(settings)
     app = FastAPI(title="spark-disagg-lab proxy", lifespan=proxy.lifespan, docs_url=None,
-                  redoc_url=None)
+                  redoc_url=None, openapi_url=None)
+
+    async def openapi(request: Request) -> Response:  # behind the key, like every route
+        try:
+            proxy.authorize(request)
+        except ProxyError as e:
+            return e.response()
+        return JSONResponse(app.openapi())
+
+    async def failed(request: Request, exc: Exception) -> Response:  # never plain text
+        log.error("the proxy failed on %s: %r", request.url.path, exc)
+        return ProxyError(500, "InternalServerError", "the proxy failed on this request; its "
+                          "log has the details").response()
+
+    app.add_exception_handler(Exception, failed)
     app.state.proxy, app.state.pools, app.state.metrics = proxy, proxy.pools, proxy.metrics
     app.state.settings = settings
     # Plain Starlette routes for the hot path: FastAPI's parameter machinery costs
@@ -380,4 +411,5 @@ def create_app(settings: ProxySettings) -> FastAPI:
     app.get("/v1/models")(proxy.models)
     app.get("/health")(proxy.health)
     app.get("/metrics")(proxy.prometheus)
+    app.add_route("/openapi.json", openapi, methods=["GET"], include_in_schema=False)
     return app

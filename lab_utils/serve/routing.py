@@ -15,12 +15,13 @@ from __future__ import annotations
 import asyncio
 import errno
 import itertools
+import json
 import logging
 import math
 import time
 
 import aiohttp
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 # A pooled backend connection idle longer than this is not reused. It must stay below the
 # backends' own HTTP keep-alive (vLLM's VLLM_HTTP_TIMEOUT_KEEP_ALIVE and uvicorn's default
@@ -37,12 +38,30 @@ log = logging.getLogger("lab_utils.serve.proxy")  # one logger for the whole pro
 
 
 class ProxyError(Exception):
-    def __init__(self, status: int, kind: str, message: str, backend: str | None = None):
-        super().__init__(message)
-        self.status, self.kind, self.backend = status, kind, backend
+    """An error the proxy answers with, in vLLM's shape: `{"error": {"message", "type",
+    "param", "code"}}` (plus `backend` when the backends' URLs may be shown). `kind` is
+    the error's type and its label in `proxy_errors_total`. `raw`: a backend's own error
+    body, passed through as it came (with `status`)."""
 
-    def response(self) -> JSONResponse:
-        body = {"error": {"message": str(self), "type": self.kind, "code": self.status}}
+    def __init__(self, status: int, kind: str, message: str, backend: str | None = None,
+                 param: str | None = None, raw: bytes | None = None, public: str | None = None):
+        super().__init__(message)
+        self.status, self.kind, self.backend, self.param = status, kind, backend, param
+        self.raw, self.public = raw, public
+
+    def redacted(self, role: str = "") -> ProxyError:
+        """This error without the backend's URL (for clients when a key is set: they
+        are not told where the instances are, as /health does not)."""
+        if not self.backend:
+            return self
+        message = self.public or str(self).replace(self.backend, "").replace("  ", " ")
+        return ProxyError(self.status, self.kind, message, None, self.param, self.raw)
+
+    def response(self) -> Response:
+        if self.raw is not None:
+            return Response(self.raw, status_code=self.status, media_type="application/json")
+        body: dict = {"error": {"message": str(self), "type": self.kind, "param": self.param,
+                                "code": self.status}}
         if self.backend:
             body["error"]["backend"] = self.backend
         return JSONResponse(body, status_code=self.status)
@@ -132,4 +151,20 @@ UPSTREAM_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
 def upstream_error(exc: Exception, url: str, role: str) -> ProxyError:
     if isinstance(exc, asyncio.TimeoutError):
         return ProxyError(504, "upstream_timeout", f"{role} backend {url} timed out ({type(exc).__name__})", url)
-    return ProxyError(502, "upstream_unavailable", f"{role} backend {url} unreachable: {exc!r}", url)
+    return ProxyError(502, "upstream_unavailable", f"{role} backend {url} unreachable: {exc!r}", url,
+                      public=f"{role} backend unreachable ({type(exc).__name__})")
+
+
+def backend_error(status: int, raw: bytes, role: str, url: str) -> ProxyError:
+    """A backend's error answer: vLLM's own JSON error passes through with its status;
+    anything else is wrapped in that shape (the backend's URL only in `backend`)."""
+    try:
+        parsed = json.loads(raw)
+    except (ValueError, RecursionError):
+        parsed = None
+    if isinstance(parsed, dict) and isinstance(parsed.get("error"), dict):
+        return ProxyError(status, f"{role}_failed", f"{role} backend answered {status}", url,
+                          raw=raw)
+    text = raw[:300].decode("utf-8", "replace")
+    return ProxyError(status if status >= 400 else 502, f"{role}_failed",
+                      f"{role} backend answered {status}: {text}", url)

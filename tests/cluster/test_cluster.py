@@ -102,3 +102,25 @@ def test_alive_stop_and_running(test_cfg, tmp_path):
             node.stop(b, 1)
             cluster.state.remove("elsewhere")
         assert cluster.running() == []
+
+
+def test_a_dead_leader_s_orphans_are_stopped_when_it_is_noticed(test_cfg, tmp_path, caplog):
+    """A vLLM API server killed with -9 leaves its engine core and workers (same process
+    group) running; noticing the dead leader stops them, and says so."""
+    from lab_utils.on_node import proctools
+
+    orphan = "import subprocess, sys; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])"
+    with Cluster(test_cfg) as cluster:
+        node = cluster.node("spark-01")
+        rec = node.start_detached("leader", [sys.executable, "-c", orphan],
+                                  log_path=str(tmp_path / "leader.log"))
+        t_end = time.monotonic() + 10
+        while (node.is_alive(rec) or len(proctools.group_members(rec.pgid)) != 1) \
+                and time.monotonic() < t_end:
+            time.sleep(0.05)
+        assert not node.is_alive(rec) and len(proctools.group_members(rec.pgid)) == 1
+        with caplog.at_level("WARNING", logger="lab_utils.cluster"):
+            assert cluster.alive("leader") is None
+        assert proctools.group_members(rec.pgid) == []
+        assert cluster.state.get("leader") is None
+        assert "leader on node spark-01 had died" in caplog.text

@@ -291,3 +291,51 @@ def test_deploy_copies_when_stale_and_names_missing_packages(sshds, tmp_path):
     msg = str(e.value)
     assert "spark-02 (serving)" in msg and "vllm" in msg and "nixl" in msg
     assert str(bare / "bin" / "python") in msg and "install" in msg
+
+
+def test_a_port_that_is_not_ssh_gives_one_line_and_no_paramiko_traceback(sshds, tmp_path, capfd):
+    """A node that accepts TCP but is no SSH server: paramiko's own log (two tracebacks)
+    reaches no terminal; the lab's error is one line, and its suggested ssh command
+    carries the configured port and user."""
+    import socket
+    import threading
+
+    from lab_utils.checks.software import _ssh_fix, ssh_command
+
+    servers, known = sshds
+    data = ssh_profile(tmp_path, servers, known)
+    host = data["nodes"]["spark-01"]["ssh"]["host"]
+    listener = socket.socket()
+    listener.bind((host, 0))
+    listener.listen(4)
+
+    def answer_http():
+        for _ in range(4):
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+            conn.close()
+
+    threading.Thread(target=answer_http, daemon=True).start()
+    data["nodes"]["spark-01"]["ssh"].update(port=listener.getsockname()[1], user="labuser",
+                                            connect_timeout_s=3)
+    cfg = write_profile(tmp_path, data)
+    script = ("import sys\nfrom lab_utils.cluster import Cluster\nfrom lab_utils.config import load_config\n"
+              "from lab_utils.errors import LabError\n"
+              "with Cluster(load_config(sys.argv[1])) as c:\n"
+              "    try:\n        c.node('spark-01').run(['true'])\n"
+              "    except LabError as e:\n        print('LABERROR', e)\n")
+    try:  # a process of its own: pytest's log capture would hide what a terminal shows
+        p = subprocess.run([sys.executable, "-c", script, str(cfg.source)], capture_output=True,
+                           text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(Path.cwd())})
+    finally:
+        listener.close()
+    assert "Traceback" not in p.stderr + p.stdout and "paramiko" not in p.stderr, p.stderr
+    error = p.stdout.split("LABERROR ", 1)[1].strip()
+    assert error and "\n" not in error
+    ssh_cfg = cfg.nodes["spark-01"].ssh
+    assert "SSH failed" in error and "protocol banner" in error
+    _, fix = _ssh_fix(error, f"labuser@{host}", ssh_command(ssh_cfg))
+    assert f"ssh -p {ssh_cfg.port}" in fix and "labuser@" in fix

@@ -189,7 +189,7 @@ def test_secrets_redacted_by_name_pattern_and_by_value(tmp_path, monkeypatch):
                                   "AWS_ACCESS_KEY_ID": "k-canary-3", "OMP_NUM_THREADS": "4"}
         # secrets where no name says so: a description, an unflagged argument
         d["description"] = "key is sk-proxy-canary-4711"
-        d["vllm"]["decode"]["extra_args"] = ["--served-model-name", "sk-env-canary-0815"]
+        d["vllm"]["decode"]["extra_args"] = ["--chat-template", "sk-env-canary-0815"]
     snap = json.dumps(parse_config(mutated(change)).snapshot())
     for canary in ("a-canary-1", "c-canary-2", "k-canary-3", "sk-proxy-canary-4711",
                    "sk-env-canary-0815"):
@@ -240,3 +240,11 @@ def test_loopback_rule_applies_to_an_alias_once_resolved(tmp_path, monkeypatch):
         cluster.node("spark-01").run(["true"])
     assert "nodes.spark-01.lan_address" in str(e.value) and "192.0.2.7" in str(e.value)
     assert connects == []
+
+
+def test_results_root_is_judged_where_a_symlink_leads(tmp_path):
+    link = tmp_path / "results-link"
+    link.symlink_to("/etc")
+    with pytest.raises(ConfigError, match=r"results_root: .* is invalid: is /etc/lab, the root or a system"):
+        parse_config(mutated(lambda d: d.update(results_root=str(link / "lab"))))
+    parse_config(mutated(lambda d: d.update(results_root=str(tmp_path / "results"))))

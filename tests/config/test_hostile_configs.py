@@ -4,12 +4,15 @@ remote command runs, with its message and no traceback, leaving no state behind.
 
 Each case in tests/fixtures/hostile-configs/ is a small diff from a shipped profile:
 `set` maps a dotted field to a value (a value "@other.field" copies that field),
-`text_replace` edits the file's text (for JSON mistakes), `expect` lists fragments the
-message must contain.
+`text_replace` edits the file's text (for JSON mistakes; in its replacement "@DEEP@"
+stands for a list nested 200,000 deep and "@DIGITS@" for a 5,000-digit number),
+`encoding` is the one the file is written in (UTF-8 unless it says), `expect` lists
+fragments the message must contain and `absent` fragments (a secret) it must not.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import subprocess
@@ -49,6 +52,7 @@ def build_case(case_file: Path, tmp: Path) -> tuple[Path, list[str]]:
     text = (REPO_ROOT / case["base"]).read_text()
     if "text_replace" in case:
         old, new = case["text_replace"]
+        new = new.replace("@DEEP@", "[" * 200_000 + "]" * 200_000).replace("@DIGITS@", "9" * 5000)
         assert old in text, f"{case_file.name}: the text to replace is not in {case['base']}"
         text = text.replace(old, new).replace('"results_root": "results"',
                                               json.dumps({"results_root": str(tmp / "results")})[1:-1])
@@ -60,13 +64,17 @@ def build_case(case_file: Path, tmp: Path) -> tuple[Path, list[str]]:
                 parent, key = _walk(data, value[1:])
                 value = parent[key]
             parent, key = _walk(data, dotted)
-            assert key in parent or dotted.endswith(("extra_env", "extra_args", "revision")), \
+            assert key in parent or dotted.endswith(("extra_env", "extra_args", "revision", "_file")), \
                 f"{case_file.name}: {dotted} is not a field of {case['base']}"
             parent[key] = value
         text = json.dumps(data, indent=2)
     path = tmp / "config.json"
-    path.write_text(text)
+    path.write_bytes(text.encode(case.get("encoding", "utf-8")))
     return path, case["expect"]
+
+
+def absent(case_file: Path) -> list[str]:
+    return json.loads(case_file.read_text()).get("absent", [])
 
 
 @pytest.fixture
@@ -109,6 +117,8 @@ def test_refused_by_every_entry_point(case_file, tmp_path, capsys, no_node_reach
         assert rc == 2, f"{argv[0]}: exit {rc}, not refused:\n{said}"
         for fragment in expect:
             assert fragment in said, f"{argv[0]}: {fragment!r} not in:\n{said}"
+        for fragment in absent(case_file):
+            assert fragment not in said, f"{argv[0]}: {fragment!r} shown in:\n{said}"
         assert "Traceback" not in said
     assert no_node_reached == []
     left = sorted(p.name for p in tmp_path.iterdir())
@@ -124,3 +134,23 @@ def test_a_refused_config_prints_no_traceback_from_a_real_process(tmp_path):
                         "--config", str(config)], capture_output=True, text=True, timeout=120)
     assert p.returncode == 2
     assert all(f in p.stderr for f in expect) and "Traceback" not in p.stderr + p.stdout
+
+
+CANARY = "sk-canary-pasted-key-0b7e51d9"
+
+
+@pytest.mark.parametrize("field", ["proxy.api_key_file", "vllm.api_key_file"])
+def test_a_key_pasted_where_its_file_goes_is_shown_by_no_command(field, tmp_path, capsys,
+                                                                  no_node_reached):
+    """The config is valid (a file name), so each command gets as far as it gets; the key
+    appears in none of their output."""
+    case = {"base": "configs/local-cpu.json", "set": {field: CANARY}, "expect": []}
+    (tmp_path / "case.json").write_text(json.dumps(case))
+    config, _ = build_case(tmp_path / "case.json", tmp_path)
+    for argv in [["serve", "--topology", "disaggregated"], ["proxy", "--mode", "disaggregated"],
+                 ["serve", "--topology", "baseline", "--dry-run", "--offline"], ["check"],
+                 ["bench", "--url", "http://127.0.0.1:9", "--out", str(tmp_path / "b.json")]]:
+        with contextlib.suppress(AssertionError):  # no_node_reached refused a process
+            cli.main([*argv, "--config", str(config)])
+        out = capsys.readouterr()
+        assert CANARY not in out.err + out.out, argv

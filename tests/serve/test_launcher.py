@@ -143,27 +143,31 @@ def test_the_instances_get_the_api_key_by_environment_only(tmp_path):
     from lab_utils.serve.plan import make_plan
     from lab_utils.serve.proxy import settings_from_config
 
-    cfg = keyed_profile(tmp_path, proxy="sk-canary-proxy")  # the instances use it too
+    cfg = keyed_profile(tmp_path, proxy="sk-canary-proxy-4d1e")  # the instances use it too
     for topology in ("baseline", "replicated", "disaggregated"):
         plan = make_plan(Cluster(cfg), topology, read_nodes=False)
         for s in cfg.instances(topology):
-            assert launcher.server_env(cfg, s)["VLLM_API_KEY"] == "sk-canary-proxy"
+            assert launcher.server_env(cfg, s)["VLLM_API_KEY"] == "sk-canary-proxy-4d1e"
             assert "sk-canary" not in " ".join(launcher.server_command(Cluster(cfg), s))
         assert all(i.env["VLLM_API_KEY"] == "<set>" for i in plan.instances)
         assert "sk-canary" not in plan.text()
     assert "sk-canary" not in json.dumps(cfg.snapshot())
     p = settings_from_config(cfg, "disaggregated")
-    assert p.api_key == p.backend_api_key == "sk-canary-proxy"
+    assert p.api_key == p.backend_api_key == "sk-canary-proxy-4d1e"
 
-    cfg = keyed_profile(tmp_path, proxy="sk-canary-proxy", vllm="sk-canary-vllm")
+    cfg = keyed_profile(tmp_path, proxy="sk-canary-proxy-4d1e", vllm="sk-canary-vllm-7b2c90")
     s = spec(cfg, "disaggregated", "decode")
-    assert launcher.server_env(cfg, s)["VLLM_API_KEY"] == "sk-canary-vllm"
+    assert launcher.server_env(cfg, s)["VLLM_API_KEY"] == "sk-canary-vllm-7b2c90"
     p = settings_from_config(cfg, "replicated")
-    assert (p.api_key, p.backend_api_key) == ("sk-canary-proxy", "sk-canary-vllm")
+    assert (p.api_key, p.backend_api_key) == ("sk-canary-proxy-4d1e", "sk-canary-vllm-7b2c90")
+    assert (p.max_tokens, p.max_n) == (cfg.vllm.max_model_len, cfg.proxy.max_n)
 
     assert "VLLM_API_KEY" not in launcher.server_env(keyed_profile(tmp_path), s)
     with pytest.raises(LabError, match=r"API key \(vllm.api_key_file\) file .* is empty"):
         launcher.server_env(keyed_profile(tmp_path, vllm=""), s)
+    with pytest.raises(LabError, match=r"vllm.api_key_file has 1 characters, fewer than 16") as e:
+        launcher.server_env(keyed_profile(tmp_path, vllm="x"), s)
+    assert "'x'" not in str(e.value)
 
 
 def test_a_keyed_instance_wants_the_key_on_every_route_but_health_and_metrics(tmp_path, monkeypatch):
@@ -176,7 +180,7 @@ def test_a_keyed_instance_wants_the_key_on_every_route_but_health_and_metrics(tm
 
     from support.fakes import ServerThread
 
-    cfg = keyed_profile(tmp_path, vllm="sk-canary-vllm")
+    cfg = keyed_profile(tmp_path, vllm="sk-canary-vllm-7b2c90")
     s = spec(cfg, "disaggregated", "decode")
     argv = launcher.server_command(Cluster(cfg), s)
     assert argv[argv.index("--middleware") + 1] == launcher.KEY_GUARD
@@ -191,14 +195,14 @@ def test_a_keyed_instance_wants_the_key_on_every_route_but_health_and_metrics(tm
         app.get(path)(lambda: {"ok": True})
     module, name = launcher.KEY_GUARD.rsplit(".", 1)
     assert name == RequireKey.__name__ and module == RequireKey.__module__
-    monkeypatch.setenv("VLLM_API_KEY", "sk-canary-vllm")
+    monkeypatch.setenv("VLLM_API_KEY", "sk-canary-vllm-7b2c90")
     app.add_middleware(RequireKey)
     with ServerThread(app, "127.0.0.5") as server:
         for path in ("/invocations", "/tokenize", "/v1/completions"):
             assert httpx.post(f"{server.url}{path}").status_code == 401, path
             assert httpx.post(f"{server.url}{path}", headers={"Authorization": "Bearer nope"}).status_code == 401
             assert httpx.post(f"{server.url}{path}",
-                              headers={"Authorization": "Bearer sk-canary-vllm"}).status_code == 200
+                              headers={"Authorization": "Bearer sk-canary-vllm-7b2c90"}).status_code == 200
         for path in ("/health", "/metrics"):
             assert httpx.get(f"{server.url}{path}").status_code == 200, path
 
@@ -210,7 +214,7 @@ def test_the_proxy_gets_the_keys_by_environment_only(tmp_path, monkeypatch):
     from lab_utils.serve.proxy import settings_from_config
     from lab_utils.serve.topology import start_proxy
 
-    cfg = keyed_profile(tmp_path, proxy="sk-canary-proxy", vllm="sk-canary-vllm")
+    cfg = keyed_profile(tmp_path, proxy="sk-canary-proxy-4d1e", vllm="sk-canary-vllm-7b2c90")
     started = {}
     monkeypatch.setattr(LocalNode, "ensure_port_free", lambda *a: None)
     monkeypatch.setattr(LocalNode, "start_detached",
@@ -218,14 +222,15 @@ def test_the_proxy_gets_the_keys_by_environment_only(tmp_path, monkeypatch):
     start_proxy(Cluster(cfg), "disaggregated")
     assert "sk-canary" not in " ".join(started["argv"]) + json.dumps(started.get("extra"))
     env = started["env"]
-    assert (env["LAB_PROXY_API_KEY"], env["VLLM_API_KEY"]) == ("sk-canary-proxy", "sk-canary-vllm")
+    assert (env["LAB_PROXY_API_KEY"], env["VLLM_API_KEY"]) == ("sk-canary-proxy-4d1e", "sk-canary-vllm-7b2c90")
 
     for section in ("proxy", "vllm"):
         (tmp_path / f"{section}_key").unlink()  # as on a remote controller
     for name in ("LAB_PROXY_API_KEY", "VLLM_API_KEY"):
         monkeypatch.setenv(name, env[name])
     p = settings_from_config(cfg, "disaggregated")
-    assert (p.api_key, p.backend_api_key) == ("sk-canary-proxy", "sk-canary-vllm")
+    assert (p.api_key, p.backend_api_key) == ("sk-canary-proxy-4d1e", "sk-canary-vllm-7b2c90")
+    assert (p.max_tokens, p.max_n) == (cfg.vllm.max_model_len, cfg.proxy.max_n)
 
 
 def test_death_during_startup_reports_log_tail_and_fix(test_cfg, tmp_path):

@@ -35,6 +35,9 @@ def vllm_judge():
     from vllm.entrypoints.launchers.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
+    def parser():
+        return make_arg_parser(FlexibleArgumentParser())
+
     def parse(argv: list[str]):
         parser = make_arg_parser(FlexibleArgumentParser())
         try:
@@ -43,7 +46,7 @@ def vllm_judge():
             raise AssertionError(f"vLLM's parser refused {argv}: exit {e.code}") from None
         return args, AsyncEngineArgs.from_cli_args(args)
 
-    return {"parse": parse, "kv": pydantic.TypeAdapter(KVTransferConfig),
+    return {"parse": parse, "parser": parser, "kv": pydantic.TypeAdapter(KVTransferConfig),
             "env_names": set(vllm.envs.environment_variables), "nixl": _NIXL_SUPPORTED_DEVICE}
 
 
@@ -115,3 +118,51 @@ def test_the_agreement_benchmarks_baseline_has_no_prefix_cache(vllm_judge, tmp_p
         _, engine = vllm_judge["parse"](inst.argv[3:])
         assert engine.enable_prefix_caching is not False if cached else engine.enable_prefix_caching is False
         assert inst.argv.count("--no-enable-prefix-caching") == (0 if cached else 1)
+
+
+# extra_args spellings that vLLM's parser reads as a flag the lab sets, or as a secret
+OVERRIDES = [
+    (["--host=0.0.0.0"], "host"), (["--host", "0.0.0.0"], "host"), (["--ho=0.0.0.0"], "host"),
+    (["--port=9"], "port"), (["--por", "9"], "port"), (["--seed=7"], "seed"),
+    (["--max_model_len=9"], "max_model_len"), (["--served_model_name", "x"], "served_model_name"),
+    (["--model=/etc"], "model"), (["--dtype=half"], "dtype"), (["--revision=x"], "revision"),
+    (["--kv_transfer_config={}"], "kv_transfer_config"), (["--middleware=x.Y"], "middleware"),
+    (["--no-enforce-eager"], "enforce_eager"), (["--block_size=64"], "block_size"),
+    (["--api_key=sk-hostile-0123456789"], "api_key"), (["--api-key", "sk-x"], "api_key"),
+    (["--hf_token=hf_x"], "hf_token"), (["--uds=/tmp/s"], "uds"),
+]
+
+
+@pytest.mark.parametrize("extra,dest", OVERRIDES, ids=[" ".join(e) for e, _ in OVERRIDES])
+def test_extra_args_that_vllm_reads_as_a_lab_flag_are_refused(vllm_judge, tmp_path, extra, dest):
+    """vLLM's own parser shows the spelling sets the lab's flag (or a secret) after the lab
+    set it; the config refuses it, naming the flag and not its value."""
+    from lab_utils.config.values import check_args
+
+    cfg = _profile(tmp_path, "configs/local-cpu.json")
+    plan = make_plan(Cluster(cfg), "disaggregated", mem_total=120 * GiB, read_nodes=False)
+    argv = plan.instances[0].argv[3:]
+    parser = vllm_judge["parser"]()
+    before = vars(parser.parse_args(argv))
+    after = vars(vllm_judge["parser"]().parse_args(argv + extra))
+    assert after[dest] != before[dest], f"{extra} does not change --{dest}"
+    with pytest.raises(ValueError) as e:
+        check_args(extra)
+    assert "=" not in str(e.value) and "sk-" not in str(e.value) and "0.0.0.0" not in str(e.value)
+
+
+def test_the_lab_owned_flags_are_vllms_and_cover_every_flag_the_launcher_sets(vllm_judge, tmp_path):
+    from lab_utils.config.values import LAB_OWNED_FLAGS, check_args
+
+    options = vllm_judge["parser"]()._option_string_actions
+    assert all(f"--{f}" in options for f in LAB_OWNED_FLAGS)
+    for profile in PROFILES:
+        cfg = _profile(tmp_path, profile)
+        for topology in TOPOLOGIES:
+            plan = make_plan(Cluster(cfg), topology, mem_total=120 * GiB, read_nodes=False)
+            for inst in plan.instances:
+                set_by_lab = {a[2:] for a in inst.argv[3:] if a.startswith("--")}
+                extra = set(cfg.vllm.extra_args) | set(getattr(cfg.vllm, inst.role).extra_args)
+                assert set_by_lab - set(LAB_OWNED_FLAGS) <= {a[2:] for a in extra}, inst.name
+    # what the lab's own profiles and the agreement benchmark add stays allowed
+    check_args(["--kv-cache-memory-bytes", "32G", "--no-enable-prefix-caching", "-tp", "2"])

@@ -421,3 +421,121 @@ def test_a_request_not_written_on_a_pooled_connection_is_sent_again(monkeypatch)
     # the first request, then the second once, on a new connection (never on the reset one)
     assert backend.seen == [0, 1]
     assert 'proxy_resends_total{role="replica"} 1.0' in m
+
+
+# ----- hostile requests: refused before the prefill, in vLLM's error shape ---------------
+
+INVALID = [  # (raw body, the field vLLM's error names)
+    (json.dumps(body(max_tokens=-1)), "max_tokens"),
+    (json.dumps(body(max_tokens=0)), "max_tokens"),
+    (json.dumps(body(max_tokens=5000)), "max_tokens"),  # over the served max_model_len
+    (json.dumps(body(max_tokens="8")), "max_tokens"),
+    (json.dumps(body(max_tokens=True)), "max_tokens"),
+    (json.dumps(body(max_tokens=8.5)), "max_tokens"),
+    (json.dumps(body(stream="banana")), "stream"),
+    (json.dumps(body(n=1000)), "n"),
+    (json.dumps(body(n=0)), "n"),
+    (json.dumps(body(best_of=1000)), "best_of"),
+    (json.dumps(body(temperature=-1)), "temperature"),
+    (json.dumps(body(top_p=0)), "top_p"),
+    (json.dumps(body(logprobs=1000)), "logprobs"),
+    (json.dumps(body(stop=5)), "stop"),
+    (json.dumps(body(stream_options="yes")), "stream_options"),
+    (json.dumps(body(prompt=5)), "prompt"),
+    (json.dumps(body(prompt=[-1, 2])), "prompt"),
+    (json.dumps({"model": "fake", "max_tokens": 4}), "prompt"),
+    (json.dumps(body(model=7)), "model"),
+    (json.dumps(body()).replace('"max_tokens": 8', '"max_tokens": 1e400'), "max_tokens"),
+    (json.dumps(body()).replace('"max_tokens": 8', '"temperature": 1e400'), "temperature"),
+]
+NOT_JSON = [
+    json.dumps(body()).replace('"max_tokens": 8', '"max_tokens": NaN'),
+    json.dumps(body()).replace('"max_tokens": 8', '"temperature": Infinity'),
+    '{"prompt": ' + "[" * 100_000 + "]" * 100_000 + "}",
+]
+
+
+def _vllm_shaped(r: httpx.Response, status: int) -> dict:
+    assert r.status_code == status and r.headers["content-type"] == "application/json", r.text
+    err = r.json()["error"]
+    assert {"message", "type", "param", "code"} <= set(err) and err["code"] == status
+    return err
+
+
+def test_an_invalid_body_never_reaches_the_prefill_instance(backends):
+    """Each body vLLM would refuse is refused by the proxy itself, in vLLM's shape and
+    naming the field: the prefill's request count does not move (and the decode's)."""
+    (pre, _), (dec, _) = backends[0], backends[1]
+    with proxy(pd_settings(backends, max_tokens=2048, max_n=8)) as p, httpx.Client(timeout=10) as c:
+        for raw, param in INVALID:
+            err = _vllm_shaped(c.post(f"{p.url}/v1/completions", content=raw), 400)
+            assert err["param"] == param, (raw[:80], err)
+        for raw in NOT_JSON:
+            _vllm_shaped(c.post(f"{p.url}/v1/completions", content=raw), 400)
+        chat = {"model": "fake", "messages": "hi", "max_completion_tokens": 4}
+        assert _vllm_shaped(c.post(f"{p.url}/v1/chat/completions", json=chat), 400)["param"] == "messages"
+        chat = {"model": "fake", "messages": [{"role": "user", "content": "hi"}], "top_logprobs": 99}
+        assert _vllm_shaped(c.post(f"{p.url}/v1/chat/completions", json=chat), 400)["param"] == "top_logprobs"
+        assert pre.requests == [] and dec.requests == []
+        # what vLLM accepts still goes through
+        ok = body(n=2, temperature=0.5, top_p=1, logprobs=2, stop=["x"], prompt=[[1, 2], [3]])
+        assert c.post(f"{p.url}/v1/completions", json=ok).status_code == 200
+        m = c.get(f"{p.url}/metrics").text
+    assert len(pre.requests) == 1 and len(dec.requests) == 1
+    assert f'proxy_errors_total{{kind="BadRequestError"}} {len(INVALID) + 2}.0' in m
+
+
+def test_a_backend_error_passes_through_in_vllms_shape_without_its_url(backends):
+    """An error the prefill answers (unknown model) reaches the client as vLLM gave it,
+    with its status; with a key set, no error names where a backend is."""
+    key = {"Authorization": "Bearer k3y-long-enough-000"}
+    dead = f"http://127.0.0.5:{free_port('127.0.0.5')}"
+    with proxy(pd_settings(backends, api_key="k3y-long-enough-000")) as p:
+        r = httpx.post(f"{p.url}/v1/completions", json=body("unknown"), headers=key, timeout=10)
+    err = _vllm_shaped(r, 404)
+    assert err == {"message": "The model `unknown` does not exist.", "type": "NotFoundError",
+                   "param": "model", "code": 404}
+    assert backends[1][0].requests == []
+    with proxy(ProxySettings("replicated", backends=[dead], api_key="k3y-long-enough-000")) as p:
+        r = httpx.post(f"{p.url}/v1/completions", json=body(), headers=key, timeout=10)
+    err = _vllm_shaped(r, 502)
+    assert "127.0.0.5" not in r.text and "backend" not in err
+
+
+def test_the_proxy_never_answers_a_plain_text_500(backends, monkeypatch):
+    import lab_utils.serve.proxy as proxy_module
+
+    def broken(*a, **kw):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(proxy_module, "check_request", broken)
+    with proxy(ProxySettings("replicated", backends=[backends[0][1].url])) as p:
+        r = httpx.post(f"{p.url}/v1/completions", json=body(), timeout=10)
+    assert _vllm_shaped(r, 500)["type"] == "InternalServerError" and "a bug" not in r.text
+
+
+def test_bearer_is_matched_in_any_case_and_openapi_wants_the_key(backends):
+    key = "k3y-long-enough-000"
+    with proxy(ProxySettings("replicated", backends=[backends[0][1].url], api_key=key)) as p:
+        for scheme in ("Bearer", "bearer", "BEARER"):
+            r = httpx.post(f"{p.url}/v1/completions", json=body(),
+                           headers={"Authorization": f"{scheme} {key}"})
+            assert r.status_code == 200, scheme
+        assert httpx.post(f"{p.url}/v1/completions", json=body(),
+                          headers={"Authorization": f"Basic {key}"}).status_code == 401
+        assert httpx.get(f"{p.url}/openapi.json").status_code == 401
+        assert httpx.get(f"{p.url}/openapi.json", headers={"Authorization": f"Bearer {key}"}).status_code == 200
+    with proxy(ProxySettings("replicated", backends=[backends[0][1].url])) as p:
+        assert httpx.get(f"{p.url}/openapi.json").status_code == 200
+
+
+def test_a_body_sent_too_slowly_is_refused_in_bounded_time(backends):
+    settings = ProxySettings("replicated", backends=[backends[0][1].url], body_timeout_s=1.0)
+    with proxy(settings) as p, socket.create_connection((ADDR, p.port), timeout=10) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: 100\r\n\r\n{\"model\":")  # and then nothing
+        t0 = time.monotonic()
+        head = s.recv(200)
+    assert head.startswith(b"HTTP/1.1 408"), head
+    assert 0.9 < time.monotonic() - t0 < 3
+    assert backends[0][0].requests == []

@@ -61,7 +61,7 @@ def test_the_instances_key_goes_in_the_environment_only(tmp_path, monkeypatch):
 
 
 def test_the_config_refuses_a_client_key_and_a_taken_metrics_port(tmp_path):
-    data = _cfg(tmp_path, api_key_file=str(write_secret(tmp_path / "k", "sk-x")))
+    data = _cfg(tmp_path, api_key_file=str(write_secret(tmp_path / "k", "sk-proxy-key-0123456789")))
     with pytest.raises(ConfigError, match="does not check its clients' key"):
         write_profile(tmp_path, data)
     data = _cfg(tmp_path)
@@ -85,7 +85,7 @@ def test_kind_override_is_checked_like_the_file(tmp_path):
     routed = with_proxy(cfg, kind="vllm-router")
     assert (routed.proxy.kind, cfg.proxy.kind) == ("vllm-router", "lab")
     assert routed.source == cfg.source and routed.results_dir == cfg.results_dir
-    data["proxy"]["api_key_file"] = str(write_secret(tmp_path / "k", "sk-x"))
+    data["proxy"]["api_key_file"] = str(write_secret(tmp_path / "k", "sk-proxy-key-0123456789"))
     with pytest.raises(ConfigError, match="does not check its clients' key"):
         with_proxy(write_profile(tmp_path, data), kind="vllm-router")
 

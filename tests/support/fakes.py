@@ -4,7 +4,8 @@
 it received (bodies, and the Authorization header of every request) and behaves as the
 request's `model` field asks ("gaps": stream chunks that
 wait for the test's go-ahead, "hang", "die": break off mid-stream, "no_kv": a prefill
-answer without kv_transfer_params, anything else: an instant answer).
+answer without kv_transfer_params, "unknown": vLLM's 404 for a model it does not serve,
+anything else: an instant answer).
 """
 
 from __future__ import annotations
@@ -95,6 +96,10 @@ class FakeBackend:
             behaviour = body.get("model", "")
             if behaviour == "hang":
                 await asyncio.sleep(3600)
+            if behaviour == "unknown":
+                return JSONResponse({"error": {"message": "The model `unknown` does not exist.",
+                                               "type": "NotFoundError", "param": "model",
+                                               "code": 404}}, status_code=404)
             if not body.get("stream"):
                 out = {"id": "x", "choices": [{"index": 0, "text": "ok"}], "from": fake.name}
                 if behaviour != "no_kv" and body.get("kv_transfer_params", {}).get("do_remote_decode"):

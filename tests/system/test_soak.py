@@ -54,12 +54,13 @@ STARTUP_ALLOWANCE_S = 700.0  # rehearsal.up() when this test is the first to nee
 RSS_REL = 0.05
 RSS_ABS = 32 * 2**20
 
-# The error kinds the lab proxy itself produces (lab_utils/proxy.py: ProxyError kinds and
-# the relay's upstream_stream_broken); it counts each in proxy_errors_total{kind}. Errors
+# The error kinds the lab proxy itself produces (lab_utils/serve/proxy.py: ProxyError kinds
+# and the relay's upstream_stream_broken); it counts each in proxy_errors_total{kind}. Errors
 # of any other type come from vLLM and are passed through uncounted.
 PROXY_KINDS = {"unauthorized", "body_too_large", "invalid_json", "client_disconnected",
                "prefill_failed", "no_kv_transfer_params", "upstream_timeout",
-               "upstream_unavailable", "upstream_stream_broken"}
+               "upstream_unavailable", "upstream_stream_broken", "BadRequestError",
+               "body_timeout", "InternalServerError"}
 # Kinds the proxy can raise before it has the decode instance's response headers, i.e.
 # before it counts the request in proxy_decode_ttfb_seconds; upstream_stream_broken is
 # the only one raised after.
