@@ -150,8 +150,14 @@ def plot_predicted_vs_measured(rows: list[dict], title: str):
 
 
 def descriptor_bytes(shape: KVShape, bs: int) -> int:
-    """One NIXL descriptor of vLLM's paged cache: one block of one layer's K (or V)."""
-    return bs * shape.head_dim * shape.dtype_bytes * (1 if shape.mla else shape.kv_heads)
+    """One NIXL descriptor of vLLM's paged cache: one block of one layer, K and V together.
+
+    vLLM 0.32's attention layers keep a layer's cache as [num_blocks, kv_heads, block_size,
+    2 x head_dim] (K and V packed in the last dimension, FlashAttention's documented layout)
+    and its NixlConnector registers each layer as one region whose descriptor is one page
+    (`page_size_bytes` of the layer's KV spec: kv_heads x block_size x (K + V head dims) x
+    dtype bytes). An MLA layer stores one latent per token instead."""
+    return bs * shape.bytes_per_token // shape.layers
 
 
 def seg_types(cfg: LabConfig) -> tuple[str, ...]:
@@ -169,13 +175,18 @@ def rails(cfg: LabConfig) -> int:
 
 
 def link_rate(checks: Iterable[Any], cfg: LabConfig | None = None) -> float | None:
-    """The data-plane rate (Gb/s) the probe is held to, if the checklist saw one reported
-    (`checks`: notebook 00's check results). The check reports one device's rate (ibstat
-    `Rate: 100` for one half of a Spark's ConnectX-7 port), while UCX stripes a transfer
-    over every device in UCX_NET_DEVICES, so with `cfg` the rate is that times `rails`."""
+    """The data-plane rate (Gb/s) the probe is held to, if the checklist's link check ran
+    (`checks`: notebook 00's check results): one rail's ceiling times the rails (`rails`)
+    with `cfg`, since UCX stripes a transfer over every device in UCX_NET_DEVICES.
+
+    One rail's ceiling is the link check's `ceiling_gbps`: the lower of one PCIe Gen5 x4
+    half's ~100 Gb/s and the device's reported rate. The reported rate alone would
+    double the limit where a half reports the port's 200 Gb/s (ethtool through a 200G
+    switch, ibstat `Rate: 200` on a Dell Pro Max GB10), while one half moves ~100 at most."""
     for c in checks:
         if c.check == "link" and c.data.get("reported_gbps"):
-            return c.data["reported_gbps"] * (rails(cfg) if cfg is not None else 1)
+            per_rail = c.data.get("ceiling_gbps") or c.data["reported_gbps"]
+            return per_rail * (rails(cfg) if cfg is not None else 1)
     return None
 
 

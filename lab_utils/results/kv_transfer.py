@@ -45,7 +45,7 @@ class ProbeResult:
     def to_frame(self, full: bool = False):
         """The probe's table: per memory, operation and size, the time, the bandwidth and
         its share of the limit. Each size moves as many NIXL descriptors of
-        `descriptor_bytes` (one block of one layer's K or V) as its row says; `full`:
+        `descriptor_bytes` (one block of one layer, K and V together) as its row says; `full`:
         every raw column."""
         import pandas as pd
 

@@ -23,12 +23,37 @@ def test_reference_models_match_published_sizes():
 
 
 def test_descriptor_is_one_block_of_one_layer():
-    # Llama-3.1-8B, block 16: 16 tokens x 8 KV heads x 128 x 2 bytes = 32 KiB per K (or V)
-    assert kv_budget.descriptor_bytes(kv_shape(LLAMA_8B), 16) == 32 * 1024
-    # tiny model, block 32: 32 x 2 x 64 x 2 = 8 KiB; 2 x 4 layers of them = one block's KV
+    # Llama-3.1-8B, block 16: 16 tokens x 8 KV heads x (128 K + 128 V) x 2 bytes = 64 KiB
+    assert kv_budget.descriptor_bytes(kv_shape(LLAMA_8B), 16) == 64 * 1024
+    # tiny model, block 32: 32 x 2 x (64 + 64) x 2 = 16 KiB; 4 layers of them = one block's KV
     tiny = kv_shape({"hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2,
                      "head_dim": 64, "num_hidden_layers": 4})
-    assert kv_budget.descriptor_bytes(tiny, 32) * 2 * 4 == tiny.transfer_bytes(32, 32)
+    assert kv_budget.descriptor_bytes(tiny, 32) * 4 == tiny.transfer_bytes(32, 32)
+
+
+_MLA = {"num_hidden_layers": 61, "num_attention_heads": 128, "hidden_size": 7168,
+        "kv_lora_rank": 512, "qk_rope_head_dim": 64, "torch_dtype": "bfloat16"}
+
+
+@pytest.mark.parametrize("model", ["Qwen/Qwen3-8B", "meta-llama/Llama-3.1-8B", "mla"])
+@pytest.mark.parametrize("bs", [16, 128])
+def test_descriptor_is_the_page_vllm_registers(model, bs):
+    """The installed vLLM's NixlConnector registers each attention layer as one region
+    whose descriptor is the layer's page (`block_len = layer_spec.page_size_bytes`, in
+    nixl/base_worker.py), K and V packed ([num_blocks, kv_heads, block_size, 2 x
+    head_size]); the lab's descriptor is that page, for the reference models and MLA."""
+    import torch
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec
+
+    hf = _MLA if model == "mla" else kv_budget.PUBLISHED_CONFIGS[model]
+    shape = kv_shape(hf)
+    if shape.mla:
+        spec = MLAAttentionSpec(block_size=bs, num_kv_heads=1, head_size=shape.head_dim,
+                                dtype=torch.bfloat16)
+    else:
+        spec = FullAttentionSpec(block_size=bs, num_kv_heads=shape.kv_heads,
+                                 head_size=shape.head_dim, dtype=torch.bfloat16)
+    assert kv_budget.descriptor_bytes(shape, bs) == spec.page_size_bytes
 
 
 def test_prompt_lengths_and_block_size(test_cfg):
@@ -58,16 +83,21 @@ def test_recommendation_uses_measured_bandwidths(test_cfg):
     assert rec.kv_buffer_device == "cpu" and rec.dram_GBps == 3.0 and rec.vram_GBps is None
 
 
+def _link(reported: float) -> CheckResult:
+    """The link check's result for one rail reporting `reported` Gb/s, as rdma.link_verdict
+    builds it (one PCIe x4 half: at most ~100 Gb/s)."""
+    from lab_utils.checks.rdma import link_verdict
+
+    return link_verdict("spark-02 -> spark-01", 92.5, reported, "ib_write_bw on one rail")
+
+
 def test_link_rate_from_the_checklist():
-    link = CheckResult("link", "cluster", "pass", "ok",
-                       data={"measured_gbps": 92.5, "reported_gbps": 100})
-    assert kv_budget.link_rate([CheckResult("ssh", "a", "pass", "ok"), link]) == 100
+    assert kv_budget.link_rate([CheckResult("ssh", "a", "pass", "ok"), _link(100)]) == 100
     assert kv_budget.link_rate([]) is None
 
 
 def test_link_rate_sums_the_configured_rails(test_cfg):
-    link = CheckResult("link", "cluster", "pass", "ok",
-                       data={"measured_gbps": 92.5, "reported_gbps": 100})
+    link = _link(100)  # ibstat `Rate: 100` per half (recorded two-Spark pair)
     assert kv_budget.rails(test_cfg) == 1  # no data_netdev: one path
     assert kv_budget.link_rate([link], test_cfg) == 100
     nodes = {n: v.model_copy() for n, v in test_cfg.nodes.items()}
@@ -78,6 +108,25 @@ def test_link_rate_sums_the_configured_rails(test_cfg):
     assert kv_budget.rails(both) == 2 and kv_budget.link_rate([link], both) == 200
     nodes[initiator].data_netdev = "rocep1s0f1:1"  # the path is as wide as its narrower end
     assert kv_budget.link_rate([link], test_cfg.model_copy(update={"nodes": nodes})) == 100
+
+
+@pytest.mark.parametrize("recording", ["ethtool.grep-Speed.enp1s0f1np1.gb10.via-switch.200G.txt",
+                                       "ibstat.gb10.dell-pro-max.port0-rate200.excerpt.txt"])
+def test_link_rate_holds_each_rail_to_one_half(test_cfg, recording):
+    """Where each half reports the port's 200 Gb/s (ethtool through a 200G switch, ibstat
+    on a Dell Pro Max GB10), two rails are held to 2 x ~100 Gb/s, not 2 x 200."""
+    from lab_utils.checks import parsers
+
+    text = (REC / recording).read_text()
+    reported = (parsers.ethtool_speed_mbps(text) / 1000 if recording.startswith("ethtool")
+                else parsers.ibstat(text)["rocep1s0f0"]["ports"][1]["rate"])
+    assert reported == 200
+    nodes = {n: v.model_copy() for n, v in test_cfg.nodes.items()}
+    for n in test_cfg.probe_pair():
+        nodes[n].data_netdev = "rocep1s0f0:1,roceP2p1s0f0:1"
+    both = test_cfg.model_copy(update={"nodes": nodes})
+    assert kv_budget.link_rate([_link(reported)], both) == 200
+    assert kv_budget.link_rate([_link(reported)]) == 100
 
 
 def _with_device(cfg, device: str):
