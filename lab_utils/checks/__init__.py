@@ -7,7 +7,8 @@ fail, the fix. `run_checks(cfg)` runs them all; `python -m lab_utils check` prin
 - `software`: SSH, deployed code, Python and package versions, model, clock, HF token, logs.
 - `resources`: memory and disk on every node.
 - `gpu`: GPU and driver, the CUDA build of torch and vLLM.
-- `rdma`: RDMA devices of the data plane (state, MTU, speed, both rails), UCX, link bandwidth.
+- `rdma`: RDMA devices of the data plane (state, MTU, speed, both rails), link bandwidth.
+- `nixl`: a NIXL smoke test with the node's own nixl and UCX, the locked-memory limit.
 - `network`: every port the lab will use, tried from the node that will connect.
 - `parsers`: pure parsers of what the diagnostic commands print on a DGX Spark.
 - `views`: the tables notebook 00 shows.
@@ -15,15 +16,15 @@ fail, the fix. `run_checks(cfg)` runs them all; `python -m lab_utils check` prin
 
 from __future__ import annotations
 
-from lab_utils.checks import gpu, network, rdma, resources, software, views
+from lab_utils.checks import gpu, network, nixl, rdma, resources, software, views
 from lab_utils.checks.frame import ChecklistReport, Context, run_checklist
 from lab_utils.cluster.nodes import Node
 from lab_utils.config import LabConfig
 
 __all__ = ["CHECKS", "ChecklistReport", "Context", "run_checks", "views"]
 
-CHECKS = [software.check_ssh, software.check_code, software.check_python, gpu.check_gpu,
-          gpu.check_cuda_build, rdma.check_rdma, rdma.check_ucx, rdma.check_memlock,
+CHECKS = [software.check_ssh, software.check_code, software.check_python,
+          software.check_os_packages, gpu.check_gpu, gpu.check_cuda_build, rdma.check_rdma, nixl.check_nixl, nixl.check_memlock,
           network.check_ports,
           network.check_link, software.check_model, resources.check_resources,
           software.check_clock, software.check_hf_token, software.check_logs]

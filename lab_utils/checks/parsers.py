@@ -370,6 +370,36 @@ def ucx_info_transports(text: str) -> list[tuple[str, str | None]]:
     return pairs
 
 
+_UCX_LOG_PREFIX = re.compile(r"^\s*\[[^\]]*\]\s*\[[^\]]*\]\s*")
+_TRANSPORT_DEVICE = re.compile(r"\b([a-z][a-z0-9_]*)/([A-Za-z0-9_.:-]+)")
+
+
+def ucx_proto_info(text: str) -> list[dict[str, Any]]:
+    """The tables UCX prints with UCX_PROTO_INFO=y, one per operation a worker prepared:
+    [{"title": "a intra-node cfg#1", "operation": "remote memory read by ucp_get*(multi)
+    into host memory from host", "rows": [(range, description, config)], "transports":
+    ["tcp/lo"]}]. "transports" are the transport/device pairs its Config column names
+    ("rc_mlx5/rocep1s0f1:1"), in order, each once. Other lines are ignored."""
+    tables: list[dict[str, Any]] = []
+    for line in text.splitlines():
+        body = _UCX_LOG_PREFIX.sub("", line).strip()
+        if not body.startswith("|") or not body.endswith("|"):
+            continue
+        cells = [c.strip() for c in body[1:-1].split("|")]
+        if len(cells) == 1:
+            if tables and not tables[-1]["operation"] and not tables[-1]["rows"]:
+                tables[-1]["operation"] = cells[0]
+            else:
+                tables.append({"title": cells[0], "operation": "", "rows": [], "transports": []})
+        elif len(cells) == 3 and tables and cells != ["Range", "Description", "Config"]:
+            table = tables[-1]
+            table["rows"].append(tuple(cells))
+            for tl, dev in _TRANSPORT_DEVICE.findall(cells[2]):
+                if f"{tl}/{dev}" not in table["transports"]:
+                    table["transports"].append(f"{tl}/{dev}")
+    return tables
+
+
 # --------------------------------------------------------------------------- link test
 
 

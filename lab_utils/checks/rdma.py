@@ -1,9 +1,9 @@
 """RDMA checks of the serving nodes: the data plane's devices (state, MTU, negotiated
-speed, both rails and their IPv4 addresses), UCX's transports, and the RDMA bandwidth of
-the link.
+speed, both rails and their IPv4 addresses) and the RDMA bandwidth of the link (what NIXL
+and its UCX do with them: `lab_utils.checks.nixl`).
 
 They parse the same commands an engineer would type on a DGX Spark (`ibdev2netdev`,
-`ibv_devinfo`, `ip link`, `ip addr`, `ethtool`, `ibstat`, `ucx_info -d`, `ib_write_bw`), with
+`ibv_devinfo`, `ip link`, `ip addr`, `ethtool`, `ibstat`, `ib_write_bw`), with
 the parsers in `lab_utils.checks.parsers`, tested on outputs recorded on GB10 machines. A
 stock DGX OS has neither `ib_write_bw` (perftest) nor `ibstat` (infiniband-diags): without
 ib_write_bw the link check warns with the install line; without ibstat the rate comes from
@@ -137,21 +137,39 @@ def rails_verdict(name: str, chosen: list[dict], rows: list[dict],
                        evidence=seen)
 
 
+IBVERBS_INSTALL = "sudo apt install ibverbs-utils"
+
+
 def _mtu(ctx: Context, name: str, chosen: list[dict]) -> CheckResult:
-    info = parsers.ibv_devinfo(ctx.run(name, ["ibv_devinfo"]).stdout)
-    low = []
-    seen = []
+    """RoCE's active MTU (`ibv_devinfo`) and the netdev's MTU (`ip link`) of each configured
+    device. A tool that is missing, or a value it does not print, is "not read", never a
+    small MTU."""
+    res = ctx.run(name, ["ibv_devinfo"])
+    if not res.ok:
+        return CheckResult("mtu", name, "warn", "RoCE MTU not checked: ibv_devinfo not available",
+                           evidence=(res.stderr or res.stdout).strip()[-200:] or f"exit {res.code}",
+                           fix=f"on {name}: `{IBVERBS_INSTALL}`, then run the checklist again")
+    info = parsers.ibv_devinfo(res.stdout)
+    low, unread, seen = [], [], []
     for r in chosen:
         port = info.get(r["ibdev"], {}).get("ports", {}).get(int(r["port"]), {})
         link = parsers.ip_link(ctx.run(name, ["ip", "link", "show", r["netdev"]]).stdout)
-        mtu = link.get(r["netdev"], {}).get("mtu")
-        seen.append(f"{r['ibdev']} active_mtu {port.get('active_mtu')}, {r['netdev']} mtu {mtu}")
-        if (port.get("active_mtu") or 0) < GOOD_MTU or (mtu or 0) < 9000:
+        active, mtu = port.get("active_mtu"), link.get(r["netdev"], {}).get("mtu")
+        seen.append(f"{r['ibdev']} active_mtu {active or 'not read'}, "
+                    f"{r['netdev']} mtu {mtu or 'not read'}")
+        if active is None or mtu is None:
+            unread.append(r["netdev"])
+        elif active < GOOD_MTU or mtu < 9000:
             low.append(r["netdev"])
     if low:
         cmds = "; ".join(f"`sudo ip link set dev {n} mtu 9000`" for n in low)
         return CheckResult("mtu", name, "warn", "RoCE MTU below 4096", evidence="; ".join(seen),
                            fix=f"on {name}: {cmds} (persist it in netplan; the peer needs the same)")
+    if unread:
+        return CheckResult("mtu", name, "warn", f"MTU of {', '.join(unread)} not read",
+                           evidence="; ".join(seen),
+                           fix=f"on {name}: check `ibv_devinfo` lists the device and `ip link "
+                               "show <netdev>` works")
     return CheckResult("mtu", name, "pass", "RoCE MTU 4096 (netdev MTU 9000)",
                        evidence="; ".join(seen))
 
@@ -192,58 +210,6 @@ def _speed(ctx: Context, name: str, chosen: list[dict]) -> CheckResult:
                                f"cable; `sudo ethtool {slow[0]}` must show Speed "
                                f"{int(expected * 1000)}Mb/s")
     return CheckResult("link_speed", name, "pass", seen)
-
-
-def check_ucx(ctx: Context) -> list[CheckResult]:
-    names, out = _rdma_nodes(ctx, "ucx")
-    for name in names:
-        r = ctx.run(name, ["ucx_info", "-d"])
-        if not r.ok:
-            out.append(CheckResult("ucx", name, "warn", "ucx_info not available",
-                                   evidence=r.stderr.strip()[-200:],
-                                   fix="install UCX's tools (ucx_info) to see the transports; "
-                                       "notebook 02's probe shows what NIXL achieves"))
-            continue
-        transports = {t for t, _ in parsers.ucx_info_transports(r.stdout)}
-        rdma = sorted(t for t in transports if t.startswith(("rc_", "dc_", "ud_")))
-        seen = ", ".join(sorted(transports))
-        if rdma:
-            out.append(CheckResult("ucx", name, "pass", f"RDMA transports {', '.join(rdma)}",
-                                   evidence=seen))
-        else:
-            out.append(CheckResult("ucx", name, "fail", "UCX has no RDMA transport", evidence=seen,
-                                   fix="install a UCX built with rdma-core/mlx5 (DOCA-OFED), or "
-                                       "the nixl wheel's own; check /dev/infiniband exists"))
-    return out
-
-
-MEMLOCK_FIX = ("let the SSH user lock memory: `echo '* - memlock unlimited' | sudo tee "
-               "/etc/security/limits.d/90-rdma-memlock.conf`, log in again, and check that "
-               "`ssh <node> 'ulimit -l'` prints unlimited")
-
-
-def memlock_verdict(name: str, answer: str | None) -> CheckResult:
-    """The memory-lock limit of the lab's SSH session (`ulimit -l`, KiB or "unlimited").
-    NIXL registers vLLM's KV transfer buffer with the RDMA device, which locks its pages;
-    with kv_buffer_device "cpu" that buffer is the size of the whole KV cache (tens of GiB),
-    far above a distribution's default limit, so only "unlimited" passes."""
-    if answer is None:
-        return CheckResult("memlock", name, "warn", "could not read the memory-lock limit",
-                           evidence="`sh -c 'ulimit -l'` gave no answer", fix=MEMLOCK_FIX)
-    value = answer.strip()
-    if value == "unlimited":
-        return CheckResult("memlock", name, "pass", "ulimit -l: unlimited")
-    return CheckResult("memlock", name, "warn", f"ulimit -l is {value} KiB: too small to "
-                       "register the KV transfer buffer for RDMA", evidence=f"ulimit -l: {value}",
-                       fix=MEMLOCK_FIX)
-
-
-def check_memlock(ctx: Context) -> list[CheckResult]:
-    names, out = _rdma_nodes(ctx, "memlock")
-    for name in names:
-        r = ctx.run(name, ["sh", "-c", "ulimit -l"])
-        out.append(memlock_verdict(name, r.stdout if r.ok and r.stdout.strip() else None))
-    return out
 
 
 PERFTEST_INSTALL = "sudo apt install perftest infiniband-diags"

@@ -145,6 +145,40 @@ def _same_versions(facts: dict, serving: list[str]) -> CheckResult:
                        f"on {', '.join(serving)}")
 
 
+OS_PACKAGES = "sudo apt install build-essential python3-dev python3-venv ibverbs-utils"
+
+
+def check_os_packages(ctx: Context) -> list[CheckResult]:
+    """What a CUDA serving node needs from the OS besides the venv: a C compiler and the
+    Python headers (Triton builds a small C launcher against Python.h on first use:
+    triton/runtime/build.py) and, on a node with RDMA, `ibv_devinfo` (the mtu check).
+    Something missing is a fail for the compiler and headers, a warning for the tool."""
+    def why_not(n: str) -> str | None:
+        return None if ctx.cfg.vllm.device == "cuda" else "vllm.device is 'cpu': no Triton"
+
+    names, out = ctx.split("os_packages", ctx.serving(), why_not)
+    for name in names:
+        rdma = bool(ctx.cfg.nodes[name].data_netdev)
+        tools = ["gcc"] + (["ibv_devinfo"] if rdma else [])
+        r = ctx.run(name, ["sh", "-c", f"command -v {' '.join(tools)}; true"])
+        found = {ln.strip().rsplit("/", 1)[-1] for ln in r.stdout.splitlines() if ln.strip()}
+        header = ctx.facts(name, "python").get("python_h")
+        seen = "; ".join([f"{t}: {'found' if t in found else 'not found'}" for t in tools]
+                         + [f"Python.h: {header or 'not found'}"])
+        missing = [t for t in tools if t not in found] + ([] if header else ["Python.h"])
+        fix = f"on {name}: `{OS_PACKAGES}` (docs/CLUSTER.md, 'Serving nodes')"
+        if set(missing) & {"gcc", "Python.h"}:
+            out.append(CheckResult("os_packages", name, "fail",
+                                   f"{', '.join(missing)} missing: Triton cannot build its "
+                                   "launcher when vLLM starts", evidence=seen, fix=fix))
+        elif missing:
+            out.append(CheckResult("os_packages", name, "warn", "ibv_devinfo missing: the mtu "
+                                   "check cannot read the RoCE MTU", evidence=seen, fix=fix))
+        else:
+            out.append(CheckResult("os_packages", name, "pass", seen))
+    return out
+
+
 def check_model(ctx: Context) -> list[CheckResult]:
     cfg = ctx.cfg
     names, skipped = ctx.split("model", ctx.serving())

@@ -4,8 +4,9 @@ Standard library only: its source is sent to the node's Python (over stdin, or w
 `-c` for a detached listener), so it works before the lab is deployed there and in any
 interpreter. Each command prints one JSON line:
 
-    python                  versions of Python, vLLM, torch (and its CUDA), nixl, and
-                            the CUDA runtime vLLM's compiled extensions link
+    python                  versions of Python, vLLM, torch (and its CUDA), nixl, the
+                            CUDA runtime vLLM's compiled extensions link, and the path of
+                            Python.h where Triton looks for it (None: not there)
     clock                   the node's time.time()
     disk PATH...            free and total bytes of the file system holding each path
     logs DIR                the tail of every *.log file under DIR
@@ -109,7 +110,18 @@ def python_facts():
             "torch_cuda": _torch_cuda() if torch else None,
             "vllm_cudart": _vllm_cudart() if vllm else None,
             "nixl": dist_version("nixl", "nixl-cu13", "nixl-cu12"),
-            "huggingface_hub": dist_version("huggingface_hub")}
+            "huggingface_hub": dist_version("huggingface_hub"),
+            "python_h": _python_h()}
+
+
+def _python_h():
+    """Python.h in the include directory Triton compiles its launcher against
+    (sysconfig's default scheme, triton/runtime/build.py), or None."""
+    import sysconfig
+
+    path = os.path.join(sysconfig.get_paths(scheme=sysconfig.get_default_scheme())["include"],
+                        "Python.h")
+    return path if os.path.isfile(path) else None
 
 
 def _split(target):

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from lab_utils.checks import rdma, run_checks
+from lab_utils.checks import nixl, rdma, run_checks
 from lab_utils.checks.frame import ChecklistReport
 from lab_utils.config import parse_config
 from lab_utils.results.checklist import CheckResult
@@ -40,7 +40,9 @@ RECORDED_STATUS = {
     ("gpu_processes", "spark-01"): "pass", ("cuda_build", "spark-01"): "pass",
     ("rdma", "spark-01"): "pass", ("rails", "spark-01"): "pass",
     # roceP2p1s0f1's active_mtu is 1024 in the mtu9000 recording (only f0/f1 were raised)
-    ("mtu", "spark-01"): "warn", ("link_speed", "spark-01"): "pass", ("ucx", "spark-01"): "pass",
+    ("mtu", "spark-01"): "warn", ("link_speed", "spark-01"): "pass",
+    # no NIXL transfer was recorded on a GB10: the replay cannot answer the smoke test
+    ("nixl", "spark-01"): "warn", ("os_packages", "spark-01"): "pass",
     ("link", "spark-02 -> spark-01"): "pass", ("model", "cluster"): "pass",
     ("memory", "spark-01"): "pass", ("clock", "spark-01"): "pass",
     ("hf_token", "cluster"): "pass", ("logs", "spark-02"): "n/a",
@@ -65,6 +67,12 @@ GOLDEN = {
     "no_perftest": {("link", "spark-02 -> spark-01"):
                     ("warn", "sudo apt install perftest infiniband-diags"),
                     ("link_speed", "spark-01"): ("pass", None)},
+    # a stock Ubuntu: no compiler or Python headers for Triton (fail), no ibv_devinfo: the
+    # mtu check says it could not read the MTU, not that the MTU is low
+    "stock_os_packages": {("os_packages", "spark-01"): ("fail", "build-essential python3-dev"),
+                          ("mtu", "spark-01"): ("warn", "sudo apt install ibverbs-utils")},
+    # Ubuntu's 8 MiB default: far below the KV cache's host copy NIXL registers
+    "memlock_default": {("memlock", "spark-01"): ("fail", "LimitMEMLOCK=infinity")},
     # 200G on port 0, Rate 200 per half, 92.6 Gb/s on one half: healthy
     "healthy_200g": {("rdma", "spark-01"): ("pass", None), ("rails", "spark-01"): ("pass", None),
                      ("link_speed", "spark-01"): ("pass", None),
@@ -183,7 +191,7 @@ def test_replayed_commands_are_the_recorded_ones(spark_cfg):
     with Cluster(spark_cfg, nodes) as cluster:  # a cluster of replaying nodes, passed down
         run_checks(cluster, show_progress=False)
     ran = set(nodes["spark-01"].commands)
-    for cmd in ("nvidia-smi", "ibdev2netdev", "ibv_devinfo", "ucx_info -d", "ethtool enp1s0f1np1"):
+    for cmd in ("nvidia-smi", "ibdev2netdev", "ibv_devinfo", "ethtool enp1s0f1np1"):
         assert cmd in ran
     assert "ib_write_bw -d rocep1s0f1 -p 5800 192.168.100.10" in nodes["spark-02"].commands
     # nothing the check started is left running on any node
@@ -304,13 +312,67 @@ def test_memory_check_uses_the_plan_with_the_nixl_host_mirror(spark_cfg):
     assert "gpu_memory_utilization 0.53" in mem.fix and "kv-cache-memory-bytes" in mem.fix
 
 
-def test_memlock_only_unlimited_passes():
+def test_memlock_fails_below_what_nixl_registers():
     """The verdict on `ulimit -l` answers (constructed strings: the shell prints a number of
-    KiB or "unlimited"); the check is n/a where NIXL does not use RDMA."""
-    assert rdma.memlock_verdict("spark-01", "unlimited\n").status == "pass"
-    low = rdma.memlock_verdict("spark-01", "8192\n")
-    assert low.status == "warn" and "8192 KiB" in low.summary and "limits.d" in low.fix
-    assert rdma.memlock_verdict("spark-01", None).status == "warn"
+    KiB or "unlimited") against what NIXL registers; n/a where NIXL does not use RDMA."""
+    assert nixl.memlock_verdict("spark-01", "unlimited\n").status == "pass"
+    low = nixl.memlock_verdict("spark-01", "8192\n", 36 * 2**30, "a host copy", "lab")
+    assert low.status == "fail" and "8192 KiB" in low.summary
+    assert "limits.d" in low.fix and "lab soft memlock" in low.fix and "LimitMEMLOCK" in low.fix
+    assert nixl.memlock_verdict("spark-01", "8192\n", None, "no config.json").status == "fail"
+    enough = nixl.memlock_verdict("spark-01", f"{64 * 2**20}\n", 36 * 2**30, "a host copy")
+    assert enough.status == "pass"
+    assert nixl.memlock_verdict("spark-01", None).status == "warn"
+
+
+def test_memlock_needs_the_kv_host_copy_on_the_recorded_pair(tmp_path):
+    """On the recorded two-Spark profile (Qwen3-8B, kv_buffer_device "cpu"), what NIXL
+    registers is the instance's host copy of the KV cache, as `serve`'s plan sizes it."""
+    cfg = scenario_cfg(tmp_path, "memlock_default")
+    report = run_checks(cfg, replay_nodes(cfg, "memlock_default"), show_progress=False)
+    got = _by_key(report)[("memlock", "spark-01")]
+    assert got.status == "fail" and "host copy of the KV cache" in got.evidence, got
+    assert "ulimit -l: 8192" in got.evidence
+
+
+def test_nixl_smoke_verdicts():
+    """The smoke test's verdicts on its answer line and UCX_PROTO_INFO's tables (the
+    rehearsal's real tcp/lo output shape; an RDMA table as UCX prints it, hand-written:
+    no GB10 recording of one exists)."""
+    env = {"UCX_TLS": "^sm,cma", "UCX_PROTO_INFO": "y", "UCX_NET_DEVICES": "rocep1s0f1:1"}
+    ok = 'NIXL_SMOKE {"ok": true, "stage": "done", "error": null, "bytes": 1048576, "seconds": 0.01}'
+
+    def table(config: str) -> str:
+        return "\n".join(f"[1.0] [spark:1:0]   {line}" for line in (
+            "+--------+-------------+------------+", "| a intra-node cfg#1 |",
+            "| remote memory read by ucp_get*(multi) into host memory from host |",
+            "+--------+-------------+------------+", "| Range  | Description | Config |",
+            "+--------+-------------+------------+", f"| 0..inf | zero-copy | {config} |",
+            "+--------+-------------+------------+")) + "\n"
+
+    rdma_ok = nixl.nixl_verdict("spark-01", 0, table("rc_mlx5/rocep1s0f1:1") + ok, env, rdma=True)
+    assert rdma_ok.status == "pass" and "rc_mlx5/rocep1s0f1:1" in rdma_ok.evidence
+    tcp = nixl.nixl_verdict("spark-01", 0, table("tcp/enp1s0f1np1") + ok, env, rdma=True)
+    assert tcp.status == "warn" and "not over RDMA" in tcp.summary
+    assert nixl.nixl_verdict("local", 0, table("tcp/lo") + ok, env, rdma=False).status == "pass"
+    bad = ('NIXL_SMOKE {"ok": false, "stage": "agent", "error": "nixlBackendError: '
+           'NIXL_ERR_BACKEND", "bytes": 1048576, "seconds": null}')
+    failed = nixl.nixl_verdict("spark-01", 0, bad, env, rdma=True)
+    assert failed.status == "fail" and "NIXL_ERR_BACKEND" in failed.summary
+    assert "ulimit -l" in failed.fix and "UCX_TLS" in failed.fix
+    assert nixl.nixl_verdict("spark-01", 139, "Segmentation fault", env, rdma=True).status == "fail"
+
+
+def test_nixl_smoke_runs_for_real_on_the_local_node(test_cfg):
+    """The smoke test on the rehearsal's local node: the venv's nixl with its own UCX
+    moves 1 MiB between two agents (over TCP here: shared memory is left out)."""
+    from lab_utils.checks.frame import Context
+    from lab_utils.cluster import Cluster
+
+    with Cluster(test_cfg) as cluster:
+        got = nixl.check_nixl(Context(cluster))
+    assert got and all(r.status == "pass" for r in got), got
+    assert all("moved 1024 KiB" in r.summary and "UCX chose tcp/" in r.evidence for r in got)
 
 
 def test_token_check_refuses_what_serve_refuses(tmp_path, monkeypatch):

@@ -6,8 +6,10 @@ two-Spark profile without the hardware. A scenario picks which recording answers
 command: `SCENARIOS["recorded"]` is the pair as the recordings show it, the others swap
 in the recorded failure cases. Answers to the lab's own probes (`nodefacts`) are built
 from recordings where one exists (package versions) and are otherwise plain values
-(a clock, free disk, a listener that accepts, `command -v` finding every tool, a missing
-tool's exit 127), stated as such below. A scenario may also change the profile's node
+(a clock, free disk, a listener that accepts, `command -v` finding every tool, Python.h
+where Ubuntu's python3.12-dev puts it, a missing tool's exit 127), stated as such below.
+No recording of `ulimit -l` or of a NIXL transfer on a GB10 exists: those answer as an
+unrecorded command does (exit 127), unless a scenario gives a plain value. A scenario may also change the profile's node
 settings (`profile_data`).
 """
 
@@ -32,6 +34,9 @@ def rec(name: str) -> str:
     return (REC / name).read_text()
 
 
+PYTHON_H = "/usr/include/python3.12/Python.h"  # python3.12-dev's path: a plain value
+
+
 def python_facts(kind: str) -> dict:
     """The `nodefacts python` answer, from recorded `pip show vllm` and torch outputs.
     nixl's version appears in no recording: "not-recorded" stands for "installed"; nor does
@@ -45,7 +50,8 @@ def python_facts(kind: str) -> dict:
     if kind == "pypi_032":
         return {"python": "3.12.3", "executable": "/home/lab/spark-disagg-lab/.venv/bin/python",
                 "vllm": "0.32.0", "torch": "2.13.0", "torch_cuda": "13.0",
-                "vllm_cudart": "libcudart.so.13", "nixl": "1.5.1", "huggingface_hub": "not-recorded"}
+                "vllm_cudart": "libcudart.so.13", "nixl": "1.5.1", "huggingface_hub": "not-recorded",
+                "python_h": PYTHON_H}
     if kind == "cu129":
         env = parsers_extra.collect_env(rec("vllm-collect_env.gb10.torch-cu129.excerpt.txt"))
         torch, cuda = env["torch_version"], env["cuda_used_to_build"]
@@ -56,7 +62,7 @@ def python_facts(kind: str) -> dict:
     return {"python": "3.12.3", "executable": "/home/lab/spark-disagg-lab/.venv/bin/python",
             "vllm": vllm, "torch": torch, "torch_cuda": cuda, "vllm_cudart": None,
             "nixl": "not-recorded",
-            "huggingface_hub": "not-recorded"}
+            "huggingface_hub": "not-recorded", "python_h": PYTHON_H}
 
 
 # Which recording answers which command, for the pair as recorded.
@@ -71,7 +77,6 @@ RECORDED = {
     "ip link show enP2p1s0f1np1": "ip-link-show.gb10.mtu1500.txt",
     "ethtool enp1s0f1np1": "ethtool.grep-Speed.enp1s0f1np1.gb10.via-switch.200G.txt",
     "ethtool enP2p1s0f1np1": "ethtool.grep-Speed.enP2p1s0f1np1.gb10.via-switch.200G.txt",
-    "ucx_info -d": "ucx_info-d.grep-mlx5-Transport.gb10.txt",
     "ibstat": "ibstat.gb10.txt",
     "ib_write_bw -d rocep1s0f1 -p 5800 192.168.100.10": "ib_write_bw.gb10-pair.client.mtu1024.link2.txt",
     "cat /proc/meminfo": "proc-meminfo.head-20.gb10.txt",
@@ -97,6 +102,11 @@ SCENARIOS: dict[str, dict] = {
     # A stock DGX OS: perftest and infiniband-diags not installed (no recording of the
     # shell's "not found" exists; the replay answers as a shell does, exit 127).
     "no_perftest": {"missing": ["ib_write_bw", "ibstat"]},
+    # A stock Ubuntu without build-essential, python3.12-dev and ibverbs-utils (plain
+    # values: `command -v` finds neither gcc nor ibv_devinfo, no Python.h)
+    "stock_os_packages": {"missing": ["gcc", "ibv_devinfo"], "python_h": False},
+    # Ubuntu's default locked-memory limit, 8 MiB (a plain value: no GB10 recording)
+    "memlock_default": {"sh -c ulimit -l": "=8192\n"},
     # A healthy pair at 200G with the cable in port 0: both halves of it configured, each
     # reporting Rate 200 (ibstat of a Dell Pro Max GB10, source J), ib_write_bw on one half
     # 92.57 Gb/s (the playbook's rail 1, the same pair as the port-0 ibdev2netdev).
@@ -143,6 +153,8 @@ class ReplayNode(Node):
                            "since it was recorded in ~/.ssh/known_hosts. If the node was "
                            f"reinstalled, remove the old key with `ssh-keygen -R "
                            f"'{self.cfg.ssh.host}' -f ~/.ssh/known_hosts` and connect once.")
+        if argv[:2] == [self.python, "-"] and input and "NIXL_SMOKE" in input:
+            return RunResult(127, "", "no recording answers the NIXL smoke test")
         if argv[:2] == [self.python, "-"]:
             return RunResult(0, json.dumps(self._facts(argv[2:])) + "\n", "")
         if argv[:2] == [self.python, "-c"] and "snapshot_download" in argv[2]:
@@ -160,13 +172,17 @@ class ReplayNode(Node):
             return RunResult(0, provision.code_digest() + "\n", "")
         if key in self.answers:
             name = self.answers[key]
+            if name.startswith("="):  # a plain value, not a recording
+                return RunResult(0, name[1:], "")
             return RunResult(0, rec(name) if name else "", "")
         return RunResult(127, "", f"sh: 1: {argv[0]}: not found (no recording answers `{key}`)")
 
     def _facts(self, args: list[str]):
         cmd = args[0]
         if cmd == "python":
-            return python_facts(self.changes.get("python", "cu130"))
+            facts = python_facts(self.changes.get("python", "cu130"))
+            return {**facts, "python_h": facts["python_h"] if self.changes.get("python_h", True)
+                    else None}
         if cmd == "clock":
             return {"time": time.time()}
         if cmd == "disk":  # no df recording: a plain value well above the thresholds
