@@ -76,6 +76,15 @@ def cross_check(cfg: LabConfig) -> list[str]:
                 f"vllm.{role}.side_channel_port: missing; NixlConnector needs a side-channel "
                 "port per instance (e.g. 5600 for prefill, 5700 for decode)"
             )
+    tls = cfg.kv_transfer.ucx_tls
+    if cfg.vllm.device == "cuda" and tls and not values.tls_enables_cuda(tls):
+        problems.append(
+            f"kv_transfer.ucx_tls: {tls!r} is refused on a CUDA profile: it enables no CUDA "
+            "transport, and nixl's UCX backend refuses such a UCX_TLS on a node with a GPU "
+            "unless UCX can register GPU memory without one (GPUDirect RDMA, which a DGX "
+            "Spark lacks): \"does not enable CUDA memory support\", then NIXL_ERR_BACKEND; add "
+            'cuda_copy (e.g. "rc,cuda_copy"), or leave ucx_tls null for UCX\'s own choice'
+        )
     problems += _address_problems(cfg)
     problems += values.control_characters(cfg.model_dump(mode="json"))
     if problems:

@@ -233,6 +233,17 @@ check_revision = _matching(r"^[A-Za-z0-9][A-Za-z0-9._/-]*$",
 check_ucx_tls = _matching(r"^\^?[A-Za-z0-9_]+(,[A-Za-z0-9_]+)*$",
                           "UCX transport names, comma-separated, optionally starting with ^ to "
                           "exclude (e.g. rc,cuda_copy or tcp,self)")
+def tls_enables_cuda(tls: str) -> bool:
+    """Whether a UCX_TLS value keeps CUDA memory support, by nixl 1.5.1's rule for its UCX
+    backend (src/plugins/ucx/config.cpp, `tlsEnablesCudaSupport`): a list naming cuda or
+    cuda_copy, or a "^" deny list naming neither. On a node with a GPU, nixl refuses any
+    other value when the UCX context it leaves cannot handle CUDA memory ("Invalid
+    UCX_TLS=... does not enable CUDA memory support"), and NIXL_ERR_BACKEND follows."""
+    deny = tls.strip().startswith("^")
+    names = {t.strip() for t in tls.strip().lstrip("^").split(",")}
+    return bool(names & {"cuda", "cuda_copy"}) != deny
+
+
 check_netdevs = _matching(r"^[A-Za-z0-9_.-]+(:[0-9]+)?(,[A-Za-z0-9_.-]+(:[0-9]+)?)*$",
                           "RDMA or network devices, comma-separated, each optionally with :port "
                           "(e.g. rocep1s0f1:1,roceP2p1s0f1:1)")

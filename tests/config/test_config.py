@@ -248,3 +248,22 @@ def test_results_root_is_judged_where_a_symlink_leads(tmp_path):
     with pytest.raises(ConfigError, match=r"results_root: .* is invalid: is /etc/lab, the root or a system"):
         parse_config(mutated(lambda d: d.update(results_root=str(link / "lab"))))
     parse_config(mutated(lambda d: d.update(results_root=str(tmp_path / "results"))))
+
+
+@pytest.mark.parametrize("tls, refused", [
+    ("tcp", True), ("rc,tcp", True), ("^cuda_copy", True), ("^cuda,tcp", True),
+    ("rc,cuda_copy", False), ("rc_mlx5,cuda", False), ("^sm,cma", False), (None, False)])
+def test_ucx_tls_without_cuda_refused_on_a_cuda_profile(tls, refused):
+    """nixl 1.5.1's UCX backend refuses a UCX_TLS that enables no CUDA transport on a node
+    with a GPU (its validateTlsCudaSupport: "does not enable CUDA memory support"); the
+    config refuses it first, on CUDA profiles only."""
+    example = json.loads((REPO_ROOT / "environment_config.json.example").read_text())
+    example["kv_transfer"]["ucx_tls"] = tls
+    if refused:
+        message = error_of(example)
+        assert "kv_transfer.ucx_tls" in message and "cuda_copy" in message
+        assert "does not enable CUDA memory support" in message
+    else:
+        parse_config(example, "test.json")
+    assert parse_config(mutated(lambda d: d["kv_transfer"].update(ucx_tls=tls or "tcp")),
+                        "test.json").kv_transfer.ucx_tls == (tls or "tcp")  # CPU: any value
