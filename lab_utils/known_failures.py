@@ -152,18 +152,49 @@ KNOWN_FAILURES: tuple[KnownFailure, ...] = (
         "as --model; unset HF_HUB_OFFLINE only if this machine may reach the Hub.",
     ),
     KnownFailure(
+        "nixl_ucx_tls_without_cuda",
+        r"does not enable CUDA memory support",
+        "nixl's UCX backend refused UCX_TLS: on a node with a GPU it requires a setting that "
+        "keeps CUDA memory support (a list naming cuda_copy or cuda, or a '^' deny list "
+        "naming neither), unless UCX can register GPU memory without them (GPUDirect RDMA, "
+        "which a DGX Spark lacks). The backend is not created and NIXL_ERR_BACKEND follows.",
+        "Add cuda_copy to UCX_TLS (kv_transfer.ucx_tls, e.g. \"rc,cuda_copy\"), or unset it "
+        "(ucx_tls null) and let UCX choose; a container image may set UCX_TLS itself "
+        "(`env | grep UCX_` inside it).",
+    ),
+    KnownFailure(
+        "ucx_memlock_too_low",
+        r"Please set max locked memory \(ulimit -l\)",
+        "UCX could not register (pin) a buffer with the RDMA device: the process's locked-"
+        "memory limit is below what NIXL registers (the probe's regions; with "
+        'kv_buffer_device "cpu" vLLM\'s host copy of the whole KV cache, tens of GiB). '
+        "Ubuntu's default is 8 MiB.",
+        "Raise the limit for the user the lab logs in as: `USER soft memlock unlimited` and "
+        "`USER hard memlock unlimited` in /etc/security/limits.d/90-rdma-memlock.conf, log "
+        "in again, `ssh <node> 'ulimit -l'` must print unlimited (a systemd unit needs "
+        "LimitMEMLOCK=infinity, a container --ulimit memlock=-1). The checklist's memlock "
+        "check compares the limit with what the plan registers.",
+    ),
+    KnownFailure(
         "nixl_backend_create_failed",
         r"NIXL_ERR_BACKEND",
         "NIXL could not create its transport backend (UCX), before any KV moved: the UCX "
-        "set-up of that node, not vLLM. Recorded with vLLM 0.15.1 on two Sparks under k3s "
-        "(NVIDIA/dgx-spark-playbooks#82, unresolved; the reporter suspects GPU memory "
-        "registration on GB10's unified memory).",
+        "set-up of that node, not vLLM. With nixl 1.5.1 the likely causes are a UCX_TLS "
+        "without a CUDA transport on a GPU node (refused: 'does not enable CUDA memory "
+        "support'), a locked-memory limit below what NIXL registers (UCX: 'Please set max "
+        "locked memory'), or UCX_NET_DEVICES naming devices that are not there. Recorded "
+        "with vLLM 0.15.1 on two Sparks under k3s (NVIDIA/dgx-spark-playbooks#82, "
+        "unresolved); the reporter's workaround UCX_TLS=tcp is itself a setting nixl refuses "
+        "on a GPU node, and the issue does not show the first cause.",
+        "Read the lines above NIXL_ERR_BACKEND in the log for the two messages named here. "
         'Reproduce outside vLLM: `python -c "from nixl._api import nixl_agent, '
         "nixl_agent_config; nixl_agent('t', nixl_agent_config(backends=['UCX']))\"` must log "
-        "'Backend UCX was instantiated'. Rerun with UCX_LOG_LEVEL=debug; check `ucx_info -d` "
-        "lists the roce devices (containers need /dev/infiniband and unlimited locked memory) "
-        'and UCX_NET_DEVICES names existing ones. On GB10 try kv_buffer_device "cpu" in '
-        "--kv-transfer-config (nixlbench between two Sparks: DRAM 11.6 GB/s, VRAM 0.4-0.6).",
+        "'Backend UCX was instantiated' (the checklist's nixl check does this and moves a "
+        "buffer). Check `ulimit -l` is unlimited (containers: --ulimit memlock=-1 and "
+        "/dev/infiniband), UCX_TLS names cuda_copy or is unset, and UCX_NET_DEVICES names "
+        "existing devices (`ibdev2netdev`); rerun with UCX_LOG_LEVEL=debug. `ucx_info -d` "
+        "shows the system's UCX, not the one inside the nixl wheel. On GB10 keep "
+        'kv_buffer_device "cpu" (nixlbench between two Sparks: DRAM 11.6 GB/s, VRAM 0.4-0.6).',
     ),
     KnownFailure(
         "cuda12_torch_on_cuda13_gb10",
@@ -172,11 +203,11 @@ KNOWN_FAILURES: tuple[KnownFailure, ...] = (
         r"|libcudart\.so\.12: cannot open shared object file",
         "A PyTorch built for CUDA 12 (+cu126/+cu128/+cu129) on a DGX Spark, whose stack is "
         "CUDA 13 (driver 580, nvcc 13.0). Packages that follow torch's CUDA version follow it "
-        "to 12 (nixl loads nixl-cu12), while vLLM +cu130 wheels and the system libraries "
-        "are CUDA 13.",
-        "Install the CUDA 13 build of the torch version your vLLM wheel pins "
-        "(`pip install torch==<version> --index-url https://download.pytorch.org/whl/cu130`) "
-        "with a +cu130 vLLM, or use NVIDIA's vLLM container; "
+        "to 12 (nixl loads nixl-cu12), while a CUDA 13 vLLM (PyPI's aarch64 vllm 0.32.0, whose "
+        "version carries no +cu130: CUDA 13.0 is vLLM's default build; older releases read "
+        "0.13.0+cu130) and the system libraries are CUDA 13.",
+        "In a cleared venv, `pip install vllm==0.32.0 nixl==1.5.1` from PyPI, no extra index: "
+        "it pins torch 2.13.0, whose aarch64 wheel is the CUDA 13.0 build (docs/CLUSTER.md). "
         "`python -c 'import torch; print(torch.version.cuda)'` must print 13.0.",
     ),
     KnownFailure(
@@ -184,8 +215,9 @@ KNOWN_FAILURES: tuple[KnownFailure, ...] = (
         r"no kernel image is available for execution on the device",
         "A CUDA kernel in torch, vLLM or an extension was not built for this GPU "
         "(GB10 is compute capability 12.1, sm_121).",
-        "Use torch and vLLM builds for CUDA 13 (cu130) that include sm_120/sm_121, or build "
-        "the failing extension with TORCH_CUDA_ARCH_LIST=12.1.",
+        "Use the CUDA 13 builds of torch and vLLM (PyPI's vllm==0.32.0 and the torch 2.13.0 "
+        "it pins: kernels for sm_120/sm_120f and PTX), or build the failing extension with "
+        "TORCH_CUDA_ARCH_LIST=12.1.",
     ),
     KnownFailure(
         "ucx_gid_table_change",
@@ -207,7 +239,8 @@ KNOWN_FAILURES: tuple[KnownFailure, ...] = (
         "12.0 run on 12.1, and the recorded vLLM 0.13.0+cu130 start-up on GB10 printed this "
         "and then served normally.",
         "Nothing, if the engine starts. If 'no kernel image is available' follows, install "
-        "CUDA 13 (cu130) builds of torch and vLLM.",
+        "the CUDA 13 builds of torch and vLLM (`pip install vllm==0.32.0 nixl==1.5.1`, "
+        "docs/CLUSTER.md).",
         warning=True,
     ),
 )

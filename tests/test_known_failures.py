@@ -14,7 +14,7 @@ RECORDED = Path(__file__).parent / "fixtures" / "dgx-spark-recorded"
 GOLDEN = {
     "nixl-err-backend.gb10.vllm-0.15.1.excerpt.txt": (
         ["nixl_backend_create_failed"],
-        "ucx_info -d",
+        "ulimit -l",
     ),
     "vllm-error.free-memory-below-utilization.gb10.reflowed.txt": (
         ["gb10_free_memory_below_utilization"],
@@ -26,7 +26,7 @@ GOLDEN = {
     ),
     "torch-cuda-capability-warning.gb10.stderr.txt": (
         ["torch_cuda_capability_12_1"],
-        "cu130",
+        "vllm==0.32.0",
     ),
     "ucx-warn-gid-table-change.gb10.txt": (
         ["ucx_gid_table_change"],
@@ -34,12 +34,26 @@ GOLDEN = {
     ),
     "vllm-collect_env.gb10.torch-cu129.excerpt.txt": (
         ["cuda12_torch_on_cuda13_gb10", "torch_cuda_capability_12_1"],
-        "download.pytorch.org/whl/cu130",
+        "pip install vllm==0.32.0 nixl==1.5.1",
     ),
 }
 
 # Realistic lines for the CPU-rehearsal failures (and the GPU ones no recording covers).
 LINES = {
+    # nixl 1.5.1's message text (in libplugin_UCX.so); the log prefix is illustrative
+    "nixl_ucx_tls_without_cuda": (
+        "E1126 10:01:02.345678 4242 config.cpp:150] Invalid UCX_TLS=tcp for NIXL UCX backend: "
+        "NVIDIA GPU(s) are present, but this setting does not enable CUDA memory support. Add "
+        "cuda_copy for basic GPU support, or cuda to also include NVLink support.\n",
+        "cuda_copy",
+    ),
+    # UCX's format string in the nixl wheel's libuct_ib.so, filled in
+    "ucx_memlock_too_low": (
+        "[1795686118.828626] [spark-01:4242:0]        ib_md.c:293  UCX  ERROR ibv_reg_mr("
+        "address=0xe2c0000000, length=38654705664, access=0xf) failed: Cannot allocate memory "
+        ": Please set max locked memory (ulimit -l) to 'unlimited' (current: 8192 kbytes)\n",
+        "memlock unlimited",
+    ),
     "nixl_side_channel_port_in_use": (
         "Exception in thread nixl_handshake_listener:\n"
         "Traceback (most recent call last):\n"
