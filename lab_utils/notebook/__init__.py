@@ -15,6 +15,7 @@ lab`), one call per step.
   the front doors, the routing policies).
 - `record`: each serving notebook's results, built and written.
 - `lessons`, `transfer_lesson`: what notebooks 01-04 conclude from their own results.
+- `kv_lesson`: notebook 02's explanation of the KV cache in the configured model's figures.
 - `hood`: the "open the hood" cells (the scheduler's queues, NIXL's API, the P/D protocol
   by hand, the connector's two halves).
 
@@ -39,6 +40,7 @@ from lab_utils.notebook.forecasting import (
     predict,
 )
 from lab_utils.notebook.hood import protocol_by_hand, watch_scheduler
+from lab_utils.notebook.kv_lesson import explain_kv
 from lab_utils.notebook.record import record_baseline, record_disaggregated, record_replicated
 from lab_utils.notebook.session import ServingSession, kv_buffer_device, tokenizer_of
 from lab_utils.notebook.steps import (
@@ -61,6 +63,7 @@ from lab_utils.notebook.steps import (
 __all__ = [
     "ServingSession", "cache_meter", "check_alive", "compare_frame", "compare_front_doors", "compare_policies",
     "conclude", "conclude_transfer", "decode_roofline", "describe", "eta_inputs", "eta_lines",
+    "explain_kv",
     "grade_forecast", "hood", "kv_buffer_device", "lessons", "make_forecast",
     "plot_decode_roofline", "predict", "profile_engine", "profile_frame", "proof_frame",
     "proof_record", "protocol_by_hand", "prove_kv_transfer", "record_baseline",
