@@ -13,11 +13,14 @@ from typing import Any, NamedTuple
 
 import pandas as pd
 
+from lab_utils.forecast.inputs import SPARK_MODEL, dense_params
+from lab_utils.kv.shapes import PUBLISHED_CONFIGS
 from lab_utils.report.data import PER_STREAM, ReportData, fmt_num, is_number, num_or_nan
 from lab_utils.report.tables import checks, kv_table, points_table, probe_rows
 from lab_utils.results import EnvironmentPayload
 from lab_utils.results.kv_transfer import KvTransferPayload
 
+_SPARK_READ = dense_params(PUBLISHED_CONFIGS[SPARK_MODEL])[1]
 FAR_OFF = 2.0  # a measured figure this many times above or below the expected one is flagged
 
 # Expected figures for a two-Spark cluster: NVIDIA's published GB10 memory bandwidth, and the
@@ -29,10 +32,11 @@ EXPECTED_TWO_SPARK: dict[str, Any] = {
                "(tests/fixtures/dgx-spark-recorded/, sources in its SOURCES.md); verify on the "
                "cluster"),
     "memory_bandwidth_GBps": 273.0,  # GB10 unified LPDDR5x
-    "decode_tokens_per_s_per_stream": 17.0,  # 273 GB/s / 16 GB: an 8B model in bf16
-    "decode_weight_bytes": 16e9,
-    # the model the Spark profile serves (environment_config.json.example)
-    "decode_model": "an 8B model in bf16, as the Spark profile's Qwen/Qwen3-8B",
+    # the model the Spark profile serves (environment_config.json.example), from its
+    # published config.json: the bytes one decode step reads in bf16, and 273 GB/s over them
+    "decode_tokens_per_s_per_stream": 273e9 / _SPARK_READ,
+    "decode_weight_bytes": _SPARK_READ,
+    "decode_model": f"{SPARK_MODEL} in bf16, the Spark profile's model",
     "nixl_dram_GBps": (11.0, 13.0),  # NIXL DRAM to DRAM over the ConnectX-7 link
     "link_Gbps_per_rail": (92.0, 97.0),  # ib_write_bw per PCIe x4 half of the ConnectX-7
 }
@@ -147,7 +151,7 @@ def _expected_decode(data: ReportData) -> tuple[float, str]:
         return bw * 1e9 / weights, (f"{bw:g} GB/s / {weights / 1e9:.1f} GB of weights "
                                     "read per token (this model)")
     return (e["decode_tokens_per_s_per_stream"],
-            f"{bw:g} GB/s / {e['decode_weight_bytes'] / 1e9:g} GB of weights read per token "
+            f"{bw:g} GB/s / {e['decode_weight_bytes'] / 1e9:.1f} GB of weights read per token "
             f"({e['decode_model']})")
 
 
