@@ -357,8 +357,15 @@ def test_expected_figures_not_comparable_on_cpu(test_cfg):
     df = report.expected_figures(data)
     assert "this run" not in df.columns  # left out, not shown as "not comparable"
     decode = df.set_index("figure").loc["decode tokens/s per stream"]
-    # the Spark profile's model, never the rehearsal's tiny one (01's roofline weights)
-    assert decode["expected (two Sparks)"] == "17"
+    # the Spark profile's model, never the rehearsal's tiny one (01's roofline weights):
+    # Qwen3-8B's published config.json, 15.1 GB read per step, 273 GB/s over it
+    from lab_utils.forecast.inputs import dense_params
+    from lab_utils.kv.shapes import PUBLISHED_CONFIGS
+
+    read = dense_params(PUBLISHED_CONFIGS["Qwen/Qwen3-8B"])[1]
+    assert round(read / 1e9, 1) == 15.1
+    assert decode["expected (two Sparks)"] == f"{273e9 / read:.2f}" == "18.04"
+    assert "15.1 GB of weights" in decode["basis"]
     assert "Qwen/Qwen3-8B" in decode["basis"] and "this model" not in decode["basis"]
     assert "not comparable" not in report.build_report(test_cfg).md.read_text()
 
