@@ -120,6 +120,7 @@ def run_sweep(cfg: LabConfig, served: Served, *, mixed: bool = False,
             print(f"{'mixed run' if mixed else 'sweep'}: {when}", flush=True)
     if mixed:
         w = w.model_copy(update={"concurrency": [max(w.concurrency or [1])], "request_rates": []})
+    nixl_threads(cfg, served)  # threads that appeared since the start are set too
     result = sweep(served.proxy_url, cfg.model.name,
                    lambda n, seed: build_requests(w, n, tokenize, detokenize, mixed=mixed,
                                                   seed=seed),
@@ -131,6 +132,30 @@ def run_sweep(cfg: LabConfig, served: Served, *, mixed: bool = False,
     if any(p.summary.get("failed") for p in result.points):
         check_alive(cfg, served)
     return result
+
+
+def nixl_threads(cfg: LabConfig, served: Served) -> list[dict]:
+    """Put the NIXL progress threads of `served`'s prefill and decode instances under
+    SCHED_IDLE again (new ones too) when `kv_transfer.idle_nixl_threads` is on; one row per
+    thread: instance, role, node, process, thread, tid, policy (`Cluster.quiet_nixl_threads`).
+    [] for a topology without NIXL or with the setting off."""
+    if served.topology != "disaggregated":
+        return []
+    with Cluster(cfg) as cluster:
+        return cluster.quiet_nixl_threads(served.records)
+
+
+def nixl_threads_frame(cfg: LabConfig, served: Served) -> pd.DataFrame:
+    """Notebook 04's table of NIXL's progress threads: which thread of which instance got
+    which scheduling policy (set again now, so threads that appeared since are in it)."""
+    rows = nixl_threads(cfg, served)
+    if not cfg.idle_nixl_threads():
+        print("kv_transfer.idle_nixl_threads is off for this profile: NIXL's progress threads "
+              "keep their normal priority")
+    elif not rows:
+        print("no busy NIXL progress thread was found in the prefill or decode instances")
+    cols = ["instance", "role", "node", "process", "thread", "tid", "before", "policy"]
+    return pd.DataFrame([{c: r.get(c) for c in cols} for r in rows], columns=cols)
 
 
 def check_alive(cfg: LabConfig, served: Served, lines: int = 8) -> None:
