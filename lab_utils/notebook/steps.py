@@ -33,6 +33,7 @@ from lab_utils.notebook import lessons
 from lab_utils.notebook import transfer_lesson as lesson
 from lab_utils.notebook.forecasting import eta
 from lab_utils.notebook.session import kv_buffer_device, tokenizer_of
+from lab_utils.notebook.time_split import SWEEP_CPU, cpu_now
 from lab_utils.results import (
     Proof,
     Reference,
@@ -121,6 +122,7 @@ def run_sweep(cfg: LabConfig, served: Served, *, mixed: bool = False,
     if mixed:
         w = w.model_copy(update={"concurrency": [max(w.concurrency or [1])], "request_rates": []})
     nixl_threads(cfg, served)  # threads that appeared since the start are set too
+    cpu_before = cpu_now(cfg, served)
     result = sweep(served.proxy_url, cfg.model.name,
                    lambda n, seed: build_requests(w, n, tokenize, detokenize, mixed=mixed,
                                                   seed=seed),
@@ -129,6 +131,9 @@ def run_sweep(cfg: LabConfig, served: Served, *, mixed: bool = False,
                    # chat requests share the chat template's first tokens: those hits are
                    # the workload's own, recorded but not a reason to reject the run
                    hits_expected=w.chat)
+    if cpu_before is not None and (cpu_after := cpu_now(cfg, served)) is not None:
+        SWEEP_CPU[(served.topology, mixed)] = {k: cpu_after[k] - cpu_before.get(k, 0.0)
+                                               for k in cpu_after}
     if any(p.summary.get("failed") for p in result.points):
         check_alive(cfg, served)
     return result
@@ -274,12 +279,16 @@ def conclude(cfg: LabConfig, notebook: str) -> list[str]:
 
 
 def conclude_transfer(cfg: LabConfig, proof: Proof, kv: ResultsEnvelope,
-                      baseline: ResultsEnvelope, *results: BenchmarkResult):
+                      baseline: ResultsEnvelope, *results: BenchmarkResult,
+                      went: dict | None = None):
     """Notebook 04's reading of its own run (`lab_utils.notebook.transfer_lesson`): the
     table of the proof's moves against 02, and the sentences drawn from it, the first
-    sweep's concurrency-1 TTFT against 01's, and a note if any run stood still."""
+    sweep's concurrency-1 TTFT against 01's, which part of TTFT dominated (from `went`,
+    `time_split.where_time_went`), and a note if any run stood still."""
     rows = lesson.transfer_rows(proof, kv.payload, kv_buffer_device(cfg))
-    said = lesson.conclusions(rows, lesson.hop_cost(baseline.payload.sweep, results[0], proof))
+    split = went["said"][1] if went else None
+    said = lesson.conclusions(rows, lesson.hop_cost(baseline.payload.sweep, results[0], proof),
+                              split)
     if note := lesson.stall_note(*results):
         said += ["", note]
     # the probe's time at the same size exists only where 02 probed that exact size
