@@ -11,7 +11,9 @@ measures each the way notebooks 01, 03 and 04 do (`workload.build_requests`,
 - **mixed**: the mixed long/short workload at the workload's highest concurrency: ITL p99;
 - for both, how long this process stood still (`stalls.Watch`), and during the mixed run
   the CPU seconds each process group used (instances, proxy), NIXL's threads' own, and
-  this process's (the load generator).
+  this process's (the load generator);
+- the machine's 1-minute load average before and after, since other work on the same
+  cores moves every figure.
 
 It prints one markdown row per run and the two verdicts docs/REHEARSAL.md quotes: P/D's
 TPOT at concurrency 1 within `TPOT_TARGET`x of the single instance's, and P/D's ITL p99
@@ -21,6 +23,7 @@ under the mixed workload the lowest of the three.
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -69,6 +72,7 @@ def measure_point(cfg: labconfig.LabConfig, served: Served, tokenize, detokenize
 def measure_topology(cfg: labconfig.LabConfig, topology: str, prompts: int) -> dict[str, Any]:
     """Start `topology` with the proxy, measure both points, stop it."""
     w = cfg.workload
+    load_before = os.getloadavg()[0]
     with Cluster(cfg) as cluster:
         try:
             records = serve(cluster, topology, with_proxy=True, show_progress=False)
@@ -88,6 +92,7 @@ def measure_topology(cfg: labconfig.LabConfig, topology: str, prompts: int) -> d
         finally:
             cleanup(cluster)
     return {"topology": topology, "one": one, "mixed": mixed,
+            "load_avg": [round(load_before, 1), round(os.getloadavg()[0], 1)],
             "threads": [{k: t.get(k) for k in ("instance", "tid", "thread", "policy")}
                         for t in threads],
             "cpu_s": {k: round(after[k] - before[k], 1) for k in after}}
@@ -125,22 +130,25 @@ def label(row: dict[str, Any]) -> str:
 
 
 HEADER = ("| run | c=1 TPOT p50 ms | c=1 ITL p50 ms | mixed ITL p99 ms | mixed TTFT p50 ms "
-          "| stood still s (c=1 / mixed) | failed |\n|---|---|---|---|---|---|---|")
+          "| mixed s | stood still s (c=1 / mixed) | failed | load avg |\n"
+          "|---|---|---|---|---|---|---|---|---|")
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
     lines = [HEADER]
     for r in rows:
         one, mixed = r["one"], r["mixed"]
+        load = "-" if "load_avg" not in r else "{:.0f} to {:.0f}".format(*r["load_avg"])
         lines.append(f"| {label(r)} | {_f(one['tpot_ms'])} | {_f(one['itl_p50_ms'])} | "
                      f"{_f(mixed['itl_p99_ms'])} | {_f(mixed['ttft_ms'], '{:.0f}')} | "
+                     f"{mixed['duration_s']:.1f} | "
                      f"{one['held_up_s']:.1f} / {mixed['held_up_s']:.1f} | "
-                     f"{one['failed'] + mixed['failed']} |")
+                     f"{one['failed'] + mixed['failed']} | {load} |")
     return "\n".join(lines)
 
 
 def verdicts(rows: list[dict[str, Any]]) -> list[str]:
-    """The targets, each met or not, from the rows (P/D: the last disaggregated row)."""
+    """The targets, each met or not, for each disaggregated row."""
     by = {label(r): r for r in rows}
     single = by.get("baseline")
     pair = by.get("replicated")
