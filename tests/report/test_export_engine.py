@@ -144,7 +144,9 @@ def test_the_export_has_vllm_bench_serves_keys_types_and_units(rehearsal, engine
         # the same workload: every prompt done, the counts and the load point in vLLM's terms
         assert f["num_prompts"] == f["completed"] == PROMPTS and f["failed"] == 0, f
         assert f["total_output_tokens"] == PROMPTS * OUTPUT_LEN
-        assert f["total_input_tokens"] == PROMPTS * INPUT_LEN
+        # prompt tokens: the lab's prompts are input_len tokens exactly; vllm bench serve's
+        # random prompts (decoded, then encoded again) came to 132 for 4 x 32 here
+        assert PROMPTS * INPUT_LEN <= f["total_input_tokens"] <= PROMPTS * (INPUT_LEN + 1)
         assert f["max_concurrency"] == CONCURRENCY and f["request_rate"] == "inf"
         assert f["burstiness"] == 1.0
         # goodput: requests within the SLO per second, so at most the request throughput
