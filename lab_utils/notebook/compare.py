@@ -15,7 +15,7 @@ from lab_utils.errors import LabError
 from lab_utils.notebook.session import ServingSession
 from lab_utils.notebook.steps import run_sweep
 from lab_utils.results import FrontDoors, ResultsEnvelope, load_reference_results, reference_origin
-from lab_utils.results.points import COMPARED, Point, compare_points, unlike_caches
+from lab_utils.results.points import COMPARED, Point, compare_points, metric_rows, unlike_caches
 from lab_utils.results.sweep import BenchmarkResult
 from lab_utils.serve import router
 from lab_utils.serve.topology import Served
@@ -112,25 +112,16 @@ def side_by_side(points: dict[str, Point]):
 def compare_frame(reference: ResultsEnvelope, result: BenchmarkResult, names: tuple[str, str],
                   key: str = "sweep"):
     """Headline metrics of a reference notebook's sweep (or `key`: "mixed") and this one's,
-    side by side, with the margin (the second against the first as a ratio: "1.3x
-    lower") and which is better by the lab's one rule (`points.compare_points`; "=" where
-    they do not differ)."""
+    side by side at each load both measured (`points.metric_rows`, by heading), with the
+    margin (the second against the first as a ratio: "1.3x lower"), which is better by the
+    lab's one rule ("=" where they do not differ) and whether both runs are valid."""
     theirs: BenchmarkResult | None = getattr(reference.payload, key)
     if theirs is None:
         raise LabError(f"notebook {reference.notebook}'s results have no {key!r} run; re-run it")
     ref = {(c.mode, c.value): c for c in theirs.combined}
-    rows = []
-    for c in result.combined:
-        r = ref.get((c.mode, c.value))
-        if r is None:
-            continue
-        for m in COMPARED:
-            a, b = r.median(m), c.median(m)
-            better = {"a": names[0], "b": names[1]}.get(compare_points(r, c, m).better or "", "=")
-            rows.append({"load": c.load, "metric": m.heading,
-                         names[0]: a, names[1]: b,
-                         "margin": None if a is None or b is None else m.times(b, a),
-                         "better": better, "both valid": bool(r.valid and c.valid)})
+    rows = [{"load": c.load, **row, "both valid": bool(r.valid and c.valid)}
+            for c in result.combined if (r := ref.get((c.mode, c.value))) is not None
+            for row in metric_rows(r, c, names)]
     return pd.DataFrame(rows).round(2)
 
 

@@ -49,8 +49,10 @@ def vllm_result(result: BenchmarkResult, point: BenchmarkPoint, *, label: str,
     except ValueError:
         date = None
     ok = [r for r in point.requests if r.get("error") is None]
+    # vLLM's name for the endpoint the run used: /v1/chat/completions or /v1/completions
+    backend = "openai-chat" if w.get("chat") else "openai"
     out: dict[str, Any] = {
-        "date": date, "endpoint_type": "openai", "backend": "openai", "label": label,
+        "date": date, "endpoint_type": backend, "backend": backend, "label": label,
         "model_id": result.model, "tokenizer_id": result.model,
         "num_prompts": w.get("num_prompts"),
         "request_rate": point.value if point.mode == "rate" else "inf",

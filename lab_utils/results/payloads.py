@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, model_validator
 from lab_utils.results.checklist import CheckResult
 from lab_utils.results.forecast import EngineProfile, Forecast
 from lab_utils.results.kv_transfer import KvRecommendation, KvTransferPayload
-from lab_utils.results.points import COMPARED, Metric, compare_points
+from lab_utils.results.points import metric_rows
 from lab_utils.results.proof import ProofRow
 from lab_utils.results.sweep import BenchmarkResult, RequestRecord
 
@@ -156,31 +156,21 @@ class FrontDoors(Record):
     router_version: str
 
     def frame(self):
-        """One row per metric, the lab proxy and vllm-router side by side, with the margin
-        (vllm-router's value against the lab proxy's as a ratio: "1.3x lower") and the
-        better one by the lab's rule
-        (`compare_points`: "=" when they do not differ or their prefix-cache hit shares
-        differ, "invalid" when either run is); then validity and the hit shares."""
+        """One row per metric (`points.metric_rows`, by vLLM's name), the lab proxy and
+        vllm-router side by side, with the margin (vllm-router's value against the lab
+        proxy's as a ratio: "1.3x lower") and the better one by the lab's rule ("=" when
+        they do not differ or their prefix-cache hit shares differ, "invalid" when either
+        run is); then validity and the hit shares."""
         import pandas as pd
 
         a, b = self.lab.combined[0], self.vllm_router.combined[0]
         router = f"vllm-router {self.router_version}"
-        both = a.valid and b.valid
-        rows = [{"metric": m.key, "lab proxy": a.median(m), router: b.median(m),
-                 "margin": _margin(m, b.median(m), a.median(m)),
-                 "better": ({"a": "lab proxy", "b": router}.get(
-                     compare_points(a, b, m).better or "", "=") if both else "invalid")}
-                for m in COMPARED]
+        rows: list[dict[str, Any]] = metric_rows(a, b, ("lab proxy", router), label="key",
+                                                 mark_invalid=True)
         rows.append({"metric": "valid", "lab proxy": a.valid, router: b.valid})
         rows.append({"metric": "prefix-cache hits %", "lab proxy": a.prefix_cache_hit_pct,
                      router: b.prefix_cache_hit_pct})
         return pd.DataFrame(rows).round(2)
-
-
-def _margin(m: Metric, b: float | None, a: float | None) -> str | None:
-    """b against a as a ratio with the direction in words ("1.3x lower"), None when either
-    is missing."""
-    return None if a is None or b is None else m.times(b, a)
 
 
 class DisaggregatedPayload(ServingPayload):

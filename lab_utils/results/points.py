@@ -15,7 +15,8 @@ measures, records, judges or shows a point can import it.
   report's verdicts, the forecast grading and the load generator's agreement benchmark).
   `compare_points` applies it to two `Point`s, and names no winner when the two runs'
   prefix-cache hit shares differ (`unlike_caches`): a cache hit skips a prefill, so such
-  runs did not do the same work.
+  runs did not do the same work. `metric_rows` sets two points side by side, metric by
+  metric, with the margin and the better one: the rows of the notebooks' comparison tables.
 """
 
 from __future__ import annotations
@@ -313,11 +314,31 @@ def compare_points(a: Point, b: Point, key: str | Metric) -> Verdict:
                        b.prefix_cache_hit_pct)
 
 
+def metric_rows(a: Point, b: Point, names: tuple[str, str], *, label: str = "heading",
+                mark_invalid: bool = False) -> list[dict[str, Any]]:
+    """Two runs of one load point side by side, one row per compared metric (`COMPARED`):
+    the metric (its `label`: "heading", "TTFT p50 (ms)", or "key", vLLM's name), a's and
+    b's medians under `names`, the margin (b against a as a ratio with the direction in
+    words: "1.3x lower"; None when either is missing) and the better one by the lab's rule
+    (`compare_points`): "=" when they do not differ, "invalid" with `mark_invalid` when
+    either run is invalid. What the notebooks' comparison tables are made of."""
+    both = a.valid and b.valid
+    rows = []
+    for m in COMPARED:
+        x, y = a.median(m), b.median(m)
+        better = {"a": names[0], "b": names[1]}.get(compare_points(a, b, m).better or "", "=")
+        rows.append({"metric": getattr(m, label), names[0]: x, names[1]: y,
+                     "margin": None if x is None or y is None else m.times(y, x),
+                     "better": "invalid" if mark_invalid and not both else better})
+    return rows
+
+
 RULE = (f"a difference counts only when it is larger than {MARGIN:.0%} of the smaller value "
         "and, where both sides were measured at least twice, their min-max ranges over the "
         "repeats do not overlap (with one repeat the spread is unknown and the margin alone "
         "decides)")
 
 __all__ = ["BY_KEY", "COMPARED", "FORECAST", "KEYS", "MARGIN", "METRICS", "RULE", "Measured",
-           "Metric", "Point", "Verdict", "compare", "compare_points", "differs", "metric", "select",
+           "Metric", "Point", "Verdict", "compare", "compare_points", "differs", "metric", "metric_rows",
+           "select",
            "unlike_caches", "with_caches"]

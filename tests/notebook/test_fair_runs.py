@@ -3,7 +3,10 @@ comparison on the same instance, each run on prompts of its own, with the instan
 prefix-cache counters read around every run: 0% hits in both. Replaying the sweep's
 prompts shows the counter is read (hits) and marks that run invalid.
 
-Slow: uses the session's rehearsal instances (tests/conftest.py `rehearsal`).
+Slow: uses the session's rehearsal instances (tests/conftest.py `rehearsal`) and leaves
+them running for the tests after it: its `ServingSession` finds them running, so it stops
+only what it started (the lab proxy in front); the test checks that they are the same
+processes, alive, when it ends.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import random
 import pytest
 
 from lab_utils import notebook as lab
+from lab_utils.cluster import Cluster
 from lab_utils.config import api_key
 from lab_utils.measure.benchmark import sweep
 from lab_utils.measure.workload import build_requests
@@ -20,8 +24,17 @@ from lab_utils.measure.workload import build_requests
 pytestmark = pytest.mark.slow
 
 
+def _instances(cfg) -> dict[str, int]:
+    """The rehearsal's vLLM instances that run: role -> PID."""
+    with Cluster(cfg) as cluster:
+        return {r.extra["role"]: r.pid for r in cluster.running()
+                if r.kind == "vllm" and cluster.alive(r)}
+
+
 def test_sweep_then_policy_comparison_see_no_prefix_cache_hits(rehearsal, engine_cfg):
     rehearsal.up()
+    shared = _instances(engine_cfg)
+    assert set(shared) == {"baseline", "prefill", "decode"}, shared
     # a seed of its own, so that no other test's or run's prompts are these
     w = engine_cfg.workload.model_copy(update={
         "concurrency": [1, 2], "request_rates": [], "num_prompts": 6, "warmup": 1,
@@ -58,4 +71,7 @@ def test_sweep_then_policy_comparison_see_no_prefix_cache_hits(rehearsal, engine
         assert not replay["valid"] and "prefix-cache hits" in replay["invalid_reason"]
         assert not again.combined[0].valid
     finally:
-        session.stop()
+        stopped = session.stop()
+    # the session started the front door alone; the shared instances run on, the same
+    assert stopped == ["proxy"], stopped
+    assert _instances(engine_cfg) == shared

@@ -630,6 +630,8 @@ def test_the_verdict_sentence_when_nothing_differs_and_on_a_gpu(tmp_path):
 # What `vllm bench serve --save-result` (vLLM 0.32, without --save-detailed) writes for a
 # run at a concurrency with --percentile-metrics ttft,tpot,itl,e2el, from
 # vllm/benchmarks/serve.py's `benchmark` and `main`: the lab's export must carry each.
+# tests/report/test_export_engine.py checks the export against a file vllm bench serve
+# wrote on a real instance (keys, types, units); this is the quick check without one.
 VLLM_SAVE_RESULT_KEYS = {
     "date", "endpoint_type", "backend", "label", "model_id", "tokenizer_id", "num_prompts",
     "request_rate", "burstiness", "max_concurrency", "duration", "completed", "failed",
@@ -668,6 +670,19 @@ def test_every_run_is_exported_as_vllm_bench_serve_json_and_as_csv(test_cfg):
     assert len(fields) == 3 * 3 + 2 * 3  # the points: 01, 03 and 04; mixed of 03 and 04
     md = paths.md.read_text()
     assert "Every field vllm bench serve reports, per point (15 points)" in md
+
+
+def test_the_exported_backend_names_the_endpoint_the_run_used():
+    from lab_utils.report.export import vllm_result
+    from lab_utils.results.sweep import BenchmarkPoint, BenchmarkResult
+
+    point = BenchmarkPoint(mode="concurrency", value=1, repeat=0, summary={}, requests=[])
+    for chat, backend in ((False, "openai"), (True, "openai-chat")):  # vLLM's --backend names
+        result = BenchmarkResult(target="http://127.0.0.1:8000", model="tiny-llama",
+                                 workload={"chat": chat, "num_prompts": 4}, points=[point],
+                                 combined=[])
+        got = vllm_result(result, point, label="x")
+        assert got["backend"] == got["endpoint_type"] == backend
 
 
 def test_each_p99_shows_its_n_and_says_max_under_100(test_cfg):
