@@ -8,7 +8,8 @@ effective kv_buffer_device is "cpu" on a CUDA profile, the processes) with the O
 against the node's `MemTotal`: read from the node when it answers, else the caller's
 value, else (CUDA profiles only) the recorded GB10 figure. `Plan.check` refuses a plan
 that does not fit, with the numbers and the fixes (a utilization that fits, a
-`--kv-cache-memory-bytes` that fits, or `kv_buffer_device: "cuda"`). Offline by design:
+`--kv-cache-memory-bytes` that fits, or `kv_buffer_device: "cuda"`). `start_waves` is the
+order `serve` starts the instances in, shown in the plan. Offline by design:
 no node needs to be reachable.
 """
 
@@ -69,6 +70,7 @@ class Plan:
     nodes: dict[str, NodeBudget]
     weights_source: str
     mem_totals: dict[str, tuple[int | None, str]]  # per node: bytes (None: unknown), source
+    start_order: list[list[str]] = field(default_factory=list)  # instance names per wave
 
     @property
     def fits(self) -> bool:
@@ -161,6 +163,31 @@ def _fixes(cfg: LabConfig, budget: NodeBudget, plans: list[InstancePlan], weight
     return out
 
 
+def start_waves(cfg: LabConfig, specs: list[InstanceSpec]) -> list[list[InstanceSpec]]:
+    """The instances in the order they start: each wave starts together once the one
+    before is healthy. On a CUDA profile an instance that shares its machine with an
+    earlier one goes in the next wave. On GB10 (one memory for CPU and GPU) vLLM reads
+    free memory system-wide (`psutil.virtual_memory().available`, vLLM 0.32.0
+    utils/mem_utils.py `MemorySnapshot.measure`) and sizes the KV cache from how much of
+    it went between its start and the end of its profiling run
+    (`memory_profiling`: `total_consumed`); an instance loading its weights meanwhile is
+    counted as this one's, or frees memory and trips "Error in memory profiling"
+    (v1/worker/gpu_worker.py `determine_available_memory`). The CPU build's KV cache is
+    a fixed VLLM_CPU_KVCACHE_SPACE, not measured, so the rehearsal starts all at once."""
+    if cfg.vllm.device != "cuda":
+        return [list(specs)] if specs else []
+    waves: list[list[InstanceSpec]] = []
+    seen: dict[str, int] = {}
+    for spec in specs:
+        machine = cfg.nodes[spec.node].machine(spec.node)
+        i = seen.get(machine, 0)
+        seen[machine] = i + 1
+        if i == len(waves):
+            waves.append([])
+        waves[i].append(spec)
+    return waves
+
+
 def make_plan(cluster: Cluster, topology: str, *, kv_buffer_device: str | None = None,
               mem_total: int | dict[str, int] | None = None, hf_config: dict | None = None,
               read_nodes: bool = True) -> Plan:
@@ -175,7 +202,8 @@ def make_plan(cluster: Cluster, topology: str, *, kv_buffer_device: str | None =
     plans = [_instance(cluster, spec, kv_buffer_device, hf, weights, totals[spec.node][0])
              for spec in specs]
     return Plan(cfg.profile, topology, plans, _budgets(cfg, plans, totals, weights.bytes),
-                f"{weights.note} ({source})", totals)
+                f"{weights.note} ({source})", totals,
+                [[s.name for s in wave] for wave in start_waves(cfg, specs)])
 
 
 def _budgets(cfg: LabConfig, plans: list[InstancePlan], totals: dict,
@@ -205,8 +233,11 @@ def merge_plans(cfg: LabConfig, plans: list[Plan]) -> Plan:
     instances = [i for p in plans for i in p.instances]
     totals = {k: v for p in plans for k, v in p.mem_totals.items()}
     weights = instances[0].memory.items[0].bytes if instances else 0
+    specs = {s.name: s for p in plans for s in cfg.instances(p.topology)}
+    order = start_waves(cfg, [specs[i.name] for i in instances])
     return Plan(plans[0].profile, "+".join(p.topology for p in plans), instances,
-                _budgets(cfg, instances, totals, weights), plans[0].weights_source, totals)
+                _budgets(cfg, instances, totals, weights), plans[0].weights_source, totals,
+                [[s.name for s in wave] for wave in order])
 
 
 def _instance(cluster: Cluster, spec: InstanceSpec, kv_buffer_device: str | None, hf: dict,

@@ -1,6 +1,7 @@
 """A plan as text: one block per instance (node, addresses, command line, environment,
 memory lines with where each figure comes from), then each node's sum against its
-`MemTotal`, marked FITS or DOES NOT FIT with the fixes. What `serve --dry-run` prints.
+`MemTotal`, marked FITS or DOES NOT FIT with the fixes, then the order the instances start
+in. What `serve --dry-run` prints.
 """
 
 from __future__ import annotations
@@ -71,4 +72,16 @@ def render(plan) -> str:  # a plan.Plan
                    f" {verdict}, " + (f"{spare:.1f} GiB to spare" if spare >= 0
                                       else f"short by {-spare:.1f} GiB"))
         out += [f"    fix: {f}" for f in b.fixes]
+    out += _start_order(plan.start_order)
     return "\n".join(out)
+
+
+def _start_order(waves: list[list[str]]) -> list[str]:
+    if len(waves) <= 1:
+        return ["", "Start order: all at once" + (f" ({', '.join(waves[0])})" if waves else "")]
+    out = ["", "Start order: one at a time on each machine (vLLM sizes its KV cache from the "
+           "machine's free memory while it starts)"]
+    for i, wave in enumerate(waves, 1):
+        after = "" if i == 1 else f", once wave {i - 1} answers /health"
+        out.append(f"  wave {i}: {', '.join(wave)}{after}")
+    return out
