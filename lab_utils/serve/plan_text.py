@@ -54,14 +54,15 @@ def _instance(p) -> list[str]:  # a plan.InstancePlan
 def render(plan) -> str:  # a plan.Plan
     out = [f"Plan: profile {plan.profile}, topology {plan.topology} (nothing started)",
            f"Weights: {plan.weights_source}",
-           "Figures are computed, not measured on a Spark; lines marked estimate are assumptions.",
+           "Lines marked estimate are assumptions; lines marked measured come from the node's",
+           "calibration record (results/<profile>/calibration/<node>.json, written by a real start).",
            ""]
     for p in plan.instances:
         out += _instance(p) + [""]
     out.append("Per node")
     for b in plan.nodes.values():
         head = (f"  {b.node}: {', '.join(b.instances)} {(b.total - b.reserve) / GiB:.1f} GiB"
-                f" + OS and other processes {b.reserve / GiB:.0f} GiB (estimate)"
+                f" + OS and other processes {b.reserve / GiB:.1f} GiB ({b.reserve_source})"
                 f" = {b.total / GiB:.1f} GiB")
         if b.mem_total is None:
             out.append(f"{head}; MemTotal {b.mem_source}")

@@ -80,11 +80,20 @@ def test_serve_waits_for_each_wave_before_starting_the_next(tmp_path, monkeypatc
     monkeypatch.setattr(topology, "deploy", lambda *a: None)
     monkeypatch.setattr(topology, "_warm_up_pairs", lambda *a: events.append(("warm-up",)))
     monkeypatch.setattr(topology, "start_instance", start)
-    monkeypatch.setattr(topology, "wait_ready", lambda cluster, records, **kw: events.append(
-        ("healthy", *sorted(r.name for r in records))))
+    def wait(cluster, records, **kw):
+        events.append(("healthy", *sorted(r.name for r in records)))
+        return {r.name: 10.0 * len(records) for r in records}
+
+    monkeypatch.setattr(topology, "wait_ready", wait)
+    recorded = {}
+    monkeypatch.setattr(topology.calibrate, "before_start", lambda cluster, nodes: {})
+    monkeypatch.setattr(topology.calibrate, "record",
+                        lambda cluster, started, ready, before: recorded.update(ready))
     records = topology.serve(Cluster(cfg), "disaggregated", show_progress=False)
     assert [r.name for r in records] == ["prefill-0", "decode-0", "prefill-1"]
     assert events == [("start", "prefill-0"), ("start", "decode-0"),
                       ("healthy", "decode-0", "prefill-0"),
                       ("start", "prefill-1"),
                       ("healthy", "decode-0", "prefill-0", "prefill-1"), ("warm-up",)]
+    # each instance's seconds to healthy are counted from its own wave's start
+    assert recorded == {"prefill-0": 20.0, "decode-0": 20.0, "prefill-1": 30.0}
