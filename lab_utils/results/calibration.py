@@ -24,6 +24,8 @@ from lab_utils.config import LabConfig
 from lab_utils.util.atomic import atomic_write_text
 
 MAX_STARTS = 50  # start times kept per node, newest last
+# The workshop agenda's allowance to start a topology (docs/FACILITATOR.md): a guess
+STARTUP_ALLOWANCE_S = 300.0
 
 
 def now_utc() -> str:
@@ -104,6 +106,19 @@ def load(cfg: LabConfig, node: str) -> Calibration | None:
         return Calibration(**data)
     except (OSError, ValueError, TypeError):
         return None
+
+
+def load_all(results_dir: Path, profile: str) -> list[Calibration]:
+    """Every node's record of a profile's results directory, by node name."""
+    out = []
+    for p in sorted((Path(results_dir) / "calibration").glob("*.json")):
+        try:
+            cal = Calibration(**json.loads(p.read_text()))
+        except (OSError, ValueError, TypeError):
+            continue
+        if cal.profile == profile and cal.node == p.stem:
+            out.append(cal)
+    return out
 
 
 def save(cfg: LabConfig, cal: Calibration) -> Path:

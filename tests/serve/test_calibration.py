@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
+import pandas as pd
 import pytest
 
 from lab_utils.cluster import Cluster
@@ -142,6 +143,35 @@ def test_the_rehearsal_start_calibrates_and_the_next_dry_run_says_so(rehearsal):
     text = make_plan(Cluster(cfg), "disaggregated", read_nodes=False).text()
     cal = calibration.load(cfg, nodes[0])
     label = f"measured on {nodes[0]}, {cal.updated_at[:10]}"
-    print(text)
     assert label in text
-    assert "API server and engine processes" in text
+    assert "API server and engine processes" in text and "(estimate)" not in text.split(
+        "Per node")[1]  # the OS reserve is measured too
+    from lab_utils.report.data import ReportData
+    from lab_utils.report.tables import calibration_table
+
+    df = calibration_table(ReportData(cfg.profile, "cpu", cfg.results_dir, {}, {}, {}, {}))
+    assert set(df["node"]) == set(nodes)
+    mine = df[df["node"] == nodes[0]].set_index("figure")
+    assert mine.loc["first start (s)", "source"] == label
+    assert mine.loc["API server and engine processes (GiB)", "measured"] > 0
+
+
+def test_the_report_sets_the_estimates_beside_the_measurements(tmp_path):
+    from lab_utils.report.data import ReportData
+    from lab_utils.report.tables import calibration_table
+
+    cfg = spark_cfg(tmp_path)
+    data = ReportData(cfg.profile, "cuda", cfg.results_dir, {}, {}, {}, {})
+    assert calibration_table(data).empty
+    cluster = fake_cluster(cfg)
+    calibrate.record(cluster, [baseline_record()], {"baseline-0": 131.0},
+                     calibrate.before_start(cluster, ["spark-01"]))
+    df = calibration_table(data).set_index("figure")
+    label = f"measured on spark-01, {calibration.load(cfg, 'spark-01').updated_at[:10]}"
+    row = df.loc["activations, CUDA graphs, CUDA context (GiB)"]
+    assert (row["estimate"], row["measured"], row["source"]) == (3.0, 2.96, label)
+    assert df.loc["API server and engine processes (GiB)", "measured"] == 3.0
+    assert df.loc["later start (s)", "measured"] == 131.0
+    assert df.loc["later start (s)", "estimate"] == 300.0  # the agenda's allowance
+    first = df.loc["first start (s)"]
+    assert pd.isna(first["measured"]) and first["source"] == "not measured yet"
