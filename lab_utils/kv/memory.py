@@ -10,7 +10,9 @@ GPU memory are one ~120 GiB pool, so that mirror counts against the same `MemTot
 the CPU build the KV cache is `cpu_kvcache_space_gib` (VLLM_CPU_KVCACHE_SPACE) and there
 is no mirror (`use_host_buffer` is False on a CPU platform). Weights come from the model's
 weight files when they are readable here, else from config.json's shape; the overheads are
-assumptions, named as such. All figures are computed, not measured on a Spark.
+assumptions, named as such, until a real run measured them: `Measured` carries a node's
+calibration (`results.calibration`) and replaces each estimate it has, labelled with the
+node and date of the measurement.
 """
 
 from __future__ import annotations
@@ -37,6 +39,29 @@ PROCESS_HOST = 2 * GiB
 OS_RESERVE = {"cuda": 8 * GiB, "cpu": 2 * GiB}
 # vLLM's default --gpu-memory-utilization (config/cache.py).
 DEFAULT_UTILIZATION = 0.92
+
+@dataclass(frozen=True)
+class Measured:
+    """Figures measured on a node (bytes, and "measured on <node>, <date>"); None: the
+    estimate stands."""
+
+    cuda_overhead: tuple[int, str] | None = None
+    process: tuple[int, str] | None = None
+    os_reserve: tuple[int, str] | None = None
+    kv_bytes: tuple[int, str] | None = None  # what vLLM logged for this role's KV cache
+
+    def overhead_bytes(self) -> int:
+        return self.cuda_overhead[0] if self.cuda_overhead else CUDA_OVERHEAD
+
+    def process_bytes(self) -> int:
+        return self.process[0] if self.process else PROCESS_HOST
+
+    def reserve_bytes(self, device: str) -> int:
+        return self.os_reserve[0] if self.os_reserve else OS_RESERVE[device]
+
+
+ESTIMATED = Measured()
+
 
 @dataclass(frozen=True)
 class Item:
@@ -138,8 +163,10 @@ def weights(cfg: LabConfig, hf: dict, model_dir: Path | None) -> Item:
 
 def instance_memory(cfg: LabConfig, hf: dict, weights_item: Item, mem_total: int, *,
                     utilization: float | None, kv_cache_bytes: int | None,
-                    cpu_kvcache_gib: int | None, mirror: bool) -> InstanceMemory:
-    """One instance's budget on a node of `mem_total` bytes."""
+                    cpu_kvcache_gib: int | None, mirror: bool,
+                    measured: Measured = ESTIMATED) -> InstanceMemory:
+    """One instance's budget on a node of `mem_total` bytes; `measured` replaces the
+    estimates it has."""
     shape = kv_shape(hf, None if cfg.model.dtype == "auto" else cfg.model.dtype)
     w = weights_item.bytes
     items = [weights_item]
@@ -154,7 +181,7 @@ def instance_memory(cfg: LabConfig, hf: dict, weights_item: Item, mem_total: int
             items.append(Item("KV cache", kv, False, f"{src} (VLLM_CPU_KVCACHE_SPACE)"))
         else:
             u = utilization or DEFAULT_UTILIZATION
-            kv = int(u * mem_total) - w - PROCESS_HOST
+            kv = int(u * mem_total) - w - measured.process_bytes()
             items.append(Item("KV cache", kv, False, f"{u} x MemTotal less weights and process "
                               "(vLLM's CPU default without cpu_kvcache_space_gib)"))
         items[0] = Item("weights", w, False, weights_item.note)
@@ -162,42 +189,52 @@ def instance_memory(cfg: LabConfig, hf: dict, weights_item: Item, mem_total: int
     else:
         u = utilization or DEFAULT_UTILIZATION
         pool = int(u * mem_total)
-        items.append(Item("activations, CUDA graphs, CUDA context", CUDA_OVERHEAD, True,
+        overhead = measured.overhead_bytes()
+        items.append(Item("activations, CUDA graphs, CUDA context", overhead, True,
+                          measured.cuda_overhead[1] if measured.cuda_overhead else
                           "estimate (vLLM measures it at startup)"))
         if kv_cache_bytes is not None:
             kv = kv_cache_bytes
             items.append(Item("KV cache", kv, True, "--kv-cache-memory-bytes"))
-            pool = w + CUDA_OVERHEAD + kv
+            pool = w + overhead + kv
             notes.append(f"--kv-cache-memory-bytes: vLLM still needs {u} x total "
                          f"({u * mem_total / GiB:.1f} GiB) free at startup")
         else:
-            kv = pool - w - CUDA_OVERHEAD
+            kv = pool - w - overhead
             items.append(Item("KV cache", kv, True,
                               f"pool {u} x MemTotal less weights and overhead"))
     if mirror:
         items.append(Item("NIXL host mirror of the KV cache", kv, False,
                           'kv_buffer_device "cpu": host copy of every layer, outside the pool'))
-    items.append(Item("API server and engine processes", PROCESS_HOST, False, "estimate"))
+    items.append(Item("API server and engine processes", measured.process_bytes(), False,
+                      measured.process[1] if measured.process else "estimate"))
+    if measured.kv_bytes:
+        notes.append(f"vLLM logged a {measured.kv_bytes[0] / GiB:.2f} GiB KV cache "
+                     f"({measured.kv_bytes[1]})")
     return InstanceMemory(items=items, pool=pool, kv_bytes=kv,
                           kv_tokens=max(kv, 0) // shape.bytes_per_token, mirror=mirror,
                           notes=notes)
 
 
-def fitting_utilization(mem_total: int, instances: list[tuple[int, bool]]) -> float:
+def fitting_utilization(mem_total: int, instances: list[tuple[int, bool]],
+                        measured: Measured = ESTIMATED) -> float:
     """The highest `gpu_memory_utilization`, one value for every instance on a node, that
     fits: `instances` are (weights bytes, mirror) pairs. Rounded down to 0.01."""
-    free = mem_total - OS_RESERVE["cuda"] - PROCESS_HOST * len(instances)
+    free = (mem_total - measured.reserve_bytes("cuda")
+            - measured.process_bytes() * len(instances))
     slope = 0
     for w, mirror in instances:
         slope += 2 if mirror else 1
-        if mirror:
-            free += w + CUDA_OVERHEAD  # the mirror is the pool less weights and overhead
+        if mirror:  # the mirror is the pool less weights and overhead
+            free += w + measured.overhead_bytes()
     return max(0.0, int(100 * free / (slope * mem_total)) / 100)
 
 
-def fitting_kv_bytes(mem_total: int, instances: list[tuple[int, bool]]) -> int:
+def fitting_kv_bytes(mem_total: int, instances: list[tuple[int, bool]],
+                     measured: Measured = ESTIMATED) -> int:
     """The largest `--kv-cache-memory-bytes`, the same for every instance on a CUDA node,
     that fits; rounded down to whole GiB."""
-    free = mem_total - OS_RESERVE["cuda"] - sum(w + CUDA_OVERHEAD + PROCESS_HOST for w, _ in instances)
+    free = mem_total - measured.reserve_bytes("cuda") - sum(
+        w + measured.overhead_bytes() + measured.process_bytes() for w, _ in instances)
     per = sum(2 if mirror else 1 for _, mirror in instances)
     return max(0, free // per // GiB * GiB)

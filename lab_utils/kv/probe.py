@@ -18,6 +18,15 @@ expected rates are the slowest nixlbench recorded between two GB10 Sparks
 (GB10_PLAN_GBps: VRAM-sourced transfers move ~0.3-0.6 GB/s there, no GPUDirect RDMA);
 elsewhere one conservative rate. Warm-up, then timed passes, then the largest sizes are
 cut until the estimate fits.
+
+Those rates are a guess for the probe's own pattern: nixlbench WRITEs one contiguous
+buffer per transfer, the probe READs thousands of scattered block descriptors, and from
+VRAM on a GB10 the NIC cannot DMA the GPU's memory (no GPUDirect RDMA). So each memory
+type also gets a time box (`ProbePlan.time_box_s`: its share of TIME_BOX_SHARE of the
+limit, in proportion to its estimate; what one leaves unused goes to the next): once it is
+spent that memory type stops, its finished rows are kept, and `ProbeResult.cut_short`
+says what was not measured and why. The run returns a result instead of running into
+the limit, so notebook 02 always writes one.
 """
 
 from __future__ import annotations
@@ -54,6 +63,7 @@ GB10_PLAN_GBps = {"DRAM": 6.5, "VRAM": 0.25}
 # Any other profile (the CPU rehearsal, an unknown GPU): one rate slower than both.
 CONSERVATIVE_GBps = 0.25
 PLAN_SHARE = 0.5  # share of timeout_s the estimated transfers may take; the rest is margin
+TIME_BOX_SHARE = 0.8  # share of timeout_s the memory types' time boxes add up to
 MIN_ITERATIONS, MIN_WARMUP = 5, 1  # fewest timed and warm-up passes the plan cuts down to
 
 
@@ -143,12 +153,22 @@ class ProbePlan:
     def fits(self) -> bool:
         return self.estimate_s <= self.budget_s
 
+    @property
+    def time_box_s(self) -> dict[str, float]:
+        """Seconds each memory type may move data before it is cut short: TIME_BOX_SHARE
+        of the limit, shared in proportion to the estimates (a plan that fits gives each
+        at least TIME_BOX_SHARE / PLAN_SHARE = 1.6 times its estimate)."""
+        each = {s: self.bytes_per_seg / (self.rates_GBps[s] * 1e9) for s in self.seg_types}
+        total = sum(each.values()) or 1.0
+        return {s: TIME_BOX_SHARE * self.timeout_s * e / total for s, e in each.items()}
+
     def summary(self) -> dict:
         return {"sizes": self.sizes, "seg_types": list(self.seg_types), "ops": list(self.ops),
                 "iterations": self.iterations, "warmup": self.warmup,
                 "timeout_s": self.timeout_s, "rates_GBps": self.rates_GBps,
                 "planned_bytes": self.planned_bytes, "estimate_s": self.estimate_s,
-                "dropped": self.dropped, "text": self.describe()}
+                "time_box_s": self.time_box_s, "dropped": self.dropped,
+                "text": self.describe()}
 
     def describe(self) -> str:
         rates = ", ".join(f"{s} {self.rates_GBps[s]:g} GB/s" for s in self.seg_types)
@@ -156,7 +176,8 @@ class ProbePlan:
                 f"{'/'.join(self.ops)} x {self.warmup} warm-up + {self.iterations} timed passes x "
                 f"{len(self.seg_types)} memory type(s) = {self.planned_bytes / 1e9:.3g} GB; "
                 f"at {rates} ({self.rate_basis}) ~{self.estimate_s:.0f} s of transfer, "
-                f"limit {self.timeout_s:.0f} s (plan for at most {self.budget_s:.0f} s)")
+                f"limit {self.timeout_s:.0f} s (plan for at most {self.budget_s:.0f} s; time box "
+                + ", ".join(f"{s} {v:.0f} s" for s, v in self.time_box_s.items()) + ")")
         if self.asked:
             text += ("; cut from " + ", ".join(f"{k} {v}" for k, v in self.asked.items())
                      + " to fit")
@@ -224,7 +245,8 @@ def run_probe(cluster: Cluster | LabConfig, sizes: Sequence[int] | None = None, 
               link_rate_gbps: float | None = None, ucx_tls: str | None = None,
               ucx_net_devices: str | Mapping[str, str] | None = None,
               timeout_s: float = 300.0, show_progress: bool = True,
-              plan: ProbePlan | None = None) -> ProbeResult:
+              plan: ProbePlan | None = None,
+              time_box_s: Mapping[str, float] | None = None) -> ProbeResult:
     """Measure NIXL READ/WRITE from the decode node (initiator) to the prefill node
     (target) for each size (bytes; rounded up to whole blocks of `block_bytes`). Takes a
     config too (a cluster is then built for the probe and closed after it).
@@ -232,7 +254,9 @@ def run_probe(cluster: Cluster | LabConfig, sizes: Sequence[int] | None = None, 
     The run is `plan` when given (its sizes, memory types, operations, passes and limit
     replace the arguments), else `plan_probe` of the arguments at the profile's expected
     rates: passes and sizes are cut so the estimate fits `timeout_s`. The result records
-    the plan (`ProbeResult.plan`)."""
+    the plan (`ProbeResult.plan`). Each memory type stops when its time box is spent
+    (`time_box_s`, seconds per memory type, replaces the plan's) and the result says
+    what was cut short (`ProbeResult.cut_short`)."""
     from lab_utils.cluster import as_cluster
     from lab_utils.cluster.provision import deploy_node
     from lab_utils.util.progress import progress_bar
@@ -257,6 +281,7 @@ def run_probe(cluster: Cluster | LabConfig, sizes: Sequence[int] | None = None, 
                               warmup=warmup, timeout_s=timeout_s, rates_GBps=rates,
                               rate_basis=basis)
             moved, iterations, warmup = plan.sizes, plan.iterations, plan.warmup
+        boxes = dict(plan.time_box_s if time_box_s is None else time_box_s)
         t_name, i_name = cfg.probe_pair()
         for name in dict.fromkeys((t_name, i_name)):
             if cfg.nodes[name].connection == "ssh":
@@ -283,7 +308,8 @@ def run_probe(cluster: Cluster | LabConfig, sizes: Sequence[int] | None = None, 
         t_argv, t_env, t_cwd = launch(t_node, "target", t_addr)
         i_argv, i_env, _ = launch(i_node, "initiator", i_addr)
         i_argv += ["--target-address", t_addr, "--sizes", ",".join(map(str, moved)),
-                   "--ops", ",".join(ops), "--iterations", str(iterations), "--warmup", str(warmup)]
+                   "--ops", ",".join(ops), "--iterations", str(iterations), "--warmup", str(warmup),
+                   "--time-box", ",".join(f"{k}={v:.3f}" for k, v in boxes.items())]
         i_argv += ["--memcpy"] if same else []
         cluster.alive(TARGET)  # forget a dead earlier target; a live one holds the port
         t_node.ensure_port_free(t_addr, port, "the NIXL probe")
@@ -332,5 +358,7 @@ def run_probe(cluster: Cluster | LabConfig, sizes: Sequence[int] | None = None, 
                            initiator=i_name, target_address=t_addr, initiator_address=i_addr,
                            port=port, same_machine=same, env=ucx, notes=notes, memcpy_GBps=memcpy,
                            pids={"target": rec.pid, "initiator": out["pid"]},
-                           elapsed_s=time.monotonic() - t0, plan=plan.summary())
+                           elapsed_s=time.monotonic() - t0,
+                           plan={**plan.summary(), "time_box_s": boxes},
+                           cut_short=out.get("cut_short", {}))
 

@@ -8,7 +8,10 @@ vLLM's NixlConnector does) and WRITE. Each agent registers one region per memory
 lists once; every transfer then selects scattered block indices, as a paged KV cache does.
 The agents talk over one TCP connection of their own (NIXL metadata, per-block checksums,
 WRITE verifications, progress); the initiator prints its rows (latency percentiles,
-bandwidth, checksum verdict) as one `NIXL_PROBE-RESULT` JSON line.
+bandwidth, checksum verdict) as one `NIXL_PROBE-RESULT` JSON line. With `--time-box`
+each memory type has its own time (plus what the ones before left unused): once it is
+spent, that type stops, keeps the rows it finished, and `cut_short` says what was not
+measured and why, so a memory slower than planned still leaves a result.
 
     python -m lab_utils.on_node.nixl_agent --role target --address A --port P \
         --run-id R --blocks N
@@ -16,6 +19,8 @@ bandwidth, checksum verdict) as one `NIXL_PROBE-RESULT` JSON line.
         --target-address A --port P --run-id R --blocks N --sizes 65536,131072
 
 Only the standard library, numpy, nixl and (for VRAM) torch: nothing else of lab_utils.
+A little over 400 lines: both halves of one exchange stay in the one file that runs on
+the nodes.
 """
 
 from __future__ import annotations
@@ -237,10 +242,21 @@ def _target(a: argparse.Namespace) -> dict:
     return {"role": "target", "pid": os.getpid()}
 
 
-def _transfer(agent, handle, timeout: float, notif: bytes = b"") -> None:
+class TimeBoxSpent(Exception):
+    """A memory type's time box ran out; `in_flight`: during a transfer."""
+
+    def __init__(self, in_flight: bool):
+        super().__init__("time box spent")
+        self.in_flight = in_flight
+
+
+def _transfer(agent, handle, timeout: float, notif: bytes = b"",
+              box_end: float | None = None) -> None:
     state, deadline = agent.transfer(handle, notif), time.monotonic() + timeout
     while state == "PROC":
         state = agent.check_xfer_state(handle)
+        if box_end is not None and time.monotonic() > box_end and state == "PROC":
+            raise TimeBoxSpent(in_flight=True)
         if time.monotonic() > deadline:
             raise TimeoutError(f"a NIXL transfer did not finish within {timeout:.0f} s")
     if state != "DONE":
@@ -248,20 +264,27 @@ def _transfer(agent, handle, timeout: float, notif: bytes = b"") -> None:
 
 
 def _timed(agent, a: argparse.Namespace, op: str, local, li: list[int], remote,
-           ri: list[int], tag: bytes | None) -> list[float]:
+           ri: list[int], tag: bytes | None, box_end: float | None = None) -> list[float]:
     handle = agent.make_prepped_xfer(op, local, li, remote, ri)
+    released = False
     try:
         times = []
         for i in range(a.warmup + a.iterations):
+            if box_end is not None and time.monotonic() > box_end:
+                raise TimeBoxSpent(in_flight=False)
             t0 = time.perf_counter()
-            _transfer(agent, handle, a.timeout)
+            _transfer(agent, handle, a.timeout, box_end=box_end)
             if i >= a.warmup:
                 times.append(time.perf_counter() - t0)
         if tag is not None:  # as a KV connector does: the notification follows the data
             _transfer(agent, handle, a.timeout, tag)
         return times
+    except TimeBoxSpent as e:
+        released = e.in_flight  # a transfer still in flight keeps its handle
+        raise
     finally:
-        agent.release_xfer_handle(handle)
+        if not released:
+            agent.release_xfer_handle(handle)
 
 
 def _initiator(a: argparse.Namespace) -> dict:
@@ -278,7 +301,12 @@ def _initiator(a: argparse.Namespace) -> dict:
             f"{s} not applicable on the initiator node: {w}" for s, w in why.items() if w]
         segs = [s for s in a.seg_types if not why[s] and s in hello["regions"]]
         done, total = 0, len(segs) * len(a.sizes)
+        cut: dict[str, str] = {}
+        spare = 0.0  # what the memory types before left of their time boxes
         for seg in segs:
+            box = a.time_box.get(seg)
+            t_seg = time.monotonic()
+            box_end = t_seg + box + spare if box is not None else None
             mine = _Region(agent, seg, a.blocks, a.block_bytes)
             mine.fill(a.blocks, a.seed + 1)
             local = agent.prep_xfer_dlist("NIXL_INIT_AGENT", mine.rows, mem_type=seg)
@@ -287,8 +315,14 @@ def _initiator(a: argparse.Namespace) -> dict:
             far = agent.prep_xfer_dlist(remote, theirs, mem_type=seg)
             rng = np.random.default_rng(a.seed + 2)
             lperm, rperm = rng.permutation(a.blocks), rng.permutation(a.blocks)
+            measured: list[int] = []
+            in_flight = False
             for size in a.sizes:
                 k = size // a.block_bytes
+                if seg in cut:  # the box is spent: the rest of this memory is skipped
+                    done += 1
+                    _ask(sock, {"cmd": "step", "done": done, "total": total})
+                    continue
                 for op in a.ops:
                     base = 0 if op == "READ" else a.blocks
                     li, ri = (lperm[:k] + base).tolist(), (rperm[:k] + base).tolist()
@@ -297,7 +331,19 @@ def _initiator(a: argparse.Namespace) -> dict:
                         tag = None
                     else:
                         tag = f"{a.run_id}:{seg}:{size}".encode()
-                    times = _timed(agent, a, op, local, li, far, ri, tag)
+                    try:
+                        times = _timed(agent, a, op, local, li, far, ri, tag, box_end)
+                    except TimeBoxSpent as e:
+                        in_flight = e.in_flight
+                        spent = time.monotonic() - t_seg
+                        rate = sum(len(a.ops) * s * (a.warmup + a.iterations) for s in measured) / spent
+                        cut[seg] = (
+                            f"{seg} cut short by its time box ({spent:.0f} s of "
+                            f"{box + spare:.0f} s): measured sizes {measured or 'none'}, not "
+                            f"measured from {size} B {op} on ({len(a.sizes) - len(measured)} of "
+                            f"{len(a.sizes)} sizes); {seg} moved about {rate / 1e9:.3g} GB/s, "
+                            "slower than the plan expected")
+                        break
                     got = blocks_checksum(mine.host_blocks(), li)
                     if op == "READ":
                         ok = got == combine_crcs(hello["crcs"][seg][i] for i in ri)
@@ -308,14 +354,23 @@ def _initiator(a: argparse.Namespace) -> dict:
                         ok = reply["checksum"] == got
                     rows.append({"seg_type": seg, "op": op, "bytes": size, "blocks": k,
                                  **summarize(times, size), "checksum_ok": ok})
+                if seg in cut:  # a size cut between its operations keeps none of its rows
+                    rows = [r for r in rows if (r["seg_type"], r["bytes"]) != (seg, size)]
+                else:
+                    measured.append(size)
                 done += 1
                 _ask(sock, {"cmd": "step", "done": done, "total": total})
+            if box_end is not None:
+                spare = max(0.0, box_end - time.monotonic())
+            if in_flight:  # NIXL still owns a transfer on these: left to the process's exit
+                continue
             agent.release_dlist_handle(local)
             agent.release_dlist_handle(far)
             agent.deregister_memory(mine.reg)
         _ask(sock, {"cmd": "bye"})
     memcpy = memcpy_bandwidth(a.sizes) if a.memcpy and a.sizes else {}
-    return {"role": "initiator", "pid": os.getpid(), "rows": rows, "notes": notes,
+    return {"role": "initiator", "pid": os.getpid(), "rows": rows,
+            "notes": notes + list(cut.values()), "cut_short": cut,
             "memcpy_GBps": {str(k): v for k, v in memcpy.items()}}
 
 
@@ -338,6 +393,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=120.0)
     p.add_argument("--memcpy", action="store_true", help="also measure memcpy bandwidth")
+    p.add_argument("--time-box", type=lambda s: {k: float(v) for k, v in
+                                                 (x.split("=") for x in csv(s))},
+                   default={}, help="seconds per memory type, e.g. DRAM=20,VRAM=120")
     a = p.parse_args(argv)
     if a.role == "initiator" and not (a.target_address and a.sizes):
         p.error("an initiator needs --target-address and --sizes")

@@ -4,7 +4,8 @@ in order: the first screen (the verdict in one sentence, the CPU rehearsal's ban
 system under test: `lab_utils.report.summary`), what was run and what is missing, a
 one-screen verdict table, the plots, the headline
 tables, the conclusions and the comparison at every load point (folded), the forecasts graded against the measurements,
-the expected figures and the forecast for two Sparks, one
+the expected figures and the forecast for two Sparks, the estimates against what real
+starts measured, one
 section per notebook 00-04 with what it recorded, what each results file holds, and what
 production systems add beyond this lab.
 
@@ -26,6 +27,7 @@ from lab_utils.report.export import fields_table
 from lab_utils.report.plots import Plot, roofline_text
 from lab_utils.report.summary import REHEARSAL_BANNER, system_under_test, verdict_sentence
 from lab_utils.report.tables import (
+    calibration_table,
     checks_table,
     display_table,
     key_value_table,
@@ -284,6 +286,17 @@ def _expected_blocks(data: ReportData, table: pd.DataFrame) -> list[Block]:
     return blocks + [T(df)] + _spark_forecast_blocks(data)
 
 
+def _calibration_blocks(data: ReportData) -> list[Block]:
+    df = calibration_table(data)
+    text = ("What the serving plan (`serve --dry-run`) and the workshop's start-up "
+            "allowance estimate, beside what this profile's real starts measured "
+            "(results/<profile>/calibration/). The plan uses a measured figure instead "
+            "of its estimate from the run that measured it on.")
+    if df.empty:
+        return [H("Estimated vs measured"), P(text), P("No start was recorded yet.")]
+    return [H("Estimated vs measured"), P(text), T(df)]
+
+
 def _forecast_blocks(data: ReportData, plots: list[Plot]) -> list[Block]:
     from lab_utils.forecast import grade as g
     from lab_utils.report import forecast as fc
@@ -458,6 +471,7 @@ def report_blocks(data: ReportData, table: pd.DataFrame, concl: Conclusions,
     blocks = _intro(data, concl) + _missing_blocks(data) + _verdict_blocks(concl)
     blocks += _plot_blocks(plots) + _table_blocks(table, data) + _conclusion_blocks(concl)
     blocks += _comparison_blocks(concl) + _forecast_blocks(data, plots) + _expected_blocks(data, table)
+    blocks += _calibration_blocks(data)
     sections = [("00", "environment checklist", _nb00_blocks),
                 ("01", "single-instance baseline", _nb01_blocks),
                 ("02", "KV cache transfer", _nb02_blocks),

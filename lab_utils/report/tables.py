@@ -2,7 +2,8 @@
 one row per architecture, workload and load point, raw numbers (median and min-max over
 the repeats, NaN where absent), invalid points kept with their reason. `display_table`
 formats it for people; the others turn the payloads of notebooks 00 and 02 (checks, KV
-transfer times, NIXL probe rows) and nested records into tables.
+transfer times, NIXL probe rows), the nodes' calibration records (estimated against
+measured) and nested records into tables.
 """
 
 from __future__ import annotations
@@ -233,3 +234,30 @@ def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
 def key_value_table(d: dict) -> pd.DataFrame:
     return pd.DataFrame([{"field": k, "value": fmt_num(v)} for k, v in _flatten(d).items()],
                         columns=["field", "value"])
+
+
+def calibration_table(data: ReportData) -> pd.DataFrame:
+    """Per node: each figure the plan and the workshop estimate, beside what this
+    profile's real starts measured (`results.calibration`); empty without a record."""
+    from lab_utils.kv import memory
+    from lab_utils.results import calibration
+
+    gib = 2**30
+    estimates = {
+        "activations, CUDA graphs, CUDA context (GiB)": ("cuda_overhead", memory.CUDA_OVERHEAD / gib),
+        "API server and engine processes (GiB)": ("process", memory.PROCESS_HOST / gib),
+        "OS and other processes (GiB)": ("os_reserve", memory.OS_RESERVE[data.device] / gib),
+        "first start (s)": ("first_start_s", calibration.STARTUP_ALLOWANCE_S),
+        "later start (s)": ("later_start_s", calibration.STARTUP_ALLOWANCE_S)}
+    rows = []
+    for cal in calibration.load_all(data.results_dir, data.profile):
+        m = cal.measured()
+        for figure, (key, estimate) in estimates.items():
+            if key == "cuda_overhead" and cal.device != "cuda":
+                continue
+            value, label = m.get(key, (None, "not measured yet"))
+            scale = 1 if key.endswith("_s") else gib
+            rows.append({"node": cal.node, "figure": figure, "estimate": round(estimate, 1),
+                         "measured": None if value is None else round(value / scale, 2),
+                         "source": label})
+    return pd.DataFrame(rows, columns=["node", "figure", "estimate", "measured", "source"])

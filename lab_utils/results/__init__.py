@@ -10,6 +10,7 @@ results files that carry them from one notebook to the next. It imports only `co
 - the records the payloads hold: `checklist` (a check's result), `sweep` (a request, a
   load point, a sweep), `forecast` (01's engine profile, a forecast), `kv_transfer`
   (notebook 02's probe, predictions and recommendation), `proof` (04's proof of transfer).
+- `calibration`: what real starts measured per node (the plan's estimates replaced).
 - `points`: the typed measured point (`Point`, one `Measured` per metric), the one metric
   table (`METRICS`) and the one rule for "this differs" (`compare`, `differs`).
 """

@@ -33,6 +33,8 @@ class ProbeResult:
     pids: dict[str, int] = field(default_factory=dict)
     elapsed_s: float = 0.0
     plan: dict = field(default_factory=dict)  # ProbePlan.summary(): what was planned
+    # per memory type stopped by its time box: what was not measured, and why
+    cut_short: dict[str, str] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:

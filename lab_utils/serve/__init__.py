@@ -5,7 +5,10 @@ prefill/decode by hand.
   watched until healthy, stopped by process group.
 - `plan`: every instance of a topology before it starts: node, command line, environment
   (secrets as set/unset), ports, and the memory budget per node; refused if it does not
-  fit (`plan_text` prints it, for `serve --dry-run`).
+  fit (`plan_text` prints it, for `serve --dry-run`); the start order (on a CUDA
+  profile, one instance at a time per machine); measured figures where a start left them.
+- `startup`: what a start-up log says: the step reached, the figures vLLM measured.
+- `calibrate`: after a start, those figures and timings into the node's calibration record.
 - `topology`: the sets of instances notebooks 01, 03 and 04 stand up (baseline,
   replicated, disaggregated), with the proxy; what is running; cleanup; `Served`, a
   started topology as the notebooks hold it.

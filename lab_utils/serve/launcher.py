@@ -13,7 +13,9 @@ port already taken (naming the holder) and reuses an instance that is already ru
 each instance gets its own TMPDIR (its ZMQ sockets and rendezvous files), removed when it
 is stopped;
 `wait_ready` polls `/health` with a progress bar while checking the process is alive,
-and on death raises with the log tail and the fix for any known failure in it.
+shows each waiting instance's start-up step from its log (`serve.startup`: a first start
+may be compiling kernels, silent for minutes, which is not a hang), and on death raises
+with the log tail and the fix for any known failure in it.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from lab_utils.config import PACKAGE_DIR, InstanceSpec, LabConfig, api_key, hf_t
 from lab_utils.errors import ProcessFailedError
 from lab_utils.kv.budget import choose_buffer_device
 from lab_utils.measure.loadgen import auth_headers
+from lab_utils.serve import startup
 from lab_utils.util.progress import progress_bar
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
@@ -204,6 +207,7 @@ def wait_ready(cluster: Cluster, records: list[ProcessRecord], timeout: float | 
     ready: dict[str, float] = {}
     nodes = {r.node: cluster.node(r.node) for r in records}
     keys = {s: api_key(cluster.cfg, s) for s in ("proxy", "vllm")}
+    watch = startup.Watch()
     with progress_bar(total=len(records), desc="waiting for vLLM /health", unit="instance",
                       disable=not show_progress) as bar:
         while pending:
@@ -224,6 +228,7 @@ def wait_ready(cluster: Cluster, records: list[ProcessRecord], timeout: float | 
                 raise _failure(nodes[rec.node], rec,
                                f"was not ready after {timeout:.0f} s (vllm.startup_timeout_s)")
             if pending:
-                bar.set_postfix_str(f"{time.monotonic() - t0:.0f} s, waiting: {', '.join(pending)}")
+                tails = {n: (lambda r=r: nodes[r.node].log_tail(r, 80)) for n, r in pending.items()}
+                bar.set_postfix_str(watch.line(time.monotonic(), time.monotonic() - t0, tails))
                 time.sleep(1.0)
     return ready

@@ -8,7 +8,11 @@ effective kv_buffer_device is "cpu" on a CUDA profile, the processes) with the O
 against the node's `MemTotal`: read from the node when it answers, else the caller's
 value, else (CUDA profiles only) the recorded GB10 figure. `Plan.check` refuses a plan
 that does not fit, with the numbers and the fixes (a utilization that fits, a
-`--kv-cache-memory-bytes` that fits, or `kv_buffer_device: "cuda"`). Offline by design:
+`--kv-cache-memory-bytes` that fits, or `kv_buffer_device: "cuda"`). Where a real run left
+a node's calibration record (`results.calibration`, written by `serve`), its measured
+activation and CUDA-graph overhead, per-process memory and OS reserve replace the
+estimates, each labelled "measured on <node>, <date>". `start_waves` is the
+order `serve` starts the instances in, shown in the plan. Offline by design:
 no node needs to be reachable.
 """
 
@@ -24,6 +28,7 @@ from lab_utils.errors import LabError
 from lab_utils.kv import memory
 from lab_utils.kv.memory import GiB, InstanceMemory
 from lab_utils.on_node.facts import mem_total_bytes
+from lab_utils.results import calibration
 from lab_utils.serve.launcher import instance_url, server_command, server_env
 
 # tests/fixtures/dgx-spark-recorded/proc-meminfo.head-20.gb10.txt: "MemTotal: 125511968 kB"
@@ -55,6 +60,7 @@ class NodeBudget:
     total: int
     reserve: int
     fixes: list[str] = field(default_factory=list)
+    reserve_source: str = "estimate"
 
     @property
     def fits(self) -> bool:
@@ -69,6 +75,7 @@ class Plan:
     nodes: dict[str, NodeBudget]
     weights_source: str
     mem_totals: dict[str, tuple[int | None, str]]  # per node: bytes (None: unknown), source
+    start_order: list[list[str]] = field(default_factory=list)  # instance names per wave
 
     @property
     def fits(self) -> bool:
@@ -142,14 +149,15 @@ def _mem_total(cluster: Cluster, name: str, given, read_nodes: bool) -> tuple[in
     return None, "unknown: node not read; give --mem-total-gib"
 
 
-def _fixes(cfg: LabConfig, budget: NodeBudget, plans: list[InstancePlan], weights: int) -> list[str]:
+def _fixes(cfg: LabConfig, budget: NodeBudget, plans: list[InstancePlan], weights: int,
+           found: memory.Measured = memory.ESTIMATED) -> list[str]:
     if cfg.vllm.device == "cpu":
         return ["lower vllm.<role>.cpu_kvcache_space_gib, or place fewer instances on "
                 f"{budget.node} (topology)"]
     assert budget.mem_total is not None  # asked only of a budget that does not fit
     inst = [(weights, p.memory.mirror) for p in plans]
-    u = memory.fitting_utilization(budget.mem_total, inst)
-    kv = memory.fitting_kv_bytes(budget.mem_total, inst)
+    u = memory.fitting_utilization(budget.mem_total, inst, found)
+    kv = memory.fitting_kv_bytes(budget.mem_total, inst, found)
     roles = sorted({p.role for p in plans})
     out = [f"gpu_memory_utilization {u:.2f} (or lower) for vllm.{'/'.join(roles)}"]
     if kv > 0:
@@ -159,6 +167,31 @@ def _fixes(cfg: LabConfig, budget: NodeBudget, plans: list[InstancePlan], weight
         out.append('kv_transfer.kv_buffer_device "cuda" (no host mirror; but NIXL reads '
                    "VRAM at ~0.4-0.6 GB/s on GB10 against 11-13 GB/s from DRAM)")
     return out
+
+
+def start_waves(cfg: LabConfig, specs: list[InstanceSpec]) -> list[list[InstanceSpec]]:
+    """The instances in the order they start: each wave starts together once the one
+    before is healthy. On a CUDA profile an instance that shares its machine with an
+    earlier one goes in the next wave. On GB10 (one memory for CPU and GPU) vLLM reads
+    free memory system-wide (`psutil.virtual_memory().available`, vLLM 0.32.0
+    utils/mem_utils.py `MemorySnapshot.measure`) and sizes the KV cache from how much of
+    it went between its start and the end of its profiling run
+    (`memory_profiling`: `total_consumed`); an instance loading its weights meanwhile is
+    counted as this one's, or frees memory and trips "Error in memory profiling"
+    (v1/worker/gpu_worker.py `determine_available_memory`). The CPU build's KV cache is
+    a fixed VLLM_CPU_KVCACHE_SPACE, not measured, so the rehearsal starts all at once."""
+    if cfg.vllm.device != "cuda":
+        return [list(specs)] if specs else []
+    waves: list[list[InstanceSpec]] = []
+    seen: dict[str, int] = {}
+    for spec in specs:
+        machine = cfg.nodes[spec.node].machine(spec.node)
+        i = seen.get(machine, 0)
+        seen[machine] = i + 1
+        if i == len(waves):
+            waves.append([])
+        waves[i].append(spec)
+    return waves
 
 
 def make_plan(cluster: Cluster, topology: str, *, kv_buffer_device: str | None = None,
@@ -172,10 +205,27 @@ def make_plan(cluster: Cluster, topology: str, *, kv_buffer_device: str | None =
     specs = cfg.instances(topology)
     totals = {n: _mem_total(cluster, n, mem_total, read_nodes)
               for n in dict.fromkeys(s.node for s in specs)}
-    plans = [_instance(cluster, spec, kv_buffer_device, hf, weights, totals[spec.node][0])
+    plans = [_instance(cluster, spec, kv_buffer_device, hf, weights, totals[spec.node][0],
+                       measured(cfg, spec.node, spec.role))
              for spec in specs]
     return Plan(cfg.profile, topology, plans, _budgets(cfg, plans, totals, weights.bytes),
-                f"{weights.note} ({source})", totals)
+                f"{weights.note} ({source})", totals,
+                [[s.name for s in wave] for wave in start_waves(cfg, specs)])
+
+
+def measured(cfg: LabConfig, node: str, role: str | None = None) -> memory.Measured:
+    """What the node's calibration record measured (nothing: the estimates stand)."""
+    cal = calibration.load(cfg, node)
+    if cal is None:
+        return memory.ESTIMATED
+    m = cal.measured()
+
+    def pick(key: str) -> tuple[int, str] | None:
+        return (int(m[key][0]), m[key][1]) if key in m else None
+
+    return memory.Measured(cuda_overhead=pick("cuda_overhead"), process=pick("process"),
+                           os_reserve=pick("os_reserve"),
+                           kv_bytes=pick(f"kv_bytes:{role}") if role else None)
 
 
 def _budgets(cfg: LabConfig, plans: list[InstancePlan], totals: dict,
@@ -186,16 +236,18 @@ def _budgets(cfg: LabConfig, plans: list[InstancePlan], totals: dict,
         names = machines.setdefault(cfg.nodes[p.node].machine(p.node), [])
         if p.node not in names:
             names.append(p.node)
-    reserve = memory.OS_RESERVE[cfg.vllm.device]
     out: dict[str, NodeBudget] = {}
     for machine, names in machines.items():
         total, src = totals[names[0]]
+        found = measured(cfg, names[0])
+        reserve = found.reserve_bytes(cfg.vllm.device)
         mine = [p for p in plans if p.node in names]
         label = ", ".join(names) + (f" ({machine})" if len(names) > 1 else "")
         b = NodeBudget(label, total, src, [p.name for p in mine],
-                       sum(p.memory.total for p in mine) + reserve, reserve)
+                       sum(p.memory.total for p in mine) + reserve, reserve,
+                       reserve_source=found.os_reserve[1] if found.os_reserve else "estimate")
         if not b.fits:
-            b.fixes = _fixes(cfg, b, mine, weights)
+            b.fixes = _fixes(cfg, b, mine, weights, found)
         out[machine] = b
     return out
 
@@ -205,19 +257,23 @@ def merge_plans(cfg: LabConfig, plans: list[Plan]) -> Plan:
     instances = [i for p in plans for i in p.instances]
     totals = {k: v for p in plans for k, v in p.mem_totals.items()}
     weights = instances[0].memory.items[0].bytes if instances else 0
+    specs = {s.name: s for p in plans for s in cfg.instances(p.topology)}
+    order = start_waves(cfg, [specs[i.name] for i in instances])
     return Plan(plans[0].profile, "+".join(p.topology for p in plans), instances,
-                _budgets(cfg, instances, totals, weights), plans[0].weights_source, totals)
+                _budgets(cfg, instances, totals, weights), plans[0].weights_source, totals,
+                [[s.name for s in wave] for wave in order])
 
 
 def _instance(cluster: Cluster, spec: InstanceSpec, kv_buffer_device: str | None, hf: dict,
-              weights: memory.Item, mem_total: int | None) -> InstancePlan:
+              weights: memory.Item, mem_total: int | None,
+              found: memory.Measured = memory.ESTIMATED) -> InstancePlan:
     cfg = cluster.cfg
     argv = server_command(cluster, spec, kv_buffer_device=kv_buffer_device)
     device = _buffer_device(argv)
     mem = memory.instance_memory(
         cfg, hf, weights, mem_total or 0, utilization=spec.settings.gpu_memory_utilization,
         kv_cache_bytes=kv_cache_bytes_arg(argv), cpu_kvcache_gib=spec.settings.cpu_kvcache_space_gib,
-        mirror=cfg.vllm.device == "cuda" and device == "cpu")
+        mirror=cfg.vllm.device == "cuda" and device == "cpu", measured=found)
     side = (f"{cfg.nodes[spec.node].data_address}:{spec.side_channel_port}"
             if spec.side_channel_port is not None and device else None)
     return InstancePlan(spec.name, spec.role, spec.node, argv,

@@ -1,6 +1,7 @@
 """A plan as text: one block per instance (node, addresses, command line, environment,
 memory lines with where each figure comes from), then each node's sum against its
-`MemTotal`, marked FITS or DOES NOT FIT with the fixes. What `serve --dry-run` prints.
+`MemTotal`, marked FITS or DOES NOT FIT with the fixes, then the order the instances start
+in. What `serve --dry-run` prints.
 """
 
 from __future__ import annotations
@@ -53,14 +54,15 @@ def _instance(p) -> list[str]:  # a plan.InstancePlan
 def render(plan) -> str:  # a plan.Plan
     out = [f"Plan: profile {plan.profile}, topology {plan.topology} (nothing started)",
            f"Weights: {plan.weights_source}",
-           "Figures are computed, not measured on a Spark; lines marked estimate are assumptions.",
+           "Lines marked estimate are assumptions; lines marked measured come from the node's",
+           "calibration record (results/<profile>/calibration/<node>.json, written by a real start).",
            ""]
     for p in plan.instances:
         out += _instance(p) + [""]
     out.append("Per node")
     for b in plan.nodes.values():
         head = (f"  {b.node}: {', '.join(b.instances)} {(b.total - b.reserve) / GiB:.1f} GiB"
-                f" + OS and other processes {b.reserve / GiB:.0f} GiB (estimate)"
+                f" + OS and other processes {b.reserve / GiB:.1f} GiB ({b.reserve_source})"
                 f" = {b.total / GiB:.1f} GiB")
         if b.mem_total is None:
             out.append(f"{head}; MemTotal {b.mem_source}")
@@ -71,4 +73,16 @@ def render(plan) -> str:  # a plan.Plan
                    f" {verdict}, " + (f"{spare:.1f} GiB to spare" if spare >= 0
                                       else f"short by {-spare:.1f} GiB"))
         out += [f"    fix: {f}" for f in b.fixes]
+    out += _start_order(plan.start_order)
     return "\n".join(out)
+
+
+def _start_order(waves: list[list[str]]) -> list[str]:
+    if len(waves) <= 1:
+        return ["", "Start order: all at once" + (f" ({', '.join(waves[0])})" if waves else "")]
+    out = ["", "Start order: one at a time on each machine (vLLM sizes its KV cache from the "
+           "machine's free memory while it starts)"]
+    for i, wave in enumerate(waves, 1):
+        after = "" if i == 1 else f", once wave {i - 1} answers /health"
+        out.append(f"  wave {i}: {', '.join(wave)}{after}")
+    return out

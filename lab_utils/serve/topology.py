@@ -3,7 +3,10 @@
 `serve` starts a topology's instances (baseline: one; replicated: one per listed node;
 disaggregated: prefill and decode instances with NixlConnector), reusing any already
 running so a second call starts no duplicates, and waits until all are healthy; a plan
-whose memory does not fit on a node (`serve.plan`) is refused before anything starts. If
+whose memory does not fit on a node (`serve.plan`) is refused before anything starts;
+what the instances it started measured is recorded (`serve.calibrate`).
+`plan.start_waves` orders the start: on a CUDA profile instances that share a machine start one
+at a time, each once the one before is healthy (see there); elsewhere all at once. If
 anything fails or the user interrupts, what this call started is stopped again.
 `cleanup` stops everything the profile's state file lists, on every node. All act on a
 `Cluster` their caller built (and closes). `Served` is a topology as the serving notebooks
@@ -20,8 +23,9 @@ from lab_utils.cluster import Cluster, as_cluster
 from lab_utils.cluster.provision import deploy
 from lab_utils.cluster.state import ProcessRecord
 from lab_utils.config import LabConfig, api_key
+from lab_utils.serve import calibrate
 from lab_utils.serve.launcher import start_instance, wait_ready
-from lab_utils.serve.plan import make_plan, merge_plans
+from lab_utils.serve.plan import make_plan, merge_plans, start_waves
 
 PROXY = "proxy"
 
@@ -53,7 +57,7 @@ def _url(rec: ProcessRecord) -> str:
 
 def serve(cluster: Cluster, *topologies: str, show_progress: bool = True,
           with_proxy: bool = False, kv_buffer_device: str | None = None) -> list[ProcessRecord]:
-    """Start (or reuse) every instance of the topologies, all at once, and with
+    """Start (or reuse) every instance of the topologies in `start_waves` order, and with
     `with_proxy` the lab proxy in front of the (single) topology; return the records
     once all are healthy. On any failure or interrupt, what this call started stops.
     `kv_buffer_device`: what prefill and decode instances get (resolved by the caller,
@@ -68,12 +72,17 @@ def serve(cluster: Cluster, *topologies: str, show_progress: bool = True,
     remote = {s.node for s in specs} | ({cfg.proxy.node} if with_proxy else set())
     deploy(cluster, sorted(n for n in remote if cfg.nodes[n].connection == "ssh"))
     try:
-        for spec in specs:
-            rec, new = start_instance(cluster, spec, kv_buffer_device=kv_buffer_device)
-            records.append(rec)
-            if new:
-                started.append(rec)
-        wait_ready(cluster, records, show_progress=show_progress)
+        before = calibrate.before_start(cluster, [s.node for s in specs])
+        ready: dict[str, float] = {}
+        for wave in start_waves(cfg, specs):
+            for spec in wave:
+                rec, new = start_instance(cluster, spec, kv_buffer_device=kv_buffer_device)
+                records.append(rec)
+                if new:
+                    started.append(rec)
+            for name, s in wait_ready(cluster, records, show_progress=show_progress).items():
+                ready.setdefault(name, s)  # seconds from its own wave's start
+        calibrate.record(cluster, [r for r in records if r in started], ready, before)
         if "disaggregated" in topologies:
             _warm_up_pairs(cfg, records)
             # NIXL's progress threads exist once the instances are up and have shaken
