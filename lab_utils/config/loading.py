@@ -212,7 +212,9 @@ def secrets_in(data: Any) -> list[str]:
                 with contextlib.suppress(OSError, ValueError):
                     if p.is_file() and p.stat().st_size <= 64 * 1024:
                         found.append(p.read_text().strip())
-    vllm = data.get("vllm") if isinstance(data.get("vllm"), dict) else {}
+    vllm = data.get("vllm")
+    if not isinstance(vllm, dict):
+        vllm = {}
     for settings in [vllm, *(vllm.get(r) for r in ("baseline", "replica", "prefill", "decode"))]:
         if isinstance(settings, dict):
             found += values.secret_env_values(settings.get("extra_env"))

@@ -196,8 +196,10 @@ REDACTED = "<redacted>"
 # Key formats known wherever they are pasted (OpenAI-style sk-..., Hugging Face hf_...,
 # GitHub, Slack, AWS access key ids): masked in every message and results file, whether
 # or not the lab knows the key.
-SECRET_PATTERN = re.compile(r"(?:\bsk-|\bhf_|\bghp_|\bgithub_pat_|\bxox[abp]-|\bAKIA)"
-                            r"[A-Za-z0-9_-]{8,}")
+# (Shaped as the keys are, so that field names such as hf_token_file stay readable.)
+SECRET_PATTERN = re.compile(r"\bsk-[A-Za-z0-9_-]{16,}|\bhf_[A-Za-z0-9]{20,}|\bghp_[A-Za-z0-9]{20,}"
+                            r"|\bgithub_pat_[A-Za-z0-9_]{20,}|\bxox[abp]-[A-Za-z0-9-]{10,}"
+                            r"|\bAKIA[A-Z0-9]{16}\b")
 MIN_SECRET_CHARS = 8  # shorter known values are not replaced (they would hit ordinary text)
 
 
