@@ -11,6 +11,7 @@ closes it when done. Errors the user can fix are printed as one message, without
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -318,12 +319,23 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _masked(message: str, args) -> str:
+    """An error message with every secret the profile can reach masked (when the profile
+    loads), and always the secret environment variables and key-shaped words."""
+    from lab_utils.config import known_secrets, scrub, secrets_in
+
+    secrets = secrets_in(None)
+    with contextlib.suppress(Exception):  # the error may be the profile's own
+        secrets += known_secrets(load_config(getattr(args, "config", None)))
+    return scrub(message, secrets)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
     except LabError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {_masked(str(e), args)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted; what this command started has been stopped", file=sys.stderr)

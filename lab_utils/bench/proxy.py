@@ -65,13 +65,14 @@ def _serve(role: str, port: int, mode: str, backend: str) -> None:
         uvicorn.Server(config).run(sockets=socks)
         return
     else:
-        from lab_utils.serve.proxy import ProxySettings, create_app
+        from lab_utils.serve.proxy import ProxySettings, create_app, server_options
 
         prefill, decode = backend.split(",")
         settings = (ProxySettings("replicated", backends=[prefill]) if mode == "replicated"
                     else ProxySettings("disaggregated", prefill=[prefill], decode=[decode]))
         app = create_app(settings)
-    uvicorn.run(app, host=HOST, port=port, log_level="error", access_log=False)
+    # served as `python -m lab_utils proxy` serves it (its HTTP protocol and limits)
+    uvicorn.run(app, host=HOST, port=port, **{**server_options(settings), "log_level": "error"})
 
 
 def wrk_argv(url: str, concurrency: int, seconds: int, direct_pd: bool,

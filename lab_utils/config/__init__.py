@@ -26,6 +26,7 @@ from lab_utils.config.loading import (
     find_config_path,
     load_config,
     parse_config,
+    secrets_in,
     with_proxy,
 )
 from lab_utils.config.parts import InstanceSettings, NodeConfig, WorkloadConfig
@@ -38,12 +39,12 @@ from lab_utils.config.schema import (
     known_secrets,
 )
 from lab_utils.config.topology import TOPOLOGIES, InstanceSpec
-from lab_utils.config.values import VLLM_DTYPES, is_system_dir
+from lab_utils.config.values import VLLM_DTYPES, is_system_dir, scrub
 
 __all__ = [
     "DEFAULT_PROFILE", "EXAMPLE_NAME", "PACKAGE_DIR", "REPO_ROOT", "TOPOLOGIES", "USER_CONFIG",
     "VLLM_DTYPES", "InstanceSettings", "InstanceSpec", "LabConfig", "NodeConfig",
     "WorkloadConfig", "api_key", "checkout_path", "find_config_path", "hf_token",
     "in_checkout", "is_system_dir", "known_secrets", "load_config", "loopback_problems",
-    "parse_config", "read_secret_file", "secret_file_problem", "with_proxy",
+    "parse_config", "read_secret_file", "scrub", "secret_file_problem", "secrets_in", "with_proxy",
 ]

@@ -5,6 +5,7 @@ naming the field, the value and the fix."""
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import json
 import os
@@ -16,6 +17,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
+from lab_utils.config import values
 from lab_utils.config.checks import cross_check
 from lab_utils.config.schema import REPO_ROOT, LabConfig, checkout_path
 from lab_utils.errors import ConfigError
@@ -192,18 +194,48 @@ def find_config_path(explicit: str | os.PathLike | None = None) -> Path:
     return checkout_path("configs", DEFAULT_PROFILE.name)
 
 
+def secrets_in(data: Any) -> list[str]:
+    """The secret values a not yet validated config can reach: the secret environment
+    variables, the files it names for keys and the token (when readable), the values of
+    its secret-named `extra_env` entries. An error about any field masks them all
+    (a key is sometimes pasted into the wrong field)."""
+    found = [os.environ.get(v, "") for v in values.SECRET_ENV_VARS]
+    if not isinstance(data, dict):
+        return found
+    sections = [data, data.get("proxy"), data.get("vllm")]
+    for section in sections:
+        for name in ("hf_token_file", "api_key_file"):
+            path = section.get(name) if isinstance(section, dict) else None
+            if isinstance(path, str) and path:
+                p = Path(path).expanduser()
+                p = p if p.is_absolute() else REPO_ROOT / p
+                with contextlib.suppress(OSError, ValueError):
+                    if p.is_file() and p.stat().st_size <= 64 * 1024:
+                        found.append(p.read_text().strip())
+    vllm = data.get("vllm")
+    if not isinstance(vllm, dict):
+        vllm = {}
+    for settings in [vllm, *(vllm.get(r) for r in ("baseline", "replica", "prefill", "decode"))]:
+        if isinstance(settings, dict):
+            found += values.secret_env_values(settings.get("extra_env"))
+    return found
+
+
 def parse_config(data: Any, source: str = "<config>") -> LabConfig:
-    """Validate already-parsed JSON; raise ConfigError listing every problem."""
+    """Validate already-parsed JSON; raise ConfigError listing every problem (with any
+    secret the config can reach masked: `secrets_in`)."""
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: the top level must be a JSON object")
     try:
         cfg = LabConfig.model_validate(_strip_comments(data))
     except ValidationError as e:
         lines = [_describe(err) for err in e.errors()]
-        raise ConfigError(f"{source}: invalid config:\n  - " + "\n  - ".join(lines)) from None
+        raise ConfigError(values.scrub(f"{source}: invalid config:\n  - " + "\n  - ".join(lines),
+                                       secrets_in(data))) from None
     problems = cross_check(cfg)
     if problems:
-        raise ConfigError(f"{source}: invalid config:\n  - " + "\n  - ".join(problems))
+        raise ConfigError(values.scrub(f"{source}: invalid config:\n  - " + "\n  - ".join(problems),
+                                       secrets_in(data)))
     return cfg
 
 

@@ -171,6 +171,11 @@ class ProxyConfig(_Strict):
     connect_timeout_s: float = Field(5.0, gt=0)
     request_timeout_s: float = Field(300.0, gt=0)
     max_body_bytes: int = Field(8 * 1024 * 1024, gt=0)
+    # a client's request headers must arrive within this (else 408 and the connection
+    # closes), its body within body_timeout_s after them: a client that sends a byte at a
+    # time would otherwise hold its connection for ever
+    header_timeout_s: float = Field(10.0, gt=0, le=3600)
+    body_timeout_s: float = Field(15.0, gt=0, le=3600)
     # the most choices (`n`, `best_of`) one request may ask for: each is a KV transfer
     max_n: int = Field(8, ge=1, le=1024)
 

@@ -144,13 +144,17 @@ class LabConfig(_Strict):
 
 
 def known_secrets(cfg: LabConfig) -> tuple[str, ...]:
-    """The secret values this config can reach (the files it names, readable or not, and
-    the secret environment variables), longest first, for redaction by value."""
+    """The secret values this config can reach (the files it names, readable or not, the
+    secret environment variables and the values of secret-named `extra_env` entries),
+    longest first, for redaction by value."""
     found = {os.environ.get(v, "") for v in values.SECRET_ENV_VARS}
     for field in _secret_files(cfg):
         with contextlib.suppress(OSError):
             found.add(cfg.resolve_path(field).read_text().strip())
-    return tuple(sorted((v for v in found if len(v) >= 8), key=len, reverse=True))
+    for settings in (cfg.vllm, cfg.vllm.baseline, cfg.vllm.replica, cfg.vllm.prefill, cfg.vllm.decode):
+        found.update(values.secret_env_values(settings.extra_env))
+    return tuple(sorted((v for v in found if len(v) >= values.MIN_SECRET_CHARS), key=len,
+                        reverse=True))
 
 
 def _secret_files(cfg: LabConfig) -> list[str]:

@@ -11,6 +11,7 @@ import ipaddress
 import os
 import posixpath
 import re
+from collections.abc import Iterable
 from typing import Any
 
 from lab_utils.on_node.dirs import SYSTEM_TREES
@@ -192,15 +193,38 @@ _SECRET_ENV = re.compile(r"(TOKEN|SECRET|PASSW|API_?KEY|ACCESS_?KEY|AUTH|CREDENT
 REDACTED = "<redacted>"
 
 
+# Key formats known wherever they are pasted (OpenAI-style sk-..., Hugging Face hf_...,
+# GitHub, Slack, AWS access key ids): masked in every message and results file, whether
+# or not the lab knows the key.
+# (Shaped as the keys are, so that field names such as hf_token_file stay readable.)
+SECRET_PATTERN = re.compile(r"\bsk-[A-Za-z0-9_-]{16,}|\bhf_[A-Za-z0-9]{20,}|\bghp_[A-Za-z0-9]{20,}"
+                            r"|\bgithub_pat_[A-Za-z0-9_]{20,}|\bxox[abp]-[A-Za-z0-9-]{10,}"
+                            r"|\bAKIA[A-Z0-9]{16}\b")
+MIN_SECRET_CHARS = 8  # shorter known values are not replaced (they would hit ordinary text)
+
+
+def scrub(text: str, secrets: Iterable[str] = ()) -> str:
+    """`text` with every known secret value (`secrets`) and every key-shaped word
+    (`SECRET_PATTERN`) replaced by REDACTED."""
+    for secret in sorted({s for s in secrets if len(s) >= MIN_SECRET_CHARS}, key=len, reverse=True):
+        text = text.replace(secret, REDACTED)
+    return SECRET_PATTERN.sub(REDACTED, text)
+
+
+def secret_env_values(env: Any) -> list[str]:
+    """The values of an `extra_env` mapping whose names say they hold secrets."""
+    if not isinstance(env, dict):
+        return []
+    return [v for k, v in env.items() if isinstance(v, str) and _SECRET_ENV.search(str(k))]
+
+
 def redact(value: Any, secrets: tuple[str, ...] = ()) -> Any:
     """`value` with secret-named `extra_env` values and every occurrence of a known secret
-    value replaced."""
+    value (or of a key-shaped word) replaced."""
     if isinstance(value, list):
         return [redact(v, secrets) for v in value]
     if isinstance(value, str):
-        for secret in secrets:
-            value = value.replace(secret, REDACTED)
-        return value
+        return scrub(value, secrets)
     if not isinstance(value, dict):
         return value
     out = {k: redact(v, secrets) for k, v in value.items()}
@@ -211,7 +235,8 @@ def redact(value: Any, secrets: tuple[str, ...] = ()) -> Any:
 
 
 # Environment variables of this process that may hold the lab's secrets.
-SECRET_ENV_VARS = ("HF_TOKEN", "OPENAI_API_KEY", "VLLM_API_KEY")
+SECRET_ENV_VARS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "OPENAI_API_KEY", "VLLM_API_KEY",
+                   "LAB_PROXY_API_KEY")
 
 
 def _matching(pattern: str, what: str):

@@ -53,6 +53,8 @@ from prometheus_client import (
 
 from lab_utils.measure.loadgen import auth_headers
 from lab_utils.serve.protocol import decode_request, prefill_request, transfer_params
+from lab_utils.serve.proxy_server import MAX_HEADER_BYTES as MAX_HEADER_BYTES
+from lab_utils.serve.proxy_server import server_options as server_options
 from lab_utils.serve.proxy_settings import KEY_ENV as KEY_ENV
 from lab_utils.serve.proxy_settings import ProxySettings as ProxySettings
 from lab_utils.serve.proxy_settings import settings_from_config
@@ -65,8 +67,6 @@ from lab_utils.serve.routing import (
     upstream_error,
 )
 from lab_utils.serve.validate import InvalidRequest, Limits, check_request
-
-MAX_HEADER_BYTES = 64 * 1024  # a request's headers beyond this are refused (uvicorn/h11)
 
 
 def _refuse_constant(name: str):
@@ -123,10 +123,9 @@ def run(cfg, mode: str) -> None:
     """Serve the proxy in the foreground on the proxy node's LAN address."""
     import uvicorn
 
-    app = create_app(settings_from_config(cfg, mode))
-    uvicorn.run(app, host=cfg.nodes[cfg.proxy.node].lan_address, port=cfg.proxy.port,
-                log_level="warning", access_log=False, timeout_graceful_shutdown=5,
-                h11_max_incomplete_event_size=MAX_HEADER_BYTES)
+    settings = settings_from_config(cfg, mode)
+    uvicorn.run(create_app(settings), host=cfg.nodes[cfg.proxy.node].lan_address,
+                port=cfg.proxy.port, **server_options(settings))
 
 
 class Proxy:
@@ -248,7 +247,10 @@ class Proxy:
         if e.backend and self.settings.api_key:
             log.warning("%s", e)
             e = e.redacted()
-        return e.response()
+        response = e.response()
+        if e.status in (408, 413):  # the rest of the body is not waited for: close
+            response.headers["connection"] = "close"
+        return response
 
     async def prefill(self, request: Request, path: str, body: dict) -> dict:
         """Run the prompt on a prefill backend; return its `kv_transfer_params`."""

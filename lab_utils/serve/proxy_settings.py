@@ -22,7 +22,8 @@ class ProxySettings:
     backend_api_key: str | None = None  # what the proxy sends to the instances
     max_n: int = 8  # the most choices (n, best_of) a request may ask for
     max_tokens: int | None = None  # the most output tokens a request may ask for
-    body_timeout_s: float = 30.0  # a request body not read whole in this time is refused (408)
+    body_timeout_s: float = 15.0  # a request body not read whole in this time is refused (408)
+    header_timeout_s: float = 10.0  # request headers not complete in this time: 408, closed
 
 
 # The keys reach a proxy started by the lab through its environment (over SSH on a remote
@@ -47,7 +48,8 @@ def settings_from_config(cfg, mode: str) -> ProxySettings:
                                               if s.settings.max_model_len])
     common = dict(connect_timeout_s=p.connect_timeout_s, request_timeout_s=p.request_timeout_s,
                   max_body_bytes=p.max_body_bytes, api_key=key("proxy"),
-                  backend_api_key=key("vllm"), max_n=p.max_n, max_tokens=longest)
+                  backend_api_key=key("vllm"), max_n=p.max_n, max_tokens=longest,
+                  header_timeout_s=p.header_timeout_s, body_timeout_s=p.body_timeout_s)
     if mode == "replicated":
         return ProxySettings(mode=mode, backends=urls("replicated", "replica"),
                              policy=cfg.topology.replicated.policy, **common)

@@ -4,6 +4,7 @@ and every failure behaviour, each with a bounded time."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import time
@@ -11,7 +12,8 @@ import time
 import httpx
 import pytest
 
-from lab_utils.serve.proxy import ProxySettings, create_app
+from lab_utils.serve.proxy import MAX_HEADER_BYTES, ProxySettings, create_app, server_options
+from lab_utils.serve.proxy_server import guarded_protocol
 
 from support.fakes import FakeBackend, ServerThread, free_port
 
@@ -39,7 +41,9 @@ def fresh(backends):
 
 
 def proxy(settings: ProxySettings) -> ServerThread:
-    return ServerThread(create_app(settings), ADDR)
+    """The proxy served as `serve.proxy.run` serves it (its uvicorn settings)."""
+    return ServerThread(create_app(settings), ADDR,
+                        **{**server_options(settings), "timeout_graceful_shutdown": 1})
 
 
 def body(model="fake", stream=False, **kw) -> dict:
@@ -536,6 +540,78 @@ def test_a_body_sent_too_slowly_is_refused_in_bounded_time(backends):
                   b"Content-Length: 100\r\n\r\n{\"model\":")  # and then nothing
         t0 = time.monotonic()
         head = s.recv(200)
-    assert head.startswith(b"HTTP/1.1 408"), head
-    assert 0.9 < time.monotonic() - t0 < 3
+        assert head.startswith(b"HTTP/1.1 408"), head
+        assert 0.9 < time.monotonic() - t0 < 3
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            s.sendall(b" 1")  # the client goes on sending: the connection is closed anyway
+        _, closed = _closed_within(s, 2.0)
+        assert closed is not None, "the connection stayed open after the 408"
     assert backends[0][0].requests == []
+
+
+def _closed_within(s: socket.socket, seconds: float) -> tuple[bytes, float | None]:
+    """What the server sent on `s` and when (seconds from now) it closed it; None if it
+    did not within `seconds`."""
+    t0, said = time.monotonic(), b""
+    s.settimeout(0.2)
+    while time.monotonic() - t0 < seconds:
+        try:
+            data = s.recv(4096)
+        except TimeoutError:
+            continue
+        except ConnectionResetError:
+            return said, time.monotonic() - t0
+        if not data:
+            return said, time.monotonic() - t0
+        said += data
+    return said, None
+
+
+@pytest.mark.parametrize("parser", ["auto", "h11"])
+def test_headers_sent_too_slowly_close_the_connection_in_bounded_time(backends, parser):
+    """A byte of header every 0.3 s (and a connection that sends nothing at all) is cut
+    off at proxy.header_timeout_s with a 408; a request that completes its headers in
+    time, on a connection kept alive after it, is unaffected. With the parser uvicorn
+    picks here (httptools) and with h11 (uvicorn without httptools, as on a controller
+    that has only `uvicorn`)."""
+    settings = ProxySettings("replicated", backends=[backends[0][1].url], header_timeout_s=1.5)
+    options = {} if parser == "auto" else {"http": guarded_protocol(1.5, MAX_HEADER_BYTES, h11=True)}
+    with ServerThread(create_app(settings), ADDR, **{**server_options(settings), **options}) as p:
+        dribblers = [socket.create_connection((ADDR, p.port), timeout=10) for _ in range(4)]
+        silent = socket.create_connection((ADDR, p.port), timeout=10)
+        t0 = time.monotonic()
+        for s in dribblers:
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+        while time.monotonic() - t0 < 1.2:  # keeps sending, under the timeout, then stops
+            time.sleep(0.3)
+            for s in dribblers:
+                s.sendall(b"a")
+        with httpx.Client(timeout=10) as c:  # a normal client, kept alive across the timeout
+            assert c.post(f"{p.url}/v1/completions", json=body()).status_code == 200
+            time.sleep(1.0)
+            assert c.post(f"{p.url}/v1/completions", json=body()).status_code == 200
+        for s in [*dribblers, silent]:
+            said, closed = _closed_within(s, 3.0)
+            assert closed is not None, "the proxy kept a slow client's connection open"
+            assert 1.4 < time.monotonic() - t0 < 4.0
+            s.close()
+            if s is not silent:
+                assert said.startswith(b"HTTP/1.1 408"), said
+                assert json.loads(said.split(b"\r\n\r\n", 1)[1])["error"]["type"] == "header_timeout"
+    assert len(backends[0][0].requests) == 2
+
+
+@pytest.mark.parametrize("parser", ["auto", "h11"])
+def test_headers_past_the_limit_are_refused_and_the_connection_closed(backends, parser):
+    """Before, with httptools, headers of any size were taken (h11's limit did not apply)."""
+    settings = ProxySettings("replicated", backends=[backends[0][1].url])
+    options = {} if parser == "auto" else {"http": guarded_protocol(10, MAX_HEADER_BYTES, h11=True)}
+    with ServerThread(create_app(settings), ADDR, **{**server_options(settings), **options}) as p, \
+            socket.create_connection((ADDR, p.port), timeout=10) as s:
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            for _ in range(MAX_HEADER_BYTES // 1000 + 2):
+                s.sendall(b"X-Pad: " + b"a" * 1000 + b"\r\n")
+        said, closed = _closed_within(s, 5.0)
+    assert closed is not None and said.split(b"\r\n", 1)[0] in (
+        b"HTTP/1.1 431 Request Header Fields Too Large", b"HTTP/1.1 400 Bad Request"), said

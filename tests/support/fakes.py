@@ -30,11 +30,12 @@ def free_port(address: str) -> int:
 class ServerThread:
     """Run an ASGI app under uvicorn in a daemon thread, on address:port."""
 
-    def __init__(self, app, address: str, port: int | None = None):
+    def __init__(self, app, address: str, port: int | None = None, **options):
+        """`options`: uvicorn.Config's, over the defaults here."""
         self.address, self.port = address, port or free_port(address)
-        self.server = uvicorn.Server(uvicorn.Config(app, host=address, port=self.port,
-                                                    log_level="warning", access_log=False,
-                                                    timeout_graceful_shutdown=1))
+        options = {"log_level": "warning", "access_log": False, "timeout_graceful_shutdown": 1,
+                   **options}
+        self.server = uvicorn.Server(uvicorn.Config(app, host=address, port=self.port, **options))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     @property
