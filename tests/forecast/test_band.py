@@ -31,7 +31,7 @@ def test_band_is_the_quantile_of_log_errors_per_family_with_a_floor():
             + [graded("median_tpot_ms", 2.0, 2.02)]  # 1% off: the floor decides
             + [graded("median_ttft_ms", 10.0, 1000.0, graded=False)])  # flagged: left out
     band = b.error_band({"01's sweep": rows})
-    ttft = band["families"]["TTFT"]
+    ttft = band["families"]["TTFT p50"]
     logs = [abs(math.log(m / 10.0)) for m in (10.0, 12.0, 15.0, 20.0, 8.0)]
     assert ttft["n"] == 5
     assert ttft["log"] == pytest.approx(float(__import__("numpy").quantile(logs, b.QUANTILE)))
@@ -97,7 +97,7 @@ def test_04s_forecast_is_widened_by_01s_and_03s_graded_errors(test_cfg):
     from_01 = b.error_band({"01's single-instance sweep": grade_rows(
         fc01, {"standard": load_results(test_cfg, "01").payload.sweep})})
     assert rep.error_band == from_01
-    assert rep.error_band["families"]["TTFT"]["log"] >= math.log(1.3) - 1e-9
+    assert rep.error_band["families"]["TTFT p50"]["log"] >= math.log(1.3) - 1e-9
     values = len(FORECAST) * len(concurrency)  # every metric at every load point graded
     assert f"01's single-instance sweep ({values} graded values)" in rep.error_band["source"]
     pd_ = make_forecast(test_cfg, "disaggregated")
@@ -107,7 +107,7 @@ def test_04s_forecast_is_widened_by_01s_and_03s_graded_errors(test_cfg):
         assert row["median_ttft_ms_hi"] > before["median_ttft_ms_hi"]
         assert row["median_ttft_ms_hi"] == pytest.approx(
             before["median_ttft_ms_hi"] / math.exp(b.FLOOR)
-            * pd_.error_band["families"]["TTFT"]["factor"])
+            * pd_.error_band["families"]["TTFT p50"]["factor"])
 
 
 def test_the_proxys_and_clients_cpu_slows_instances_sharing_a_machine():
