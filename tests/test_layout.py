@@ -46,7 +46,7 @@ LAYER = _layer_numbers(LAYERS)
 TOP_LEVEL = {"__init__", "__main__", "cli", "runner", "errors", "known_failures"}
 # Sent as source over SSH before anything is deployed: the standard library only.
 SENT_AS_SOURCE = ["lab_utils.on_node.proctools", "lab_utils.on_node.facts",
-                  "lab_utils.on_node.dirs"]
+                  "lab_utils.on_node.dirs", "lab_utils.on_node.nixl_threads"]
 FRONT_DOOR_USERS = ["lab_utils.cli"]
 
 

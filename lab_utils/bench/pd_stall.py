@@ -8,7 +8,13 @@ disaggregated topology of a local profile with the given config changes, then me
 - **one at a time**: `--single` requests sent one after another through the proxy, each
   with its TTFT, TPOT and the time the machine stood still during it;
 - **load**: `--num-prompts` requests at concurrency `--concurrency` through the proxy
-  (the lab's load generator, as notebook 04 runs it): wall time, median TPOT, stood still.
+  (the lab's load generator and workload, `loadgen.run_point`, as notebook 04 runs them):
+  wall time, median TPOT, stood still.
+
+NIXL's progress threads are under SCHED_IDLE as the profile says
+(`kv_transfer.idle_nixl_threads`; `--set kv_transfer.idle_nixl_threads=false` for
+normal priority). `--compare` instead measures P/D with them at normal priority and under
+SCHED_IDLE against the single instance and the replicated pair (`bench.pd_compare`).
 
 With `--hold`, also:
 
@@ -37,9 +43,13 @@ from pathlib import Path
 from typing import Any
 
 from lab_utils import config as labconfig
+from lab_utils.bench import pd_compare
+from lab_utils.bench.pd_compare import measure_point
 from lab_utils.cluster import Cluster
 from lab_utils.measure import stalls
 from lab_utils.measure.loadgen import auth_headers
+from lab_utils.measure.workload import server_tokenizer
+from lab_utils.serve.topology import Served
 
 IDLE_S = 10.0
 BUSY_SHARE = 0.5
@@ -163,7 +173,7 @@ def _median(xs: list[float | None]) -> float | None:
 
 
 def run(config: Path, settings: list[str], label: str, single: int, concurrency: int,
-        num_prompts: int, sched_idle: bool = False, with_hold: bool = False) -> dict[str, Any]:
+        num_prompts: int, with_hold: bool = False) -> dict[str, Any]:
     raw = json.loads(config.read_text())
     for s in settings:
         _apply(raw, s)
@@ -190,29 +200,20 @@ def run(config: Path, settings: list[str], label: str, single: int, concurrency:
                 lease = float(cfg.kv_transfer.extra_config.get("kv_lease_duration", 30))
                 row["hold"] = hold(prefill_url, cfg.model.name,
                                    auth_headers(labconfig.api_key(cfg, "vllm")), lease)
-            for tid in row["idle"]["tids"] if sched_idle else []:
-                # the busy threads run only when no other thread wants the CPU
-                os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
-            if sched_idle:
-                row["idle_after"] = idle_spin([r.pid for r in instances])
             singles = one_at_a_time(url, cfg.model.name, single, headers)
             row["single"] = {"ttft_ms_first": singles[0]["ttft_ms"] if singles else None,
                              "ttft_ms_median_rest": _median([r["ttft_ms"] for r in singles[1:]]),
                              "tpot_ms_median": _median([r["tpot_ms"] for r in singles[1:]]),
                              "held_up_s": round(sum(r["held_up_s"] for r in singles), 1)}
-            out = Path(tmp) / "bench.json"
-            t0 = time.monotonic()
-            bench = _lab(cfg_path, "bench", "--url", url, "--out", str(out), "--concurrency",
-                         str(concurrency), "--num-prompts", str(num_prompts), "--repeats", "1")
-            wall = time.monotonic() - t0
-            if bench.returncode:
-                row["load"] = {"error": (bench.stdout + bench.stderr)[-1500:]}
-            else:
-                point = json.loads(out.read_text())["payload"]["points"][0]["summary"]
-                row["load"] = {"wall_s": round(wall, 1), "duration_s": round(point["duration"], 1),
-                               "tpot_ms_median": point.get("median_tpot_ms"),
-                               "ttft_ms_median": point.get("median_ttft_ms"),
-                               "held_up_s": point["held_up_s"], "failed": point["failed"]}
+            served = Served("disaggregated", Cluster(cfg).running("disaggregated"))
+            tokenize, detokenize = server_tokenizer(served.instance_urls()[0], cfg.model.name,
+                                                    labconfig.api_key(cfg, "vllm"))
+            w = cfg.workload.model_copy(update={"warmup": 0})
+            point = measure_point(cfg.model_copy(update={"workload": w}), served, tokenize,
+                                  detokenize, mixed=False, concurrency=concurrency, n=num_prompts)
+            row["load"] = {"duration_s": point["duration_s"], "tpot_ms_median": point["tpot_ms"],
+                           "ttft_ms_median": point["ttft_ms"], "held_up_s": point["held_up_s"],
+                           "failed": point["failed"]}
         finally:
             _lab(cfg_path, "cleanup")
     return row
@@ -248,8 +249,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", dest="settings", action="append", default=[],
                     help="a config change, e.g. kv_transfer.ucx_tls=tcp (repeatable)")
     ap.add_argument("--label", default=None)
-    ap.add_argument("--sched-idle", action="store_true",
-                    help="after the idle measurement, put the threads found busy under SCHED_IDLE")
+    ap.add_argument("--compare", action="store_true",
+                    help="instead: the single instance, the replicated pair and P/D with NIXL's "
+                         "threads at normal priority and under SCHED_IDLE (bench.pd_compare)")
+    ap.add_argument("--prompts", type=int, default=12,
+                    help="with --compare: requests at concurrency 1 (default 12)")
     ap.add_argument("--single", type=int, default=6, help="requests sent one at a time (default 6)")
     ap.add_argument("--concurrency", type=int, default=2)
     ap.add_argument("--num-prompts", type=int, default=24)
@@ -258,8 +262,17 @@ def main(argv: list[str] | None = None) -> int:
                          "this session and in a session of their own")
     ap.add_argument("--json", type=Path, default=None, help="append the run's figures to this JSON-lines file")
     a = ap.parse_args(argv)
+    if a.compare:
+        rows = pd_compare.compare(a.config.resolve(), a.prompts)
+        if a.json:
+            with a.json.open("a") as f:
+                f.writelines(json.dumps(r) + "\n" for r in rows)
+        print(pd_compare.markdown(rows))
+        print()
+        print("\n".join(pd_compare.verdicts(rows)))
+        return 0
     row = run(a.config.resolve(), a.settings, a.label or (", ".join(a.settings) or "as shipped"),
-              a.single, a.concurrency, a.num_prompts, a.sched_idle, a.hold)
+              a.single, a.concurrency, a.num_prompts, a.hold)
     if a.json:
         with a.json.open("a") as f:
             f.write(json.dumps(row) + "\n")

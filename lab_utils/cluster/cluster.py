@@ -100,6 +100,34 @@ class Cluster:
                 stopped.append(rec.name)
         return stopped
 
+    def quiet_nixl_threads(self, records: list[ProcessRecord]) -> list[dict]:
+        """With `kv_transfer.idle_nixl_threads` on, put the NIXL progress threads of the
+        prefill and decode instances among `records` under SCHED_IDLE, and record in each
+        instance's record (`extra["nixl_threads"]`) which threads got which policy; the
+        rows of all of them (instance, role, node, process, thread, tid, policy). Safe to
+        call again: threads found before are reported with their policy now, new ones
+        are set. [] when the setting is off."""
+        if not self.cfg.idle_nixl_threads():
+            return []
+        rows = []
+        for given in records:
+            role = given.extra.get("role")
+            rec = self.state.get(given.name)  # what earlier calls recorded
+            if (given.kind != "vllm" or role not in ("prefill", "decode") or rec is None
+                    or rec.pid != given.pid or not self.knows(rec.node)):
+                continue
+            known = {t["tid"]: t for t in rec.extra.get("nixl_threads", [])}
+            now = {t["tid"]: t for t in self.node(rec.node).quiet_nixl_threads(rec, list(known))}
+            for tid in set(known) - set(now):
+                known[tid]["policy"] = "gone"
+            for tid, t in now.items():
+                known[tid] = {**known.get(tid, {}), **t}
+            rec.extra["nixl_threads"] = list(known.values())
+            self.state.add(rec)
+            rows += [{"instance": rec.name, "role": role, "node": rec.node, **t}
+                     for t in rec.extra["nixl_threads"]]
+        return rows
+
     # ----- connections ----------------------------------------------------------------
     def close(self) -> None:
         """Close every connection the nodes hold. A node used again reconnects, so a

@@ -11,6 +11,8 @@ the config and builds each node once.
 from __future__ import annotations
 
 import contextlib
+import inspect
+import json
 import os
 import shutil
 import subprocess
@@ -24,7 +26,7 @@ from pathlib import Path
 from lab_utils.cluster.state import ProcessRecord, StateFile
 from lab_utils.config import NodeConfig
 from lab_utils.errors import LabError, PortInUseError
-from lab_utils.on_node import proctools
+from lab_utils.on_node import nixl_threads, proctools
 
 PRIVATE_TMP_PREFIX = "spark-lab-"  # Node.private_tmp's directories, and only those, are removed
 
@@ -79,6 +81,16 @@ class Node(ABC):
 
     @abstractmethod
     def port_report(self, address: str, port: int) -> dict: ...
+
+    def quiet_nixl_threads(self, rec: ProcessRecord, known: list[int]) -> list[dict]:
+        """Put the NIXL progress threads of the record's process group under SCHED_IDLE
+        (`lab_utils.on_node.nixl_threads`, run on the node, its source sent over stdin);
+        what it found and set, and the policy now of the threads in `known`."""
+        r = self.run([self.python, "-", "quiet", str(rec.pgid), *map(str, known)],
+                     input=inspect.getsource(nixl_threads), timeout=60)
+        if not r.ok:
+            raise LabError(f"node {self.name}: finding NIXL's threads failed: {r.why}")
+        return json.loads(r.stdout)
 
     def close(self) -> None:
         """Release what the node holds open (an SSH connection); the next use reopens it."""
@@ -189,5 +201,8 @@ class LocalNode(Node):
 
     def port_report(self, address, port) -> dict:
         return proctools.port_report(address, port)
+
+    def quiet_nixl_threads(self, rec, known) -> list[dict]:
+        return nixl_threads.quiet(rec.pgid, known)
 
 

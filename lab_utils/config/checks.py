@@ -76,6 +76,12 @@ def cross_check(cfg: LabConfig) -> list[str]:
                 f"vllm.{role}.side_channel_port: missing; NixlConnector needs a side-channel "
                 "port per instance (e.g. 5600 for prefill, 5700 for decode)"
             )
+    if cfg.kv_transfer.idle_nixl_threads and cfg.vllm.device == "cuda":
+        problems.append(
+            "kv_transfer.idle_nixl_threads: true with vllm.device \"cuda\"; it is for the CPU "
+            "rehearsal, where NIXL's busy progress threads take the engines' cores. On a GPU "
+            "node the thread costs one of many cores and drives the KV transfers, so it keeps "
+            "its priority there: set it to null or false")
     problems += _address_problems(cfg)
     problems += values.control_characters(cfg.model_dump(mode="json"))
     if problems:

@@ -122,6 +122,12 @@ class LabConfig(_Strict):
             return f"{n.workdir}/logs/{self.profile}"
         return str(self.results_dir / "logs")
 
+    def idle_nixl_threads(self) -> bool:
+        """Whether the lab puts NIXL's progress threads under SCHED_IDLE
+        (`kv_transfer.idle_nixl_threads`; unset: on the CPU rehearsal only)."""
+        setting = self.kv_transfer.idle_nixl_threads
+        return self.vllm.device == "cpu" if setting is None else setting
+
     def probe_pair(self) -> tuple[str, str]:
         """(target, initiator) of the NIXL probe (see `topology.probe_pair`)."""
         return placement.probe_pair(self.topology)

@@ -15,6 +15,8 @@ lab`), one call per step.
   the front doors, the routing policies).
 - `record`: each serving notebook's results, built and written.
 - `lessons`, `transfer_lesson`: what notebooks 01-04 conclude from their own results.
+- `time_split`: where 04's time went (CPU per process group during the sweep, ITL at
+  concurrency 1 against 01's, each request's TTFT split into its parts).
 - `hood`: the "open the hood" cells (the scheduler's queues, NIXL's API, the P/D protocol
   by hand, the connector's two halves).
 
@@ -48,6 +50,7 @@ from lab_utils.notebook.steps import (
     conclude_transfer,
     decode_roofline,
     describe,
+    nixl_threads_frame,
     plot_decode_roofline,
     profile_engine,
     proof_frame,
@@ -57,14 +60,15 @@ from lab_utils.notebook.steps import (
     run_sweep,
     single_request,
 )
+from lab_utils.notebook.time_split import where_time_went
 
 __all__ = [
     "ServingSession", "cache_meter", "check_alive", "compare_frame", "compare_front_doors", "compare_policies",
     "conclude", "conclude_transfer", "decode_roofline", "describe", "eta_inputs", "eta_lines",
     "grade_forecast", "hood", "kv_buffer_device", "lessons", "make_forecast",
-    "plot_decode_roofline", "predict", "profile_engine", "profile_frame", "proof_frame",
+    "nixl_threads_frame", "plot_decode_roofline", "predict", "profile_engine", "profile_frame", "proof_frame",
     "proof_record", "protocol_by_hand", "prove_kv_transfer", "record_baseline",
     "record_disaggregated", "record_environment", "record_replicated", "reference_outputs",
     "require_environment", "run_sweep", "single_request", "sweep_frame", "tokenizer_of",
-    "transfer_lesson", "versus_reference", "watch_scheduler",
+    "transfer_lesson", "versus_reference", "watch_scheduler", "where_time_went",
 ]

@@ -33,6 +33,7 @@ from lab_utils.notebook import lessons
 from lab_utils.notebook import transfer_lesson as lesson
 from lab_utils.notebook.forecasting import eta
 from lab_utils.notebook.session import kv_buffer_device, tokenizer_of
+from lab_utils.notebook.time_split import SWEEP_CPU, cpu_now
 from lab_utils.results import (
     Proof,
     Reference,
@@ -120,6 +121,8 @@ def run_sweep(cfg: LabConfig, served: Served, *, mixed: bool = False,
             print(f"{'mixed run' if mixed else 'sweep'}: {when}", flush=True)
     if mixed:
         w = w.model_copy(update={"concurrency": [max(w.concurrency or [1])], "request_rates": []})
+    nixl_threads(cfg, served)  # threads that appeared since the start are set too
+    cpu_before = cpu_now(cfg, served)
     result = sweep(served.proxy_url, cfg.model.name,
                    lambda n, seed: build_requests(w, n, tokenize, detokenize, mixed=mixed,
                                                   seed=seed),
@@ -128,9 +131,36 @@ def run_sweep(cfg: LabConfig, served: Served, *, mixed: bool = False,
                    # chat requests share the chat template's first tokens: those hits are
                    # the workload's own, recorded but not a reason to reject the run
                    hits_expected=w.chat)
+    if cpu_before is not None and (cpu_after := cpu_now(cfg, served)) is not None:
+        SWEEP_CPU[(served.topology, mixed)] = {k: cpu_after[k] - cpu_before.get(k, 0.0)
+                                               for k in cpu_after}
     if any(p.summary.get("failed") for p in result.points):
         check_alive(cfg, served)
     return result
+
+
+def nixl_threads(cfg: LabConfig, served: Served) -> list[dict]:
+    """Put the NIXL progress threads of `served`'s prefill and decode instances under
+    SCHED_IDLE again (new ones too) when `kv_transfer.idle_nixl_threads` is on; one row per
+    thread: instance, role, node, process, thread, tid, policy (`Cluster.quiet_nixl_threads`).
+    [] for a topology without NIXL or with the setting off."""
+    if served.topology != "disaggregated":
+        return []
+    with Cluster(cfg) as cluster:
+        return cluster.quiet_nixl_threads(served.records)
+
+
+def nixl_threads_frame(cfg: LabConfig, served: Served) -> pd.DataFrame:
+    """Notebook 04's table of NIXL's progress threads: which thread of which instance got
+    which scheduling policy (set again now, so threads that appeared since are in it)."""
+    rows = nixl_threads(cfg, served)
+    if not cfg.idle_nixl_threads():
+        print("kv_transfer.idle_nixl_threads is off for this profile: NIXL's progress threads "
+              "keep their normal priority")
+    elif not rows:
+        print("no busy NIXL progress thread was found in the prefill or decode instances")
+    cols = ["instance", "role", "node", "process", "thread", "tid", "before", "policy"]
+    return pd.DataFrame([{c: r.get(c) for c in cols} for r in rows], columns=cols)
 
 
 def check_alive(cfg: LabConfig, served: Served, lines: int = 8) -> None:
@@ -251,12 +281,16 @@ def conclude(cfg: LabConfig, notebook: str) -> list[str]:
 
 
 def conclude_transfer(cfg: LabConfig, proof: Proof, kv: ResultsEnvelope,
-                      baseline: ResultsEnvelope, *results: BenchmarkResult):
+                      baseline: ResultsEnvelope, *results: BenchmarkResult,
+                      went: dict | None = None):
     """Notebook 04's reading of its own run (`lab_utils.notebook.transfer_lesson`): the
     table of the proof's moves against 02, and the sentences drawn from it, the first
-    sweep's concurrency-1 TTFT against 01's, and a note if any run stood still."""
+    sweep's concurrency-1 TTFT against 01's, which part of TTFT dominated (from `went`,
+    `time_split.where_time_went`), and a note if any run stood still."""
     rows = lesson.transfer_rows(proof, kv.payload, kv_buffer_device(cfg))
-    said = lesson.conclusions(rows, lesson.hop_cost(baseline.payload.sweep, results[0], proof))
+    split = went["said"][1] if went else None
+    said = lesson.conclusions(rows, lesson.hop_cost(baseline.payload.sweep, results[0], proof),
+                              split)
     if note := lesson.stall_note(*results):
         said += ["", note]
     # the probe's time at the same size exists only where 02 probed that exact size

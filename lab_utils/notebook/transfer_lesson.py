@@ -72,8 +72,10 @@ def hop_cost(baseline: BenchmarkResult, disaggregated: BenchmarkResult,
             "single_tpot_ms": one.median("median_tpot_ms"), "pd_tpot_ms": two.median("median_tpot_ms")}
 
 
-def conclusions(rows: list[dict[str, Any]], hop: dict[str, Any] | None) -> list[str]:
-    """The sentences notebook 04 prints under the table, from this run's figures."""
+def conclusions(rows: list[dict[str, Any]], hop: dict[str, Any] | None,
+                split: str | None = None) -> list[str]:
+    """The sentences notebook 04 prints under the table, from this run's figures; `split`:
+    the sentence that says which part of TTFT dominated (`time_split.split_sentence`)."""
     out = []
     if rows:
         same = sum(r["bytes as predicted"] for r in rows)
@@ -105,12 +107,14 @@ def conclusions(rows: list[dict[str, Any]], hop: dict[str, Any] | None) -> list[
     if hop is None:
         out.append("Extra hop: not compared (01 or 04 has no valid concurrency-1 point).")
     else:
-        share = (f"; the KV move itself is {hop['transfer_ms']:.1f} ms of it, the rest is the "
-                 "prefill round trip through the proxy and the decode scheduling the request"
-                 if hop["transfer_ms"] is not None and hop["extra_ms"] > 0 else "")
+        share = (f"; the KV move itself is {hop['transfer_ms']:.1f} ms of it (median of the "
+                 "proof's prompts)" if hop["transfer_ms"] is not None and hop["extra_ms"] > 0
+                 else "")
         out.append(f"Extra hop: at one request at a time, TTFT was {hop['pd_ttft_ms']:.1f} ms "
                    f"through the pair against {hop['single_ttft_ms']:.1f} ms on one instance "
                    f"(01): {hop['extra_ms']:+.1f} ms per request{share}.")
+    if split:
+        out.append(split)
     return out
 
 

@@ -86,6 +86,16 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def thread_cpu_seconds(pid: int, tid: int) -> float:
+    """User + system CPU time of one thread so far (0 when it is gone)."""
+    try:
+        raw = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = raw.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def group_cpu_seconds(pgid: int) -> float:
     """CPU seconds used so far by the live processes of a process group (one that ends
     while it is read counts as 0)."""

@@ -76,6 +76,9 @@ def serve(cluster: Cluster, *topologies: str, show_progress: bool = True,
         wait_ready(cluster, records, show_progress=show_progress)
         if "disaggregated" in topologies:
             _warm_up_pairs(cfg, records)
+            # NIXL's progress threads exist once the instances are up and have shaken
+            # hands; on the CPU rehearsal they then run only when the engines do not
+            cluster.quiet_nixl_threads(records)
         if with_proxy:
             rec, new = start_proxy(cluster, topologies[0])
             records.append(rec)

@@ -248,3 +248,18 @@ def test_results_root_is_judged_where_a_symlink_leads(tmp_path):
     with pytest.raises(ConfigError, match=r"results_root: .* is invalid: is /etc/lab, the root or a system"):
         parse_config(mutated(lambda d: d.update(results_root=str(link / "lab"))))
     parse_config(mutated(lambda d: d.update(results_root=str(tmp_path / "results"))))
+
+
+def test_idle_nixl_threads_is_on_for_cpu_profiles_only():
+    assert parse_config(BASE, "t.json").idle_nixl_threads() is True  # local-cpu, unset
+    def cuda(d):
+        d["vllm"]["device"] = "cuda"
+        for node in ("spark-01", "spark-02"):
+            d["nodes"][node]["data_over_lan"] = True
+    assert parse_config(mutated(cuda), "t.json").idle_nixl_threads() is False
+    off = mutated(lambda d: d["kv_transfer"].update(idle_nixl_threads=False))
+    assert parse_config(off, "t.json").idle_nixl_threads() is False
+    assert "kv_transfer.idle_nixl_threads" in error_of(
+        mutated(lambda d: d["kv_transfer"].update(idle_nixl_threads="yes")))
+    forced = mutated(lambda d: (cuda(d), d["kv_transfer"].update(idle_nixl_threads=True)))
+    assert "kv_transfer.idle_nixl_threads: true with vllm.device" in error_of(forced)

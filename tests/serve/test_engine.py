@@ -90,6 +90,22 @@ def test_proof_of_transfer(rehearsal, engine_cfg):
     assert proof_changed.pd_tokens != proofs[3].pd_tokens
 
 
+def test_nixl_threads_are_under_sched_idle_and_recorded(rehearsal, engine_cfg):
+    """On the CPU profile, `serve` found each NIXL progress thread (one per prefill and
+    decode instance: the thread that keeps running while the instance is idle) and put it
+    under SCHED_IDLE, and the instance's record says which thread got which policy."""
+    rehearsal.up()
+    by_role = {r.extra["role"]: r for r in rehearsal.records() if r.kind == "vllm"}
+    for role in ("prefill", "decode"):
+        threads = by_role[role].extra.get("nixl_threads")
+        assert threads, f"{role}: no NIXL thread recorded"
+        for t in threads:
+            assert t["policy"] == "SCHED_IDLE", t
+            assert os.sched_getscheduler(t["tid"]) == os.SCHED_IDLE, t  # the kernel agrees
+            assert proctools.proc_stat(t["pid"]).pgid == by_role[role].pgid
+    assert "nixl_threads" not in by_role["baseline"].extra  # no NIXL there, nothing touched
+
+
 def test_an_instance_with_a_key_refuses_v1_without_it(rehearsal, engine_cfg):
     """The rehearsal's instances got vllm.api_key_file's key through VLLM_API_KEY: /v1,
     and with the lab's guard /invocations (vLLM's SageMaker route, which runs completions)

@@ -1,0 +1,153 @@
+"""Where notebook 04's time went, from its own run.
+
+- **CPU seconds** each process group used during the sweep (each instance with its engine
+  core and worker, the proxy), NIXL's progress threads' own, and the notebook's kernel,
+  which runs the load generator (`steps.run_sweep` records them; local nodes only, where
+  /proc is read directly).
+- **ITL at one request at a time** through the pair against notebook 01's single instance.
+- **TTFT, split**: a few requests one at a time through the pair, with the prefill and the
+  decode instance's `/metrics` read before and after, divide each request's TTFT into
+  the prefill (the prefill instance's own TTFT: queue and prompt), the KV move (NIXL's
+  transfer time on the decode instance), the first decode step (the decode instance's TTFT
+  less the KV move: scheduling the request and its first step) and the proxy hop (what
+  is left: the proxy's two round trips, its relay, and the client's reading).
+
+`split_sentence` says which part dominated, from whatever the run measured.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pandas as pd
+
+from lab_utils.cluster import Cluster
+from lab_utils.config import LabConfig, api_key
+from lab_utils.measure.loadgen import run_point, run_sync
+from lab_utils.measure.workload import build_requests
+from lab_utils.notebook.session import tokenizer_of
+from lab_utils.on_node.proctools import group_cpu_seconds, thread_cpu_seconds
+from lab_utils.results.sweep import BenchmarkResult
+from lab_utils.serve.metrics import MetricsSnapshot, fetch_metrics
+from lab_utils.serve.topology import Served
+
+PARTS = ("prefill", "proxy hop", "KV move", "first decode step")
+SPLIT_REQUESTS = 6
+_TTFT = "vllm:time_to_first_token_seconds"
+_XFER = "vllm:nixl_xfer_time_seconds"
+
+
+# CPU seconds per process group during the last sweep of each (topology, mixed)
+SWEEP_CPU: dict[tuple[str, bool], dict[str, float]] = {}
+
+
+def cpu_now(cfg: LabConfig, served: Served) -> dict[str, float] | None:
+    """CPU seconds so far of each process group of `served` less its NIXL progress
+    threads, those threads together, and this process (the load generator); None when
+    an instance is on a node reached over SSH (its /proc is not read from here)."""
+    if any(cfg.nodes[r.node].connection != "local" for r in served.records):
+        return None
+    with Cluster(cfg) as cluster:
+        recorded = {r.name: r.extra.get("nixl_threads", []) for r in cluster.running()}
+    out: dict[str, float] = {"NIXL progress threads": 0.0}
+    for r in served.records:
+        threads = sum(thread_cpu_seconds(t["pid"], t["tid"])
+                      for t in recorded.get(r.name, []) if "pid" in t)
+        out[r.name if r.kind == "proxy" else f"{r.name} (engine, worker)"] = (
+            group_cpu_seconds(r.pgid) - threads)
+        out["NIXL progress threads"] += threads
+    out["notebook kernel (load generator)"] = time.process_time()
+    return out
+
+
+def _hist(before: MetricsSnapshot, after: MetricsSnapshot, name: str) -> tuple[float, float]:
+    a, b = after.histogram(name), before.histogram(name)
+    return a.sum - b.sum, a.count - b.count
+
+
+def ttft_parts(client_ttft_ms: float, prefill: tuple[MetricsSnapshot, MetricsSnapshot],
+               decode: tuple[MetricsSnapshot, MetricsSnapshot]) -> dict[str, float]:
+    """The mean TTFT's parts in ms (PARTS), from /metrics read before and after the
+    requests on the prefill and the decode instance."""
+    p_sum, p_n = _hist(*prefill, _TTFT)
+    d_sum, d_n = _hist(*decode, _TTFT)
+    x_sum, _ = _hist(*decode, _XFER)
+    n = max(p_n, d_n, 1.0)
+    pre, dec, move = p_sum / n * 1e3, d_sum / n * 1e3, x_sum / n * 1e3
+    return {"prefill": pre, "proxy hop": max(client_ttft_ms - pre - dec, 0.0),
+            "KV move": move, "first decode step": max(dec - move, 0.0)}
+
+
+def split_sentence(parts: dict[str, float], client_ttft_ms: float,
+                   single_ttft_ms: float | None) -> str:
+    """Which part of TTFT dominated, with every part's share, from this run's figures."""
+    top = max(PARTS, key=lambda k: parts[k])
+    total = sum(parts[k] for k in PARTS) or 1.0
+    against = ("" if single_ttft_ms is None else
+               f" ({client_ttft_ms - single_ttft_ms:+.1f} ms against 01's single instance, "
+               f"{single_ttft_ms:.1f} ms)")
+    others = ", ".join(f"{k} {parts[k]:.1f} ms" for k in PARTS if k != top)
+    return (f"Where TTFT went: at one request at a time a request's TTFT through the pair was "
+            f"{client_ttft_ms:.1f} ms{against}; the {top} took the most, {parts[top]:.1f} ms "
+            f"({parts[top] / total:.0%} of it); {others}.")
+
+
+def measure_split(cfg: LabConfig, served: Served, n: int = SPLIT_REQUESTS) -> dict[str, Any]:
+    """`n` fresh requests one at a time through the pair with both instances' /metrics
+    read around them: the client's mean TTFT and its parts (`ttft_parts`)."""
+    prefill_url, decode_url = served.urls("prefill")[0], served.urls("decode")[0]
+    tokenize, detokenize = tokenizer_of(served, cfg)
+    w = cfg.workload
+    requests = build_requests(w, n, tokenize, detokenize, seed=w.seed + 404)
+    before = fetch_metrics(prefill_url), fetch_metrics(decode_url)
+    records, _ = run_sync(run_point(served.proxy_url, cfg.model.name, requests, concurrency=1,
+                                    chat=w.chat, show_progress=False,
+                                    api_key=api_key(cfg, "proxy")))
+    after = fetch_metrics(prefill_url), fetch_metrics(decode_url)
+    ttfts = [r.ttft_ms for r in records if r.ok and r.ttft_ms is not None]
+    client = sum(ttfts) / len(ttfts) if ttfts else 0.0
+    return {"client_ttft_ms": client, "requests": len(ttfts),
+            "parts": ttft_parts(client, (before[0], after[0]), (before[1], after[1]))}
+
+
+def _c1(result: BenchmarkResult, key: str) -> float | None:
+    p = next((q for q in result.combined if q.mode == "concurrency" and q.value == 1
+              and not q.mixed), None)
+    return p.median(key) if p is not None else None
+
+
+def itl_sentence(baseline: BenchmarkResult, disaggregated: BenchmarkResult) -> str:
+    one, two = _c1(baseline, "median_itl_ms"), _c1(disaggregated, "median_itl_ms")
+    if one is None or two is None:
+        return "ITL at one request at a time: not compared (01 or 04 has no concurrency-1 point)."
+    return (f"ITL at one request at a time: {two:.1f} ms through the pair against {one:.1f} ms "
+            f"on 01's single instance ({two / one:.1f}x).")
+
+
+def cpu_frame(cpu_s: dict[str, float] | None) -> pd.DataFrame:
+    """CPU seconds per process group during the sweep, largest first."""
+    rows = sorted((cpu_s or {}).items(), key=lambda kv: -kv[1])
+    return pd.DataFrame([{"during the sweep": k, "CPU s": round(v, 1)} for k, v in rows],
+                        columns=["during the sweep", "CPU s"])
+
+
+def where_time_went(cfg: LabConfig, served: Served, baseline: BenchmarkResult,
+                    result: BenchmarkResult) -> dict[str, Any]:
+    """Notebook 04's account of its own time: the CPU table of the sweep (None on SSH
+    nodes), the TTFT split of a few fresh requests one at a time, and the sentences."""
+    split = measure_split(cfg, served)
+    single = _c1(baseline, "median_ttft_ms")
+    cpu = SWEEP_CPU.get((served.topology, False))
+    said = [itl_sentence(baseline, result),
+            split_sentence(split["parts"], split["client_ttft_ms"], single)]
+    if cpu is None:
+        said.append("CPU seconds per process: not read (an instance is on a node reached "
+                    "over SSH, or no sweep ran in this kernel).")
+    else:
+        top = max(cpu, key=lambda k: cpu[k])
+        said.append(f"CPU during the sweep: {sum(cpu.values()):.1f} s in all; {top} used the "
+                    f"most, {cpu[top]:.1f} s.")
+    return {"cpu": cpu_frame(cpu) if cpu is not None else None, "split": split,
+            "parts": pd.DataFrame([{"part": k, "ms": round(split["parts"][k], 1)} for k in PARTS]),
+            "said": said}

@@ -1,0 +1,156 @@
+"""NIXL's busy progress threads in a vLLM instance's process group, and SCHED_IDLE for them.
+
+The nixl Python API starts each agent with a progress thread that polls UCX with no
+delay between polls (`pthrDelay = 0`, not a setting), and vLLM's NixlConnector always
+enables it, so every prefill and decode instance keeps one thread running even when idle.
+On a CPU rehearsal that thread takes a core from the engines; under `SCHED_IDLE` it runs
+only when no other thread wants the CPU (docs/REHEARSAL.md).
+
+The thread has no name of its own: it inherits its creator's (`VLLM::Worker` in vLLM's
+CPU worker), like the worker's compute threads. So it is found by what it does, in the
+process that holds a UCX context (the one with UCX's thread named `async`): a thread
+other than the process's main thread that stays runnable (state R) in nearly every sample
+over about a second while the instance is idle, and used CPU meanwhile. An idle thread
+sleeps (S); a busy-polling one is always R, however loaded the machine is, so the test
+does not depend on how much CPU it got.
+
+Sent as source to SSH nodes (standard library only): `python - quiet PGID` prints the
+record as JSON (with the threads found before as
+further arguments, their policy now). The same functions read a fake /proc tree in tests (`root`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+UCX_ASYNC_THREAD = "async"  # UCX names its async-event thread so (ucs_pthread_create)
+SAMPLES = 20
+INTERVAL_S = 0.05
+RUNNABLE_SHARE = 0.8  # of the samples in state R
+POLICY_NAMES = {0: "SCHED_OTHER", 1: "SCHED_FIFO", 2: "SCHED_RR", 3: "SCHED_BATCH",
+                5: "SCHED_IDLE", 6: "SCHED_DEADLINE"}
+
+
+def _stat(path: Path) -> list[str] | None:
+    """The fields of a stat file after "pid (comm)": [state, ppid, pgrp, ...]."""
+    try:
+        raw = path.read_text()
+    except OSError:
+        return None
+    return raw[raw.rindex(")") + 2:].split()
+
+
+def _comm(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""
+
+
+def group_processes(pgid: int, root: str = "/proc") -> list[int]:
+    """The live processes of a process group."""
+    out = []
+    for d in Path(root).iterdir():
+        if d.name.isdigit() and (f := _stat(d / "stat")) and int(f[2]) == pgid and f[0] not in "ZX":
+            out.append(int(d.name))
+    return sorted(out)
+
+
+def threads(pid: int, root: str = "/proc") -> dict[int, str]:
+    """tid -> thread name of one process."""
+    try:
+        tids = [t for t in os.listdir(f"{root}/{pid}/task") if t.isdigit()]
+    except OSError:
+        return {}
+    return {int(t): _comm(Path(f"{root}/{pid}/task/{t}/comm")) for t in tids}
+
+
+def _sample(pid: int, tids: list[int], root: str) -> dict[int, tuple[str, int]]:
+    """tid -> (state, utime + stime ticks), for the threads still there."""
+    out = {}
+    for tid in tids:
+        f = _stat(Path(f"{root}/{pid}/task/{tid}/stat"))
+        if f is not None:
+            out[tid] = (f[0], int(f[11]) + int(f[12]))
+    return out
+
+
+def spinning(pgid: int, root: str = "/proc", samples: int | None = None,
+             interval_s: float = INTERVAL_S) -> list[dict]:
+    """The NIXL progress threads of the group: in a process with UCX's `async` thread, not
+    its main thread, runnable in at least RUNNABLE_SHARE of `samples` taken `interval_s`
+    apart, and with CPU time used between the first and the last sample."""
+    samples = samples or SAMPLES
+    candidates: dict[int, tuple[str, dict[int, str]]] = {}
+    for pid in group_processes(pgid, root):
+        names = threads(pid, root)
+        if UCX_ASYNC_THREAD in names.values():
+            candidates[pid] = (_comm(Path(f"{root}/{pid}/comm")), names)
+    runnable: dict[tuple[int, int], int] = {}
+    first: dict[tuple[int, int], int] = {}
+    last: dict[tuple[int, int], int] = {}
+    for i in range(samples):
+        for pid, (_, names) in candidates.items():
+            others = [t for t in names if t != pid and names[t] != UCX_ASYNC_THREAD]
+            for tid, (state, ticks) in _sample(pid, others, root).items():
+                runnable[(pid, tid)] = runnable.get((pid, tid), 0) + (state == "R")
+                first.setdefault((pid, tid), ticks)
+                last[(pid, tid)] = ticks
+        if i + 1 < samples:
+            time.sleep(interval_s)
+    found = []
+    for (pid, tid), n in sorted(runnable.items()):
+        if n >= RUNNABLE_SHARE * samples and last[(pid, tid)] > first[(pid, tid)]:
+            pname, names = candidates[pid]
+            found.append({"pid": pid, "tid": tid, "process": pname, "thread": names[tid]})
+    return found
+
+
+def policy_name(tid: int) -> str:
+    try:
+        return POLICY_NAMES.get(os.sched_getscheduler(tid), "other")
+    except OSError:
+        return "gone"
+
+
+def quiet(pgid: int, known: Sequence[int] = (), root: str = "/proc") -> list[dict]:
+    """Put the group's NIXL progress threads under SCHED_IDLE; one entry per thread found
+    now (pid, tid, process and thread name, policy before and after) and per thread of
+    `known` (found before) still in the group, with its policy now. A thread already under
+    SCHED_IDLE that still spins is found again: "before" says SCHED_IDLE."""
+    out = []
+    for t in spinning(pgid, root):
+        before = policy_name(t["tid"])
+        try:
+            os.sched_setscheduler(t["tid"], os.SCHED_IDLE, os.sched_param(0))
+        except OSError as e:  # gone meanwhile, or not ours
+            t["error"] = str(e)
+        out.append({**t, "before": before, "policy": policy_name(t["tid"])})
+    found = {t["tid"] for t in out}
+    live = {tid for pid in group_processes(pgid, root) for tid in threads(pid, root)}
+    for tid in known:
+        if tid not in found and tid in live:
+            out.append({"tid": tid, "policy": policy_name(tid)})
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Remote entry point: `quiet PGID [KNOWN_TID...]`; prints the answer as JSON."""
+    args = sys.argv[1:] if argv is None else argv
+    cmd, rest = args[0], args[1:]
+    if cmd == "quiet":
+        result: object = quiet(int(rest[0]), [int(t) for t in rest[1:]])
+    else:
+        print(f"unknown command {cmd!r}", file=sys.stderr)
+        return 2
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,62 @@
+"""Where notebook 04's time went: TTFT's parts from two /metrics readings per instance, the
+sentence that names the part that dominated (it follows the data), and the CPU table."""
+
+from __future__ import annotations
+
+import pytest
+
+from lab_utils.notebook import time_split, transfer_lesson
+from lab_utils.serve.metrics import MetricsSnapshot, Sample
+
+
+def _snap(ttft_s: float, n: float, xfer_s: float = 0.0) -> MetricsSnapshot:
+    return MetricsSnapshot([
+        Sample("vllm:time_to_first_token_seconds_sum", {}, ttft_s),
+        Sample("vllm:time_to_first_token_seconds_count", {}, n),
+        Sample("vllm:nixl_xfer_time_seconds_sum", {}, xfer_s),
+        Sample("vllm:nixl_xfer_time_seconds_count", {}, n),
+    ])
+
+
+def test_ttft_parts_from_the_instances_metrics():
+    # 4 requests: the prefill's TTFT 0.2 s in all (50 ms each), the decode's 0.12 s (30 ms
+    # each), of which NIXL's transfers 0.04 s (10 ms each); the client saw 100 ms
+    prefill = (_snap(1.0, 10), _snap(1.2, 14))
+    decode = (_snap(0.5, 10, 0.1), _snap(0.62, 14, 0.14))
+    parts = time_split.ttft_parts(100.0, prefill, decode)
+    assert parts == pytest.approx({"prefill": 50.0, "proxy hop": 20.0, "KV move": 10.0,
+                                   "first decode step": 20.0})
+
+
+@pytest.mark.parametrize("top", time_split.PARTS)
+def test_the_sentence_names_the_part_that_dominated(top):
+    parts = {k: 5.0 for k in time_split.PARTS} | {top: 80.0}
+    said = time_split.split_sentence(parts, 95.0, 20.0)
+    assert f"the {top} took the most, 80.0 ms (84% of it)" in said
+    assert "+75.0 ms against 01's single instance" in said
+    for other in set(time_split.PARTS) - {top}:
+        assert f"{other} 5.0 ms" in said
+
+
+def test_the_sentence_changes_with_the_data():
+    said = {time_split.split_sentence({k: (50.0 if k == top else 1.0) for k in time_split.PARTS},
+                                      53.0, None) for top in time_split.PARTS}
+    assert len(said) == len(time_split.PARTS)
+    assert all("single instance" not in s for s in said)  # no 01 figure, no comparison
+
+
+def test_the_conclusions_carry_the_computed_sentence_not_a_fixed_one():
+    hop = {"single_ttft_ms": 40.0, "pd_ttft_ms": 65.0, "extra_ms": 25.0, "transfer_ms": 5.0}
+    split = time_split.split_sentence({"prefill": 1.0, "proxy hop": 2.0, "KV move": 50.0,
+                                       "first decode step": 3.0}, 65.0, 40.0)
+    said = transfer_lesson.conclusions([], hop, split)
+    assert said[-1] == split and "the KV move took the most" in split
+    assert not any("decode scheduling the request" in s for s in said)
+
+
+def test_cpu_table_largest_first():
+    frame = time_split.cpu_frame({"proxy": 1.0, "decode-0 (engine, worker)": 9.5,
+                                  "NIXL progress threads": 0.2})
+    assert list(frame["during the sweep"]) == ["decode-0 (engine, worker)", "proxy",
+                                                "NIXL progress threads"]
+    assert time_split.cpu_frame(None).empty

@@ -1,0 +1,107 @@
+"""Finding NIXL's busy progress threads in an instance's process group, read from a fake
+/proc tree: only a thread that keeps running while idle, in the process with UCX's
+`async` thread, and not that process's main thread, is chosen."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from lab_utils.on_node import nixl_threads
+
+
+def _stat(pid: int, comm: str, state: str, pgid: int, ticks: int) -> str:
+    # pid (comm) state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime stime ...
+    fields = [state, "1", str(pgid), str(pgid), "0", "-1", "0", "0", "0", "0", "0",
+              str(ticks), "0"] + ["0"] * 40
+    return f"{pid} ({comm}) " + " ".join(fields) + "\n"
+
+
+class FakeProc:
+    """/proc with processes {pid: (comm, pgid, {tid: (name, state, ticks_per_sample)})}."""
+
+    def __init__(self, root: Path, procs: dict):
+        self.root, self.procs, self.step = root, procs, 0
+        self.write()
+
+    def write(self) -> None:
+        for pid, (comm, pgid, tasks) in self.procs.items():
+            d = self.root / str(pid)
+            (d / "task").mkdir(parents=True, exist_ok=True)
+            (d / "comm").write_text(comm + "\n")
+            (d / "stat").write_text(_stat(pid, comm, "S", pgid, 0))
+            for tid, (name, state, rate) in tasks.items():
+                t = d / "task" / str(tid)
+                t.mkdir(exist_ok=True)
+                (t / "comm").write_text(name + "\n")
+                (t / "stat").write_text(_stat(tid, name, state, pgid, rate * self.step))
+
+    def tick(self, _seconds: float) -> None:
+        self.step += 1
+        self.write()
+
+
+@pytest.fixture
+def fake(tmp_path, monkeypatch):
+    def make(procs):
+        proc = FakeProc(tmp_path, procs)
+        monkeypatch.setattr(nixl_threads.time, "sleep", proc.tick)
+        return proc
+    return make
+
+
+GROUP = 100
+WORKER = {  # vLLM's CPU worker: main thread, UCX's async thread, compute threads, NIXL's
+    201: ("VLLM::Worker", "R", 3),      # the main thread, busy: not NIXL's
+    202: ("async", "S", 0),
+    203: ("VLLM::Worker", "R", 2),      # NIXL's progress thread: always runnable, using CPU
+    204: ("VLLM::Worker", "S", 0),      # a compute thread, asleep
+    205: ("VLLM::Worker", "R", 0),      # runnable but got no CPU in the window
+}
+
+
+def test_the_busy_thread_beside_ucx_is_chosen_by_what_it_does(fake, tmp_path):
+    fake({100: ("python", GROUP, {100: ("python", "S", 0)}),
+          150: ("VLLM::EngineCor", GROUP, {150: ("VLLM::EngineCor", "R", 5),
+                                           151: ("VLLM::EngineCor", "R", 5)}),
+          201: ("VLLM::Worker", GROUP, WORKER),
+          300: ("other", 999, {300: ("other", "R", 5), 301: ("async", "S", 0),
+                               302: ("other", "R", 5)})})
+    found = nixl_threads.spinning(GROUP, root=str(tmp_path), samples=5)
+    assert found == [{"pid": 201, "tid": 203, "process": "VLLM::Worker", "thread": "VLLM::Worker"}]
+
+
+def test_a_thread_runnable_in_too_few_samples_is_not_chosen(fake, tmp_path, monkeypatch):
+    proc = fake({201: ("VLLM::Worker", GROUP, {201: ("VLLM::Worker", "S", 0),
+                                               202: ("async", "S", 0),
+                                               203: ("VLLM::Worker", "S", 2)})})
+    states = iter(["R", "S", "R", "S"])  # runnable in 2 of 5 samples, using CPU throughout
+
+    def tick(seconds):
+        proc.procs[201][2][203] = ("VLLM::Worker", next(states), 2)
+        proc.tick(seconds)
+    monkeypatch.setattr(nixl_threads.time, "sleep", tick)
+    assert nixl_threads.spinning(GROUP, root=str(tmp_path), samples=5) == []
+
+
+def test_no_ucx_no_thread(fake, tmp_path):
+    fake({201: ("VLLM::Worker", GROUP, {201: ("VLLM::Worker", "S", 0),
+                                        203: ("VLLM::Worker", "R", 2)})})
+    assert nixl_threads.spinning(GROUP, root=str(tmp_path), samples=3) == []
+
+
+def test_quiet_sets_sched_idle_and_reports_known_threads(fake, tmp_path, monkeypatch):
+    fake({201: ("VLLM::Worker", GROUP, {201: ("VLLM::Worker", "S", 0), 202: ("async", "S", 0),
+                                        203: ("VLLM::Worker", "R", 2),
+                                        207: ("VLLM::Worker", "S", 0)})})
+    policy = {203: os.SCHED_OTHER, 207: os.SCHED_IDLE}
+    monkeypatch.setattr(nixl_threads.os, "sched_getscheduler", lambda tid: policy[tid])
+    monkeypatch.setattr(nixl_threads.os, "sched_setscheduler",
+                        lambda tid, pol, _param: policy.__setitem__(tid, pol))
+    monkeypatch.setattr(nixl_threads, "SAMPLES", 3)
+    rows = nixl_threads.quiet(GROUP, known=[207, 999], root=str(tmp_path))
+    assert rows == [{"pid": 201, "tid": 203, "process": "VLLM::Worker", "thread": "VLLM::Worker",
+                     "before": "SCHED_OTHER", "policy": "SCHED_IDLE"},
+                    {"tid": 207, "policy": "SCHED_IDLE"}]  # 999 is gone: not reported
