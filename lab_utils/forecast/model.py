@@ -41,7 +41,8 @@ request fits in the KV cache); and preemption.
 
 Nothing here reads 03's or 04's results. `forecast` runs one architecture at one load
 point; `ranged` runs it at the median and at the low and high edges of the measured
-curves, which gives the forecast's interval.
+curves; `band` widens that range by the model's own error graded earlier in the series,
+which gives the forecast's interval.
 
 Over 400 lines on purpose: the simulation is one event loop whose steps share the state
 of every engine and request; split up, its assumptions above would no longer read next to
