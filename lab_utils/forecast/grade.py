@@ -2,7 +2,8 @@
 
 For every metric at every load point of a forecast: the predicted median, its interval,
 the measured median, the error in percent of the measurement, whether the measurement
-fell inside the interval, and whether the two differ by the lab's one rule
+fell inside the interval (which includes the model's own error measured earlier in the
+series, `band`), and whether the two differ by the lab's one rule
 (`points.compare`, the prediction's interval standing for its min-max range; with one
 measured repeat the 10% margin alone decides). A point is not graded (it is shown, with the
 reason) when it is invalid, when the machine stood still during one of its repeats (its
@@ -15,6 +16,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from lab_utils.forecast.band import coverage, coverage_sentence
 from lab_utils.measure.benchmark import read_late
 from lab_utils.results.forecast import Forecast
 from lab_utils.results.points import BY_KEY, FORECAST, Measured, compare
@@ -109,7 +111,8 @@ def sentences(arch: str, rows: list[dict[str, Any]]) -> list[str]:
             f"{s['in_interval']} of them inside the forecast's interval, {s['differ']} "
             "different from it by the lab's rule (more than 10% apart and, where the "
             "measurement has repeats, its range clear of the interval)"
-            + (f"; {s['ungraded']} not graded (flagged)" if s["ungraded"] else "")]
+            + (f"; {s['ungraded']} not graded (flagged)" if s["ungraded"] else ""),
+            f"  every metric: {coverage_sentence(coverage(rows))}"]
     graded = [r for r in rows if r["graded"] and r["error %"] is not None]
     if graded:
         worst = max(graded, key=lambda r: abs(r["error %"]))

@@ -43,7 +43,9 @@ def from_results(profile: EngineProfile | None, kv: KvTransferPayload | None,
         decode=tuple((float(line.context), Curve.of(line.points, edge)) for line in profile.decode),
         token_budget=profile.token_budget)
     transfer = None
-    sources = {"engine": "01's engine profile (prefill, decode step, proxy hop)"}
+    sources = {"engine": "01's engine profile (prefill, decode step, proxy hop"
+                         + (", proxy + client CPU per token)" if profile.stream_cpu_ms_per_token
+                            else ")")}
     if kv is not None:
         pts = transfer_points(kv, buffer_device)
         if pts:
@@ -56,7 +58,10 @@ def from_results(profile: EngineProfile | None, kv: KvTransferPayload | None,
                   kv_bytes_per_token=kv.kv_per_token_bytes if kv else 0,
                   block_size=kv.block_size if kv else 16,
                   jitter_ms=max(shortest.hi - shortest.lo, 0.0),
-                  active_cores=profile.active_cores, sources=sources)
+                  active_cores=profile.active_cores,
+                  stream_cpu_ms=(profile.stream_cpu_ms_per_token.at(edge)
+                                 if profile.stream_cpu_ms_per_token else 0.0),
+                  sources=sources)
 
 
 def edges(profile: EngineProfile | None, kv: KvTransferPayload | None, buffer_device: str):

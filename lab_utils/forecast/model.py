@@ -41,7 +41,8 @@ request fits in the KV cache); and preemption.
 
 Nothing here reads 03's or 04's results. `forecast` runs one architecture at one load
 point; `ranged` runs it at the median and at the low and high edges of the measured
-curves, which gives the forecast's interval.
+curves; `band` widens that range by the model's own error graded earlier in the series,
+which gives the forecast's interval.
 
 Over 400 lines on purpose: the simulation is one event loop whose steps share the state
 of every engine and request; split up, its assumptions above would no longer read next to
@@ -116,6 +117,7 @@ class Inputs:
     block_size: int
     jitter_ms: float = 0.0  # spread of a lone request's time (01): each request draws from it
     active_cores: float | None = None  # cores one working instance keeps busy (01)
+    stream_cpu_ms: float = 0.0  # proxy + client CPU ms per streamed token (01)
     sources: dict[str, str] = field(default_factory=dict)
 
     def kv_bytes(self, prompt_tokens: int) -> int:
@@ -225,6 +227,7 @@ class _Engine:
         self.running: list[_Req] = []
         self.busy_until: float | None = None
         self.busy_ms = 0.0
+        self.demand = 0.0  # cores its current step wants (assumption 6)
         self.in_flight = 0
         self.steps = 0
 
@@ -254,8 +257,12 @@ class _Engine:
             return
         context = (sum(r.prompt + r.generated for r in decoding) / len(decoding)
                    if decoding else 0.0)
-        dur = (self.costs.decode_step(max(len(decoding), 1), context)
-               + self.costs.prefill_work(sum(n for _, n in chunks))) * self.sim.stretch(self)
+        base = (self.costs.decode_step(max(len(decoding), 1), context)
+                + self.costs.prefill_work(sum(n for _, n in chunks)))
+        streamed = len(decoding) + sum(1 for r, n in chunks if n == r.prefill_left)
+        self.demand = ((self.sim.inputs.active_cores or 0.0)
+                       + streamed * self.sim.inputs.stream_cpu_ms / max(base, 1e-6))
+        dur = base * self.sim.stretch(self)
         self.busy_until = t + dur
         self.busy_ms += dur
         self.steps += 1
@@ -298,9 +305,9 @@ class _Sim:
         cores, a = self.arch.shared_cores, self.inputs.active_cores
         if not cores or not a:
             return 1.0
-        working = 1 + sum(1 for e in self.prefills + self.decodes
-                          if e is not engine and e.busy_until is not None)
-        return max(1.0, working * a / cores) / max(1.0, a / cores)
+        wanted = max(engine.demand, a) + sum(e.demand for e in self.prefills + self.decodes
+                                             if e is not engine and e.busy_until is not None)
+        return max(1.0, wanted / cores) / max(1.0, a / cores)
 
     def at(self, t: float, fn, *args) -> None:
         self.seq += 1

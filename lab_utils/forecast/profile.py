@@ -14,6 +14,11 @@ Three curves, each point measured several times (the spread is kept):
 - **hop**: what the lab proxy adds to a request: a lone request of the workload's prompt
   length through the proxy minus the same request shape sent directly, in interleaved
   pairs.
+- **stream CPU** (instances on this machine only): the CPU time the proxy and the load
+  generator spend per streamed token, from `b` requests (the largest decode batch) sent
+  through the proxy: the proxy's process group's CPU plus this process's, over the
+  tokens. On a shared machine that CPU competes with the instances (`model`,
+  assumption 6).
 
 Where the instance runs on this machine (the CPU rehearsal), the profile also records how
 many CPU cores the instance's processes keep busy while it decodes (`active_cores`, from
@@ -76,10 +81,10 @@ def _run(url: str, model: str, specs: list[RequestSpec], concurrency: int, key: 
 
 
 def measure_profile(cfg: LabConfig, inst: ProcessRecord, proxy: str, tokenize,
-                    gpu_name: str | None = None) -> EngineProfile:
+                    gpu_name: str | None = None, proxy_pgid: int | None = None) -> EngineProfile:
     """Measure the profile on notebook 01's running instance (`inst`: its record; `proxy`:
-    the URL of the proxy in front of it; `tokenize`: text -> token ids of the served
-    model)."""
+    the URL of the proxy in front of it, `proxy_pgid` its process group; `tokenize`:
+    text -> token ids of the served model)."""
     t0 = time.monotonic()
     rng = random.Random(random.SystemRandom().randrange(2**31))  # fresh prompts every run
     direct = inst.url
@@ -89,7 +94,7 @@ def measure_profile(cfg: LabConfig, inst: ProcessRecord, proxy: str, tokenize,
     lengths, batches, contexts = prefill_lengths(cfg), decode_batches(cfg), decode_contexts(cfg)
     out_tokens = max(cfg.workload.output_len, DECODE_TOKENS)
     total = (len(lengths) * REPEATS + 2 * REPEATS
-             + len(contexts) * len(batches) * DECODE_REPEATS)
+             + (len(contexts) * len(batches) + 1) * DECODE_REPEATS)
     for url, key in ((direct, vkey), (proxy, pkey)):  # warm-up, not counted
         _run(url, model, [RequestSpec(exact_prompt(tokenize, cfg.workload.input_len, rng), 2)], 1,
              key, timeout)
@@ -132,13 +137,27 @@ def measure_profile(cfg: LabConfig, inst: ProcessRecord, proxy: str, tokenize,
                     bar.update(1)
                 pts.append(point(b, steps))
             decode.append(DecodeLine(context=ctx + (3 * out_tokens) // 4, points=pts))
+        stream_cpu = None
+        if local and proxy_pgid is not None:
+            b, per_token = max(batches), []
+            for _ in range(DECODE_REPEATS):
+                specs = [RequestSpec(exact_prompt(tokenize, cfg.workload.input_len, rng),
+                                     out_tokens) for _ in range(b)]
+                p0, c0 = group_cpu_seconds(proxy_pgid), time.process_time()
+                recs = _run(proxy, model, specs, b, pkey, timeout)
+                used = group_cpu_seconds(proxy_pgid) - p0 + time.process_time() - c0
+                tokens = sum(r.completion_tokens or len(r.itl_ms) + 1 for r in recs)
+                per_token.append(used * 1e3 / max(tokens, 1))
+                bar.update(1)
+            stream_cpu = point(b, per_token)
     budget = default_token_budget(cfg.vllm.device, 128.0 if gpu_name and "GB10" in gpu_name
                                   else None)
     return EngineProfile(prefill=prefill, decode=decode,
                          hop=point(cfg.workload.input_len, hops), token_budget=budget,
                          device=cfg.vllm.device, elapsed_s=round(time.monotonic() - t0, 1),
                          active_cores=round(busy_s / wall_s, 2) if local and wall_s else None,
-                         host_cores=os.cpu_count() if local else None)
+                         host_cores=os.cpu_count() if local else None,
+                         stream_cpu_ms_per_token=stream_cpu)
 
 
 def profile_frame(profile: EngineProfile):
@@ -154,6 +173,10 @@ def profile_frame(profile: EngineProfile):
     h = profile.hop
     rows.append({"curve": "proxy hop (ms added)", "at": f"{h.x:g} prompt tokens",
                  "median ms": h.median, "min ms": h.lo, "max ms": h.hi})
+    if (sc := profile.stream_cpu_ms_per_token) is not None:
+        rows.append({"curve": "proxy + client CPU per streamed token (ms)",
+                     "at": f"{sc.x:g} streams", "median ms": sc.median, "min ms": sc.lo,
+                     "max ms": sc.hi})
     if profile.active_cores is not None:
         rows.append({"curve": f"CPU cores busy while decoding (of {profile.host_cores})",
                      "at": "the instance's processes", "median ms": None, "min ms": None,

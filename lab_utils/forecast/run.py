@@ -1,9 +1,13 @@
-"""What notebooks 03, 04 and 05 do with the model: forecast the architecture they are about
+"""What notebooks 01, 03 and 04 do with the model: forecast the architecture they are about
 to measure, from 01's and 02's results only, print it, and keep it in their results.
 
-`forecast_for(cfg, "replicated" | "disaggregated", profile, kv, device)` returns a `Forecast`: one row per load
-point of the standard and mixed workloads (the median prediction and its interval), the
-inputs' sources, and for P/D the best prefill/decode split for 2, 4 and 8 nodes.
+`forecast_for(cfg, "baseline" | "replicated" | "disaggregated", profile, kv, device, earlier)`
+returns a `Forecast`: one row per load point of the standard workload (and the mixed one,
+for 03 and 04): the median prediction and its interval, which is the range over the
+curves' edges widened by the model's own error on the forecasts graded earlier in the
+series (`earlier`: {name: graded rows}; `band`), the inputs' sources, and for P/D the best
+prefill/decode split for 2, 4 and 8 nodes. The model's inputs come from 01 and 02 only;
+the earlier gradings only set how wide the interval is.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from lab_utils.config import LabConfig
+from lab_utils.forecast.band import band_sentence, error_band, widen
 from lab_utils.forecast.inputs import edges, from_results
 from lab_utils.forecast.model import (
     Architecture,
@@ -89,19 +94,24 @@ def rank(p: Prediction) -> tuple[float, float]:
 
 
 def forecast_for(cfg: LabConfig, kind: str, profile: EngineProfile | None,
-                 kv: KvTransferPayload | None, buffer_device: str) -> Forecast:
-    """Forecast `kind` ("replicated" or "disaggregated") for this config's workload from
-    01's profile and 02's results (`kv`, None if 02 has not run) only."""
+                 kv: KvTransferPayload | None, buffer_device: str,
+                 earlier: dict[str, list[dict[str, Any]]] | None = None) -> Forecast:
+    """Forecast `kind` ("baseline", "replicated" or "disaggregated") for this config's
+    workload from 01's profile and 02's results (`kv`, None if 02 has not run) only, its
+    interval widened by the error of the forecasts graded before it (`earlier`)."""
     inputs, edges_of = from_results(profile, kv, buffer_device), edges(profile, kv, buffer_device)
     arch = architecture_of(cfg, kind, profile.host_cores if profile else None)
     w = cfg.workload
     rows = predict_rows(inputs, edges_of, arch, loads_of(w), "standard")
-    if w.mixed_long_len:
+    if w.mixed_long_len and kind != "baseline":  # 01's sweep has no mixed run
         rows += predict_rows(inputs, edges_of, arch, loads_of(w, mixed=True), "mixed")
+    band = error_band(earlier or {})
+    rows = [widen(r, band) for r in rows]
     splits = (best_splits(inputs, loads_of(w, mixed=bool(w.mixed_long_len))[-1])
               if kind == "disaggregated" else [])
+    sources = {**inputs.sources, "interval": band_sentence(band)}
     return Forecast(architecture=kind, made_at=datetime.now(UTC).isoformat(),
-                    sources=dict(inputs.sources), rows=rows, splits=splits)
+                    sources=sources, rows=rows, splits=splits, error_band=band)
 
 
 def forecast_frame(rows: list[dict[str, Any]]):

@@ -1,19 +1,26 @@
 """What the serving notebooks ask the forecast (`lab_utils.forecast`): how long a sweep
-will take (`eta`, `eta_lines` for `python -m lab_utils eta`), the forecast 03 and 04 print
-and record before they measure (`predict`), and that forecast graded against what they
-then measured (`grade_forecast`).
+will take (`eta`, `eta_lines` for `python -m lab_utils eta`), the forecast 01 (of its own
+sweep), 03 and 04 print and record before they measure (`predict`), and that forecast
+graded against what they then measured (`grade_forecast`).
+
+Each forecast's interval includes the model's own error on the forecasts graded earlier
+in the series (`earlier_gradings`: 01's of its own sweep, then 03's), as
+`lab_utils.forecast.band` computes it.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from lab_utils.config import LabConfig
+from lab_utils.errors import LabError
 from lab_utils.forecast.grade import grade_frame, grade_rows, sentences
 from lab_utils.forecast.inputs import from_results, spark_inputs_for
 from lab_utils.forecast.run import architecture_of, forecast_for, show
 from lab_utils.forecast.timing import minutes, notebook_seconds, sweep_seconds
 from lab_utils.notebook.session import kv_buffer_device
 from lab_utils.results import load_optional, load_results
-from lab_utils.results.forecast import Forecast
+from lab_utils.results.forecast import EngineProfile, Forecast
 from lab_utils.results.sweep import BenchmarkResult
 
 
@@ -64,17 +71,42 @@ def eta_lines(cfg: LabConfig) -> list[str]:
     return lines
 
 
-def make_forecast(cfg: LabConfig, kind: str) -> Forecast:
-    """Forecast `kind` ("replicated" or "disaggregated") from 01's profile and 02's
-    results, and nothing else."""
-    kv = load_optional(cfg, "02")
-    return forecast_for(cfg, kind, load_results(cfg, "01").payload.profile,
-                        kv.payload if kv else None, kv_buffer_device(cfg))
+# what the series grades before each forecast: (notebook, what it forecast, in words)
+EARLIER = {"baseline": (), "replicated": (("01", "01's single-instance sweep"),),
+           "disaggregated": (("01", "01's single-instance sweep"),
+                             ("03", "03's replicated serving"))}
 
 
-def predict(cfg: LabConfig, kind: str) -> Forecast:
+def earlier_gradings(cfg: LabConfig, kind: str) -> dict[str, list[dict[str, Any]]]:
+    """The recorded forecasts of the notebooks before `kind`'s, graded against their own
+    sweeps: {what was forecast: graded rows}. One not run, not forecast, or unreadable
+    counts with no row (the band's source says so)."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for nb, name in EARLIER[kind]:
+        try:
+            env = load_optional(cfg, nb)
+        except LabError:
+            env = None
+        fc = getattr(env.payload, "forecast", None) if env else None
+        out[name] = (grade_rows(fc, {"standard": env.payload.sweep, "mixed": env.payload.mixed})
+                     if env and fc else [])
+    return out
+
+
+def make_forecast(cfg: LabConfig, kind: str, profile: EngineProfile | None = None) -> Forecast:
+    """Forecast `kind` ("baseline", "replicated" or "disaggregated") from 01's profile
+    (`profile`: the one 01 just measured, before it records it) and 02's results, its
+    interval widened by the error of the forecasts graded earlier in the series."""
+    kv = load_optional(cfg, "02") if kind != "baseline" else None
+    if profile is None:
+        profile = load_results(cfg, "01").payload.profile
+    return forecast_for(cfg, kind, profile, kv.payload if kv else None, kv_buffer_device(cfg),
+                        earlier_gradings(cfg, kind))
+
+
+def predict(cfg: LabConfig, kind: str, profile: EngineProfile | None = None) -> Forecast:
     """`make_forecast`, printed, for the notebook to record before it measures."""
-    fc = make_forecast(cfg, kind)
+    fc = make_forecast(cfg, kind, profile)
     show(fc)
     return fc
 

@@ -35,12 +35,14 @@ def instances(served: Served) -> list[Instance]:
 
 def record_baseline(cfg: LabConfig, served: Served, result: BenchmarkResult, *,
                     single: RequestRecord, roofline: Roofline, reference: Reference,
-                    profile: EngineProfile | None = None) -> Path:
+                    profile: EngineProfile | None = None,
+                    forecast: Forecast | None = None) -> Path:
     """Write notebook 01's results: the sweep, the request shown in detail, the roofline,
-    the reference outputs and the engine profile."""
+    the reference outputs, the engine profile and the forecast of the sweep made from it."""
     return write_results(cfg, "01", BaselinePayload(
         topology=served.topology, instances=instances(served), sweep=result, mixed=None,
-        single_request=single, roofline=roofline, reference=reference, profile=profile))
+        single_request=single, roofline=roofline, reference=reference, profile=profile,
+        forecast=forecast))
 
 
 def record_replicated(cfg: LabConfig, served: Served, result: BenchmarkResult,

@@ -207,8 +207,10 @@ def prove_kv_transfer(cfg: LabConfig, served: Served, reference: Reference) -> l
 def profile_engine(cfg: LabConfig, served: Served, gpu_name: str | None = None) -> EngineProfile:
     """The engine profile the forecasts of 03 and 04 are made from
     (`lab_utils.forecast.profile`), with its table."""
+    proxy = next((r for r in served.records if r.kind == "proxy"), None)
     return measure_profile(cfg, served.instance_records()[0], served.proxy_url,
-                           tokenizer_of(served, cfg)[0], gpu_name)
+                           tokenizer_of(served, cfg)[0], gpu_name,
+                           proxy.pgid if proxy else None)
 
 
 def decode_roofline(cfg: LabConfig, gpu_name: str | None) -> Roofline:

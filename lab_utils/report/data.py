@@ -138,7 +138,7 @@ def fmt_num(value: Any) -> str:
     return f"{v:.2f}" if abs(v) >= 1 else f"{v:.3g}"
 
 
-FORECAST_NB = {"replicated": "03", "disaggregated": "04"}
+FORECAST_NB = {"baseline": "01", "replicated": "03", "disaggregated": "04"}
 
 
 def recorded_forecasts(data: ReportData) -> dict[str, Forecast]:

@@ -299,17 +299,26 @@ def _calibration_blocks(data: ReportData) -> list[Block]:
 
 def _forecast_blocks(data: ReportData, plots: list[Plot]) -> list[Block]:
     from lab_utils.forecast import grade as g
+    from lab_utils.forecast.band import band_sentence, coverage, coverage_sentence
     from lab_utils.report import forecast as fc
+    from lab_utils.report.data import recorded_forecasts
 
     by_arch = fc.graded(data)
     blocks = [H("Predicted, then measured"),
-              P("Before measuring, notebooks 03 and 04 forecast their architecture from 01's "
-                "engine profile and 02's KV transfer only (lab_utils.forecast.model: a "
+              P("Before measuring, notebook 01 forecasts its own sweep from the engine profile "
+                "it has just measured, and notebooks 03 and 04 forecast their architecture from "
+                "01's engine profile and 02's KV transfer only (lab_utils.forecast.model: a "
                 "step-by-step simulation of the engines, the proxy hop and the KV move). Here "
                 "each forecast meets its measurement: the error is in % of the measured "
-                "value, and 'inside' says whether the measurement fell in the interval the "
-                "spread of 01's and 02's measurements gives; 'verdict' is the lab's one rule "
-                f"with that interval as the forecast's range: {RULE}. Points where the machine stood "
+                "value, and 'inside' says whether the measurement fell in the forecast's "
+                "interval: the range over the edges of 01's and 02's measured curves, widened "
+                "by the model's own error measured earlier in the same series (01's forecast "
+                "of its own sweep for 03; 01's and 03's for 04): per kind of metric, the 90% "
+                "quantile of |log(measured / predicted)| over those graded values, at least "
+                "10% (lab_utils.forecast.band). Coverage and the median interval width are "
+                "given together: an interval that holds only because it is huge says nothing. "
+                f"'verdict' is the lab's one rule with that interval as the forecast's range: "
+                f"{RULE}. Points where the machine stood "
                 "still are shown but not graded; where the load generator read tokens late, "
                 "ITL and TPOT are not graded."),
               P("What the model leaves out, so where to look when it misses: the CPU that the "
@@ -323,8 +332,15 @@ def _forecast_blocks(data: ReportData, plots: list[Plot]) -> list[Block]:
     if not by_arch:
         return blocks + [P("No forecast was recorded: notebooks 03 and 04 record one when 01 "
                            "has an engine profile (re-run 01, then 03 and 04).")]
+    recorded = recorded_forecasts(data)
+    later = [r for arch, rows in by_arch.items() if arch != "baseline" for r in rows]
+    if later:
+        blocks.append(P("The forecasts of 03 and 04 together: "
+                        + coverage_sentence(coverage(later)) + "."))
     for arch, rows in by_arch.items():
-        blocks += [H(arch, 3), UL(g.sentences(arch, rows)), T(fc.grade_table(rows))]
+        blocks += [H(arch, 3), UL(g.sentences(arch, rows)
+                                  + [band_sentence(recorded[arch].error_band)]),
+                   T(fc.grade_table(rows))]
     blocks += [Block("img", plot=p) for p in plots if p.name == "forecast"]
     return blocks
 

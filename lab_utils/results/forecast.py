@@ -1,6 +1,6 @@
 """The forecast's records: notebook 01's engine profile (`EngineProfile`, measured by
-`lab_utils.forecast.profile`: curves of measured `Point`s) and the forecast notebooks 03
-and 04 make before they measure (`Forecast`, from `lab_utils.forecast.run`).
+`lab_utils.forecast.profile`: curves of measured `Point`s) and the forecast notebooks 01
+(of its own sweep), 03 and 04 make before they measure (`Forecast`, from `lab_utils.forecast.run`).
 """
 
 from __future__ import annotations
@@ -49,6 +49,8 @@ class EngineProfile(BaseModel):
     elapsed_s: float
     active_cores: float | None = None  # cores the instance's processes use while decoding
     host_cores: int | None = None  # cores of the machine it ran on (local instances only)
+    # CPU ms the proxy and the load generator spend per streamed token (local only)
+    stream_cpu_ms_per_token: Point | None = None
 
 
 class Forecast(BaseModel):
@@ -56,8 +58,11 @@ class Forecast(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    architecture: str  # "replicated" | "disaggregated"
+    architecture: str  # "baseline" (01's own sweep) | "replicated" | "disaggregated"
     made_at: str
     sources: dict[str, str]
-    rows: list[dict[str, Any]]  # Ranged.row() + workload, mode, value
+    rows: list[dict[str, Any]]  # Ranged.row() + workload, mode, value; intervals widened
     splits: list[dict[str, Any]] = []
+    # the model's own error measured earlier in the series (lab_utils.forecast.band), by
+    # which the intervals were widened; None: recorded before the band existed
+    error_band: dict[str, Any] | None = None

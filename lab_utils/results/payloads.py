@@ -3,8 +3,8 @@ JSON names the files have always used, so files written before these models exis
 
 - 00 `EnvironmentPayload` (environment.json): the checklist, whether it is blessed, the GPU.
 - 01 `BaselinePayload` (baseline_metrics.json): one instance, one request in detail, the
-  sweep, the decode roofline, the reference outputs notebook 04 must reproduce, and the
-  engine profile the forecasts are made from.
+  sweep, the decode roofline, the reference outputs notebook 04 must reproduce, the
+  engine profile the forecasts are made from, and its forecast of its own sweep.
 - 02 `KvTransferPayload` (kv_transfer_metrics.json): defined with notebook 02's other
   records in `kv_transfer`; `lab_utils.kv.budget` builds it.
 - 03 `ReplicatedPayload` (replicated_metrics.json): the sweep, the mixed run, the policy,
@@ -137,6 +137,7 @@ class BaselinePayload(ServingPayload):
     roofline: Roofline | None
     reference: Reference | None
     profile: EngineProfile | None = None  # the curves 03's and 04's forecasts are made from
+    forecast: Forecast | None = None  # of its own sweep from its profile: the model's error
 
 
 class ReplicatedPayload(ServingPayload):

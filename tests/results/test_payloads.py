@@ -33,7 +33,7 @@ def test_old_format_loads_typed_and_rewrites_the_same_keys(cfg, notebook):
 # Keys the payload models added since the old format (with defaults, so old files load).
 NEW_KEYS = {
     "00": {"gpu_name"},
-    "01": {"profile", "instances[].argv"},
+    "01": {"profile", "forecast", "instances[].argv"},
     "02": {"probe.plan", "probe.cut_short"},
     "03": {"forecast", "instances[].argv"},
     "04": {f"proof.prompts[].{k}" for k in ("strict", "tokens_ok", "diverged_at",

@@ -1,0 +1,120 @@
+"""The forecast's error band: how far the model itself missed on this machine today, added
+to the interval of the forecasts that come after.
+
+The interval from the edges of 01's and 02's curves (`model.ranged`) only says how much
+the *inputs* varied; it says nothing of what the model leaves out (docstring of
+`model`), so on its own it rarely holds the measurement. The series grades the model
+as it goes: notebook 01 forecasts its own sweep from its profile, measured before the
+sweep, and grades it; 03 grades its forecast of replicated serving. Each graded value
+gives a relative error, the log of measured / predicted. For the next forecast, every
+metric's interval [lo, hi] becomes [lo / f, hi x f], f = exp(b), where b is the
+`QUANTILE` of |log error| over the graded values of the same metric family so far in
+this series, and never below `FLOOR` (log 1.1: the lab's 10% margin for "differs";
+a model that was exact on three points is not exact everywhere). A family with no
+graded value yet takes the widest band of the others.
+
+`coverage` counts how many graded values fell inside their interval and how wide the
+intervals were (median of (hi - lo) / predicted): an interval that always holds because it
+is always enormous says nothing, so both figures are printed together.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+QUANTILE = 0.9
+FLOOR = math.log(1.1)
+
+# metric -> family: metrics the model gets right or wrong for the same reason share a band
+# (the tails miss for reasons of their own: a stall, a late read, one slow request)
+FAMILY = {"median_ttft_ms": "TTFT p50",
+          "median_itl_ms": "per-token", "median_tpot_ms": "per-token",
+          "p99_ttft_ms": "tails", "p99_itl_ms": "tails",
+          "output_throughput": "throughput", "request_goodput": "throughput"}
+
+
+def log_errors(rows: Iterable[dict[str, Any]]) -> dict[str, list[float]]:
+    """|log(measured / predicted)| of every graded row (`grade.grade_rows`), per family."""
+    out: dict[str, list[float]] = {}
+    for r in rows:
+        fam = FAMILY.get(r["metric"])
+        pred, meas = r.get("predicted"), r.get("measured")
+        if fam is None or not r.get("graded") or not pred or not meas or pred <= 0 or meas <= 0:
+            continue
+        out.setdefault(fam, []).append(abs(math.log(meas / pred)))
+    return out
+
+
+def error_band(graded: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """The band from the graded rows of earlier forecasts of this series
+    (`{what was forecast: its graded rows}`): per family its log half-width, the factor
+    exp(log) and how many values it came from, and the source in words."""
+    errs: dict[str, list[float]] = {}
+    counts = {}
+    for name, rows in graded.items():
+        found = log_errors(rows)
+        counts[name] = sum(len(v) for v in found.values())
+        for fam, v in found.items():
+            errs.setdefault(fam, []).extend(v)
+    fams: dict[str, dict[str, Any]] = {}
+    for fam in dict.fromkeys(FAMILY.values()):
+        v = errs.get(fam, [])
+        if v:
+            b = max(float(np.quantile(v, QUANTILE)), FLOOR)
+            fams[fam] = {"log": b, "factor": math.exp(b), "n": len(v)}
+    widest = max((f["log"] for f in fams.values()), default=FLOOR)
+    for fam in dict.fromkeys(FAMILY.values()):
+        fams.setdefault(fam, {"log": widest, "factor": math.exp(widest), "n": 0})
+    used = [f"{name} ({n} graded values)" if n else f"{name} (no graded value)"
+            for name, n in counts.items()]
+    source = ("the model's own error on " + ", ".join(used) if any(counts.values())
+              else "no graded forecast earlier in this series (" + (", ".join(used) or "none")
+              + "): the floor only")
+    return {"families": fams, "quantile": QUANTILE, "floor_pct": round((math.exp(FLOOR) - 1) * 100),
+            "source": source, "graded_values": sum(counts.values())}
+
+
+def widen(row: dict[str, Any], band: dict[str, Any]) -> dict[str, Any]:
+    """A forecast row (`Ranged.row`) with every metric's interval widened by the band."""
+    out = dict(row)
+    for k, fam in FAMILY.items():
+        lo, hi = row.get(f"{k}_lo"), row.get(f"{k}_hi")
+        f = band["families"][fam]["factor"]
+        if lo is not None:
+            out[f"{k}_lo"] = lo / f
+        if hi is not None:
+            out[f"{k}_hi"] = hi * f
+    return out
+
+
+def coverage(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """Over the graded rows of every metric: how many, how many inside their interval, and
+    the median interval width relative to the prediction ((hi - lo) / predicted)."""
+    graded = [r for r in rows if r.get("graded")]
+    widths = [(r["hi"] - r["lo"]) / r["predicted"] for r in graded
+              if r.get("lo") is not None and r.get("hi") is not None and r.get("predicted")]
+    return {"graded": len(graded), "inside": sum(1 for r in graded if r["in interval"]),
+            "median_width": statistics.median(widths) if widths else None}
+
+
+def coverage_sentence(c: dict[str, Any]) -> str:
+    if not c["graded"]:
+        return "no graded value"
+    width = ("" if c["median_width"] is None
+             else f"; median interval width {c['median_width']:.0%} of the prediction")
+    return (f"{c['inside']} of {c['graded']} graded values ({c['inside'] / c['graded']:.0%}) "
+            f"inside the forecast's interval{width}")
+
+
+def band_sentence(band: dict[str, Any] | None) -> str:
+    if not band:
+        return "no error band (recorded before the lab measured the model's own error)"
+    fams = ", ".join(f"{fam} x/÷{f['factor']:.2f} ({f['n']})" for fam, f in band["families"].items())
+    return (f"interval widened by the model's error band: {fams}; the {band['quantile']:.0%} "
+            f"quantile of |log(measured/predicted)| per family, at least {band['floor_pct']}%, "
+            f"from {band['source']}")
