@@ -29,6 +29,12 @@ from lab_utils.errors import LabError, PortInUseError
 from lab_utils.on_node import nixl_threads, proctools
 
 PRIVATE_TMP_PREFIX = "spark-lab-"  # Node.private_tmp's directories, and only those, are removed
+# mktemp -d, then the link to Inductor's cache (named as Inductor names it: the user as
+# Python's getpass.getuser() finds it), made first if missing; the directory, or nothing.
+_PRIVATE_TMP_SH = (
+    'd=$(mktemp -d -t "$1") || exit 1\n'
+    'c="${TMPDIR:-/tmp}/torchinductor_${LOGNAME:-${USER:-${LNAME:-${USERNAME:-$(id -un)}}}}"\n'
+    'if mkdir -p "$c" && ln -s "$c" "$d/"; then printf %s "$d"; else rm -rf "$d"; exit 1; fi\n')
 
 @dataclass
 class RunResult:
@@ -125,8 +131,15 @@ class Node(ABC):
     def private_tmp(self, name: str) -> str:
         """A new temporary directory on this node for one process (its TMPDIR): what the
         process leaves there (vLLM's ZMQ sockets, its rendezvous files) goes when it stops.
-        A short path under the node's /tmp, so socket paths stay within the 107-byte limit."""
-        r = self.run(["mktemp", "-d", "-t", f"{PRIVATE_TMP_PREFIX}{name}.XXXXXX"])
+        A short path under the node's /tmp, so socket paths stay within the 107-byte limit.
+
+        One entry is not the process's own: `torchinductor_USER`, where PyTorch Inductor
+        keeps the kernels it compiles and the C++ headers it precompiles, is a link to the
+        node's (the one Inductor uses without a private TMPDIR). vLLM compiles a kernel the
+        first time an instance computes logprobs, and the instance runs no step meanwhile; a
+        cache that went with each instance made every fresh one compile again (on the
+        2-core rehearsal box 40-150 s: docs/SIMCLUSTER.md). `rm -rf` removes the link only."""
+        r = self.run(["sh", "-c", _PRIVATE_TMP_SH, "sh", f"{PRIVATE_TMP_PREFIX}{name}.XXXXXX"])
         if not r.ok:
             raise LabError(f"node {self.name}: cannot create a temporary directory: {r.why}")
         return r.stdout.strip()

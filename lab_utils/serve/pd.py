@@ -181,14 +181,18 @@ def warm_up(prefill_url: str, decode_url: str, model: str, attempts: int = 3,
             timeout: float = 120.0, api_key: str | None = None) -> int:
     """One small prefill-then-decode round trip, retried: the first request between two
     instances carries the NIXL handshake, which on a busy machine can time out (vLLM
-    waits 5 s for the side channel). Returns the attempts used; raises with the last
-    error when none succeeds. `api_key`: the instances'."""
+    waits 5 s for the side channel). The decode asks for logprobs: vLLM compiles a kernel
+    the first time an instance computes them, which the node's compile cache
+    (`Node.compile_cache`) keeps; on a node where it is not there yet the compile happens
+    here, not in the first request that asks. Returns the attempts used; raises with the
+    last error when none succeeds. `api_key`: the instances'."""
     ids = list(range(100, 116))
     last = ""
     with httpx.Client(timeout=timeout, headers=auth_headers(api_key)) as client:
         for attempt in range(1, attempts + 1):
             try:
-                decode(client, decode_url, model, ids, 2, prefill(client, prefill_url, model, ids))
+                decode_scored(client, decode_url, model, ids, 2,
+                              prefill(client, prefill_url, model, ids), logprobs=1)
                 return attempt
             except LabError as e:
                 last = str(e)

@@ -188,6 +188,26 @@ def test_state_and_logs_are_the_owners_only(place, umask):
     assert place.cluster.state.path.stat().st_mode & 0o777 == 0o600
 
 
+def test_private_tmp_links_to_the_nodes_inductor_cache_and_only_the_link_goes(place, tmp_path,
+                                                                             monkeypatch):
+    """`torchinductor_USER` in a private TMPDIR is a link to the one in the node's own
+    temporary directory (where Inductor keeps compiled kernels without a private TMPDIR),
+    made if missing; removing the private TMPDIR leaves the cache and what is in it."""
+    import getpass
+
+    node = place.node
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # this machine's: the local node's TMPDIR
+    node_tmpdir = node.run(["sh", "-c", 'printf %s "${TMPDIR:-/tmp}"']).stdout
+    cache = Path(node_tmpdir) / f"torchinductor_{getpass.getuser()}"  # Inductor's name
+    tmp = Path(node.private_tmp("decode-0"))
+    link = tmp / cache.name
+    assert sorted(p.name for p in tmp.iterdir()) == [cache.name]
+    assert link.is_symlink() and link.resolve() == cache.resolve() and cache.is_dir()
+    (link / "kernel.so").write_text("compiled")
+    node.remove_private_tmp(str(tmp))
+    assert not tmp.exists() and (cache / "kernel.so").read_text() == "compiled"
+
+
 def test_private_tmp_is_the_process_tempdir_and_goes_when_it_stops(place, tmp_path,
                                                                    monkeypatch):
     node, cluster = place.node, place.cluster

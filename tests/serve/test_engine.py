@@ -7,6 +7,7 @@ They are slow (an instance takes 15-90 s to start here) and CI runs them.
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import subprocess
@@ -146,6 +147,31 @@ def test_a_held_prefill_does_not_hold_up_the_labs_processes(rehearsal, engine_cf
                 auth_headers(api_key(engine_cfg, "vllm")), lease)["held_up_s"]
     print(f"\nheld up during a {lease:.0f} s hold: {held}")
     assert held["this session"] < 3.0, held
+
+
+def test_the_kernel_compiled_for_logprobs_outlives_the_instance(rehearsal, engine_cfg):
+    """vLLM compiles a kernel (Inductor: the C++ compiler, here) the first time a request
+    asks for logprobs, and the instance serves nothing meanwhile (on the simulated
+    cluster's 2 cores 50 s: docs/SIMCLUSTER.md). Inductor's cache lives in the temporary
+    directory, and each instance's TMPDIR is a private one that goes when it stops: a cache
+    there made every fresh instance compile again. After a logprobs request to each
+    instance, their caches are one, the node's, and it holds a compiled kernel and the
+    precompiled header."""
+    rehearsal.up()
+    records = [r for r in rehearsal.records() if r.kind == "vllm"]
+    body = {"model": engine_cfg.model.name, "prompt": [5, 6, 7, 8], "max_tokens": 2,
+            "temperature": 0, "logprobs": 2}
+    with httpx.Client(timeout=300, headers=auth_headers(api_key(engine_cfg, "vllm"))) as c:
+        for rec in records:
+            r = c.post(f"{rec.url}/v1/completions", json=body)
+            assert r.status_code == 200 and r.json()["choices"][0]["logprobs"], (rec.name, r.text)
+    caches = {Path(r.extra["tmpdir"], f"torchinductor_{getpass.getuser()}").resolve()
+              for r in records}
+    assert len(records) == 3 and len(caches) == 1, (records, caches)
+    cache = caches.pop()
+    assert cache.parent == Path(records[0].extra["tmpdir"]).parent, cache  # the node's
+    assert list(cache.rglob("*.so")), f"no compiled kernel in {cache}"
+    assert list((cache / "precompiled_headers").rglob("*.[gp]ch")), f"no header in {cache}"
 
 
 def test_serve_starts_the_proxy_and_no_duplicates(rehearsal, engine_cfg):
