@@ -8,12 +8,17 @@ command's output and log records; used by tests that look for secrets in what co
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import io
 import json
 import logging
+import os
 import socket
 import subprocess
 import sys
+
+
+HANG_S = 120
 
 
 def _refuse(*args, **kwargs):
@@ -37,9 +42,13 @@ def main() -> None:
         handler = logging.StreamHandler(buf)
         logging.getLogger().addHandler(handler)
         logging.getLogger().setLevel(logging.DEBUG)
+        # a command that hangs prints every thread's stack and ends this run, so the test
+        # fails with where it hung instead of waiting for its own timeout
+        faulthandler.dump_traceback_later(HANG_S, exit=True, file=sys.__stderr__)
         with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf), \
                 contextlib.suppress(Exception, SystemExit):
             cli.main(argv)
+        faulthandler.cancel_dump_traceback_later()
         logging.getLogger().removeHandler(handler)
         print(buf.getvalue(), file=sys.__stdout__)
         print(f"DONE {argv}", file=sys.__stdout__, flush=True)
@@ -47,3 +56,8 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    # Exit without the interpreter's exit hooks: a command whose process the guard refused
+    # leaves one behind that waits for ever (nbclient's atexit clean-up of a kernel that
+    # never started runs an event loop waiting on a thread that never answers).
+    sys.stdout.flush()
+    os._exit(0)
