@@ -26,6 +26,18 @@ def test_committed_without_outputs(path):
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_every_cell_has_an_id(path):
+    """nbformat 4.5 requires cell ids; nbformat.read adds missing ones silently (and warns
+    when a notebook runs), so the file itself is read."""
+    import json
+
+    raw = json.loads(path.read_text())
+    assert (raw["nbformat"], raw["nbformat_minor"]) >= (4, 5)
+    missing = [i for i, c in enumerate(raw["cells"]) if not c.get("id")]
+    assert missing == [], f"cells {missing} have no id"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_first_code_cell_and_thin_cells(path):
     nb = nbformat.read(path, as_version=4)
     code = [c.source for c in nb.cells if c.cell_type == "code"]
