@@ -17,7 +17,6 @@ import socket
 import subprocess
 import sys
 
-
 HANG_S = 120
 
 
