@@ -107,9 +107,14 @@ def conclusions(rows: list[dict[str, Any]], hop: dict[str, Any] | None,
     if hop is None:
         out.append("Extra hop: not compared (01 or 04 has no valid concurrency-1 point).")
     else:
-        share = (f"; the KV move itself is {hop['transfer_ms']:.1f} ms of it (median of the "
-                 "proof's prompts)" if hop["transfer_ms"] is not None and hop["extra_ms"] > 0
-                 else "")
+        move = hop["transfer_ms"]
+        share = ""
+        if move is not None and 0 < move <= hop["extra_ms"]:
+            share = f"; the KV move itself is {move:.1f} ms of it (median of the proof's prompts)"
+        elif move is not None and hop["extra_ms"] > 0:
+            share = (f"; the proof's KV moves took a median of {move:.1f} ms, more than that "
+                     "whole difference: they were timed on the proof's own prompts, not on "
+                     "these requests")
         out.append(f"Extra hop: at one request at a time, TTFT was {hop['pd_ttft_ms']:.1f} ms "
                    f"through the pair against {hop['single_ttft_ms']:.1f} ms on one instance "
                    f"(01): {hop['extra_ms']:+.1f} ms per request{share}.")

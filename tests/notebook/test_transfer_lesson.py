@@ -83,6 +83,10 @@ def test_extra_hop_at_concurrency_one():
     assert "65.0 ms through the pair against 40.0 ms" in said and "+25.0 ms" in said
     assert "the KV move itself is 5.0 ms of it" in said
     assert lesson.hop_cost(_sweep(40.0), _sweep(65.0, valid=False), proof) is None
+    # a move longer than the whole difference is not called a part of it
+    slow = _proof({**proof_row_dict(), "nixl_xfer_ms": 30.0}, {**proof_row_dict(), "nixl_xfer_ms": 40.0})
+    said = lesson.conclusions([], lesson.hop_cost(_sweep(40.0), _sweep(65.0), slow))[-1]
+    assert "of it" not in said and "median of 35.0 ms, more than that whole difference" in said
 
 
 def test_stall_note_only_when_a_run_stood_still():
