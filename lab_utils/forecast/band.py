@@ -115,6 +115,6 @@ def band_sentence(band: dict[str, Any] | None) -> str:
     if not band:
         return "no error band (recorded before the lab measured the model's own error)"
     fams = ", ".join(f"{fam} x/÷{f['factor']:.2f} ({f['n']})" for fam, f in band["families"].items())
-    return (f"interval widened by the model's error band: {fams}; the {band['quantile']:.0%} "
+    return (f"widened by the model's error band: {fams}; the {band['quantile']:.0%} "
             f"quantile of |log(measured/predicted)| per family, at least {band['floor_pct']}%, "
             f"from {band['source']}")

@@ -339,7 +339,7 @@ def _forecast_blocks(data: ReportData, plots: list[Plot]) -> list[Block]:
                         + coverage_sentence(coverage(later)) + "."))
     for arch, rows in by_arch.items():
         blocks += [H(arch, 3), UL(g.sentences(arch, rows)
-                                  + [band_sentence(recorded[arch].error_band)]),
+                                  + ["interval: " + band_sentence(recorded[arch].error_band)]),
                    T(fc.grade_table(rows))]
     blocks += [Block("img", plot=p) for p in plots if p.name == "forecast"]
     return blocks
