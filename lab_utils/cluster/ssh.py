@@ -219,7 +219,10 @@ class SSHNode(Node):
                 while chan.recv_stderr_ready():
                     err += chan.recv_stderr(65536)
                     drained = True
-                if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
+                # sshd may send the exit status before the last of the output: done only
+                # once the channel's end of data has arrived too, and nothing is left
+                if (chan.exit_status_ready() and (chan.eof_received or chan.closed)
+                        and not chan.recv_ready() and not chan.recv_stderr_ready()):
                     break
                 if time.monotonic() > deadline:
                     raise LabError(f"command on node {self.name} timed out after {timeout:.0f} s: "
