@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import re
 
 from lab_utils.checks import parsers
 from lab_utils.checks.frame import Context, GiB, meminfo
@@ -64,8 +65,10 @@ def check_nixl(ctx: Context) -> list[CheckResult]:
 
 
 def _answer(output: str) -> dict | None:
-    lines = [ln for ln in output.splitlines() if ln.startswith(f"{nixl_smoke.MARK} ")]
-    return json.loads(lines[-1].split(" ", 1)[1]) if lines else None
+    # the answer's line, wherever it starts: output that UCX wrote through C's stdio can
+    # end mid-line just before it
+    found = re.findall(rf"{nixl_smoke.MARK} (\{{.*\}})\s*$", output, re.M)
+    return json.loads(found[-1]) if found else None
 
 
 def nixl_verdict(name: str, code: int, output: str, env: dict[str, str], *,

@@ -70,8 +70,16 @@ def smoke(nbytes: int, timeout_s: float = 60.0) -> dict:
 
 def main(argv: list[str]) -> int:
     result = smoke(int(argv[0]) if argv else 1 << 20)
+    # UCX writes its tables through C's stdio, whose buffer reaches a pipe in blocks that
+    # need not end a line: flush it first, and start the answer on a line of its own
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).fflush(None)
+    except (OSError, AttributeError):
+        pass
     sys.stdout.flush()
-    print(f"{MARK} {json.dumps(result)}", flush=True)
+    print(f"\n{MARK} {json.dumps(result)}", flush=True)
     return 0
 
 
