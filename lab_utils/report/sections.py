@@ -15,15 +15,17 @@ so that the document's outline is this file's outline.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from datetime import UTC, datetime
 
 import pandas as pd
 
+from lab_utils.report.blocks import UL, Block, H, P, T, W, fold
 from lab_utils.report.conclusions import Conclusions, Finding, times
 from lab_utils.report.data import ARCHITECTURES, ReportData, fmt_num, join_words, run_hint
 from lab_utils.report.expected import EXPECTED_TWO_SPARK, expected_figures
 from lab_utils.report.export import fields_table
+from lab_utils.report.forecast_sections import forecast_blocks, spark_forecast_blocks
 from lab_utils.report.plots import Plot, roofline_text
 from lab_utils.report.summary import REHEARSAL_BANNER, system_under_test, verdict_sentence
 from lab_utils.report.tables import (
@@ -52,44 +54,6 @@ FILE_MEANINGS = {
     "04": "prefill and decode instances joined by NixlConnector, the same sweep, and the proof "
           "that the KV cache really moved (decode-side counters, greedy output equal to 01's)",
 }
-
-
-@dataclass
-class Block:
-    """One piece of the report, rendered the same way to HTML and to Markdown."""
-
-    kind: str  # h | p | warn | ul | table | img | fold (text: its summary; inner: its blocks)
-    text: str = ""
-    level: int = 2
-    items: list[str] = field(default_factory=list)
-    df: pd.DataFrame | None = None
-    plot: Plot | None = None
-    inner: list[Block] = field(default_factory=list)
-
-
-def fold(summary: str, blocks: list[Block]) -> Block:
-    """Blocks shown folded (HTML `<details>`), opened by the reader."""
-    return Block("fold", summary, inner=list(blocks))
-
-
-def H(text: str, level: int = 2) -> Block:
-    return Block("h", text, level)
-
-
-def P(text: str) -> Block:
-    return Block("p", text)
-
-
-def W(text: str) -> Block:
-    return Block("warn", text)
-
-
-def UL(items: list[str]) -> Block:
-    return Block("ul", items=list(items))
-
-
-def T(df: pd.DataFrame) -> Block:
-    return Block("table", df=df)
 
 
 def _first_screen(data: ReportData, concl: Conclusions) -> list[Block]:
@@ -283,7 +247,7 @@ def _expected_blocks(data: ReportData, table: pd.DataFrame) -> list[Block]:
             blocks.append(W(f"{r['figure']}: this run {r['this run']} vs expected "
                             f"{r['expected (two Sparks)']}: {why}; check the hardware "
                             "(notebook 00) before trusting the comparison."))
-    return blocks + [T(df)] + _spark_forecast_blocks(data)
+    return blocks + [T(df)] + spark_forecast_blocks(data)
 
 
 def _calibration_blocks(data: ReportData) -> list[Block]:
@@ -295,66 +259,6 @@ def _calibration_blocks(data: ReportData) -> list[Block]:
     if df.empty:
         return [H("Estimated vs measured"), P(text), P("No start was recorded yet.")]
     return [H("Estimated vs measured"), P(text), T(df)]
-
-
-def _forecast_blocks(data: ReportData, plots: list[Plot]) -> list[Block]:
-    from lab_utils.forecast import grade as g
-    from lab_utils.forecast.band import band_sentence, coverage, coverage_sentence
-    from lab_utils.report import forecast as fc
-    from lab_utils.report.data import recorded_forecasts
-
-    by_arch = fc.graded(data)
-    blocks = [H("Predicted, then measured"),
-              P("Before measuring, notebook 01 forecasts its own sweep from the engine profile "
-                "it has just measured, and notebooks 03 and 04 forecast their architecture from "
-                "01's engine profile and 02's KV transfer only (lab_utils.forecast.model: a "
-                "step-by-step simulation of the engines, the proxy hop and the KV move). Here "
-                "each forecast meets its measurement: the error is in % of the measured "
-                "value, and 'inside' says whether the measurement fell in the forecast's "
-                "interval: the range over the edges of 01's and 02's measured curves, widened "
-                "by the model's own error measured earlier in the same series (01's forecast "
-                "of its own sweep for 03; 01's and 03's for 04): per kind of metric, the 90% "
-                "quantile of |log(measured / predicted)| over those graded values, at least "
-                "10% (lab_utils.forecast.band). Coverage and the median interval width are "
-                "given together: an interval that holds only because it is huge says nothing. "
-                f"'verdict' is the lab's one rule with that interval as the forecast's range: "
-                f"{RULE}. Points where the machine stood "
-                "still are shown but not graded; where the load generator read tokens late, "
-                "ITL and TPOT are not graded."),
-              P("What the model leaves out, so where to look when it misses: the CPU that the "
-                "proxy, the load generator and NIXL's progress threads use (on the 2-core "
-                "rehearsal, each prefill or decode instance's NIXL thread busy-polls a core, "
-                "which slows every engine handoff: the P/D forecast misses by most there); "
-                "vLLM's handling of a P/D request beyond the bytes moved (the side-channel "
-                "handshake, the notification); memory limits and preemption. On separate "
-                "machines with cores to spare (two Sparks) the first of these should be "
-                "small; the grading of a real run says whether it was.")]
-    if not by_arch:
-        return blocks + [P("No forecast was recorded: notebooks 03 and 04 record one when 01 "
-                           "has an engine profile (re-run 01, then 03 and 04).")]
-    recorded = recorded_forecasts(data)
-    later = [r for arch, rows in by_arch.items() if arch != "baseline" for r in rows]
-    if later:
-        blocks.append(P("The forecasts of 03 and 04 together: "
-                        + coverage_sentence(coverage(later)) + "."))
-    for arch, rows in by_arch.items():
-        blocks += [H(arch, 3), UL(g.sentences(arch, rows)
-                                  + ["interval: " + band_sentence(recorded[arch].error_band)]),
-                   T(fc.grade_table(rows))]
-    blocks += [Block("img", plot=p) for p in plots if p.name == "forecast"]
-    return blocks
-
-
-def _spark_forecast_blocks(data: ReportData) -> list[Block]:
-    from lab_utils.report import forecast as fc
-
-    df, about, sources = fc.spark_forecast(data)
-    return [H("Forecast for two DGX Sparks", 3),
-            P(f"The same model, fed with published GB10 figures instead of this run's "
-              f"measurements ({about}). A forecast, not a measurement: when the lab runs "
-              "on the Sparks, notebooks 03 and 04 forecast from their own 01 and 02, and "
-              "the section above grades it. Inputs and their sources:"),
-            UL([f"{k}: {v}" for k, v in sources.items()]), T(df)]
 
 
 def _nb00_blocks(data: ReportData) -> list[Block]:
@@ -486,7 +390,7 @@ def report_blocks(data: ReportData, table: pd.DataFrame, concl: Conclusions,
     """The whole report as a list of blocks."""
     blocks = _intro(data, concl) + _missing_blocks(data) + _verdict_blocks(concl)
     blocks += _plot_blocks(plots) + _table_blocks(table, data) + _conclusion_blocks(concl)
-    blocks += _comparison_blocks(concl) + _forecast_blocks(data, plots) + _expected_blocks(data, table)
+    blocks += _comparison_blocks(concl) + forecast_blocks(data, plots) + _expected_blocks(data, table)
     blocks += _calibration_blocks(data)
     sections = [("00", "environment checklist", _nb00_blocks),
                 ("01", "single-instance baseline", _nb01_blocks),

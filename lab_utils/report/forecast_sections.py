@@ -1,0 +1,69 @@
+"""The report's forecast sections: each forecast of this run graded against what was then
+measured ("Predicted, then measured"), and the same model's forecast for two DGX Sparks."""
+
+from __future__ import annotations
+
+from lab_utils.report.blocks import UL, Block, H, P, T
+from lab_utils.report.data import ReportData
+from lab_utils.report.plots import Plot
+from lab_utils.results.points import RULE
+
+
+def forecast_blocks(data: ReportData, plots: list[Plot]) -> list[Block]:
+    from lab_utils.forecast import grade as g
+    from lab_utils.forecast.band import band_sentence, coverage, coverage_sentence
+    from lab_utils.report import forecast as fc
+    from lab_utils.report.data import recorded_forecasts
+
+    by_arch = fc.graded(data)
+    blocks = [H("Predicted, then measured"),
+              P("Before measuring, notebook 01 forecasts its own sweep from the engine profile "
+                "it has just measured, and notebooks 03 and 04 forecast their architecture from "
+                "01's engine profile and 02's KV transfer only (lab_utils.forecast.model: a "
+                "step-by-step simulation of the engines, the proxy hop and the KV move). Here "
+                "each forecast meets its measurement: the error is in % of the measured "
+                "value, and 'inside' says whether the measurement fell in the forecast's "
+                "interval: the range over the edges of 01's and 02's measured curves, widened "
+                "by the model's own error measured earlier in the same series (01's forecast "
+                "of its own sweep for 03; 01's and 03's for 04): per kind of metric, the 90% "
+                "quantile of |log(measured / predicted)| over those graded values, at least "
+                "10% (lab_utils.forecast.band). Coverage and the median interval width are "
+                "given together: an interval that holds only because it is huge says nothing. "
+                f"'verdict' is the lab's one rule with that interval as the forecast's range: "
+                f"{RULE}. Points where the machine stood "
+                "still are shown but not graded; where the load generator read tokens late, "
+                "ITL and TPOT are not graded."),
+              P("What the model leaves out, so where to look when it misses: the CPU that the "
+                "proxy, the load generator and NIXL's progress threads use (on the 2-core "
+                "rehearsal, each prefill or decode instance's NIXL thread busy-polls a core, "
+                "which slows every engine handoff: the P/D forecast misses by most there); "
+                "vLLM's handling of a P/D request beyond the bytes moved (the side-channel "
+                "handshake, the notification); memory limits and preemption. On separate "
+                "machines with cores to spare (two Sparks) the first of these should be "
+                "small; the grading of a real run says whether it was.")]
+    if not by_arch:
+        return blocks + [P("No forecast was recorded: notebooks 03 and 04 record one when 01 "
+                           "has an engine profile (re-run 01, then 03 and 04).")]
+    recorded = recorded_forecasts(data)
+    later = [r for arch, rows in by_arch.items() if arch != "baseline" for r in rows]
+    if later:
+        blocks.append(P("The forecasts of 03 and 04 together: "
+                        + coverage_sentence(coverage(later)) + "."))
+    for arch, rows in by_arch.items():
+        blocks += [H(arch, 3), UL(g.sentences(arch, rows)
+                                  + ["interval: " + band_sentence(recorded[arch].error_band)]),
+                   T(fc.grade_table(rows))]
+    blocks += [Block("img", plot=p) for p in plots if p.name == "forecast"]
+    return blocks
+
+
+def spark_forecast_blocks(data: ReportData) -> list[Block]:
+    from lab_utils.report import forecast as fc
+
+    df, about, sources = fc.spark_forecast(data)
+    return [H("Forecast for two DGX Sparks", 3),
+            P(f"The same model, fed with published GB10 figures instead of this run's "
+              f"measurements ({about}). A forecast, not a measurement: when the lab runs "
+              "on the Sparks, notebooks 03 and 04 forecast from their own 01 and 02, and "
+              "the section above grades it. Inputs and their sources:"),
+            UL([f"{k}: {v}" for k, v in sources.items()]), T(df)]
