@@ -1,9 +1,9 @@
 """P/D against one instance and the replicated pair, with NIXL's progress threads at their
-normal priority and under SCHED_IDLE, measured in one run with the lab's own ruler.
+normal priority and lowered (nice 19, 0.1 ms slice), measured in one run with the lab's own ruler.
 
 `python -m lab_utils.bench.pd_stall --compare` starts, one after another, the baseline,
 the replicated and the disaggregated topology of a local profile (the last twice: with
-`kv_transfer.idle_nixl_threads` false, then true), each with the lab proxy in front, and
+`kv_transfer.lower_nixl_threads` false, then true), each with the lab proxy in front, and
 measures each the way notebooks 01, 03 and 04 do (`workload.build_requests`,
 `loadgen.run_point`, the same prompts for every topology):
 
@@ -101,7 +101,7 @@ def measure_topology(cfg: labconfig.LabConfig, topology: str, prompts: int) -> d
 def _variant(config: Path, idle: bool | None, tmp: str) -> labconfig.LabConfig:
     raw = json.loads(config.read_text())
     if idle is not None:
-        raw.setdefault("kv_transfer", {})["idle_nixl_threads"] = idle
+        raw.setdefault("kv_transfer", {})["lower_nixl_threads"] = idle
     path = Path(tmp) / f"config-{idle}.json"
     path.write_text(json.dumps(raw))
     return labconfig.load_config(path)
@@ -113,7 +113,7 @@ def compare(config: Path, prompts: int) -> list[dict[str, Any]]:
         for topology, idle in RUNS:
             cfg = _variant(config, idle, tmp)
             row = measure_topology(cfg, topology, prompts)
-            row["idle_nixl_threads"] = idle
+            row["lower_nixl_threads"] = idle
             rows.append(row)
     return rows
 
@@ -125,7 +125,7 @@ def _f(x: float | None, fmt: str = "{:.1f}") -> str:
 def label(row: dict[str, Any]) -> str:
     if row["topology"] != "disaggregated":
         return row["topology"]
-    return ("disaggregated, NIXL threads under SCHED_IDLE" if row["idle_nixl_threads"]
+    return ("disaggregated, NIXL threads at nice 19, 0.1 ms slice" if row["lower_nixl_threads"]
             else "disaggregated, NIXL threads at normal priority")
 
 

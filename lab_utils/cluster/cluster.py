@@ -101,13 +101,13 @@ class Cluster:
         return stopped
 
     def quiet_nixl_threads(self, records: list[ProcessRecord]) -> list[dict]:
-        """With `kv_transfer.idle_nixl_threads` on, put the NIXL progress threads of the
-        prefill and decode instances among `records` under SCHED_IDLE, and record in each
-        instance's record (`extra["nixl_threads"]`) which threads got which policy; the
-        rows of all of them (instance, role, node, process, thread, tid, policy). Safe to
+        """With `kv_transfer.lower_nixl_threads` on, lower the NIXL progress threads of
+        the prefill and decode instances among `records` (nice 19, 0.1 ms slice), and
+        record in each instance's record (`extra["nixl_threads"]`) which threads got which
+        policy; the rows of all of them (instance, role, node, process, thread, tid, policy). Safe to
         call again: threads found before are reported with their policy now, new ones
         are set. [] when the setting is off."""
-        if not self.cfg.idle_nixl_threads():
+        if not self.cfg.lower_nixl_threads():
             return []
         rows = []
         for given in records:

@@ -89,7 +89,7 @@ class Node(ABC):
     def port_report(self, address: str, port: int) -> dict: ...
 
     def quiet_nixl_threads(self, rec: ProcessRecord, known: list[int]) -> list[dict]:
-        """Put the NIXL progress threads of the record's process group under SCHED_IDLE
+        """Put the NIXL progress threads of the record's process group to the lowest normal priority
         (`lab_utils.on_node.nixl_threads`, run on the node, its source sent over stdin);
         what it found and set, and the policy now of the threads in `known`."""
         r = self.run([self.python, "-", "quiet", str(rec.pgid), *map(str, known)],

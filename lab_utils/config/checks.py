@@ -85,9 +85,9 @@ def cross_check(cfg: LabConfig) -> list[str]:
             "Spark lacks): \"does not enable CUDA memory support\", then NIXL_ERR_BACKEND; add "
             'cuda_copy (e.g. "rc,cuda_copy"), or leave ucx_tls null for UCX\'s own choice'
         )
-    if cfg.kv_transfer.idle_nixl_threads and cfg.vllm.device == "cuda":
+    if cfg.kv_transfer.lower_nixl_threads and cfg.vllm.device == "cuda":
         problems.append(
-            "kv_transfer.idle_nixl_threads: true with vllm.device \"cuda\"; it is for the CPU "
+            "kv_transfer.lower_nixl_threads: true with vllm.device \"cuda\"; it is for the CPU "
             "rehearsal, where NIXL's busy progress threads take the engines' cores. On a GPU "
             "node the thread costs one of many cores and drives the KV transfers, so it keeps "
             "its priority there: set it to null or false")

@@ -130,9 +130,10 @@ class KVTransferConfig(_Strict):
     # The NIXL transfer probe (notebook 02) listens here on the target node's data address.
     probe_port: Port = 5800
     # NIXL's progress threads (one per prefill/decode instance, busy-polling even when
-    # idle) put under SCHED_IDLE once an instance is up, so they run only when no engine
-    # thread wants the CPU. None: on for vllm.device "cpu", off for "cuda".
-    idle_nixl_threads: bool | None = None
+    # idle) lowered to nice 19 with a 0.1 ms slice once an instance is up, so the engines
+    # get nearly all of the CPU (lab_utils.on_node.nixl_threads). None: on for vllm.device
+    # "cpu", off for "cuda".
+    lower_nixl_threads: bool | None = None
 
     _tls = field_validator("ucx_tls")(values.check_ucx_tls)
 

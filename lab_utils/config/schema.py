@@ -122,10 +122,10 @@ class LabConfig(_Strict):
             return f"{n.workdir}/logs/{self.profile}"
         return str(self.results_dir / "logs")
 
-    def idle_nixl_threads(self) -> bool:
-        """Whether the lab puts NIXL's progress threads under SCHED_IDLE
-        (`kv_transfer.idle_nixl_threads`; unset: on the CPU rehearsal only)."""
-        setting = self.kv_transfer.idle_nixl_threads
+    def lower_nixl_threads(self) -> bool:
+        """Whether the lab lowers the priority of NIXL's progress threads
+        (`kv_transfer.lower_nixl_threads`; unset: on the CPU rehearsal only)."""
+        setting = self.kv_transfer.lower_nixl_threads
         return self.vllm.device == "cpu" if setting is None else setting
 
     def probe_pair(self) -> tuple[str, str]:

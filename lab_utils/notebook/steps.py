@@ -140,8 +140,8 @@ def run_sweep(cfg: LabConfig, served: Served, *, mixed: bool = False,
 
 
 def nixl_threads(cfg: LabConfig, served: Served) -> list[dict]:
-    """Put the NIXL progress threads of `served`'s prefill and decode instances under
-    SCHED_IDLE again (new ones too) when `kv_transfer.idle_nixl_threads` is on; one row per
+    """Lower the NIXL progress threads of `served`'s prefill and decode instances to the
+    lowest normal priority again (new ones too) when `kv_transfer.lower_nixl_threads` is on; one row per
     thread: instance, role, node, process, thread, tid, policy (`Cluster.quiet_nixl_threads`).
     [] for a topology without NIXL or with the setting off."""
     if served.topology != "disaggregated":
@@ -154,8 +154,8 @@ def nixl_threads_frame(cfg: LabConfig, served: Served) -> pd.DataFrame:
     """Notebook 04's table of NIXL's progress threads: which thread of which instance got
     which scheduling policy (set again now, so threads that appeared since are in it)."""
     rows = nixl_threads(cfg, served)
-    if not cfg.idle_nixl_threads():
-        print("kv_transfer.idle_nixl_threads is off for this profile: NIXL's progress threads "
+    if not cfg.lower_nixl_threads():
+        print("kv_transfer.lower_nixl_threads is off for this profile: NIXL's progress threads "
               "keep their normal priority")
     elif not rows:
         print("no busy NIXL progress thread was found in the prefill or decode instances")

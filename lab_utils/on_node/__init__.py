@@ -4,7 +4,7 @@
 - `facts`: what the checklist gathers on each node (versions, devices, addresses).
 - `dirs`: which directories the lab may replace or write into (only its own).
 - `nixl_threads`: NIXL's busy progress threads in an instance's process group, found by
-  what they do, and SCHED_IDLE for them (`kv_transfer.idle_nixl_threads`).
+  what they do, and the lowest normal priority for them (`kv_transfer.lower_nixl_threads`).
 - `nixl_agent`: one side of the NIXL transfer probe (`python -m lab_utils.on_node.nixl_agent`),
   started by `lab_utils.kv.probe` on each serving node from the deployed copy of the lab;
   it needs numpy, nixl and torch there.

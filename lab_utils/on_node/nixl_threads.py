@@ -1,10 +1,16 @@
-"""NIXL's busy progress threads in a vLLM instance's process group, and SCHED_IDLE for them.
+"""NIXL's busy progress threads in a vLLM instance's process group, and the lowest normal
+priority for them.
 
 The nixl Python API starts each agent with a progress thread that polls UCX with no
 delay between polls (`pthrDelay = 0`, not a setting), and vLLM's NixlConnector always
 enables it, so every prefill and decode instance keeps one thread running even when idle.
-On a CPU rehearsal that thread takes a core from the engines; under `SCHED_IDLE` it runs
-only when no other thread wants the CPU (docs/REHEARSAL.md).
+On a CPU rehearsal that thread takes a core from the engines. The lab gives it nice 19
+with the shortest time slice the kernel takes (0.1 ms: `sched_setattr`'s `sched_runtime`
+is the slice of a normal thread from Linux 6.12; older kernels ignore it): it then gets
+about 1.5% of a busy core, in slices short enough that a KV move it must progress is not
+held for long. `SCHED_IDLE` was tried first and is not used: a thread under it gets no
+CPU at all while the engines keep both cores busy, so a KV move waited until the decode
+had finished every other request (docs/REHEARSAL.md has the measurements).
 
 The thread has no name of its own: it inherits its creator's (`VLLM::Worker` in vLLM's
 CPU worker), like the worker's compute threads. So it is found by what it does, in the
@@ -21,8 +27,10 @@ further arguments, their policy now). The same functions read a fake /proc tree 
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
+import platform
 import sys
 import time
 from collections.abc import Sequence
@@ -34,6 +42,18 @@ INTERVAL_S = 0.05
 RUNNABLE_SHARE = 0.8  # of the samples in state R
 POLICY_NAMES = {0: "SCHED_OTHER", 1: "SCHED_FIFO", 2: "SCHED_RR", 3: "SCHED_BATCH",
                 5: "SCHED_IDLE", 6: "SCHED_DEADLINE"}
+NICE = 19  # the lowest normal priority: a thread at it still gets a share of a busy core
+SLICE_NS = 100_000  # the shortest slice Linux accepts for a normal thread (0.1 ms)
+# sched_setattr / sched_getattr (not in Python's os module)
+_SYSCALLS = {"x86_64": (314, 315), "aarch64": (274, 275)}
+
+
+class _SchedAttr(ctypes.Structure):
+    _fields_ = [("size", ctypes.c_uint32), ("policy", ctypes.c_uint32),
+                ("flags", ctypes.c_uint64), ("nice", ctypes.c_int32),
+                ("priority", ctypes.c_uint32), ("runtime", ctypes.c_uint64),
+                ("deadline", ctypes.c_uint64), ("period", ctypes.c_uint64),
+                ("util_min", ctypes.c_uint32), ("util_max", ctypes.c_uint32)]
 
 
 def _stat(path: Path) -> list[str] | None:
@@ -111,23 +131,59 @@ def spinning(pgid: int, root: str = "/proc", samples: int | None = None,
     return found
 
 
+def _syscall(which: int, tid: int, attr: _SchedAttr, *extra: int) -> None:
+    numbers = _SYSCALLS.get(platform.machine())
+    if numbers is None:
+        raise OSError(f"sched_setattr: no syscall number known for {platform.machine()}")
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syscall(numbers[which], tid, ctypes.byref(attr), *extra) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
 def policy_name(tid: int) -> str:
+    """The thread's policy; for a normal one its nice value and slice: "SCHED_OTHER nice 19
+    slice 0.1 ms" ("gone" when it no longer exists)."""
+    attr = _SchedAttr()
     try:
-        return POLICY_NAMES.get(os.sched_getscheduler(tid), "other")
+        _syscall(1, tid, attr, ctypes.sizeof(attr), 0)
     except OSError:
-        return "gone"
+        try:
+            return POLICY_NAMES.get(os.sched_getscheduler(tid), "other")
+        except OSError:
+            return "gone"
+    name = POLICY_NAMES.get(attr.policy, "other")
+    if attr.policy != 0:
+        return name
+    return f"{name} nice {attr.nice} slice {attr.runtime / 1e6:g} ms"
+
+
+def set_policy(tid: int, policy: int = 0, nice: int = 0, slice_ns: int = 0) -> None:
+    """One thread's policy, nice value and (normal policy) slice; slice 0: the default."""
+    _syscall(0, tid, _SchedAttr(size=ctypes.sizeof(_SchedAttr), policy=policy, nice=nice,
+                                runtime=slice_ns), 0)
+
+
+def lower(tid: int) -> None:
+    """Nice 19 with the shortest slice for one thread (nice 19 alone where the kernel
+    refuses the call)."""
+    try:
+        set_policy(tid, nice=NICE, slice_ns=SLICE_NS)
+    except OSError:
+        os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+        os.setpriority(os.PRIO_PROCESS, tid, NICE)
 
 
 def quiet(pgid: int, known: Sequence[int] = (), root: str = "/proc") -> list[dict]:
-    """Put the group's NIXL progress threads under SCHED_IDLE; one entry per thread found
-    now (pid, tid, process and thread name, policy before and after) and per thread of
-    `known` (found before) still in the group, with its policy now. A thread already under
-    SCHED_IDLE that still spins is found again: "before" says SCHED_IDLE."""
+    """Give the group's NIXL progress threads nice 19 and the shortest slice; one entry per
+    thread found now (pid, tid, process and thread name, policy before and after) and per
+    thread of `known` (found before) still in the group, with its policy now. A thread
+    already lowered still spins, so it is found again: "before" says so."""
     out = []
     for t in spinning(pgid, root):
         before = policy_name(t["tid"])
         try:
-            os.sched_setscheduler(t["tid"], os.SCHED_IDLE, os.sched_param(0))
+            lower(t["tid"])
         except OSError as e:  # gone meanwhile, or not ours
             t["error"] = str(e)
         out.append({**t, "before": before, "policy": policy_name(t["tid"])})

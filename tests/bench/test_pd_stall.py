@@ -26,7 +26,7 @@ def test_a_row_has_one_cell_per_column_and_dashes_for_what_was_not_measured():
 def _run(topology, idle, tpot, p99, held=0.0):
     point = {"tpot_ms": tpot, "itl_p50_ms": 1.0, "itl_p99_ms": p99, "ttft_ms": 50.0,
              "failed": 0, "duration_s": 3.0, "held_up_s": held}
-    return {"topology": topology, "idle_nixl_threads": idle, "one": point,
+    return {"topology": topology, "lower_nixl_threads": idle, "one": point,
             "mixed": {**point, "held_up_s": 0.0}, "load_avg": [2.0, 3.0]}
 
 
@@ -40,7 +40,7 @@ def test_compare_verdicts_follow_the_figures():
     said = verdicts(rows)
     assert "normal priority: TPOT at concurrency 1 3.50x the single instance's (over" in said[0]
     assert "not the lowest" in said[1]
-    assert "SCHED_IDLE: TPOT at concurrency 1 1.40x the single instance's (within" in said[2]
+    assert "0.1 ms slice: TPOT at concurrency 1 1.40x the single instance's (within" in said[2]
     assert said[3].endswith(": the lowest")
     assert said[4] == "stood still: disaggregated, NIXL threads at normal priority (one)"
     table = cmp_markdown(rows).splitlines()

@@ -269,16 +269,16 @@ def test_ucx_tls_without_cuda_refused_on_a_cuda_profile(tls, refused):
                         "test.json").kv_transfer.ucx_tls == (tls or "tcp")  # CPU: any value
 
 
-def test_idle_nixl_threads_is_on_for_cpu_profiles_only():
-    assert parse_config(BASE, "t.json").idle_nixl_threads() is True  # local-cpu, unset
+def test_lower_nixl_threads_is_on_for_cpu_profiles_only():
+    assert parse_config(BASE, "t.json").lower_nixl_threads() is True  # local-cpu, unset
     def cuda(d):
         d["vllm"]["device"] = "cuda"
         for node in ("spark-01", "spark-02"):
             d["nodes"][node]["data_over_lan"] = True
-    assert parse_config(mutated(cuda), "t.json").idle_nixl_threads() is False
-    off = mutated(lambda d: d["kv_transfer"].update(idle_nixl_threads=False))
-    assert parse_config(off, "t.json").idle_nixl_threads() is False
-    assert "kv_transfer.idle_nixl_threads" in error_of(
-        mutated(lambda d: d["kv_transfer"].update(idle_nixl_threads="yes")))
-    forced = mutated(lambda d: (cuda(d), d["kv_transfer"].update(idle_nixl_threads=True)))
-    assert "kv_transfer.idle_nixl_threads: true with vllm.device" in error_of(forced)
+    assert parse_config(mutated(cuda), "t.json").lower_nixl_threads() is False
+    off = mutated(lambda d: d["kv_transfer"].update(lower_nixl_threads=False))
+    assert parse_config(off, "t.json").lower_nixl_threads() is False
+    assert "kv_transfer.lower_nixl_threads" in error_of(
+        mutated(lambda d: d["kv_transfer"].update(lower_nixl_threads="yes")))
+    forced = mutated(lambda d: (cuda(d), d["kv_transfer"].update(lower_nixl_threads=True)))
+    assert "kv_transfer.lower_nixl_threads: true with vllm.device" in error_of(forced)

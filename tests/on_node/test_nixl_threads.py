@@ -5,6 +5,8 @@
 from __future__ import annotations
 
 import os
+import re
+import threading
 from pathlib import Path
 
 import pytest
@@ -92,16 +94,44 @@ def test_no_ucx_no_thread(fake, tmp_path):
     assert nixl_threads.spinning(GROUP, root=str(tmp_path), samples=3) == []
 
 
-def test_quiet_sets_sched_idle_and_reports_known_threads(fake, tmp_path, monkeypatch):
+def test_quiet_lowers_the_spinning_thread_and_reports_known_threads(fake, tmp_path, monkeypatch):
     fake({201: ("VLLM::Worker", GROUP, {201: ("VLLM::Worker", "S", 0), 202: ("async", "S", 0),
                                         203: ("VLLM::Worker", "R", 2),
                                         207: ("VLLM::Worker", "S", 0)})})
-    policy = {203: os.SCHED_OTHER, 207: os.SCHED_IDLE}
-    monkeypatch.setattr(nixl_threads.os, "sched_getscheduler", lambda tid: policy[tid])
-    monkeypatch.setattr(nixl_threads.os, "sched_setscheduler",
-                        lambda tid, pol, _param: policy.__setitem__(tid, pol))
+    policy = {203: "SCHED_OTHER nice 0 slice 1.4 ms", 207: "SCHED_OTHER nice 19 slice 0.1 ms"}
+    monkeypatch.setattr(nixl_threads, "policy_name", lambda tid: policy[tid])
+    monkeypatch.setattr(nixl_threads, "lower",
+                        lambda tid: policy.__setitem__(tid, "SCHED_OTHER nice 19 slice 0.1 ms"))
     monkeypatch.setattr(nixl_threads, "SAMPLES", 3)
     rows = nixl_threads.quiet(GROUP, known=[207, 999], root=str(tmp_path))
     assert rows == [{"pid": 201, "tid": 203, "process": "VLLM::Worker", "thread": "VLLM::Worker",
-                     "before": "SCHED_OTHER", "policy": "SCHED_IDLE"},
-                    {"tid": 207, "policy": "SCHED_IDLE"}]  # 999 is gone: not reported
+                     "before": "SCHED_OTHER nice 0 slice 1.4 ms",
+                     "policy": "SCHED_OTHER nice 19 slice 0.1 ms"},
+                    {"tid": 207, "policy": "SCHED_OTHER nice 19 slice 0.1 ms"}]  # 999 is gone
+
+
+def test_lower_gives_a_real_thread_nice_19_and_the_shortest_slice():
+    """On this kernel, read back through the kernel's own files, not the code under test."""
+    ready, stop = threading.Event(), threading.Event()
+    tid: list[int] = []
+
+    def spin():
+        tid.append(threading.get_native_id())
+        ready.set()
+        while not stop.is_set():
+            pass
+    t = threading.Thread(target=spin)
+    t.start()
+    try:
+        ready.wait(5)
+        assert nixl_threads.policy_name(tid[0]).startswith("SCHED_OTHER nice 0 slice ")
+        nixl_threads.lower(tid[0])
+        assert os.getpriority(os.PRIO_PROCESS, tid[0]) == 19
+        assert os.sched_getscheduler(tid[0]) == os.SCHED_OTHER
+        sched = Path(f"/proc/self/task/{tid[0]}/sched").read_text()
+        assert re.search(r"^se\.slice\s*:\s*100000$", sched, re.M), sched
+        assert nixl_threads.policy_name(tid[0]) == "SCHED_OTHER nice 19 slice 0.1 ms"
+    finally:
+        stop.set()
+        t.join()
+    assert nixl_threads.policy_name(tid[0]) == "gone"
