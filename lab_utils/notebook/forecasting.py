@@ -101,6 +101,8 @@ def eta_lines(cfg: LabConfig) -> list[str]:
                 if w.mixed_long_len else "")]
     lines += [f"  {nb}: {minutes(secs)} measuring + {minutes(starts[nb][0])} start-up "
               f"({starts[nb][1]})" for nb, secs in times.items()]
+    if "04" not in times:
+        lines.append("  04: not predicted: its forecast needs notebook 02's KV transfer probe")
     total = sum(times.values()) + sum(s for s, _ in starts.values())
     lines.append(f"  total: {minutes(total)} (the checklist, the probe and reading time "
                  "come on top)")

@@ -137,3 +137,11 @@ def test_the_engine_profile_records_the_proxy_cost(test_cfg, monkeypatch):
     assert cal.proxy["ms"] == 0.9 and cal.proxy["backend"] == "spark-01"
     assert calibration.proxy_ms(test_cfg) == (0.9, f"measured on {test_cfg.proxy.node}, "
                                                    f"{cal.updated_at[:10]}")
+
+
+def test_after_01_without_02_eta_predicts_01_and_03_and_says_why_not_04(test_cfg):
+    write_01_02(test_cfg)
+    (test_cfg.results_dir / "kv_transfer_metrics.json").unlink()
+    lines = eta_lines(test_cfg)
+    assert [ln.split(":")[0] for ln in lines[1:]] == ["  01", "  03", "  04", "  total"]
+    assert lines[3] == "  04: not predicted: its forecast needs notebook 02's KV transfer probe"
