@@ -72,7 +72,8 @@ def spark_workload(data: ReportData) -> tuple[str, WorkloadConfig]:
 def spark_hop(data: ReportData) -> tuple[float, str] | None:
     """The proxy's measured ms per request for the Spark forecast, with its label: on a GPU
     profile (the Sparks themselves) from its calibration records; None on the rehearsal,
-    whose proxy ran beside its instances on a laptop, not on a Spark cluster's controller."""
+    whose proxy ran beside its instances on one machine, not on a Spark cluster's
+    controller."""
     if data.device != "cuda":
         return None
     kind = next((e.config.get("proxy", {}).get("kind", "lab")

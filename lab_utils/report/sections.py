@@ -257,7 +257,7 @@ def _calibration_blocks(data: ReportData) -> list[Block]:
             "beside what this profile's real runs measured (results/<profile>/calibration/); "
             "each uses a measured figure instead of its estimate from then on.")
     if df.empty:
-        return [H("Estimated vs measured"), P(text), P("No start was recorded yet.")]
+        return [H("Estimated vs measured"), P(text), P("Nothing was measured yet.")]
     return [H("Estimated vs measured"), P(text), T(df)]
 
 

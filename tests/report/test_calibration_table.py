@@ -101,7 +101,7 @@ def test_the_rehearsals_proxy_cost_stays_out_of_the_spark_forecast(test_cfg, mon
     calibration.record_proxy(test_cfg, test_cfg.proxy.node, point(128, [0.9, 1.0, 1.1]),
                              backend="spark-01")
     data = data_of(test_cfg)
-    assert report_forecast.spark_hop(data) is None  # a laptop's proxy is no Spark's
+    assert report_forecast.spark_hop(data) is None  # the rehearsal machine's proxy is no Spark's
     monkeypatch.setattr(report_forecast, "spark_workload",
                         lambda data: (test_cfg.model.name, test_cfg.workload))
     assert "measured on" not in report_forecast.spark_forecast(data)[2]["hop_ms"]
