@@ -6,10 +6,11 @@ every check the checklist can report."""
 from __future__ import annotations
 
 import ast
+import json
 import re
 from pathlib import Path
 
-from lab_utils.config import load_config
+from lab_utils.config import parse_config
 from lab_utils.notebook import eta_inputs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,10 +31,12 @@ def test_the_agenda_fits_three_hours_with_margin():
     assert f"adds up to {sum(parts.values())} minutes" in KIT
 
 
-def test_the_serving_notebooks_fit_their_slots_on_two_sparks():
+def test_the_serving_notebooks_fit_their_slots_on_two_sparks(tmp_path):
     from lab_utils.forecast.timing import notebook_seconds
 
-    cfg = load_config(ROOT / "environment_config.json.example")
+    data = json.loads((ROOT / "environment_config.json.example").read_text())
+    data["results_root"] = str(tmp_path)  # no calibration record: the published figures alone
+    cfg = parse_config(data, str(ROOT / "environment_config.json.example"))
     inputs, cores, source = eta_inputs(cfg)
     assert source == "published GB10 figures"
     predicted = notebook_seconds(inputs, cfg, cores)

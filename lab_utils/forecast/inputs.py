@@ -102,9 +102,11 @@ NIXL_SOURCE = ("nixlbench between two GB10s, one rail, {seg} to {seg} "
 
 def spark_inputs(params: float, weight_bytes: float, kv_bytes_per_token: int, block_size: int,
                  lengths: list[int], batches: list[int], contexts: list[int],
-                 buffer_device: str = "cpu") -> Inputs:
+                 buffer_device: str = "cpu", hop: tuple[float, str] | None = None) -> Inputs:
     """Inputs for one GB10 per instance, from the figures in `GB10` and the recorded NIXL
-    rates, for a model of `params` parameters reading `weight_bytes` per decode step."""
+    rates, for a model of `params` parameters reading `weight_bytes` per decode step.
+    `hop`: the proxy's measured ms per request and its label ("measured on <node>,
+    <date>"; `results.calibration.proxy_ms`), in place of `GB10["hop_ms"]`."""
     bw = GB10["memory_bandwidth_GBps"][0] * 1e9
     flops = GB10["bf16_dense_tflops"][0] * 1e12 * GB10["prefill_efficiency"][0]
     fixed = GB10["request_overhead_ms"][0]
@@ -118,10 +120,11 @@ def spark_inputs(params: float, weight_bytes: float, kv_bytes_per_token: int, bl
     seg = SEG_TYPE.get(buffer_device, "DRAM")
     rows = GB10_NIXL_US[seg]
     transfer = Curve(tuple(float(b) for b, _ in rows), tuple(us / 1e3 for _, us in rows))
-    sources = {k: f"{v[0]:g} ({v[1]})" for k, v in GB10.items()}
+    hop_ms, hop_source = hop or GB10["hop_ms"]
+    sources = {k: f"{v[0]:g} ({v[1]})" for k, v in {**GB10, "hop_ms": (hop_ms, hop_source)}.items()}
     sources["transfer"] = NIXL_SOURCE.format(seg=seg)
     return Inputs(engine=EngineCosts(prefill=Curve.of(prefill), decode=decode, token_budget=8192),
-                  hop_ms=GB10["hop_ms"][0], transfer=transfer,
+                  hop_ms=hop_ms, transfer=transfer,
                   kv_bytes_per_token=kv_bytes_per_token, block_size=block_size,
                   jitter_ms=1.0, sources=sources)
 
@@ -142,7 +145,8 @@ def dense_params(hf: dict) -> tuple[float, float]:
     return float(read + (0 if hf.get("tie_word_embeddings") else v * h)), float(read * 2)
 
 
-def spark_inputs_for(model: str, w: WorkloadConfig, buffer_device: str = "cpu") -> Inputs:
+def spark_inputs_for(model: str, w: WorkloadConfig, buffer_device: str = "cpu",
+                     hop: tuple[float, str] | None = None) -> Inputs:
     hf = PUBLISHED_CONFIGS.get(model) or PUBLISHED_CONFIGS[SPARK_MODEL]
     params, read = dense_params(hf)
     shape = kv_shape(hf)
@@ -150,4 +154,5 @@ def spark_inputs_for(model: str, w: WorkloadConfig, buffer_device: str = "cpu") 
     return spark_inputs(params, read, shape.bytes_per_token, 16,
                         lengths=sorted({16, w.input_len, long}),
                         batches=sorted({1, *w.concurrency, 2 * max(w.concurrency)}),
-                        contexts=sorted({w.input_len, long}), buffer_device=buffer_device)
+                        contexts=sorted({w.input_len, long}), buffer_device=buffer_device,
+                        hop=hop)

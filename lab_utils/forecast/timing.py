@@ -35,10 +35,12 @@ def minutes(seconds: float) -> str:
 def notebook_seconds(inputs: Inputs, cfg: LabConfig, host_cores: int | None = None
                      ) -> dict[str, float]:
     """Predicted measuring time of 01 (the sweep), 03 and 04 (sweep and mixed run), on
-    the config's topologies (`architecture_of`; `host_cores`: 01's profile's)."""
+    the config's topologies (`architecture_of`; `host_cores`: 01's profile's); 04 only
+    when the inputs have a KV transfer curve (02's probe)."""
     w = cfg.workload
     out = {"01": sweep_seconds(inputs, architecture_of(cfg, "baseline", host_cores), w)}
-    for nb, kind in (("03", "replicated"), ("04", "disaggregated")):
+    kinds = (("03", "replicated"),) + ((("04", "disaggregated"),) if inputs.transfer else ())
+    for nb, kind in kinds:
         arch = architecture_of(cfg, kind, host_cores)
         out[nb] = sweep_seconds(inputs, arch, w)
         if w.mixed_long_len:

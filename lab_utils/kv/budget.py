@@ -19,7 +19,7 @@ from typing import Any
 
 from lab_utils.config import LabConfig
 from lab_utils.errors import LabError
-from lab_utils.kv.probe import ProbePlan, plan_probe, planning_rates
+from lab_utils.kv.probe import ProbePlan, expected_rates, plan_probe
 from lab_utils.kv.shapes import PUBLISHED_CONFIGS, KVShape, kv_shape
 from lab_utils.results.kv_transfer import (
     KvRecommendation,
@@ -102,8 +102,9 @@ PROBE_TIMEOUT_S = 300.0  # notebook 02's limit for the whole probe (both memory 
 def probe_plan(cfg: LabConfig, sizes: list[int], *,
                timeout_s: float = PROBE_TIMEOUT_S) -> ProbePlan:
     """The probe run for these sizes that fits `timeout_s` at this profile's expected
-    rates (`kv.probe.plan_probe`); `describe()` says what it moves and how long that takes."""
-    rates, basis = planning_rates(cfg.vllm.device)
+    rates (`kv.probe.plan_probe`; measured ones where an earlier probe measured them,
+    `kv.probe.expected_rates`); `describe()` says what it moves and how long that takes."""
+    rates, basis = expected_rates(cfg)
     return plan_probe(sizes, seg_types=seg_types(cfg), rates_GBps=rates, rate_basis=basis,
                       timeout_s=timeout_s)
 

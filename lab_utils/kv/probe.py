@@ -16,8 +16,11 @@ an expected rate per memory type must take at most PLAN_SHARE of `timeout_s`, wh
 also covers start-up, CUDA context, registration and checksums. On a GPU profile the
 expected rates are the slowest nixlbench recorded between two GB10 Sparks
 (GB10_PLAN_GBps: VRAM-sourced transfers move ~0.3-0.6 GB/s there, no GPUDirect RDMA);
-elsewhere one conservative rate. Warm-up, then timed passes, then the largest sizes are
-cut until the estimate fits.
+elsewhere one conservative rate. Once a probe ran, its measured rate per memory type
+replaces that estimate (`expected_rates`: the initiator's calibration record, written by
+`run_probe` through `results.calibration.record_probe`, labelled "measured on <node>,
+<date>"). Warm-up, then timed passes, then the largest sizes are cut until the estimate
+fits.
 
 Those rates are a guess for the probe's own pattern: nixlbench WRITEs one contiguous
 buffer per transfer, the probe READs thousands of scattered block descriptors, and from
@@ -42,6 +45,7 @@ from typing import TYPE_CHECKING
 
 from lab_utils.errors import ProcessFailedError
 from lab_utils.on_node.nixl_agent import MARK, OPS, KiB, MiB, summarize
+from lab_utils.results import calibration
 from lab_utils.results.kv_transfer import ROW_KEYS, ProbeResult
 
 if TYPE_CHECKING:  # the node layer is imported lazily
@@ -49,7 +53,8 @@ if TYPE_CHECKING:  # the node layer is imported lazily
     from lab_utils.config import LabConfig
 
 __all__ = ["OPS", "SEG_TYPES", "KiB", "MiB", "ProbePlan", "apply_limits", "default_sizes",
-           "fraction_of_limit", "plan_probe", "planning_rates", "run_probe", "summarize"]
+           "expected_rates", "fraction_of_limit", "plan_probe", "planning_rates", "run_probe",
+           "summarize"]
 
 AGENT = "lab_utils.on_node.nixl_agent"
 TARGET = "nixl-probe-target"
@@ -115,6 +120,24 @@ def planning_rates(device: str) -> tuple[dict[str, float], str]:
     if device == "cuda":
         return dict(GB10_PLAN_GBps), "slowest nixlbench rates recorded between two GB10 Sparks"
     return {s: CONSERVATIVE_GBps for s in SEG_TYPES}, "a conservative rate (no recording)"
+
+
+def expected_rates(cfg: LabConfig) -> tuple[dict[str, float], str]:
+    """`planning_rates`, with each memory type an earlier probe between the same two nodes
+    measured replaced by its rate (the initiator's calibration record), and where each
+    rate comes from."""
+    rates, basis = planning_rates(cfg.vllm.device)
+    target, initiator = cfg.probe_pair()
+    cal = calibration.load(cfg, initiator)
+    m = cal.measured() if cal else {}
+    found = {seg: m[f"probe_GBps:{seg}"] for seg in rates if f"probe_GBps:{seg}" in m
+             and cal is not None and cal.probe[seg].get("target") == target}
+    if not found:
+        return rates, basis
+    rates.update({seg: value for seg, (value, _) in found.items()})
+    said = [f"{seg} {label} by the probe" for seg, (_, label) in found.items()]
+    rest = [seg for seg in rates if seg not in found]
+    return rates, "; ".join(said + ([f"{'/'.join(rest)}: {basis}"] if rest else []))
 
 
 @dataclass
@@ -276,7 +299,7 @@ def run_probe(cluster: Cluster | LabConfig, sizes: Sequence[int] | None = None, 
     with as_cluster(cluster) as cluster:
         cfg = cluster.cfg
         if plan is None:
-            rates, basis = planning_rates(cfg.vllm.device)
+            rates, basis = expected_rates(cfg)
             plan = plan_probe(moved, seg_types=seg_types, ops=ops, iterations=iterations,
                               warmup=warmup, timeout_s=timeout_s, rates_GBps=rates,
                               rate_basis=basis)
@@ -354,6 +377,9 @@ def run_probe(cluster: Cluster | LabConfig, sizes: Sequence[int] | None = None, 
         notes += out["notes"] + apply_limits(rows, same, memcpy, link_rate_gbps)
         notes += [f"checksum mismatch: {r['seg_type']} {r['op']} of {r['bytes']} B"
                   for r in rows if not r["checksum_ok"]]
+        if all(r["checksum_ok"] for r in rows) and (
+                saved := calibration.record_probe(cfg, i_name, t_name, rows)):
+            notes.append(f"rates recorded for the next probe's plan: {saved}")
         return ProbeResult(rows=[{k: r.get(k) for k in ROW_KEYS} for r in rows], target=t_name,
                            initiator=i_name, target_address=t_addr, initiator_address=i_addr,
                            port=port, same_machine=same, env=ucx, notes=notes, memcpy_GBps=memcpy,

@@ -3,6 +3,11 @@ will take (`eta`, `eta_lines` for `python -m lab_utils eta`), the forecast 01 (o
 sweep), 03 and 04 print and record before they measure (`predict`), and that forecast
 graded against what they then measured (`grade_forecast`).
 
+What the calibration records (`results.calibration`) measured replaces an estimate here:
+a topology's start-up (`startup_seconds`: the measured first or later start of each
+instance, else the agenda's allowance) and, on a GPU profile before 01, the proxy's cost
+per request in the published GB10 figures (`eta_inputs`).
+
 Each forecast's interval includes the model's own error on the forecasts graded earlier
 in the series (`earlier_gradings`: 01's of its own sweep, then 03's), as
 `lab_utils.forecast.band` computes it.
@@ -19,15 +24,20 @@ from lab_utils.forecast.inputs import from_results, spark_inputs_for
 from lab_utils.forecast.run import architecture_of, forecast_for, show
 from lab_utils.forecast.timing import minutes, notebook_seconds, sweep_seconds
 from lab_utils.notebook.session import kv_buffer_device
-from lab_utils.results import load_optional, load_results
+from lab_utils.results import calibration, load_optional, load_results
 from lab_utils.results.forecast import EngineProfile, Forecast
 from lab_utils.results.sweep import BenchmarkResult
+from lab_utils.serve.plan import start_waves
+
+TOPOLOGY = {"01": "baseline", "03": "replicated", "04": "disaggregated"}  # what each starts
 
 
 def eta_inputs(cfg: LabConfig):
     """The forecast inputs an ETA is made from, 01's machine's cores (`architecture_of`
-    applies them where the nodes share it) and where the inputs come from: 01's profile when it exists, else on a GPU profile the published
-    GB10 figures; None when neither applies (the CPU rehearsal before 01)."""
+    applies them where the nodes share it) and where the inputs come from: 01's profile
+    when it exists, else on a GPU profile the published GB10 figures (with the proxy's
+    measured cost per request when a calibration record holds it); None when neither
+    applies (the CPU rehearsal before 01)."""
     base = load_optional(cfg, "01")
     profile = base.payload.profile if base else None
     if profile is not None:
@@ -35,12 +45,34 @@ def eta_inputs(cfg: LabConfig):
         return (from_results(profile, kv.payload if kv else None, kv_buffer_device(cfg)),
                 profile.host_cores, "01's engine profile")
     if cfg.vllm.device == "cuda":
-        return spark_inputs_for(cfg.model.name, cfg.workload), None, "published GB10 figures"
+        hop = calibration.proxy_ms(cfg)
+        return (spark_inputs_for(cfg.model.name, cfg.workload, hop=hop), None,
+                "published GB10 figures"
+                + (f", the proxy's {hop[0]:.2g} ms per request {hop[1]}" if hop else ""))
     return None
 
 
+def startup_seconds(cfg: LabConfig, topology: str) -> tuple[float, str]:
+    """Predicted seconds to start `topology`'s instances, and where that comes from: per
+    start wave (`serve.plan.start_waves`) its slowest instance's next start as its node's
+    calibration record measured it (a later start where that role started on the node
+    before, else a first start: `Calibration.next_start_s`); the agenda's allowance per
+    topology when an instance has no measured start."""
+    total, said = 0.0, []
+    for wave in start_waves(cfg, cfg.instances(topology)):
+        found = [cal.next_start_s(s.role) if (cal := calibration.load(cfg, s.node)) else None
+                 for s in wave]
+        if not found or any(f is None for f in found):
+            return (calibration.STARTUP_ALLOWANCE_S,
+                    "the agenda's allowance per topology, not measured yet")
+        total += max(f[0] for f in found if f is not None)
+        said += [f[1] for f in found if f is not None]
+    return total, "; ".join(dict.fromkeys(said))
+
+
 def eta(cfg: LabConfig, topology: str, w, mixed: bool = False) -> str | None:
-    """'about N min (...)': the forecast model's time for this sweep; None: no inputs yet."""
+    """'about N min (...)': the forecast model's time for this sweep, its instances
+    already started; None: no inputs yet."""
     found = eta_inputs(cfg)
     if found is None:
         return None
@@ -51,23 +83,29 @@ def eta(cfg: LabConfig, topology: str, w, mixed: bool = False) -> str | None:
 
 def eta_lines(cfg: LabConfig) -> list[str]:
     """What `python -m lab_utils eta` prints: the predicted measuring time of 01, 03 and 04
-    with this config's workload (one line saying why not, when there is nothing to
-    predict from)."""
+    with this config's workload and the start-up of each one's topology
+    (`startup_seconds`: measured, or the agenda's allowance); one line saying why not,
+    when there is nothing to predict from."""
     found = eta_inputs(cfg)
     if found is None:
         return ["nothing to predict from yet: run notebook 01 (its engine profile), or use a "
                 "GPU profile (published GB10 figures)"]
     inputs, cores, source = found
     times = notebook_seconds(inputs, cfg, cores)
+    starts = {nb: startup_seconds(cfg, TOPOLOGY[nb]) for nb in times}
     w = cfg.workload
-    lines = [f"predicted measuring time per notebook, forecast from {source}, workload "
+    lines = [f"predicted time per notebook, measuring forecast from {source}, workload "
              f"{w.input_len} in / {w.output_len} out, concurrency {w.concurrency}, "
              f"{w.num_prompts} prompts x {w.repeats} repeat(s)"
              + (f", mixed {w.mixed_long_len} every {w.mixed_long_every}"
                 if w.mixed_long_len else "")]
-    lines += [f"  {nb}: {minutes(secs)}" for nb, secs in times.items()]
-    lines.append(f"  total: {minutes(sum(times.values()))} (instance start-up, the checklist, "
-                 "the probe and reading time come on top)")
+    lines += [f"  {nb}: {minutes(secs)} measuring + {minutes(starts[nb][0])} start-up "
+              f"({starts[nb][1]})" for nb, secs in times.items()]
+    if "04" not in times:
+        lines.append("  04: not predicted: its forecast needs notebook 02's KV transfer probe")
+    total = sum(times.values()) + sum(s for s, _ in starts.values())
+    lines.append(f"  total: {minutes(total)} (the checklist, the probe and reading time "
+                 "come on top)")
     return lines
 
 

@@ -39,6 +39,7 @@ from lab_utils.results import (
     Reference,
     ResultsEnvelope,
     Roofline,
+    calibration,
     load_optional,
     load_results,
 )
@@ -206,11 +207,16 @@ def prove_kv_transfer(cfg: LabConfig, served: Served, reference: Reference) -> l
 
 def profile_engine(cfg: LabConfig, served: Served, gpu_name: str | None = None) -> EngineProfile:
     """The engine profile the forecasts of 03 and 04 are made from
-    (`lab_utils.forecast.profile`), with its table."""
+    (`lab_utils.forecast.profile`), with its table. Its proxy hop is the proxy's
+    per-request cost, recorded in the proxy node's calibration record
+    (`results.calibration`) for the forecasts made before 01 (published GB10 figures)."""
     proxy = next((r for r in served.records if r.kind == "proxy"), None)
-    return measure_profile(cfg, served.instance_records()[0], served.proxy_url,
-                           tokenizer_of(served, cfg)[0], gpu_name,
-                           proxy.pgid if proxy else None)
+    inst = served.instance_records()[0]
+    profile = measure_profile(cfg, inst, served.proxy_url, tokenizer_of(served, cfg)[0],
+                              gpu_name, proxy.pgid if proxy else None)
+    calibration.record_proxy(cfg, proxy.node if proxy else cfg.proxy.node, profile.hop,
+                             backend=inst.node)
+    return profile
 
 
 def decode_roofline(cfg: LabConfig, gpu_name: str | None) -> Roofline:

@@ -1,5 +1,6 @@
 """The report's forecast sections: 03's and 04's forecasts graded against their sweeps,
-the forecast for two DGX Sparks made by the same model from published GB10 figures, and
+the forecast for two DGX Sparks made by the same model from published GB10 figures (on
+a GPU profile with the proxy's cost per request its calibration record measured), and
 the what-if of notebook 05.
 """
 
@@ -18,6 +19,7 @@ from lab_utils.forecast.inputs import from_results, spark_inputs_for
 from lab_utils.forecast.model import Architecture, forecast, loads_of
 from lab_utils.forecast.run import rank
 from lab_utils.report.data import ReportData, graded
+from lab_utils.results import calibration
 from lab_utils.results.points import BY_KEY, FORECAST
 
 EXAMPLE_CONFIG = Path(__file__).resolve().parents[2] / "environment_config.json.example"
@@ -67,6 +69,18 @@ def spark_workload(data: ReportData) -> tuple[str, WorkloadConfig]:
     return config["model"]["name"], workload_of(config["workload"])
 
 
+def spark_hop(data: ReportData) -> tuple[float, str] | None:
+    """The proxy's measured ms per request for the Spark forecast, with its label: on a GPU
+    profile (the Sparks themselves) from its calibration records; None on the rehearsal,
+    whose proxy ran beside its instances on one machine, not on a Spark cluster's
+    controller."""
+    if data.device != "cuda":
+        return None
+    kind = next((e.config.get("proxy", {}).get("kind", "lab")
+                 for e in data.envelopes.values()), "lab")
+    return calibration.proxy_measured(data.results_dir, data.profile, kind)
+
+
 SPARK_ARCHS = (Architecture(), Architecture(replicas=2), Architecture(prefill=1, decode=1))
 
 
@@ -74,7 +88,7 @@ def spark_forecast(data: ReportData) -> tuple[pd.DataFrame, str, dict[str, str]]
     """The forecast for two Sparks: each architecture at each load point, its inputs and
     their sources."""
     model, w = spark_workload(data)
-    inputs = spark_inputs_for(model, w)
+    inputs = spark_inputs_for(model, w, hop=spark_hop(data))
     rows = []
     for workload, loads in (("standard", loads_of(w)), ("mixed", loads_of(w, mixed=True)
                                                          if w.mixed_long_len else [])):
@@ -112,7 +126,7 @@ def what_if(data: ReportData, *, input_len: int | None = None, output_len: int |
     w = w.model_copy(update={"slo": slo})
     if spark:
         assert model is not None  # set with sw above
-        inputs = spark_inputs_for(model, w, kv_buffer_device)
+        inputs = spark_inputs_for(model, w, kv_buffer_device, hop=spark_hop(data))
     else:
         base_profile = data.baseline.profile if data.baseline else None
         inputs = from_results(base_profile, data.kv_transfer, kv_buffer_device)

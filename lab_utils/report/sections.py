@@ -252,12 +252,12 @@ def _expected_blocks(data: ReportData, table: pd.DataFrame) -> list[Block]:
 
 def _calibration_blocks(data: ReportData) -> list[Block]:
     df = calibration_table(data)
-    text = ("What the serving plan (`serve --dry-run`) and the workshop's start-up "
-            "allowance estimate, beside what this profile's real starts measured "
-            "(results/<profile>/calibration/). The plan uses a measured figure instead "
-            "of its estimate from the run that measured it on.")
+    text = ("What the serving plan (`serve --dry-run`), the workshop's start-up allowance "
+            "(`eta`), the NIXL probe's plan and the proxy's cost in the forecasts estimate, "
+            "beside what this profile's real runs measured (results/<profile>/calibration/); "
+            "each uses a measured figure instead of its estimate from then on.")
     if df.empty:
-        return [H("Estimated vs measured"), P(text), P("No start was recorded yet.")]
+        return [H("Estimated vs measured"), P(text), P("Nothing was measured yet.")]
     return [H("Estimated vs measured"), P(text), T(df)]
 
 

@@ -237,27 +237,37 @@ def key_value_table(d: dict) -> pd.DataFrame:
 
 
 def calibration_table(data: ReportData) -> pd.DataFrame:
-    """Per node: each figure the plan and the workshop estimate, beside what this
-    profile's real starts measured (`results.calibration`); empty without a record."""
+    """Per node: each figure the plan, the probe's plan, the forecasts and the workshop
+    estimate, beside what this profile's real runs measured (`results.calibration`):
+    memory and start times on the serving nodes, the NIXL probe's rate per memory type on
+    the probe's initiator, the proxy's cost per request on its node; empty without a
+    record."""
+    from lab_utils.forecast.inputs import GB10
     from lab_utils.kv import memory
+    from lab_utils.kv.probe import planning_rates
     from lab_utils.results import calibration
 
     gib = 2**30
-    estimates = {
-        "activations, CUDA graphs, CUDA context (GiB)": ("cuda_overhead", memory.CUDA_OVERHEAD / gib),
-        "API server and engine processes (GiB)": ("process", memory.PROCESS_HOST / gib),
-        "OS and other processes (GiB)": ("os_reserve", memory.OS_RESERVE[data.device] / gib),
-        "first start (s)": ("first_start_s", calibration.STARTUP_ALLOWANCE_S),
-        "later start (s)": ("later_start_s", calibration.STARTUP_ALLOWANCE_S)}
+    starts = {
+        "activations, CUDA graphs, CUDA context (GiB)": ("cuda_overhead", memory.CUDA_OVERHEAD, gib),
+        "API server and engine processes (GiB)": ("process", memory.PROCESS_HOST, gib),
+        "OS and other processes (GiB)": ("os_reserve", memory.OS_RESERVE[data.device], gib),
+        "first start (s)": ("first_start_s", calibration.STARTUP_ALLOWANCE_S, 1),
+        "later start (s)": ("later_start_s", calibration.STARTUP_ALLOWANCE_S, 1)}
+    rates, _ = planning_rates(data.device)
     rows = []
     for cal in calibration.load_all(data.results_dir, data.profile):
         m = cal.measured()
-        for figure, (key, estimate) in estimates.items():
+        figures = dict(starts) if cal.instances or cal.starts else {}
+        figures.update({f"NIXL probe, {seg} (GB/s)": (f"probe_GBps:{seg}", rates[seg], 1)
+                        for seg in cal.probe})
+        if cal.proxy:
+            figures["proxy, per request (ms)"] = ("proxy_ms", GB10["hop_ms"][0], 1)
+        for figure, (key, estimate, scale) in figures.items():
             if key == "cuda_overhead" and cal.device != "cuda":
                 continue
             value, label = m.get(key, (None, "not measured yet"))
-            scale = 1 if key.endswith("_s") else gib
-            rows.append({"node": cal.node, "figure": figure, "estimate": round(estimate, 1),
+            rows.append({"node": cal.node, "figure": figure, "estimate": round(estimate / scale, 2),
                          "measured": None if value is None else round(value / scale, 2),
                          "source": label})
     return pd.DataFrame(rows, columns=["node", "figure", "estimate", "measured", "source"])

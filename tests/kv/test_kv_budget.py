@@ -259,10 +259,21 @@ def _slowest(seg: str) -> float:
                for r in extra.nixlbench(recorded(f"nixlbench.gb10-pair.{rails}.{seg}.txt"))["rows"])
 
 
-def _spark_plan(timeout_s: float = kv_budget.PROBE_TIMEOUT_S):
-    from lab_utils.config import REPO_ROOT, load_config
+def _spark_cfg(tmp_path):
+    """The example profile with its results (where a probe's measured rates would be)
+    under tmp_path."""
+    import json
 
-    cfg = load_config(REPO_ROOT / "environment_config.json.example")
+    from lab_utils.config import REPO_ROOT, parse_config
+
+    example = REPO_ROOT / "environment_config.json.example"
+    data = json.loads(example.read_text())
+    data["results_root"] = str(tmp_path / "results")
+    return parse_config(data, str(example))
+
+
+def _spark_plan(tmp_path, timeout_s: float = kv_budget.PROBE_TIMEOUT_S):
+    cfg = _spark_cfg(tmp_path)
     assert cfg.model.name == "Qwen/Qwen3-8B" and cfg.vllm.device == "cuda"
     shape, bs = kv_shape(QWEN3_8B), kv_budget.block_size(cfg)
     sizes = kv_budget.probe_sizes(shape, kv_budget.prompt_lengths(cfg), bs)
@@ -276,10 +287,10 @@ def test_planning_rates_are_no_faster_than_the_recordings():
     assert GB10_PLAN_GBps["VRAM"] <= _slowest("VRAM") == pytest.approx(0.26, abs=0.01)
 
 
-def test_probe_plan_fits_its_limit_at_the_recorded_gb10_rates():
+def test_probe_plan_fits_its_limit_at_the_recorded_gb10_rates(tmp_path):
     from lab_utils.kv.probe import PLAN_SHARE
 
-    sizes, plan = _spark_plan()
+    sizes, plan = _spark_plan(tmp_path)
     assert plan.seg_types == ("DRAM", "VRAM")
     # what the notebook asked for before plans existed: 2.4 GB per pass, 3 warm-up + 20
     # timed passes of READ and WRITE (+1 WRITE carrying the notification) = 47 passes
@@ -295,10 +306,10 @@ def test_probe_plan_fits_its_limit_at_the_recorded_gb10_rates():
     assert "71.9 GB" in text and "~149 s" in text and "limit 300 s" in text
 
 
-def test_probe_plan_drops_the_largest_sizes_last():
+def test_probe_plan_drops_the_largest_sizes_last(tmp_path):
     from lab_utils.kv.probe import MIN_ITERATIONS, MIN_WARMUP
 
-    sizes, plan = _spark_plan(timeout_s=60)
+    sizes, plan = _spark_plan(tmp_path, timeout_s=60)
     assert (plan.warmup, plan.iterations) == (MIN_WARMUP, MIN_ITERATIONS)
     assert plan.fits and plan.sizes == sizes[:4] and plan.dropped == sizes[4:]
     assert "largest sizes dropped" in plan.describe()
@@ -310,3 +321,48 @@ def test_probe_plan_keeps_what_fits(test_cfg):
     plan = kv_budget.probe_plan(test_cfg, sizes)
     assert (plan.warmup, plan.iterations, plan.sizes, plan.asked) == (3, 20, sizes, {})
     assert plan.planned_bytes == sum(sizes) * 47 and plan.seg_types == ("DRAM",)
+
+
+def _rows(seg: str, gbps: float, sizes=(65536, 1 << 20, 1 << 24)) -> list[dict]:
+    return [{"seg_type": seg, "op": op, "bytes": b, "median_us": b / (gbps * 1e3),
+             "checksum_ok": True} for op in ("READ", "WRITE") for b in sizes]
+
+
+def test_the_rehearsal_probe_plan_uses_the_rate_the_last_probe_measured(test_cfg):
+    from lab_utils.kv.probe import CONSERVATIVE_GBps, expected_rates
+    from lab_utils.results import calibration
+
+    sizes = [64 * 1024, 1024 * 1024]
+    before = kv_budget.probe_plan(test_cfg, sizes)
+    assert before.rates_GBps == {"DRAM": CONSERVATIVE_GBps}
+    assert "a conservative rate (no recording)" in before.describe()
+    assert "measured on" not in before.describe()
+    target, initiator = test_cfg.probe_pair()
+    calibration.record_probe(test_cfg, initiator, target, _rows("DRAM", 4.0))
+    label = f"measured on {initiator}, {calibration.load(test_cfg, initiator).updated_at[:10]}"
+    assert expected_rates(test_cfg) == ({"DRAM": pytest.approx(4.0), "VRAM": CONSERVATIVE_GBps},
+                                        f"DRAM {label} by the probe; VRAM: a conservative rate "
+                                        "(no recording)")
+    after = kv_budget.probe_plan(test_cfg, sizes)
+    assert after.rates_GBps == {"DRAM": pytest.approx(4.0)}
+    assert f"at DRAM 4 GB/s (DRAM {label} by the probe" in after.describe()
+    assert after.estimate_s == pytest.approx(before.estimate_s * CONSERVATIVE_GBps / 4.0)
+    # a probe between other nodes says nothing of this pair
+    calibration.record_probe(test_cfg, initiator, "elsewhere", _rows("DRAM", 9.0))
+    assert expected_rates(test_cfg)[0]["DRAM"] == CONSERVATIVE_GBps
+
+
+def test_a_spark_probe_plan_takes_the_measured_vram_rate_and_keeps_dram_estimated(tmp_path):
+    from lab_utils.kv.probe import GB10_PLAN_GBps
+    from lab_utils.results import calibration
+
+    cfg = _spark_cfg(tmp_path)
+    target, initiator = cfg.probe_pair()
+    calibration.record_probe(cfg, initiator, target, _rows("VRAM", 0.5))
+    sizes, plan = _spark_plan(tmp_path)
+    assert plan.rates_GBps == {"DRAM": GB10_PLAN_GBps["DRAM"], "VRAM": pytest.approx(0.5)}
+    assert (f"VRAM measured on {initiator}, " in plan.describe()
+            and "DRAM: slowest nixlbench rates recorded" in plan.describe())
+    # twice the rate the estimate assumed: the VRAM time box shrinks in proportion
+    _, estimated = _spark_plan(tmp_path / "none")
+    assert plan.time_box_s["VRAM"] < estimated.time_box_s["VRAM"]

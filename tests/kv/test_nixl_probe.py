@@ -15,7 +15,13 @@ import pytest
 
 from lab_utils.cluster import Cluster
 from lab_utils.errors import LabError, PortInUseError
-from lab_utils.kv.probe import apply_limits, default_sizes, fraction_of_limit, run_probe
+from lab_utils.kv.probe import (
+    apply_limits,
+    default_sizes,
+    expected_rates,
+    fraction_of_limit,
+    run_probe,
+)
 from lab_utils.on_node import proctools
 from lab_utils.on_node.nixl_agent import (
     KiB,
@@ -26,6 +32,7 @@ from lab_utils.on_node.nixl_agent import (
     memcpy_bandwidth,
     summarize,
 )
+from lab_utils.results import calibration
 from lab_utils.results.kv_transfer import ROW_KEYS, ProbeResult
 
 
@@ -85,6 +92,12 @@ def test_probe_end_to_end_on_loopback(cfg):
     assert all(proctools.gone(pid) for pid in r.pids.values())
     log = Path(cfg.log_dir_on("spark-01")) / "nixl-probe-target.log"
     assert "ready" in log.read_text()
+    # its rate is recorded on the initiator's calibration record, for the next plan
+    cal = calibration.load(cfg, "spark-02")
+    assert cal.probe["DRAM"]["target"] == "spark-01" and cal.probe["DRAM"]["sizes"] == 3
+    assert cal.probe["DRAM"]["GBps"] == pytest.approx(calibration.probe_rates(r.rows)["DRAM"]["GBps"])
+    assert f"rates recorded for the next probe's plan: {calibration.path(cfg, 'spark-02')}" in r.notes
+    assert expected_rates(cfg)[1].startswith("DRAM measured on spark-02, ")
 
 
 @pytest.mark.slow
