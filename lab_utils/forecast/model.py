@@ -118,6 +118,8 @@ class Inputs:
     jitter_ms: float = 0.0  # spread of a lone request's time (01): each request draws from it
     active_cores: float | None = None  # cores one working instance keeps busy (01)
     stream_cpu_ms: float = 0.0  # proxy + client CPU ms per streamed token (01)
+    # a P/D decode instance's steps beside the NIXL threads sharing its machine (01)
+    decode_beside: float = 1.0
     sources: dict[str, str] = field(default_factory=dict)
 
     def kv_bytes(self, prompt_tokens: int) -> int:
@@ -221,8 +223,9 @@ class _Req:
 
 
 class _Engine:
-    def __init__(self, sim: _Sim, costs: EngineCosts, name: str):
+    def __init__(self, sim: _Sim, costs: EngineCosts, name: str, beside: float = 1.0):
         self.sim, self.costs, self.name = sim, costs, name
+        self.beside = beside  # its decode steps' factor for NIXL's threads beside it
         self.waiting: deque[_Req] = deque()
         self.running: list[_Req] = []
         self.busy_until: float | None = None
@@ -257,7 +260,7 @@ class _Engine:
             return
         context = (sum(r.prompt + r.generated for r in decoding) / len(decoding)
                    if decoding else 0.0)
-        base = (self.costs.decode_step(max(len(decoding), 1), context)
+        base = (self.costs.decode_step(max(len(decoding), 1), context) * self.beside
                 + self.costs.prefill_work(sum(n for _, n in chunks)))
         streamed = len(decoding) + sum(1 for r, n in chunks if n == r.prefill_left)
         self.demand = ((self.sim.inputs.active_cores or 0.0)
@@ -287,7 +290,8 @@ class _Sim:
         costs = inputs.engine
         if arch.disaggregated:
             self.prefills = [_Engine(self, costs, f"prefill {k}") for k in range(arch.prefill)]
-            self.decodes = [_Engine(self, costs, f"decode {k}") for k in range(arch.decode)]
+            self.decodes = [_Engine(self, costs, f"decode {k}", inputs.decode_beside)
+                            for k in range(arch.decode)]
         else:
             self.prefills, self.decodes = [], [_Engine(self, costs, f"replica {k}")
                                                for k in range(arch.replicas)]

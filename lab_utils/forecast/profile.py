@@ -35,6 +35,7 @@ import time
 
 from lab_utils.cluster.state import ProcessRecord
 from lab_utils.config import LabConfig, api_key
+from lab_utils.forecast import beside
 from lab_utils.forecast.curves import point
 from lab_utils.forecast.model import default_token_budget
 from lab_utils.measure.loadgen import RequestSpec, run_point, run_sync
@@ -94,7 +95,7 @@ def measure_profile(cfg: LabConfig, inst: ProcessRecord, proxy: str, tokenize,
     lengths, batches, contexts = prefill_lengths(cfg), decode_batches(cfg), decode_contexts(cfg)
     out_tokens = max(cfg.workload.output_len, DECODE_TOKENS)
     total = (len(lengths) * REPEATS + 2 * REPEATS
-             + (len(contexts) * len(batches) + 1) * DECODE_REPEATS)
+             + (len(contexts) * len(batches) + 1 + 2) * DECODE_REPEATS)
     for url, key in ((direct, vkey), (proxy, pkey)):  # warm-up, not counted
         _run(url, model, [RequestSpec(exact_prompt(tokenize, cfg.workload.input_len, rng), 2)], 1,
              key, timeout)
@@ -150,6 +151,13 @@ def measure_profile(cfg: LabConfig, inst: ProcessRecord, proxy: str, tokenize,
                 per_token.append(used * 1e3 / max(tokens, 1))
                 bar.update(1)
             stream_cpu = point(b, per_token)
+
+        def one_decode() -> float:
+            rec = _run(direct, model, [RequestSpec(exact_prompt(tokenize, contexts[0], rng),
+                                                   out_tokens)], 1, vkey, timeout)[0]
+            tail = rec.itl_ms[len(rec.itl_ms) // 2:]
+            return sum(tail) / max(len(tail), 1)
+        busy = beside.measure(cfg, inst, one_decode, DECODE_REPEATS, lambda: bar.update(1))
     budget = default_token_budget(cfg.vllm.device, 128.0 if gpu_name and "GB10" in gpu_name
                                   else None)
     return EngineProfile(prefill=prefill, decode=decode,
@@ -157,7 +165,7 @@ def measure_profile(cfg: LabConfig, inst: ProcessRecord, proxy: str, tokenize,
                          device=cfg.vllm.device, elapsed_s=round(time.monotonic() - t0, 1),
                          active_cores=round(busy_s / wall_s, 2) if local and wall_s else None,
                          host_cores=os.cpu_count() if local else None,
-                         stream_cpu_ms_per_token=stream_cpu)
+                         stream_cpu_ms_per_token=stream_cpu, beside_busy=busy)
 
 
 def profile_frame(profile: EngineProfile):
@@ -177,6 +185,14 @@ def profile_frame(profile: EngineProfile):
         rows.append({"curve": "proxy + client CPU per streamed token (ms)",
                      "at": f"{sc.x:g} streams", "median ms": sc.median, "min ms": sc.lo,
                      "max ms": sc.hi})
+    if (b := profile.beside_busy) is not None:
+        pinned = ", ".join(b.binds)
+        rows.append({"curve": f"decode step beside {b.threads} busy threads like NIXL's "
+                              f"({b.policy}; CPUs {pinned})",
+                     "at": "1 decoding", "median ms": b.beside.median if b.beside else None,
+                     "min ms": b.beside.lo if b.beside else None,
+                     "max ms": b.beside.hi if b.beside else None,
+                     "times alone": b.ratio})
     if profile.active_cores is not None:
         rows.append({"curve": f"CPU cores busy while decoding (of {profile.host_cores})",
                      "at": "the instance's processes", "median ms": None, "min ms": None,

@@ -195,12 +195,59 @@ def quiet(pgid: int, known: Sequence[int] = (), root: str = "/proc") -> list[dic
     return out
 
 
+def cpu_set(bind: str | None) -> set[int] | None:
+    """The CPUs of a VLLM_CPU_OMP_THREADS_BIND value ("0", "0-3", "0,2|4-5"); None for
+    "auto", "nobind" or nothing."""
+    if not bind or bind in ("auto", "nobind"):
+        return None
+    cpus: set[int] = set()
+    for part in bind.replace("|", ",").split(","):
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
+def spin(seconds: float, lowered: bool, cpus: Sequence[set[int] | None]) -> dict:
+    """Busy threads like NIXL's progress threads, for `seconds`: one process per entry of
+    `cpus` (its own process, so that they all run at once, as NIXL's do in separate
+    instances), each pinned to those CPUs (None: not pinned) and, with `lowered`, given
+    the priority the lab gives NIXL's threads. Returns when all have ended: their start
+    and end (wall clock) and their policy."""
+    start = time.time()
+    end = time.monotonic() + seconds
+    children = []
+    for pin in cpus:
+        pid = os.fork()
+        if pid == 0:  # the child spins and leaves without running anything else
+            try:
+                if pin:
+                    os.sched_setaffinity(0, pin)
+                if lowered:
+                    lower(0)
+                while time.monotonic() < end:
+                    pass
+            finally:
+                os._exit(0)
+        children.append(pid)
+    time.sleep(min(0.2, seconds / 2))  # each child sets its own priority first
+    policy = policy_name(children[0]) if children else "none"
+    for pid in children:
+        os.waitpid(pid, 0)
+    return {"start": start, "end": time.time(), "processes": len(children), "policy": policy,
+            "cpus": [sorted(c) if c else None for c in cpus]}
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Remote entry point: `quiet PGID [KNOWN_TID...]`; prints the answer as JSON."""
+    """Remote entry point: `quiet PGID [KNOWN_TID...]`, or `spin SECONDS LOWERED(0|1)
+    BIND...` (BIND a VLLM_CPU_OMP_THREADS_BIND value, "-" for none); prints the answer as
+    JSON."""
     args = sys.argv[1:] if argv is None else argv
     cmd, rest = args[0], args[1:]
     if cmd == "quiet":
         result: object = quiet(int(rest[0]), [int(t) for t in rest[1:]])
+    elif cmd == "spin":
+        result = spin(float(rest[0]), rest[1] == "1",
+                      [cpu_set(None if b == "-" else b) for b in rest[2:]])
     else:
         print(f"unknown command {cmd!r}", file=sys.stderr)
         return 2

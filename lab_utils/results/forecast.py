@@ -36,6 +36,21 @@ class DecodeLine(BaseModel):
     points: list[Point]
 
 
+class BesideBusy(BaseModel):
+    """01's decode alone and beside stand-ins for the NIXL threads that share the decode's
+    machine in P/D (`lab_utils.forecast.beside`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    threads: int  # stand-ins, one per NIXL thread there
+    policy: str  # theirs, e.g. "SCHED_OTHER nice 19 slice 0.1 ms"
+    binds: list[str]  # the CPUs each was pinned to ("-": none)
+    alone: Point  # x: 1 request; ms per decode step
+    beside: Point | None
+    ratio: float | None  # beside / alone, medians
+    why: str | None = None  # why there is no ratio
+
+
 class EngineProfile(BaseModel):
     """Notebook 01's profile of its instance (see `lab_utils.forecast.profile`)."""
 
@@ -51,6 +66,7 @@ class EngineProfile(BaseModel):
     host_cores: int | None = None  # cores of the machine it ran on (local instances only)
     # CPU ms the proxy and the load generator spend per streamed token (local only)
     stream_cpu_ms_per_token: Point | None = None
+    beside_busy: BesideBusy | None = None  # the P/D forecast's CPU term
 
 
 class Forecast(BaseModel):

@@ -1,0 +1,96 @@
+"""The CPU term of the P/D forecast: how much slower notebook 01's instance decodes beside
+busy threads like NIXL's progress threads, measured, not assumed.
+
+Every prefill and decode instance runs a NIXL progress thread that polls without pause
+(`on_node.nixl_threads`). Where they share a machine with the decode (the rehearsal: every
+instance on one machine; a cluster: the instances placed on the decode's node), they take
+CPU from it: on a 2-core rehearsal the decode's time per token doubles. Notebook 01 has
+no NIXL, so it measures the same situation with stand-ins: one busy process per such
+thread (`nixl_threads spin`), each pinned to the CPUs vLLM binds that instance to and at
+the priority the lab gives NIXL's threads, and a few decode runs of one request alone and
+then beside them. The ratio of the medians is the factor the forecast applies to the
+decode instance's steps. The stand-ins are plain busy loops: NIXL's thread also makes
+system calls, so the factor is a measurement of the situation, not of NIXL itself.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import statistics
+import threading
+import time
+from collections.abc import Callable
+
+from lab_utils.cluster import Cluster
+from lab_utils.cluster.state import ProcessRecord
+from lab_utils.config import LabConfig
+from lab_utils.forecast.curves import point
+from lab_utils.on_node import nixl_threads
+from lab_utils.results.forecast import BesideBusy
+
+START_S = 1.0  # the stand-ins' start (a fork each), before the first run beside them
+
+
+def stand_ins(cfg: LabConfig) -> list[str]:
+    """One VLLM_CPU_OMP_THREADS_BIND value ("-": not pinned) per NIXL thread that shares
+    the decode's machine in the disaggregated topology."""
+    specs = cfg.instances("disaggregated")
+    decode = next(s for s in specs if s.role == "decode")
+    everything_here = all(n.connection == "local" for n in cfg.nodes.values())
+    binds = []
+    for s in specs:
+        if not everything_here and s.node != decode.node:
+            continue
+        bind = s.settings.cpu_threads_bind if cfg.vllm.device == "cpu" else None
+        if isinstance(bind, dict):
+            bind = bind.get(s.node)
+        binds.append(bind or "-")
+    return binds
+
+
+def measure(cfg: LabConfig, inst: ProcessRecord, run_once: Callable[[], float],
+            repeats: int, on_run: Callable[[], object] = lambda: None) -> BesideBusy:
+    """`run_once()`: one decode run on the instance, its ms per step. `repeats` runs alone,
+    then as many beside the stand-ins, on `inst`'s node; a run outside the stand-ins' life
+    (the node's clock) is not counted."""
+    binds = stand_ins(cfg)
+    lowered = cfg.lower_nixl_threads()
+    t = time.monotonic()
+    alone = []
+    for _ in range(repeats):
+        alone.append(run_once())
+        on_run()
+    per_run = (time.monotonic() - t) / repeats
+    seconds = START_S + 3 * repeats * per_run + 2.0
+    answer: dict = {}
+
+    def spin() -> None:
+        with Cluster(cfg) as cluster:
+            r = cluster.node(inst.node).run(
+                [cluster.node(inst.node).python, "-", "spin", f"{seconds:.1f}",
+                 "1" if lowered else "0", *binds],
+                input=inspect.getsource(nixl_threads), timeout=seconds + 60)
+        answer.update(json.loads(r.stdout) if r.ok else {"error": r.why})
+
+    runner = threading.Thread(target=spin, name="nixl-stand-ins", daemon=True)
+    runner.start()
+    time.sleep(START_S)
+    beside, spans = [], []
+    for _ in range(repeats):
+        t0 = time.time()
+        beside.append(run_once())
+        spans.append((t0, time.time()))
+        on_run()
+    runner.join()
+    if "error" in answer:
+        return BesideBusy(threads=len(binds), policy="?", binds=binds, alone=point(1, alone),
+                          beside=None, ratio=None, why=f"the stand-ins failed: {answer['error']}")
+    inside = [ms for ms, (a, b) in zip(beside, spans, strict=True)
+              if answer["start"] <= a and b <= answer["end"]]
+    ratio = (statistics.median(inside) / statistics.median(alone)
+             if inside and statistics.median(alone) > 0 else None)
+    return BesideBusy(threads=len(binds), policy=answer["policy"], binds=binds,
+                      alone=point(1, alone), beside=point(1, inside) if inside else None,
+                      ratio=round(ratio, 3) if ratio else None,
+                      why=None if inside else "no run fell inside the stand-ins' life")

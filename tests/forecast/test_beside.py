@@ -1,0 +1,83 @@
+"""The P/D forecast's CPU term: 01's decode beside stand-ins for NIXL's busy threads."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+
+import pytest
+from forecast.test_forecast import ONE, hand_inputs, profile_dict
+
+from lab_utils.cluster.state import ProcessRecord
+from lab_utils.config import load_config
+from lab_utils.forecast import beside
+from lab_utils.forecast.curves import point
+from lab_utils.forecast.inputs import from_results
+from lab_utils.forecast.model import Architecture, forecast
+from lab_utils.on_node import nixl_threads
+from lab_utils.results.forecast import BesideBusy, EngineProfile
+
+
+def test_one_stand_in_per_nixl_thread_on_the_decodes_machine(test_cfg):
+    # the rehearsal: every instance on this machine, each pinned as vLLM pins it
+    assert beside.stand_ins(test_cfg) == ["0", "1"]
+    # two Sparks: only the decode's node counts, and a GPU profile pins nothing
+    spark = load_config("environment_config.json.example")
+    assert beside.stand_ins(spark) == ["-"]
+
+
+def test_the_stand_ins_run_at_once_pinned_and_lowered():
+    got = nixl_threads.spin(0.6, True, [{0}, nixl_threads.cpu_set("1"), None])
+    assert got["processes"] == 3 and got["cpus"] == [[0], [1], None]
+    assert got["policy"] == "SCHED_OTHER nice 19 slice 0.1 ms"
+    assert 0.55 <= got["end"] - got["start"] < 5
+    assert nixl_threads.cpu_set("0,2|4-5") == {0, 2, 4, 5} and nixl_threads.cpu_set("auto") is None
+
+
+def _lowered_and_running() -> int:
+    """Processes on this machine running (R) at nice 19, from /proc."""
+    n = 0
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit() and (f := nixl_threads._stat(d / "stat")) and f[0] == "R" and f[16] == "19":
+            n += 1
+    return n
+
+
+def test_measure_runs_alone_then_beside_real_stand_ins(test_cfg):
+    """The stand-ins really run on the node (this machine) while, and only while, the runs
+    beside them happen: each run reports 2.0 when it sees two busy nice-19 processes."""
+    def one_decode() -> float:
+        time.sleep(0.05)
+        return 2.0 if _lowered_and_running() >= 2 else 1.0
+    rec = ProcessRecord(name="baseline-0", node="spark-01", pid=1, pgid=1, start_ticks=0,
+                        log_path="/dev/null", argv=[])
+    got = beside.measure(test_cfg, rec, one_decode, repeats=2)
+    assert got.threads == 2 and got.binds == ["0", "1"], got
+    assert got.policy == "SCHED_OTHER nice 19 slice 0.1 ms", got
+    assert got.alone.median == 1.0 and got.ratio == pytest.approx(2.0) and got.why is None, got
+    assert _lowered_and_running() < 2  # they ended with the measurement
+
+
+def _profile(ratio: float | None) -> EngineProfile:
+    p = EngineProfile(**profile_dict())
+    if ratio is None:
+        return p
+    return p.model_copy(update={"beside_busy": BesideBusy(
+        threads=2, policy="SCHED_OTHER nice 19 slice 0.1 ms", binds=["0", "1"],
+        alone=point(1, [1.0]), beside=point(1, [ratio]), ratio=ratio)})
+
+
+def test_the_factor_slows_only_a_pd_decode_and_is_named_in_the_sources():
+    plain, slowed = from_results(_profile(None), None), from_results(_profile(2.5), None)
+    assert plain.decode_beside == 1.0 and "NIXL's threads" not in plain.sources
+    assert slowed.decode_beside == 2.5
+    assert "2.50x alone" in slowed.sources["NIXL's threads"]
+    # below 1 is noise, not a faster decode
+    assert from_results(_profile(0.9), None).decode_beside == 1.0
+    by_hand = hand_inputs()
+    doubled = dataclasses.replace(by_hand, decode_beside=2.0)
+    pd, one = Architecture(prefill=1, decode=1), Architecture()
+    assert forecast(doubled, pd, ONE).metrics["median_tpot_ms"] == pytest.approx(
+        2 * forecast(by_hand, pd, ONE).metrics["median_tpot_ms"])
+    assert forecast(doubled, one, ONE).metrics == forecast(by_hand, one, ONE).metrics
