@@ -188,11 +188,26 @@ def conclude_03(baseline: BenchmarkResult, replicated: BenchmarkResult,
 # ---- 04 ---------------------------------------------------------------------------------
 
 
+def _nixl_cause(baseline: BaselinePayload | None, disaggregated: BenchmarkResult) -> str:
+    """What 01 measured about a decode beside NIXL's busy threads, against this run."""
+    beside = baseline.profile.beside_busy if baseline and baseline.profile else None
+    if baseline is None or beside is None or not beside.ratio:
+        return ""
+    pd_one, single_one = _points(disaggregated).get(1.0), _points(baseline.sweep).get(1.0)
+    ratio = (_ratio(pd_one.median("median_tpot_ms"), single_one.median("median_tpot_ms"))
+             if pd_one and single_one else None)
+    here = f"; here TPOT at concurrency 1 was {ratio:.1f}x 01's" if ratio else ""
+    return (f" 01 measured a decode step on this machine {beside.ratio:.1f}x slower beside "
+            f"{beside.threads} busy threads like NIXL's ({beside.policy}){here}.")
+
+
 def conclude_04(replicated: BenchmarkResult | None, disaggregated: BenchmarkResult,
                 mixed_rep: BenchmarkResult | None, mixed_dis: BenchmarkResult | None,
-                proof: Proof | None, device: str = "cpu") -> list[str]:
+                proof: Proof | None, device: str = "cpu",
+                baseline: BaselinePayload | None = None) -> list[str]:
     """Expectation: P/D protects the ITL tail under mixed load, at the cost of throughput
-    and of a transfer and a hop in TTFT."""
+    and of a transfer and a hop in TTFT. `baseline`: 01's results, for what its profile
+    measured beside NIXL's threads."""
     said = []
     if proof is not None:
         said.append(f"The KV cache moved: {'proved' if proof.ok else 'NOT proved'} for "
@@ -213,9 +228,10 @@ def conclude_04(replicated: BenchmarkResult | None, disaggregated: BenchmarkResu
         else:
             said.insert(0, f"Not as expected: disaggregation did not protect the ITL tail: "
                            f"{text}"
-                           + (f". The likely cause: {CPU_NOTE}, and each prefill or decode "
-                              "instance's NIXL thread busy-polls a core, so every decode step "
-                              "waits for CPU." if device == "cpu" else ".")
+                           + (f". On the CPU rehearsal {CPU_NOTE}, and every prefill or "
+                              "decode instance runs a NIXL thread that polls without pause."
+                              if device == "cpu" else ".")
+                           + _nixl_cause(baseline, disaggregated)
                            + (" The load generator read tokens late there: ITL is partly the "
                               "client's." if late else ""))
     else:

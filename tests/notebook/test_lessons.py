@@ -83,3 +83,20 @@ def test_04_itl_tail_protected_or_not():
     assert said[0].startswith("Not as expected") and "+27%" in said[0] and "NIXL" in said[0]
     said = conclude_04(rep, dis, None, None, None)
     assert "not tested" in said[0]
+
+
+def test_04_names_what_01_measured_beside_nixls_threads():
+    rep = result({1: point(100), 4: point(300)})
+    dis = result({1: point(90, tpot=5.0), 4: point(200)})
+    beside = SimpleNamespace(ratio=2.68, threads=2, policy="SCHED_OTHER nice 19 slice 0.1 ms")
+    base = SimpleNamespace(sweep=result({1: point(100, tpot=2.0)}),
+                           profile=SimpleNamespace(beside_busy=beside))
+    said = conclude_04(rep, dis, result({4: point(250, itl_p99=15)}),
+                       result({4: point(180, itl_p99=19)}), None, "cpu", base)
+    assert ("01 measured a decode step on this machine 2.7x slower beside 2 busy threads like "
+            "NIXL's (SCHED_OTHER nice 19 slice 0.1 ms); here TPOT at concurrency 1 was 2.5x "
+            "01's.") in said[0]
+    without = SimpleNamespace(sweep=base.sweep, profile=SimpleNamespace(beside_busy=None))
+    said = conclude_04(rep, dis, result({4: point(250, itl_p99=15)}),
+                       result({4: point(180, itl_p99=19)}), None, "cpu", without)
+    assert "01 measured" not in said[0] and "polls without pause" in said[0]
