@@ -33,9 +33,12 @@ steps. Its assumptions, each a simplification a workshop attendee can check:
    as long, where `a` is the number of cores 01's instance kept busy while decoding and
    `C` the machine's cores (processor sharing; 01's curves already include one instance
    competing with itself).
+7. **NIXL's busy threads slow a P/D decode by a measured factor**: 01 timed a decode
+   alone and beside stand-ins for the NIXL threads that share the decode's machine
+   (`forecast.beside`); a P/D decode instance's decode steps take that ratio.
 
-What it leaves out, knowingly: the CPU the proxy, the client and NIXL's progress threads
-use; vLLM's own handling of a P/D request beyond the transfer (the side-channel
+What it leaves out, knowingly: the CPU the proxy and the client use beyond the measured
+per-token cost, and NIXL's beyond the factor of 7; vLLM's own handling of a P/D request beyond the transfer (the side-channel
 handshake, the decode's wait for the transfer's notification); memory limits (every
 request fits in the KV cache); and preemption.
 

@@ -16,6 +16,7 @@ from lab_utils.results.kv_transfer import KvTransferPayload
 from lab_utils.results.points import BY_KEY, Measured, Point, compare_points, differs
 from lab_utils.results.sweep import BenchmarkResult
 
+TAIL_FACTOR = 3.0  # a TTFT p99 over this many medians is a tail worth a sentence
 CPU_NOTE = ("on the CPU rehearsal every instance shares the machine's two cores with the "
             "others, the proxy and the load generator")
 
@@ -204,10 +205,10 @@ def _nixl_cause(baseline: BaselinePayload | None, disaggregated: BenchmarkResult
 def conclude_04(replicated: BenchmarkResult | None, disaggregated: BenchmarkResult,
                 mixed_rep: BenchmarkResult | None, mixed_dis: BenchmarkResult | None,
                 proof: Proof | None, device: str = "cpu",
-                baseline: BaselinePayload | None = None) -> list[str]:
+                baseline: BaselinePayload | None = None, lowered: bool = False) -> list[str]:
     """Expectation: P/D protects the ITL tail under mixed load, at the cost of throughput
     and of a transfer and a hop in TTFT. `baseline`: 01's results, for what its profile
-    measured beside NIXL's threads."""
+    measured beside NIXL's threads; `lowered`: NIXL's threads ran at a lowered priority."""
     said = []
     if proof is not None:
         said.append(f"The KV cache moved: {'proved' if proof.ok else 'NOT proved'} for "
@@ -248,6 +249,15 @@ def conclude_04(replicated: BenchmarkResult | None, disaggregated: BenchmarkResu
         said.append(f"TTFT p50 at concurrency {one:g}: {_ms(r[one].median('median_ttft_ms'))} "
                     f"replicated, {_ms(d[one].median('median_ttft_ms'))} disaggregated: every "
                     "request pays a prefill round trip, the KV move and the hop.")
+        p50, p99 = d[one].median("median_ttft_ms"), d[one].median("p99_ttft_ms")
+        if p50 and p99 and p99 > TAIL_FACTOR * p50:
+            said.append(f"The first-token tail at concurrency {one:g}: TTFT p99 "
+                        f"{_ms(p99)} disaggregated against its median of {_ms(p50)} "
+                        f"({p99 / p50:.0f}x; replicated {_ms(r[one].median('p99_ttft_ms'))})"
+                        + (": a few requests waited far longer than the rest. On the CPU "
+                           "rehearsal that is the measured price of NIXL's lowered threads, "
+                           "which get a small share of a busy core (docs/REHEARSAL.md, "
+                           "`python -m lab_utils.bench.nixl_policies`)." if lowered else "."))
     return said
 
 

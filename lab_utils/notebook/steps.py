@@ -279,7 +279,8 @@ def conclude(cfg: LabConfig, notebook: str) -> list[str]:
         dis, rep03 = load_results(cfg, "04").payload, load_optional(cfg, "03")
         said = lessons.conclude_04(rep03.payload.sweep if rep03 else None, dis.sweep,
                                    rep03.payload.mixed if rep03 else None, dis.mixed, dis.proof,
-                                   device, load_results(cfg, "01").payload)
+                                   device, load_results(cfg, "01").payload,
+                                   cfg.lower_nixl_threads())
     else:
         raise LabError(f"no conclusions for notebook {notebook!r} (01-04)")
     print(lessons.conclusions_of(said))

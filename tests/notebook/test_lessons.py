@@ -100,3 +100,17 @@ def test_04_names_what_01_measured_beside_nixls_threads():
     said = conclude_04(rep, dis, result({4: point(250, itl_p99=15)}),
                        result({4: point(180, itl_p99=19)}), None, "cpu", without)
     assert "01 measured" not in said[0] and "polls without pause" in said[0]
+
+
+def test_04_names_the_first_token_tail_when_there_is_one():
+    rep = result({1: point(100, ttft=10), 4: point(300)})
+    tail = {**point(90, ttft=26), "p99_ttft_ms": 487.0}
+    said = conclude_04(rep, result({1: tail, 4: point(200)}), None, None, None, "cpu",
+                       lowered=True)
+    assert ("The first-token tail at concurrency 1: TTFT p99 487 ms disaggregated against its "
+            "median of 26 ms (19x; replicated 15 ms)") in said[-1]
+    assert "NIXL's lowered threads" in said[-1]
+    said = conclude_04(rep, result({1: tail, 4: point(200)}), None, None, None, "cuda")
+    assert said[-1].endswith("(19x; replicated 15 ms).")
+    no_tail = conclude_04(rep, result({1: point(90, ttft=26), 4: point(200)}), None, None, None)
+    assert not any("first-token tail" in s for s in no_tail)
