@@ -42,7 +42,7 @@ def test_every_serving_series_notebook_has_an_exercise(nb):
 
 
 def test_ex01_roofline():
-    _, read = dense_params(PUBLISHED_CONFIGS["meta-llama/Llama-3.1-8B"])
+    _, read = dense_params(PUBLISHED_CONFIGS["Qwen/Qwen3-8B"])  # the Spark example's model
     bw = GB10["memory_bandwidth_GBps"][0] * 1e9
     a = ANSWERS["ex01"]
     assert f"**{read / 1e9:.1f} GB**" in a and f"about {round(bw / read)} tokens/s" in a

@@ -128,25 +128,32 @@ def _buffer_device(argv: list[str]) -> str | None:
     return json.loads(argv[argv.index("--kv-transfer-config") + 1]).get("kv_buffer_device")
 
 
-def read_mem_total(cluster: Cluster, name: str) -> int | None:
-    """The node's MemTotal in bytes, or None when it cannot be read now."""
+def read_mem_total(cluster: Cluster, name: str, why: list[str] | None = None) -> int | None:
+    """The node's MemTotal in bytes, or None when it cannot be read now (then the reason,
+    one line, is appended to `why`)."""
     try:
         r = cluster.node(name).run(["cat", "/proc/meminfo"], timeout=15)
-    except (LabError, OSError):
+    except (LabError, OSError) as e:
+        (why if why is not None else []).append(str(e).splitlines()[0] if str(e) else type(e).__name__)
         return None
-    return mem_total_bytes(r.stdout) if r.ok else None
+    if not r.ok:
+        (why if why is not None else []).append(f"reading /proc/meminfo failed: {r.why}")
+        return None
+    return mem_total_bytes(r.stdout)
 
 
 def _mem_total(cluster: Cluster, name: str, given, read_nodes: bool) -> tuple[int | None, str]:
     value = given.get(name) if isinstance(given, dict) else given
     if value:
         return int(value), "given"
-    found = read_mem_total(cluster, name) if read_nodes else None
+    why: list[str] = []
+    found = read_mem_total(cluster, name, why) if read_nodes else None
     if found:
         return found, f"/proc/meminfo on {name}"
+    not_read = (f"node not read ({why[0]})" if why else "node not read")
     if cluster.cfg.vllm.device == "cuda":
-        return GB10_MEMTOTAL, "assumed: the recorded GB10 /proc/meminfo, node not read"
-    return None, "unknown: node not read; give --mem-total-gib"
+        return GB10_MEMTOTAL, f"assumed: the recorded GB10 /proc/meminfo, {not_read}"
+    return None, f"unknown: {not_read}; give --mem-total-gib"
 
 
 def _fixes(cfg: LabConfig, budget: NodeBudget, plans: list[InstancePlan], weights: int,

@@ -46,8 +46,25 @@ def test_read_mem_total_reads_the_nodes_meminfo():
     node = SimpleNamespace(run=lambda argv, timeout: answer)
     cluster = SimpleNamespace(node=lambda name: node)
     assert read_mem_total(cluster, "spark-01") == GB10_MEMTOTAL
-    answer.ok = False
-    assert read_mem_total(cluster, "spark-01") is None
+    answer.ok, answer.why = False, "exit 1"
+    why: list[str] = []
+    assert read_mem_total(cluster, "spark-01", why) is None
+    assert why == ["reading /proc/meminfo failed: exit 1"]
+
+
+def test_a_dry_run_that_cannot_reach_a_node_says_why_in_the_plan():
+    """The SSH failure's one line (node, address, reason) reaches the plan's MemTotal source."""
+    from lab_utils.errors import LabError
+    from lab_utils.serve.plan import _mem_total
+
+    def refuse(argv, timeout):
+        raise LabError("node spark-01 (lab@192.0.2.1:22): SSH failed: Error reading SSH protocol banner")
+    cluster = SimpleNamespace(node=lambda name: SimpleNamespace(run=refuse),
+                              cfg=SimpleNamespace(vllm=SimpleNamespace(device="cuda")))
+    value, source = _mem_total(cluster, "spark-01", None, read_nodes=True)
+    assert value == GB10_MEMTOTAL
+    assert source == ("assumed: the recorded GB10 /proc/meminfo, node not read (node spark-01 "
+                      "(lab@192.0.2.1:22): SSH failed: Error reading SSH protocol banner)")
 
 
 def test_weights_from_config_json():
