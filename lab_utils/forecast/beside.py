@@ -38,24 +38,36 @@ def stand_ins(cfg: LabConfig) -> list[str]:
     specs = cfg.instances("disaggregated")
     decode = next(s for s in specs if s.role == "decode")
     everything_here = all(n.connection == "local" for n in cfg.nodes.values())
-    binds = []
-    for s in specs:
-        if not everything_here and s.node != decode.node:
-            continue
-        bind = s.settings.cpu_threads_bind if cfg.vllm.device == "cpu" else None
-        if isinstance(bind, dict):
-            bind = bind.get(s.node)
-        binds.append(bind or "-")
+    return [_bind(cfg, s) for s in specs if everything_here or s.node == decode.node]
+
+
+def _bind(cfg: LabConfig, spec) -> str:
+    bind = spec.settings.cpu_threads_bind if cfg.vllm.device == "cpu" else None
+    return (bind.get(spec.node) if isinstance(bind, dict) else bind) or "-"
+
+
+def replica_stand_ins(cfg: LabConfig) -> list[str]:
+    """One bind per other replica that shares 01's machine in the replicated topology
+    (every node is this machine): the replicas' binds less the one 01's instance has
+    (else the first). [] on a cluster, where each replica has its own node."""
+    if not all(n.connection == "local" for n in cfg.nodes.values()):
+        return []
+    binds = [_bind(cfg, s) for s in cfg.instances("replicated")]
+    own = _bind(cfg, cfg.instances("baseline")[0])
+    if binds:
+        binds.remove(own if own in binds else binds[0])
     return binds
 
 
 def measure(cfg: LabConfig, inst: ProcessRecord, run_once: Callable[[], float],
-            repeats: int, on_run: Callable[[], object] = lambda: None) -> BesideBusy:
+            repeats: int, on_run: Callable[[], object] = lambda: None,
+            binds: list[str] | None = None, yielding: bool = False) -> BesideBusy:
     """`run_once()`: one decode run on the instance, its ms per step. `repeats` runs alone,
-    then as many beside the stand-ins, on `inst`'s node; a run outside the stand-ins' life
-    (the node's clock) is not counted."""
-    binds = stand_ins(cfg)
-    lowered = cfg.lower_nixl_threads()
+    then as many beside the stand-ins (`binds`, default NIXL's: `stand_ins`; `yielding`:
+    loops that yield, like an idle vLLM worker, at normal priority), on `inst`'s node; a
+    run outside the stand-ins' life (the node's clock) is not counted."""
+    binds = stand_ins(cfg) if binds is None else binds
+    lowered = cfg.lower_nixl_threads() and not yielding
     t = time.monotonic()
     alone = []
     for _ in range(repeats):
@@ -68,7 +80,8 @@ def measure(cfg: LabConfig, inst: ProcessRecord, run_once: Callable[[], float],
     def spin() -> None:
         with Cluster(cfg) as cluster:
             r = cluster.node(inst.node).run(
-                [cluster.node(inst.node).python, "-", "spin", f"{seconds:.1f}",
+                [cluster.node(inst.node).python, "-", "spin-yield" if yielding else "spin",
+                 f"{seconds:.1f}",
                  "1" if lowered else "0", *binds],
                 input=inspect.getsource(nixl_threads), timeout=seconds + 60)
         answer.update(json.loads(r.stdout) if r.ok else {"error": r.why})
@@ -90,7 +103,8 @@ def measure(cfg: LabConfig, inst: ProcessRecord, run_once: Callable[[], float],
               if answer["start"] <= a and b <= answer["end"]]
     ratio = (statistics.median(inside) / statistics.median(alone)
              if inside and statistics.median(alone) > 0 else None)
-    return BesideBusy(threads=len(binds), policy=answer["policy"], binds=binds,
+    policy = answer["policy"] + (", yielding" if yielding else "")
+    return BesideBusy(threads=len(binds), policy=policy, binds=binds,
                       alone=point(1, alone), beside=point(1, inside) if inside else None,
                       ratio=round(ratio, 3) if ratio else None,
                       why=None if inside else "no run fell inside the stand-ins' life")

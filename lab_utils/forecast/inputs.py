@@ -59,8 +59,15 @@ def from_results(profile: EngineProfile | None, kv: KvTransferPayload | None,
         sources["NIXL's threads"] = (
             f"01 measured a decode step beside {b.threads} busy stand-ins for them "
             f"({b.policy}): {b.ratio:.2f}x alone; P/D's decode steps take that factor")
+    replica = 1.0
+    if (b := profile.beside_replicas) is not None and b.ratio:
+        replica = max(b.ratio, 1.0)
+        sources["other replicas"] = (
+            f"01 measured a decode step beside {b.threads} stand-ins for the other "
+            f"replicas' idle workers ({b.policy}): {b.ratio:.2f}x alone; a replica's decode "
+            "steps take that factor")
     shortest = min(profile.prefill, key=lambda p: p.x)
-    return Inputs(decode_beside=factor, engine=engine, hop_ms=max(profile.hop.at(edge), 0.0), transfer=transfer,
+    return Inputs(decode_beside=factor, replica_beside=replica, engine=engine, hop_ms=max(profile.hop.at(edge), 0.0), transfer=transfer,
                   kv_bytes_per_token=kv.kv_per_token_bytes if kv else 0,
                   block_size=kv.block_size if kv else 16,
                   jitter_ms=max(shortest.hi - shortest.lo, 0.0),

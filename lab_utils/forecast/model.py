@@ -33,9 +33,11 @@ steps. Its assumptions, each a simplification a workshop attendee can check:
    as long, where `a` is the number of cores 01's instance kept busy while decoding and
    `C` the machine's cores (processor sharing; 01's curves already include one instance
    competing with itself).
-7. **NIXL's busy threads slow a P/D decode by a measured factor**: 01 timed a decode
-   alone and beside stand-ins for the NIXL threads that share the decode's machine
-   (`forecast.beside`); a P/D decode instance's decode steps take that ratio.
+7. **What shares a machine slows a decode by a measured factor**: 01 timed a decode
+   alone and beside stand-ins (`forecast.beside`) for the NIXL threads that share the
+   decode's machine in P/D, and for the other replicas' idle workers, which poll for a
+   second after each step, where replicas share one machine; a P/D decode instance's
+   decode steps, and a replica's, take that ratio.
 
 What it leaves out, knowingly: the CPU the proxy and the client use beyond the measured
 per-token cost, and NIXL's beyond the factor of 7; vLLM's own handling of a P/D request beyond the transfer (the side-channel
@@ -123,6 +125,8 @@ class Inputs:
     stream_cpu_ms: float = 0.0  # proxy + client CPU ms per streamed token (01)
     # a P/D decode instance's steps beside the NIXL threads sharing its machine (01)
     decode_beside: float = 1.0
+    # a replica's decode steps beside the other replicas on its machine (01)
+    replica_beside: float = 1.0
     sources: dict[str, str] = field(default_factory=dict)
 
     def kv_bytes(self, prompt_tokens: int) -> int:
@@ -296,7 +300,8 @@ class _Sim:
             self.decodes = [_Engine(self, costs, f"decode {k}", inputs.decode_beside)
                             for k in range(arch.decode)]
         else:
-            self.prefills, self.decodes = [], [_Engine(self, costs, f"replica {k}")
+            factor = inputs.replica_beside if arch.replicas > 1 else 1.0
+            self.prefills, self.decodes = [], [_Engine(self, costs, f"replica {k}", factor)
                                                for k in range(arch.replicas)]
         self.events: list = []
         self.seq = 0

@@ -95,7 +95,7 @@ def measure_profile(cfg: LabConfig, inst: ProcessRecord, proxy: str, tokenize,
     lengths, batches, contexts = prefill_lengths(cfg), decode_batches(cfg), decode_contexts(cfg)
     out_tokens = max(cfg.workload.output_len, DECODE_TOKENS)
     total = (len(lengths) * REPEATS + 2 * REPEATS
-             + (len(contexts) * len(batches) + 1 + 2) * DECODE_REPEATS)
+             + (len(contexts) * len(batches) + 1 + 4) * DECODE_REPEATS)
     for url, key in ((direct, vkey), (proxy, pkey)):  # warm-up, not counted
         _run(url, model, [RequestSpec(exact_prompt(tokenize, cfg.workload.input_len, rng), 2)], 1,
              key, timeout)
@@ -158,6 +158,9 @@ def measure_profile(cfg: LabConfig, inst: ProcessRecord, proxy: str, tokenize,
             tail = rec.itl_ms[len(rec.itl_ms) // 2:]
             return sum(tail) / max(len(tail), 1)
         busy = beside.measure(cfg, inst, one_decode, DECODE_REPEATS, lambda: bar.update(1))
+        others = beside.replica_stand_ins(cfg)
+        replicas = (beside.measure(cfg, inst, one_decode, DECODE_REPEATS, lambda: bar.update(1),
+                                   others, yielding=True) if others else None)
     budget = default_token_budget(cfg.vllm.device, 128.0 if gpu_name and "GB10" in gpu_name
                                   else None)
     return EngineProfile(prefill=prefill, decode=decode,
@@ -165,7 +168,8 @@ def measure_profile(cfg: LabConfig, inst: ProcessRecord, proxy: str, tokenize,
                          device=cfg.vllm.device, elapsed_s=round(time.monotonic() - t0, 1),
                          active_cores=round(busy_s / wall_s, 2) if local and wall_s else None,
                          host_cores=os.cpu_count() if local else None,
-                         stream_cpu_ms_per_token=stream_cpu, beside_busy=busy)
+                         stream_cpu_ms_per_token=stream_cpu, beside_busy=busy,
+                         beside_replicas=replicas)
 
 
 def profile_frame(profile: EngineProfile):
@@ -185,10 +189,12 @@ def profile_frame(profile: EngineProfile):
         rows.append({"curve": "proxy + client CPU per streamed token (ms)",
                      "at": f"{sc.x:g} streams", "median ms": sc.median, "min ms": sc.lo,
                      "max ms": sc.hi})
-    if (b := profile.beside_busy) is not None:
-        pinned = ", ".join(b.binds)
-        rows.append({"curve": f"decode step beside {b.threads} busy threads like NIXL's "
-                              f"({b.policy}; CPUs {pinned})",
+    for b, like in ((profile.beside_busy, "busy threads like NIXL's"),
+                    (profile.beside_replicas, "idle replicas' yielding workers")):
+        if b is None:
+            continue
+        rows.append({"curve": f"decode step beside {b.threads} {like} "
+                              f"({b.policy}; CPUs {', '.join(b.binds)})",
                      "at": "1 decoding", "median ms": b.beside.median if b.beside else None,
                      "min ms": b.beside.lo if b.beside else None,
                      "max ms": b.beside.hi if b.beside else None,

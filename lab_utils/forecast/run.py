@@ -109,8 +109,8 @@ def forecast_for(cfg: LabConfig, kind: str, profile: EngineProfile | None,
     rows = [widen(r, band) for r in rows]
     splits = (best_splits(inputs, loads_of(w, mixed=bool(w.mixed_long_len))[-1])
               if kind == "disaggregated" else [])
-    sources = {**{k: v for k, v in inputs.sources.items()
-                  if kind == "disaggregated" or k != "NIXL's threads"},
+    only = {"NIXL's threads": "disaggregated", "other replicas": "replicated"}
+    sources = {**{k: v for k, v in inputs.sources.items() if only.get(k, kind) == kind},
                "interval": band_sentence(band)}
     return Forecast(architecture=kind, made_at=datetime.now(UTC).isoformat(),
                     sources=sources, rows=rows, splits=splits, error_band=band)

@@ -207,12 +207,14 @@ def cpu_set(bind: str | None) -> set[int] | None:
     return cpus
 
 
-def spin(seconds: float, lowered: bool, cpus: Sequence[set[int] | None]) -> dict:
+def spin(seconds: float, lowered: bool, cpus: Sequence[set[int] | None],
+         yielding: bool = False) -> dict:
     """Busy threads like NIXL's progress threads, for `seconds`: one process per entry of
     `cpus` (its own process, so that they all run at once, as NIXL's do in separate
     instances), each pinned to those CPUs (None: not pinned) and, with `lowered`, given
-    the priority the lab gives NIXL's threads. Returns when all have ended: their start
-    and end (wall clock) and their policy."""
+    the priority the lab gives NIXL's threads. With `yielding`, each calls sched_yield in
+    its loop instead, as an idle vLLM worker does for a second after each step. Returns
+    when all have ended: their start and end (wall clock) and their policy."""
     start = time.time()
     end = time.monotonic() + seconds
     children = []
@@ -225,7 +227,8 @@ def spin(seconds: float, lowered: bool, cpus: Sequence[set[int] | None]) -> dict
                 if lowered:
                     lower(0)
                 while time.monotonic() < end:
-                    pass
+                    if yielding:
+                        os.sched_yield()
             finally:
                 os._exit(0)
         children.append(pid)
@@ -239,15 +242,15 @@ def spin(seconds: float, lowered: bool, cpus: Sequence[set[int] | None]) -> dict
 
 def main(argv: list[str] | None = None) -> int:
     """Remote entry point: `quiet PGID [KNOWN_TID...]`, or `spin SECONDS LOWERED(0|1)
-    BIND...` (BIND a VLLM_CPU_OMP_THREADS_BIND value, "-" for none); prints the answer as
-    JSON."""
+    BIND...` (BIND a VLLM_CPU_OMP_THREADS_BIND value, "-" for none; `spin-yield` the same
+    with yielding loops); prints the answer as JSON."""
     args = sys.argv[1:] if argv is None else argv
     cmd, rest = args[0], args[1:]
     if cmd == "quiet":
         result: object = quiet(int(rest[0]), [int(t) for t in rest[1:]])
-    elif cmd == "spin":
+    elif cmd in ("spin", "spin-yield"):
         result = spin(float(rest[0]), rest[1] == "1",
-                      [cpu_set(None if b == "-" else b) for b in rest[2:]])
+                      [cpu_set(None if b == "-" else b) for b in rest[2:]], cmd == "spin-yield")
     else:
         print(f"unknown command {cmd!r}", file=sys.stderr)
         return 2

@@ -67,6 +67,8 @@ class EngineProfile(BaseModel):
     # CPU ms the proxy and the load generator spend per streamed token (local only)
     stream_cpu_ms_per_token: Point | None = None
     beside_busy: BesideBusy | None = None  # the P/D forecast's CPU term
+    # the replicated forecast's: beside the other replicas' idle workers, on one machine
+    beside_replicas: BesideBusy | None = None
 
 
 class Forecast(BaseModel):

@@ -81,3 +81,21 @@ def test_the_factor_slows_only_a_pd_decode_and_is_named_in_the_sources():
     assert forecast(doubled, pd, ONE).metrics["median_tpot_ms"] == pytest.approx(
         2 * forecast(by_hand, pd, ONE).metrics["median_tpot_ms"])
     assert forecast(doubled, one, ONE).metrics == forecast(by_hand, one, ONE).metrics
+
+
+def test_one_yielding_stand_in_per_other_replica_on_this_machine(test_cfg):
+    # 01's instance is bound to CPU 1; the replicas to 0 and 1: the other one is on 0
+    assert beside.replica_stand_ins(test_cfg) == ["0"]
+    assert beside.replica_stand_ins(load_config("environment_config.json.example")) == []
+    got = nixl_threads.spin(0.3, False, [{0}], yielding=True)
+    assert got["processes"] == 1 and got["policy"].startswith("SCHED_OTHER nice 0 "), got
+
+
+def test_the_replicas_factor_slows_only_replicas_sharing_a_machine():
+    by_hand = hand_inputs()
+    doubled = dataclasses.replace(by_hand, replica_beside=2.0)
+    two, one, pd = Architecture(replicas=2), Architecture(), Architecture(prefill=1, decode=1)
+    assert forecast(doubled, two, ONE).metrics["median_tpot_ms"] == pytest.approx(
+        2 * forecast(by_hand, two, ONE).metrics["median_tpot_ms"])
+    assert forecast(doubled, one, ONE).metrics == forecast(by_hand, one, ONE).metrics
+    assert forecast(doubled, pd, ONE).metrics == forecast(by_hand, pd, ONE).metrics
