@@ -229,7 +229,7 @@ def conclude_04(replicated: BenchmarkResult | None, disaggregated: BenchmarkResu
         else:
             said.insert(0, f"Not as expected: disaggregation did not protect the ITL tail: "
                            f"{text}"
-                           + (f". On the CPU rehearsal {CPU_NOTE}, and every prefill or "
+                           + (f". {CPU_NOTE[0].upper()}{CPU_NOTE[1:]}, and every prefill or "
                               "decode instance runs a NIXL thread that polls without pause."
                               if device == "cpu" else ".")
                            + _nixl_cause(baseline, disaggregated)

@@ -100,6 +100,8 @@ def test_04_names_what_01_measured_beside_nixls_threads():
     said = conclude_04(rep, dis, result({4: point(250, itl_p99=15)}),
                        result({4: point(180, itl_p99=19)}), None, "cpu", without)
     assert "01 measured" not in said[0] and "polls without pause" in said[0]
+    assert ". On the CPU rehearsal every instance shares" in said[0]
+    assert "rehearsal on the CPU rehearsal" not in said[0]
 
 
 def test_04_names_the_first_token_tail_when_there_is_one():
