@@ -59,56 +59,52 @@ def replica_stand_ins(cfg: LabConfig) -> list[str]:
     return binds
 
 
-def measure(cfg: LabConfig, inst: ProcessRecord, run_once: Callable[[int], float],
-            batches: list[int], repeats: int, on_run: Callable[[], object] = lambda: None,
+def measure(cfg: LabConfig, inst: ProcessRecord, run_once: Callable[[], float],
+            repeats: int, on_run: Callable[[], object] = lambda: None,
             binds: list[str] | None = None, yielding: bool = False) -> BesideBusy:
-    """`run_once(b)`: one decode run of `b` requests together on the instance, its ms per
-    step. For each batch `repeats` runs alone, then as many beside the stand-ins (`binds`,
-    default NIXL's: `stand_ins`; `yielding`: loops that yield, like an idle vLLM worker,
-    at normal priority), on `inst`'s node; a run outside the stand-ins' life (the node's
-    clock) is not counted. The ratio differs with the batch: a busier engine yields its
-    core less often."""
+    """`run_once()`: one decode run on the instance, its ms per step. `repeats` runs alone,
+    then as many beside the stand-ins (`binds`, default NIXL's: `stand_ins`; `yielding`:
+    loops that yield, like an idle vLLM worker, at normal priority), on `inst`'s node; a
+    run outside the stand-ins' life (the node's clock) is not counted."""
     binds = stand_ins(cfg) if binds is None else binds
     lowered = cfg.lower_nixl_threads() and not yielding
     t = time.monotonic()
-    alone: dict[int, list[float]] = {}
-    for b in batches:
-        for _ in range(repeats):
-            alone.setdefault(b, []).append(run_once(b))
-            on_run()
-    seconds = START_S + 3 * (time.monotonic() - t) + 2.0
+    alone = []
+    for _ in range(repeats):
+        alone.append(run_once())
+        on_run()
+    per_run = (time.monotonic() - t) / repeats
+    seconds = START_S + 3 * repeats * per_run + 2.0
     answer: dict = {}
 
     def spin() -> None:
         with Cluster(cfg) as cluster:
             r = cluster.node(inst.node).run(
                 [cluster.node(inst.node).python, "-", "spin-yield" if yielding else "spin",
-                 f"{seconds:.1f}", "1" if lowered else "0", *binds],
+                 f"{seconds:.1f}",
+                 "1" if lowered else "0", *binds],
                 input=inspect.getsource(nixl_threads), timeout=seconds + 60)
         answer.update(json.loads(r.stdout) if r.ok else {"error": r.why})
 
     runner = threading.Thread(target=spin, name="nixl-stand-ins", daemon=True)
     runner.start()
     time.sleep(START_S)
-    runs: dict[int, list[tuple[float, float, float]]] = {}
-    for b in batches:
-        for _ in range(repeats):
-            t0 = time.time()
-            ms = run_once(b)
-            runs.setdefault(b, []).append((ms, t0, time.time()))
-            on_run()
+    beside, spans = [], []
+    for _ in range(repeats):
+        t0 = time.time()
+        beside.append(run_once())
+        spans.append((t0, time.time()))
+        on_run()
     runner.join()
-    alone_pts = [point(b, ys) for b, ys in alone.items()]
     if "error" in answer:
-        return BesideBusy(threads=len(binds), policy="?", binds=binds, alone=alone_pts,
-                          beside=[], ratios=[], why=f"the stand-ins failed: {answer['error']}")
-    beside_pts, ratios = [], []
-    for b, got in runs.items():
-        inside = [ms for ms, a, z in got if answer["start"] <= a and z <= answer["end"]]
-        if inside and statistics.median(alone[b]) > 0:
-            beside_pts.append(point(b, inside))
-            ratios.append(point(b, [statistics.median(inside) / statistics.median(alone[b])]))
+        return BesideBusy(threads=len(binds), policy="?", binds=binds, alone=point(1, alone),
+                          beside=None, ratio=None, why=f"the stand-ins failed: {answer['error']}")
+    inside = [ms for ms, (a, b) in zip(beside, spans, strict=True)
+              if answer["start"] <= a and b <= answer["end"]]
+    ratio = (statistics.median(inside) / statistics.median(alone)
+             if inside and statistics.median(alone) > 0 else None)
     policy = answer["policy"] + (", yielding" if yielding else "")
-    return BesideBusy(threads=len(binds), policy=policy, binds=binds, alone=alone_pts,
-                      beside=beside_pts, ratios=ratios,
-                      why=None if ratios else "no run fell inside the stand-ins' life")
+    return BesideBusy(threads=len(binds), policy=policy, binds=binds,
+                      alone=point(1, alone), beside=point(1, inside) if inside else None,
+                      ratio=round(ratio, 3) if ratio else None,
+                      why=None if inside else "no run fell inside the stand-ins' life")

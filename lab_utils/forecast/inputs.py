@@ -32,10 +32,6 @@ def transfer_points(kv: KvTransferPayload, buffer_device: str) -> list[Point]:
             for r in rows]
 
 
-def _ratios(points) -> str:
-    return ", ".join(f"{p.median:.2f}x alone at {p.x:g} decoding" for p in points)
-
-
 def from_results(profile: EngineProfile | None, kv: KvTransferPayload | None,
                  buffer_device: str = "cpu", edge: Edge = "median") -> Inputs:
     """The model's inputs from 01's profile and 02's results (None: not run yet)."""
@@ -57,17 +53,18 @@ def from_results(profile: EngineProfile | None, kv: KvTransferPayload | None,
             sources["transfer"] = (f"02's NIXL probe, {SEG_TYPE.get(buffer_device, 'DRAM')} "
                                    "READ, ms against bytes")
         sources["kv layout"] = f"02: {kv.kv_per_token_bytes} bytes per token, blocks of {kv.block_size}"
-    factor = replica = None
-    if (b := profile.beside_busy) is not None and b.ratios:
-        factor = Curve.of(b.ratios)
+    factor = 1.0
+    if (b := profile.beside_busy) is not None and b.ratio:
+        factor = max(b.ratio, 1.0)
         sources["NIXL's threads"] = (
-            f"01 measured decode steps beside {b.threads} busy stand-ins for them "
-            f"({b.policy}): {_ratios(b.ratios)}; P/D's decode steps take that factor")
-    if (b := profile.beside_replicas) is not None and b.ratios:
-        replica = Curve.of(b.ratios)
+            f"01 measured a decode step beside {b.threads} busy stand-ins for them "
+            f"({b.policy}): {b.ratio:.2f}x alone; P/D's decode steps take that factor")
+    replica = 1.0
+    if (b := profile.beside_replicas) is not None and b.ratio:
+        replica = max(b.ratio, 1.0)
         sources["other replicas"] = (
-            f"01 measured decode steps beside {b.threads} stand-ins for the other "
-            f"replicas' idle workers ({b.policy}): {_ratios(b.ratios)}; a replica's decode "
+            f"01 measured a decode step beside {b.threads} stand-ins for the other "
+            f"replicas' idle workers ({b.policy}): {b.ratio:.2f}x alone; a replica's decode "
             "steps take that factor")
     shortest = min(profile.prefill, key=lambda p: p.x)
     return Inputs(decode_beside=factor, replica_beside=replica, engine=engine, hop_ms=max(profile.hop.at(edge), 0.0), transfer=transfer,

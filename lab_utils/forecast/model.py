@@ -36,9 +36,8 @@ steps. Its assumptions, each a simplification a workshop attendee can check:
 7. **What shares a machine slows a decode by a measured factor**: 01 timed a decode
    alone and beside stand-ins (`forecast.beside`) for the NIXL threads that share the
    decode's machine in P/D, and for the other replicas' idle workers, which poll for a
-   second after each step, where replicas share one machine, at each number of requests
-   decoding together; a P/D decode instance's decode steps, and a replica's, take that
-   ratio at their batch (at least 1).
+   second after each step, where replicas share one machine; a P/D decode instance's
+   decode steps, and a replica's, take that ratio.
 
 What it leaves out, knowingly: the CPU the proxy and the client use beyond the measured
 per-token cost, and NIXL's beyond the factor of 7; vLLM's own handling of a P/D request beyond the transfer (the side-channel
@@ -124,11 +123,10 @@ class Inputs:
     jitter_ms: float = 0.0  # spread of a lone request's time (01): each request draws from it
     active_cores: float | None = None  # cores one working instance keeps busy (01)
     stream_cpu_ms: float = 0.0  # proxy + client CPU ms per streamed token (01)
-    # factor against requests decoding together: a P/D decode instance's steps beside
-    # the NIXL threads sharing its machine (01); None: 1
-    decode_beside: Curve | None = None
-    # the same for a replica's steps beside the other replicas on its machine (01)
-    replica_beside: Curve | None = None
+    # a P/D decode instance's steps beside the NIXL threads sharing its machine (01)
+    decode_beside: float = 1.0
+    # a replica's decode steps beside the other replicas on its machine (01)
+    replica_beside: float = 1.0
     sources: dict[str, str] = field(default_factory=dict)
 
     def kv_bytes(self, prompt_tokens: int) -> int:
@@ -232,9 +230,9 @@ class _Req:
 
 
 class _Engine:
-    def __init__(self, sim: _Sim, costs: EngineCosts, name: str, beside: Curve | None = None):
+    def __init__(self, sim: _Sim, costs: EngineCosts, name: str, beside: float = 1.0):
         self.sim, self.costs, self.name = sim, costs, name
-        self.beside = beside  # its decode steps' factor against batch (assumption 7)
+        self.beside = beside  # its decode steps' factor for NIXL's threads beside it
         self.waiting: deque[_Req] = deque()
         self.running: list[_Req] = []
         self.busy_until: float | None = None
@@ -269,9 +267,7 @@ class _Engine:
             return
         context = (sum(r.prompt + r.generated for r in decoding) / len(decoding)
                    if decoding else 0.0)
-        batch = max(len(decoding), 1)
-        factor = max(self.beside(batch), 1.0) if self.beside else 1.0
-        base = (self.costs.decode_step(batch, context) * factor
+        base = (self.costs.decode_step(max(len(decoding), 1), context) * self.beside
                 + self.costs.prefill_work(sum(n for _, n in chunks)))
         streamed = len(decoding) + sum(1 for r, n in chunks if n == r.prefill_left)
         self.demand = ((self.sim.inputs.active_cores or 0.0)
@@ -304,7 +300,7 @@ class _Sim:
             self.decodes = [_Engine(self, costs, f"decode {k}", inputs.decode_beside)
                             for k in range(arch.decode)]
         else:
-            factor = inputs.replica_beside if arch.replicas > 1 else None
+            factor = inputs.replica_beside if arch.replicas > 1 else 1.0
             self.prefills, self.decodes = [], [_Engine(self, costs, f"replica {k}", factor)
                                                for k in range(arch.replicas)]
         self.events: list = []

@@ -95,7 +95,7 @@ def measure_profile(cfg: LabConfig, inst: ProcessRecord, proxy: str, tokenize,
     lengths, batches, contexts = prefill_lengths(cfg), decode_batches(cfg), decode_contexts(cfg)
     out_tokens = max(cfg.workload.output_len, DECODE_TOKENS)
     total = (len(lengths) * REPEATS + 2 * REPEATS
-             + (len(contexts) * len(batches) + 1 + 4 * len(batches)) * DECODE_REPEATS)
+             + (len(contexts) * len(batches) + 1 + 4) * DECODE_REPEATS)
     for url, key in ((direct, vkey), (proxy, pkey)):  # warm-up, not counted
         _run(url, model, [RequestSpec(exact_prompt(tokenize, cfg.workload.input_len, rng), 2)], 1,
              key, timeout)
@@ -152,19 +152,15 @@ def measure_profile(cfg: LabConfig, inst: ProcessRecord, proxy: str, tokenize,
                 bar.update(1)
             stream_cpu = point(b, per_token)
 
-        def one_decode(b: int) -> float:
-            specs = [RequestSpec(exact_prompt(tokenize, contexts[0], rng), out_tokens)
-                     for _ in range(b)]
-            recs = _run(direct, model, specs, b, vkey, timeout)
-            per = [sum(r.itl_ms[len(r.itl_ms) // 2:]) / len(r.itl_ms[len(r.itl_ms) // 2:])
-                   for r in recs if len(r.itl_ms) >= 2]
-            return sum(per) / max(len(per), 1)
-        busy = beside.measure(cfg, inst, one_decode, batches, DECODE_REPEATS,
-                              lambda: bar.update(1))
+        def one_decode() -> float:
+            rec = _run(direct, model, [RequestSpec(exact_prompt(tokenize, contexts[0], rng),
+                                                   out_tokens)], 1, vkey, timeout)[0]
+            tail = rec.itl_ms[len(rec.itl_ms) // 2:]
+            return sum(tail) / max(len(tail), 1)
+        busy = beside.measure(cfg, inst, one_decode, DECODE_REPEATS, lambda: bar.update(1))
         others = beside.replica_stand_ins(cfg)
-        replicas = (beside.measure(cfg, inst, one_decode, batches, DECODE_REPEATS,
-                                   lambda: bar.update(1), others, yielding=True)
-                    if others else None)
+        replicas = (beside.measure(cfg, inst, one_decode, DECODE_REPEATS, lambda: bar.update(1),
+                                   others, yielding=True) if others else None)
     budget = default_token_budget(cfg.vllm.device, 128.0 if gpu_name and "GB10" in gpu_name
                                   else None)
     return EngineProfile(prefill=prefill, decode=decode,
@@ -197,11 +193,12 @@ def profile_frame(profile: EngineProfile):
                     (profile.beside_replicas, "idle replicas' yielding workers")):
         if b is None:
             continue
-        ratios = {r.x: r.median for r in b.ratios}
-        rows += [{"curve": f"decode step beside {b.threads} {like} "
-                           f"({b.policy}; CPUs {', '.join(b.binds)})",
-                  "at": f"{p.x:g} decoding", "median ms": p.median, "min ms": p.lo,
-                  "max ms": p.hi, "times alone": ratios.get(p.x)} for p in b.beside]
+        rows.append({"curve": f"decode step beside {b.threads} {like} "
+                              f"({b.policy}; CPUs {', '.join(b.binds)})",
+                     "at": "1 decoding", "median ms": b.beside.median if b.beside else None,
+                     "min ms": b.beside.lo if b.beside else None,
+                     "max ms": b.beside.hi if b.beside else None,
+                     "times alone": b.ratio})
     if profile.active_cores is not None:
         rows.append({"curve": f"CPU cores busy while decoding (of {profile.host_cores})",
                      "at": "the instance's processes", "median ms": None, "min ms": None,

@@ -45,15 +45,10 @@ class BesideBusy(BaseModel):
     threads: int  # stand-ins, one per NIXL thread there
     policy: str  # theirs, e.g. "SCHED_OTHER nice 19 slice 0.1 ms"
     binds: list[str]  # the CPUs each was pinned to ("-": none)
-    alone: list[Point]  # x: requests decoding together; ms per decode step
-    beside: list[Point]  # the same beside the stand-ins
-    ratios: list[Point]  # x: requests decoding together; beside / alone, medians
+    alone: Point  # x: 1 request; ms per decode step
+    beside: Point | None
+    ratio: float | None  # beside / alone, medians
     why: str | None = None  # why there is no ratio
-
-    @property
-    def ratio(self) -> float | None:
-        """At the smallest batch measured (one request)."""
-        return min(self.ratios, key=lambda p: p.x).median if self.ratios else None
 
 
 class EngineProfile(BaseModel):
