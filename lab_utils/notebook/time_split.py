@@ -80,17 +80,24 @@ def ttft_parts(client_ttft_ms: float, prefill: tuple[MetricsSnapshot, MetricsSna
 
 
 def split_sentence(parts: dict[str, float], client_ttft_ms: float,
-                   single_ttft_ms: float | None) -> str:
-    """Which part of TTFT dominated, with every part's share, from this run's figures."""
+                   single_ttft_ms: float | None, requests: int | None = None,
+                   sweep_median_ms: float | None = None) -> str:
+    """Which part of TTFT dominated, with every part's share, from this run's figures; a
+    mean far above the sweep's median (`sweep_median_ms`) is said to be one."""
     top = max(PARTS, key=lambda k: parts[k])
     total = sum(parts[k] for k in PARTS) or 1.0
     against = ("" if single_ttft_ms is None else
                f" ({client_ttft_ms - single_ttft_ms:+.1f} ms against 01's single instance, "
                f"{single_ttft_ms:.1f} ms)")
     others = ", ".join(f"{k} {parts[k]:.1f} ms" for k in PARTS if k != top)
-    return (f"Where TTFT went: at one request at a time a request's TTFT through the pair was "
-            f"{client_ttft_ms:.1f} ms{against}; the {top} took the most, {parts[top]:.1f} ms "
-            f"({parts[top] / total:.0%} of it); {others}.")
+    over = f"over {requests} fresh requests" if requests else "over a few fresh requests"
+    said = (f"Where TTFT went: {over} sent one at a time after the sweep, the mean TTFT "
+            f"through the pair was {client_ttft_ms:.1f} ms{against}; the {top} took the most, "
+            f"{parts[top]:.1f} ms ({parts[top] / total:.0%} of it); {others}.")
+    if sweep_median_ms and client_ttft_ms > 2 * sweep_median_ms:
+        said += (f" The sweep's median at concurrency 1 was {sweep_median_ms:.1f} ms: a few "
+                 "slow first tokens raise this mean, so its parts describe those.")
+    return said
 
 
 def measure_split(cfg: LabConfig, served: Served, n: int = SPLIT_REQUESTS) -> dict[str, Any]:
@@ -140,7 +147,8 @@ def where_time_went(cfg: LabConfig, served: Served, baseline: BenchmarkResult,
     single = _c1(baseline, "median_ttft_ms")
     cpu = SWEEP_CPU.get((served.topology, False))
     said = [itl_sentence(baseline, result),
-            split_sentence(split["parts"], split["client_ttft_ms"], single)]
+            split_sentence(split["parts"], split["client_ttft_ms"], single, split["requests"],
+                           _c1(result, "median_ttft_ms"))]
     if cpu is None:
         said.append("CPU seconds per process: not read (an instance is on a node reached "
                     "over SSH, or no sweep ran in this kernel).")

@@ -60,3 +60,12 @@ def test_cpu_table_largest_first():
     assert list(frame["during the sweep"]) == ["decode-0 (engine, worker)", "proxy",
                                                 "NIXL progress threads"]
     assert time_split.cpu_frame(None).empty
+
+
+def test_a_mean_far_above_the_sweeps_median_is_said_to_be_one():
+    parts = {"prefill": 9.6, "proxy hop": 4.9, "KV move": 180.5, "first decode step": 11.1}
+    said = time_split.split_sentence(parts, 206.1, 8.4, 6, 27.8)
+    assert said.startswith("Where TTFT went: over 6 fresh requests sent one at a time after "
+                           "the sweep, the mean TTFT through the pair was 206.1 ms")
+    assert "The sweep's median at concurrency 1 was 27.8 ms: a few slow first tokens" in said
+    assert "sweep's median" not in time_split.split_sentence(parts, 40.0, 8.4, 6, 27.8)
