@@ -13,6 +13,7 @@ Each test's duration goes to the file tests/run_phases.py names (tests/support/d
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -63,6 +64,17 @@ def umask():
 def test_cfg(tmp_path) -> LabConfig:
     """The rehearsal profile with results (and the state file) under tmp_path."""
     return write_profile(tmp_path, make_profile_data(str(tmp_path / "results")))
+
+
+@pytest.fixture
+def spark_cfg(tmp_path) -> LabConfig:
+    """The two-Spark example profile with results under tmp_path (nothing is contacted)."""
+    from lab_utils.config import parse_config
+
+    example = Path(__file__).resolve().parents[1] / "environment_config.json.example"
+    data = json.loads(example.read_text())
+    data["results_root"] = str(tmp_path / "results")
+    return parse_config(data, str(example))
 
 
 @pytest.fixture(scope="session")

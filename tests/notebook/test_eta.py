@@ -7,13 +7,9 @@ figures) with made-up results under tmp_path, and on the example profile for the
 
 from __future__ import annotations
 
-import json
 from types import SimpleNamespace
 
-import pytest
-
 from lab_utils.cli import main
-from lab_utils.config import REPO_ROOT, parse_config
 from lab_utils.forecast.curves import point
 from lab_utils.forecast.inputs import GB10
 from lab_utils.forecast.timing import minutes, notebook_seconds
@@ -100,14 +96,6 @@ def test_a_role_never_started_on_a_node_keeps_the_allowance(test_cfg):
     assert forecasting.startup_seconds(test_cfg, "disaggregated") == (
         30.0, "measured on spark-01, 2026-11-26, first start; "
               "measured on spark-02, 2026-11-26, first start")
-
-
-@pytest.fixture
-def spark_cfg(tmp_path):
-    example = REPO_ROOT / "environment_config.json.example"
-    data = json.loads(example.read_text())
-    data["results_root"] = str(tmp_path / "results")
-    return parse_config(data, str(example))
 
 
 def test_before_01_a_gpu_eta_takes_the_proxys_measured_cost(spark_cfg):

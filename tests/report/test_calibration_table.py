@@ -7,11 +7,6 @@ example (GPU) profile."""
 
 from __future__ import annotations
 
-import json
-
-import pytest
-
-from lab_utils.config import REPO_ROOT, parse_config
 from lab_utils.forecast.curves import point
 from lab_utils.forecast.inputs import GB10
 from lab_utils.kv.probe import CONSERVATIVE_GBps, GB10_PLAN_GBps
@@ -67,14 +62,6 @@ def test_the_rehearsal_table_sets_the_probe_rate_and_the_proxy_cost_beside_their
     assert [b.kind for b in blocks] == ["h", "p", "table"]
     assert "NIXL probe's plan" in blocks[1].text
     assert blocks[2].df.equals(df)
-
-
-@pytest.fixture
-def spark_cfg(tmp_path):
-    example = REPO_ROOT / "environment_config.json.example"
-    data = json.loads(example.read_text())
-    data["results_root"] = str(tmp_path / "results")
-    return parse_config(data, str(example))
 
 
 def test_a_gpu_table_has_both_memory_types_and_the_spark_forecast_takes_the_proxy_cost(
