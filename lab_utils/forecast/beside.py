@@ -79,11 +79,10 @@ def measure(cfg: LabConfig, inst: ProcessRecord, run_once: Callable[[], float],
 
     def spin() -> None:
         with Cluster(cfg) as cluster:
-            r = cluster.node(inst.node).run(
-                [cluster.node(inst.node).python, "-", "spin-yield" if yielding else "spin",
-                 f"{seconds:.1f}",
-                 "1" if lowered else "0", *binds],
-                input=inspect.getsource(nixl_threads), timeout=seconds + 60)
+            node = cluster.node(inst.node)
+            r = node.run([node.python, "-", "spin-yield" if yielding else "spin",
+                          f"{seconds:.1f}", "1" if lowered else "0", *binds],
+                         input=inspect.getsource(nixl_threads), timeout=seconds + 60)
         answer.update(json.loads(r.stdout) if r.ok else {"error": r.why})
 
     runner = threading.Thread(target=spin, name="nixl-stand-ins", daemon=True)

@@ -53,21 +53,19 @@ def from_results(profile: EngineProfile | None, kv: KvTransferPayload | None,
             sources["transfer"] = (f"02's NIXL probe, {SEG_TYPE.get(buffer_device, 'DRAM')} "
                                    "READ, ms against bytes")
         sources["kv layout"] = f"02: {kv.kv_per_token_bytes} bytes per token, blocks of {kv.block_size}"
-    factor = 1.0
-    if (b := profile.beside_busy) is not None and b.ratio:
-        factor = max(b.ratio, 1.0)
-        sources["NIXL's threads"] = (
-            f"01 measured a decode step beside {b.threads} busy stand-ins for them "
-            f"({b.policy}): {b.ratio:.2f}x alone; P/D's decode steps take that factor")
-    replica = 1.0
-    if (b := profile.beside_replicas) is not None and b.ratio:
-        replica = max(b.ratio, 1.0)
-        sources["other replicas"] = (
-            f"01 measured a decode step beside {b.threads} stand-ins for the other "
-            f"replicas' idle workers ({b.policy}): {b.ratio:.2f}x alone; a replica's decode "
-            "steps take that factor")
+    factors = {}
+    for key, b, stand_ins, who in (
+            ("NIXL's threads", profile.beside_busy, "busy stand-ins for them", "P/D's decode"),
+            ("other replicas", profile.beside_replicas,
+             "stand-ins for the other replicas' idle workers", "a replica's decode")):
+        if b is not None and b.ratio:
+            factors[key] = max(b.ratio, 1.0)  # below 1 is noise, not a faster decode
+            sources[key] = (f"01 measured a decode step beside {b.threads} {stand_ins} "
+                            f"({b.policy}): {b.ratio:.2f}x alone; {who} steps take that factor")
     shortest = min(profile.prefill, key=lambda p: p.x)
-    return Inputs(decode_beside=factor, replica_beside=replica, engine=engine, hop_ms=max(profile.hop.at(edge), 0.0), transfer=transfer,
+    return Inputs(engine=engine, hop_ms=max(profile.hop.at(edge), 0.0), transfer=transfer,
+                  decode_beside=factors.get("NIXL's threads", 1.0),
+                  replica_beside=factors.get("other replicas", 1.0),
                   kv_bytes_per_token=kv.kv_per_token_bytes if kv else 0,
                   block_size=kv.block_size if kv else 16,
                   jitter_ms=max(shortest.hi - shortest.lo, 0.0),

@@ -40,9 +40,9 @@ steps. Its assumptions, each a simplification a workshop attendee can check:
    decode steps, and a replica's, take that ratio.
 
 What it leaves out, knowingly: the CPU the proxy and the client use beyond the measured
-per-token cost, and NIXL's beyond the factor of 7; vLLM's own handling of a P/D request beyond the transfer (the side-channel
-handshake, the decode's wait for the transfer's notification); memory limits (every
-request fits in the KV cache); and preemption.
+per-token cost, and NIXL's beyond the factor of 7; vLLM's own handling of a P/D request
+beyond the transfer (the side-channel handshake, the decode's wait for the transfer's
+notification); memory limits (every request fits in the KV cache); and preemption.
 
 Nothing here reads 03's or 04's results. `forecast` runs one architecture at one load
 point; `ranged` runs it at the median and at the low and high edges of the measured

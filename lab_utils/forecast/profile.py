@@ -69,6 +69,13 @@ def decode_contexts(cfg: LabConfig) -> list[int]:
     return sorted({w.input_len, long})
 
 
+def _settled_step_ms(itl_ms: list[float]) -> float:
+    """A request's ms per decode step: its mean token gap over the second half of its
+    output, when every request of its run is decoding (0 with no gap)."""
+    tail = itl_ms[len(itl_ms) // 2:]
+    return sum(tail) / max(len(tail), 1)
+
+
 def _run(url: str, model: str, specs: list[RequestSpec], concurrency: int, key: str | None,
          timeout_s: float):
     records, _ = run_sync(run_point(url, model, specs, concurrency=concurrency,
@@ -132,8 +139,7 @@ def measure_profile(cfg: LabConfig, inst: ProcessRecord, proxy: str, tokenize,
                     if local:
                         busy_s += group_cpu_seconds(inst.pgid) - cpu0
                         wall_s += time.monotonic() - t_start
-                    per = [sum(r.itl_ms[len(r.itl_ms) // 2:]) / len(r.itl_ms[len(r.itl_ms) // 2:])
-                           for r in recs if len(r.itl_ms) >= 2]
+                    per = [_settled_step_ms(r.itl_ms) for r in recs if len(r.itl_ms) >= 2]
                     steps.append(sum(per) / len(per))
                     bar.update(1)
                 pts.append(point(b, steps))
@@ -155,8 +161,7 @@ def measure_profile(cfg: LabConfig, inst: ProcessRecord, proxy: str, tokenize,
         def one_decode() -> float:
             rec = _run(direct, model, [RequestSpec(exact_prompt(tokenize, contexts[0], rng),
                                                    out_tokens)], 1, vkey, timeout)[0]
-            tail = rec.itl_ms[len(rec.itl_ms) // 2:]
-            return sum(tail) / max(len(tail), 1)
+            return _settled_step_ms(rec.itl_ms)
         busy = beside.measure(cfg, inst, one_decode, DECODE_REPEATS, lambda: bar.update(1))
         others = beside.replica_stand_ins(cfg)
         replicas = (beside.measure(cfg, inst, one_decode, DECODE_REPEATS, lambda: bar.update(1),
