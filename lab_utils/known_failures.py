@@ -232,6 +232,21 @@ KNOWN_FAILURES: tuple[KnownFailure, ...] = (
         warning=True,
     ),
     KnownFailure(
+        "engine_step_timeout",
+        r"RPC call to execute_model timed out",
+        "The engine waited longer than VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS (300 s unless "
+        "set) for its worker to finish one step, declared itself dead and fails every "
+        "request since. The lines 'No available shared memory broadcast block found in 60 "
+        "seconds' before it count the wait. On the CPU rehearsal this was seen, rarely, in "
+        "the first KV transfer between two fresh instances: the decode worker logged its "
+        "'Transfer plan' and did not return (cause not found). A debugger or tracer "
+        "attached to a worker causes it too.",
+        "Restart the instance; `python -m lab_utils serve` restarts a prefill/decode pair "
+        "once by itself when this happens in its warm-up. If it recurs, look for what held "
+        "the worker: a tracer, another program using every core, or on a GPU a kernel that "
+        "does not finish (`nvidia-smi`).",
+    ),
+    KnownFailure(
         "torch_cuda_capability_12_1",
         r"Found\s+GPU\d+\s+NVIDIA\s+GB10\s+which\s+is\s+of\s+(?:cuda|compute)\s+capability"
         r"\s+(?:\(CC\)\s+)?12\.1",

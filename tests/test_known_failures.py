@@ -40,6 +40,12 @@ GOLDEN = {
 
 # Realistic lines for the CPU-rehearsal failures (and the GPU ones no recording covers).
 LINES = {
+    # vLLM 0.32's engine, from a rehearsal decode instance's log (paths shortened)
+    "engine_step_timeout": (
+        "(EngineCore pid=11276) ERROR 11-26 15:44:25 [core.py:1512] TimeoutError: RPC call to "
+        "execute_model timed out.\n",
+        "restarts a prefill/decode pair",
+    ),
     # nixl 1.5.1's message text (in libplugin_UCX.so); the log prefix is illustrative
     "nixl_ucx_tls_without_cuda": (
         "E1126 10:01:02.345678 4242 config.cpp:150] Invalid UCX_TLS=tcp for NIXL UCX backend: "

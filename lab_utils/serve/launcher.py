@@ -186,7 +186,7 @@ def start_instance(cluster: Cluster, spec: InstanceSpec, *,
     return rec, True
 
 
-def _failure(node: Node, rec: ProcessRecord, why: str) -> ProcessFailedError:
+def process_failure(node: Node, rec: ProcessRecord, why: str) -> ProcessFailedError:
     from lab_utils import known_failures
 
     tail = node.log_tail(rec, 40)
@@ -221,11 +221,11 @@ def wait_ready(cluster: Cluster, records: list[ProcessRecord], timeout: float | 
                 elif not node.is_alive(rec):
                     # what it left running (its engine core, workers) is stopped too
                     orphans = node.stop(rec, grace_s=min(cluster.cfg.vllm.stop_grace_s, 5.0))
-                    raise _failure(node, rec, "exited before it became ready" + (
+                    raise process_failure(node, rec, "exited before it became ready" + (
                         " (the processes it left running were stopped)" if orphans else ""))
             if pending and time.monotonic() - t0 > timeout:
                 rec = next(iter(pending.values()))
-                raise _failure(nodes[rec.node], rec,
+                raise process_failure(nodes[rec.node], rec,
                                f"was not ready after {timeout:.0f} s (vllm.startup_timeout_s)")
             if pending:
                 tails = {n: (lambda r=r: nodes[r.node].log_tail(r, 80)) for n, r in pending.items()}

@@ -23,8 +23,9 @@ from lab_utils.cluster import Cluster, as_cluster
 from lab_utils.cluster.provision import deploy
 from lab_utils.cluster.state import ProcessRecord
 from lab_utils.config import LabConfig, api_key
+from lab_utils.errors import LabError
 from lab_utils.serve import calibrate
-from lab_utils.serve.launcher import start_instance, wait_ready
+from lab_utils.serve.launcher import healthy, process_failure, start_instance, wait_ready
 from lab_utils.serve.plan import make_plan, merge_plans, start_waves
 
 PROXY = "proxy"
@@ -84,7 +85,7 @@ def serve(cluster: Cluster, *topologies: str, show_progress: bool = True,
                 ready.setdefault(name, s)  # seconds from its own wave's start
         calibrate.record(cluster, [r for r in records if r in started], ready, before)
         if "disaggregated" in topologies:
-            _warm_up_pairs(cfg, records)
+            _warm_up_pairs(cluster, records, started, kv_buffer_device, show_progress)
             # NIXL's progress threads exist once the instances are up and have shaken
             # hands; on the CPU rehearsal they then run only when the engines do not
             cluster.quiet_nixl_threads(records)
@@ -112,15 +113,62 @@ def check_plans(cluster: Cluster, topologies: tuple[str, ...],
         merge_plans(cluster.cfg, plans).check()
 
 
-def _warm_up_pairs(cfg: LabConfig, records: list[ProcessRecord]) -> None:
+def _warm_up_pairs(cluster: Cluster, records: list[ProcessRecord],
+                   started: list[ProcessRecord], kv_buffer_device: str | None,
+                   show_progress: bool) -> None:
     """Every prefill/decode pair does its NIXL handshake now, not in the first measured
-    request (and a handshake that fails transiently is retried)."""
+    request (a handshake that fails transiently is retried by `warm_up`). An instance
+    whose engine died in it is restarted once, saying so (`restart_dead`); a pair that
+    fails again, or fails with both alive, raises with what their logs say."""
     from lab_utils.serve.pd import warm_up
 
+    cfg = cluster.cfg
     key = api_key(cfg, "vllm")
-    for p in urls(records, "prefill"):
-        for d in urls(records, "decode"):
-            warm_up(p, d, cfg.model.name, api_key=key)
+    pairs = [(p.name, d.name) for p in records if p.extra.get("role") == "prefill"
+             for d in records if d.extra.get("role") == "decode"]
+    for names in pairs:
+        for attempt in (1, 2):
+            by_name = {r.name: r for r in records}
+            p, d = by_name[names[0]], by_name[names[1]]
+            try:
+                warm_up(_url(p), _url(d), cfg.model.name, api_key=key)
+                break
+            except LabError as e:
+                dead = [r for r in (p, d) if not healthy(_url(r), api_key=key)]
+                if attempt == 2 or not dead:
+                    raise LabError(f"{e}\n{instance_logs(cluster, dead or [p, d])}") from e
+                restart_dead(cluster, records, started, dead, kv_buffer_device, show_progress,
+                             why=str(e))
+
+
+def instance_logs(cluster: Cluster, recs: list[ProcessRecord]) -> str:
+    """Each instance's last log lines and the known failure they show, as one text."""
+    return "\n".join(str(process_failure(cluster.node(r.node), r, "failed the warm-up")) for r in recs)
+
+
+def restart_dead(cluster: Cluster, records: list[ProcessRecord], started: list[ProcessRecord],
+                 dead: list[ProcessRecord], kv_buffer_device: str | None, show_progress: bool,
+                 why: str) -> None:
+    """Stop the instances in `dead` and start them again in their place in `records` (and
+    `started`), printing why with the known failure their logs show."""
+    from lab_utils import known_failures
+
+    names = ", ".join(r.name for r in dead)
+    seen = "; ".join(f.name for r in dead for f in known_failures.match_failures(
+        cluster.node(r.node).log_tail(r, 400), include_warnings=False)) or "no known failure"
+    print(f"warning: {names} stopped answering in the first prefill->decode round trip "
+          f"({why.splitlines()[0][:300]}; their log: {seen}); restarting {names} once.")
+    cluster.stop(dead)
+    specs = {s.name: s for s in cluster.cfg.instances("disaggregated")}
+    fresh = []
+    for old in dead:
+        rec, _ = start_instance(cluster, specs[old.name], kv_buffer_device=kv_buffer_device)
+        records[records.index(old)] = rec
+        if old in started:
+            started.remove(old)
+        started.append(rec)
+        fresh.append(rec)
+    wait_ready(cluster, fresh, show_progress=show_progress)
 
 
 def start_proxy(cluster: Cluster, mode: str, kind: str | None = None,

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from lab_utils.cli import main
 from lab_utils.cluster import Cluster
 from lab_utils.cluster.state import ProcessRecord
@@ -97,3 +99,98 @@ def test_serve_waits_for_each_wave_before_starting_the_next(tmp_path, monkeypatc
                       ("healthy", "decode-0", "prefill-0", "prefill-1"), ("warm-up",)]
     # each instance's seconds to healthy are counted from its own wave's start
     assert recorded == {"prefill-0": 20.0, "decode-0": 20.0, "prefill-1": 30.0}
+
+
+def _pd_records(cfg) -> list[ProcessRecord]:
+    return [ProcessRecord(name=s.name, node=s.node, pid=1, pgid=1, start_ticks=0, log_path="",
+                          argv=[], kind="vllm", url=f"http://x:{s.port}", extra={"role": s.role})
+            for s in cfg.instances("disaggregated")]
+
+
+class _FakeNode:
+    def __init__(self, log: str):
+        self.log = log
+
+    def log_tail(self, rec, lines=40):
+        return self.log
+
+
+class _FakeCluster:
+    """Stops recorded, every node's log the given text."""
+
+    def __init__(self, cfg, log: str):
+        self.cfg, self.stopped, self._node = cfg, [], _FakeNode(log)
+
+    def node(self, name):
+        return self._node
+
+    def stop(self, records, grace_s=None):
+        self.stopped += [r.name for r in records]
+        return []
+
+
+DEAD_LOG = ("(EngineCore pid=7) ERROR [core.py:1512] TimeoutError: RPC call to execute_model "
+            "timed out.\n")
+
+
+def test_a_decode_that_died_in_the_warm_up_is_restarted_once(tmp_path, monkeypatch, capsys):
+    from lab_utils.errors import LabError
+    from lab_utils.serve import pd
+
+    cfg = load_config(REPO_ROOT / "configs/local-cpu.json")
+    records = _pd_records(cfg)
+    started = list(records)
+    tries = []
+
+    def warm_up(p, d, model, api_key=None):
+        tries.append((p, d))
+        if len(tries) == 1:
+            raise LabError("decode answered 500: EngineCore encountered an issue")
+        return 1
+
+    alive = {"prefill-0": True, "decode-0": False}
+    monkeypatch.setattr(pd, "warm_up", warm_up)
+    monkeypatch.setattr(topology, "healthy",
+                        lambda url, api_key=None: alive[next(r.name for r in records
+                                                              if r.url == url)])
+
+    def start(cluster, spec, kv_buffer_device=None):
+        alive[spec.name] = True
+        return ProcessRecord(name=spec.name, node=spec.node, pid=2, pgid=2, start_ticks=0,
+                             log_path="", argv=[], kind="vllm", url=f"http://x:{spec.port}",
+                             extra={"role": spec.role}), True
+
+    waited = []
+    monkeypatch.setattr(topology, "start_instance", start)
+    monkeypatch.setattr(topology, "wait_ready",
+                        lambda cluster, recs, **kw: waited.append([r.name for r in recs]))
+    cluster = _FakeCluster(cfg, DEAD_LOG)
+    topology._warm_up_pairs(cluster, records, started, None, False)
+    out = capsys.readouterr().out
+    assert "restarting decode-0 once" in out and "engine_step_timeout" in out
+    assert cluster.stopped == ["decode-0"] and waited == [["decode-0"]]
+    assert [(r.name, r.pid) for r in records] == [("prefill-0", 1), ("decode-0", 2)]
+    assert sorted((r.name, r.pid) for r in started) == [("decode-0", 2), ("prefill-0", 1)]
+    assert len(tries) == 2
+
+
+def test_a_warm_up_that_fails_twice_raises_with_the_log(tmp_path, monkeypatch):
+    from lab_utils.errors import LabError
+    from lab_utils.serve import pd
+
+    cfg = load_config(REPO_ROOT / "configs/local-cpu.json")
+    records = _pd_records(cfg)
+
+    def warm_up(p, d, model, api_key=None):
+        raise LabError("decode answered 500")
+
+    monkeypatch.setattr(pd, "warm_up", warm_up)
+    monkeypatch.setattr(topology, "healthy", lambda url, api_key=None: url.endswith(":8300"))
+    monkeypatch.setattr(topology, "start_instance", lambda c, spec, kv_buffer_device=None: (
+        next(r for r in _pd_records(cfg) if r.name == spec.name), True))
+    monkeypatch.setattr(topology, "wait_ready", lambda *a, **kw: {})
+    with pytest.raises(LabError) as e:
+        topology._warm_up_pairs(_FakeCluster(cfg, DEAD_LOG), records, [], None, False)
+    # once restarted, then refused: the message carries the log's lines and the known failure
+    assert "RPC call to execute_model timed out" in str(e.value)
+    assert "Known failure: engine_step_timeout" in str(e.value)
