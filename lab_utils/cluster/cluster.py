@@ -102,13 +102,16 @@ class Cluster:
 
     def quiet_nixl_threads(self, records: list[ProcessRecord]) -> list[dict]:
         """With `kv_transfer.lower_nixl_threads` on, lower the NIXL progress threads of
-        the prefill and decode instances among `records` (nice 19, 0.1 ms slice), and
-        record in each instance's record (`extra["nixl_threads"]`) which threads got which
-        policy; the rows of all of them (instance, role, node, process, thread, tid, policy). Safe to
-        call again: threads found before are reported with their policy now, new ones
-        are set. [] when the setting is off."""
+        the prefill and decode instances among `records` (nice 19, 0.1 ms slice), put each
+        one's worker main thread back on its configured CPUs on the CPU build
+        (`on_node.nixl_threads.repin`), and record in each instance's record
+        (`extra["nixl_threads"]`) which threads got which policy or CPUs; the rows of all of
+        them (instance, role, node, process, thread, tid, before, policy). Safe to call
+        again: threads found before are reported with their policy now (and what the first
+        call found before), new ones are set. [] when the setting is off."""
         if not self.cfg.lower_nixl_threads():
             return []
+        binds = {s.name: s.cpu_bind for s in self.cfg.instances("disaggregated")}
         rows = []
         for given in records:
             role = given.extra.get("role")
@@ -117,11 +120,14 @@ class Cluster:
                     or rec.pid != given.pid or not self.knows(rec.node)):
                 continue
             known = {t["tid"]: t for t in rec.extra.get("nixl_threads", [])}
-            now = {t["tid"]: t for t in self.node(rec.node).quiet_nixl_threads(rec, list(known))}
+            bind = binds.get(rec.name) if self.cfg.vllm.device == "cpu" else None
+            now = {t["tid"]: t
+                   for t in self.node(rec.node).quiet_nixl_threads(rec, list(known), bind)}
             for tid in set(known) - set(now):
                 known[tid]["policy"] = "gone"
-            for tid, t in now.items():
-                known[tid] = {**known.get(tid, {}), **t}
+            for tid, t in now.items():  # "before" stays what the first call found
+                first = known.get(tid, {})
+                known[tid] = {**first, **t, **{k: first[k] for k in ("before",) if k in first}}
             rec.extra["nixl_threads"] = list(known.values())
             self.state.add(rec)
             rows += [{"instance": rec.name, "role": role, "node": rec.node, **t}

@@ -88,11 +88,13 @@ class Node(ABC):
     @abstractmethod
     def port_report(self, address: str, port: int) -> dict: ...
 
-    def quiet_nixl_threads(self, rec: ProcessRecord, known: list[int]) -> list[dict]:
+    def quiet_nixl_threads(self, rec: ProcessRecord, known: list[int],
+                           bind: str | None = None) -> list[dict]:
         """Put the NIXL progress threads of the record's process group to the lowest normal priority
+        and, with `bind`, its worker's main thread back on those CPUs
         (`lab_utils.on_node.nixl_threads`, run on the node, its source sent over stdin);
         what it found and set, and the policy now of the threads in `known`."""
-        r = self.run([self.python, "-", "quiet", str(rec.pgid), *map(str, known)],
+        r = self.run([self.python, "-", "quiet", str(rec.pgid), bind or "-", *map(str, known)],
                      input=inspect.getsource(nixl_threads), timeout=60)
         if not r.ok:
             raise LabError(f"node {self.name}: finding NIXL's threads failed: {r.why}")
@@ -215,7 +217,7 @@ class LocalNode(Node):
     def port_report(self, address, port) -> dict:
         return proctools.port_report(address, port)
 
-    def quiet_nixl_threads(self, rec, known) -> list[dict]:
-        return nixl_threads.quiet(rec.pgid, known)
+    def quiet_nixl_threads(self, rec, known, bind=None) -> list[dict]:
+        return nixl_threads.quiet(rec.pgid, known, bind=bind)
 
 

@@ -28,6 +28,13 @@ class InstanceSpec:
     side_channel_port: int | None
     settings: InstanceSettings
 
+    @property
+    def cpu_bind(self) -> str | None:
+        """Its VLLM_CPU_OMP_THREADS_BIND on the CPU build (the node's, where it is set per
+        node); None where none is set."""
+        bind = self.settings.cpu_threads_bind
+        return bind.get(self.node) if isinstance(bind, dict) else bind
+
 
 def instances(layout: TopologyConfig, vllm: VllmConfig, topology: str) -> list[InstanceSpec]:
     """The instances of one topology: one per node listed for each of its roles, with the

@@ -42,8 +42,7 @@ def stand_ins(cfg: LabConfig) -> list[str]:
 
 
 def _bind(cfg: LabConfig, spec) -> str:
-    bind = spec.settings.cpu_threads_bind if cfg.vllm.device == "cpu" else None
-    return (bind.get(spec.node) if isinstance(bind, dict) else bind) or "-"
+    return (spec.cpu_bind if cfg.vllm.device == "cpu" else None) or "-"
 
 
 def replica_stand_ins(cfg: LabConfig) -> list[str]:

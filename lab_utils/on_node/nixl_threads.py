@@ -33,7 +33,7 @@ import os
 import platform
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 UCX_ASYNC_THREAD = "async"  # UCX names its async-event thread so (ucs_pthread_create)
@@ -174,12 +174,51 @@ def lower(tid: int) -> None:
         os.setpriority(os.PRIO_PROCESS, tid, NICE)
 
 
-def quiet(pgid: int, known: Sequence[int] = (), root: str = "/proc") -> list[dict]:
+def _cpus_text(cpus: Iterable[int]) -> str:
+    return "CPUs " + ",".join(map(str, sorted(cpus)))
+
+
+# where a thread may run; module-level so tests on a fake /proc can stand in for them
+get_affinity = os.sched_getaffinity
+set_affinity = os.sched_setaffinity
+
+
+def repin(pgid: int, bind: str | None, root: str = "/proc") -> list[dict]:
+    """Put the main thread of each process of the group that holds a UCX context (the
+    worker, which runs the model) back on the CPUs of its VLLM_CPU_OMP_THREADS_BIND `bind`.
+    vLLM's NIXL worker on a CPU moves that thread to the last core of each NUMA node
+    whatever the bind says (to keep the KV loads apart from the model, it says); on one
+    machine that puts every prefill and decode instance's model on that core. One entry
+    per such process: pid, tid (= pid), the CPUs before and now. [] without a bind."""
+    cpus = cpu_set(bind)
+    if not cpus:
+        return []
+    out = []
+    for pid in group_processes(pgid, root):
+        if UCX_ASYNC_THREAD not in threads(pid, root).values():
+            continue
+        row: dict = {"pid": pid, "tid": pid, "process": _comm(Path(f"{root}/{pid}/comm")),
+                     "thread": "main (runs the model)"}
+        try:
+            before = get_affinity(pid)
+            row["before"] = _cpus_text(before)
+            if set(before) != cpus:
+                set_affinity(pid, cpus)
+            row["policy"] = _cpus_text(get_affinity(pid))
+        except OSError as e:  # gone meanwhile, or not ours
+            row["error"] = str(e)
+        out.append(row)
+    return out
+
+
+def quiet(pgid: int, known: Sequence[int] = (), root: str = "/proc",
+          bind: str | None = None) -> list[dict]:
     """Give the group's NIXL progress threads nice 19 and the shortest slice; one entry per
     thread found now (pid, tid, process and thread name, policy before and after) and per
     thread of `known` (found before) still in the group, with its policy now. A thread
-    already lowered still spins, so it is found again: "before" says so."""
-    out = []
+    already lowered still spins, so it is found again: "before" says so. With `bind`, the
+    worker's main thread is also put back on its CPUs (`repin`), one entry more."""
+    out = repin(pgid, bind, root)
     for t in spinning(pgid, root):
         before = policy_name(t["tid"])
         try:
@@ -241,13 +280,14 @@ def spin(seconds: float, lowered: bool, cpus: Sequence[set[int] | None],
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Remote entry point: `quiet PGID [KNOWN_TID...]`, or `spin SECONDS LOWERED(0|1)
+    """Remote entry point: `quiet PGID BIND [KNOWN_TID...]` (BIND "-" for none), or `spin SECONDS LOWERED(0|1)
     BIND...` (BIND a VLLM_CPU_OMP_THREADS_BIND value, "-" for none; `spin-yield` the same
     with yielding loops); prints the answer as JSON."""
     args = sys.argv[1:] if argv is None else argv
     cmd, rest = args[0], args[1:]
     if cmd == "quiet":
-        result: object = quiet(int(rest[0]), [int(t) for t in rest[1:]])
+        result: object = quiet(int(rest[0]), [int(t) for t in rest[2:]],
+                               bind=None if rest[1] == "-" else rest[1])
     elif cmd in ("spin", "spin-yield"):
         result = spin(float(rest[0]), rest[1] == "1",
                       [cpu_set(None if b == "-" else b) for b in rest[2:]], cmd == "spin-yield")

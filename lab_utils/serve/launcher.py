@@ -116,11 +116,8 @@ def server_env(cfg: LabConfig, spec: InstanceSpec) -> dict[str, str]:
     if cfg.vllm.device == "cpu":
         if s.cpu_kvcache_space_gib:
             env["VLLM_CPU_KVCACHE_SPACE"] = str(s.cpu_kvcache_space_gib)
-        bind = s.cpu_threads_bind
-        if isinstance(bind, dict):
-            bind = bind.get(spec.node)
-        if bind:
-            env["VLLM_CPU_OMP_THREADS_BIND"] = bind
+        if spec.cpu_bind:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = spec.cpu_bind
     if spec.role in KV_ROLES:
         env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = node.data_address
         env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(spec.side_channel_port)

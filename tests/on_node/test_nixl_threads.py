@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -134,4 +135,49 @@ def test_lower_gives_a_real_thread_nice_19_and_the_shortest_slice():
     finally:
         stop.set()
         t.join()
+    # join returns when Python is done with the thread; the kernel may still hold it briefly
+    deadline = time.monotonic() + 5
+    while nixl_threads.policy_name(tid[0]) != "gone" and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert nixl_threads.policy_name(tid[0]) == "gone"
+
+
+def test_repin_puts_the_workers_main_thread_back_on_its_bind(fake, tmp_path, monkeypatch):
+    # vLLM's NIXL worker moved the main thread to CPU 1; the bind says 0. Only the process
+    # with UCX's thread is the worker; the API server (no UCX) is left alone.
+    fake({200: ("python", GROUP, {200: ("python", "S", 0)}),
+          201: ("VLLM::Worker", GROUP, {201: ("VLLM::Worker", "S", 0), 202: ("async", "S", 0)})})
+    cpus = {200: {0, 1}, 201: {1}}
+    monkeypatch.setattr(nixl_threads, "get_affinity", lambda pid: set(cpus[pid]))
+    monkeypatch.setattr(nixl_threads, "set_affinity", lambda pid, c: cpus.__setitem__(pid, set(c)))
+    rows = nixl_threads.repin(GROUP, "0", root=str(tmp_path))
+    assert rows == [{"pid": 201, "tid": 201, "process": "VLLM::Worker",
+                     "thread": "main (runs the model)", "before": "CPUs 1", "policy": "CPUs 0"}]
+    assert cpus == {200: {0, 1}, 201: {0}}
+    assert nixl_threads.repin(GROUP, None, root=str(tmp_path)) == []  # no bind: nothing to do
+
+
+def test_repin_moves_a_real_thread_back():
+    """On this machine: a thread moved to one CPU is put back on the bind's CPUs, read
+    back through the kernel."""
+    have = sorted(os.sched_getaffinity(0))
+    if len(have) < 2:
+        pytest.skip(f"needs two CPUs to move a thread between; this process may use {have}")
+    ready, stop = threading.Event(), threading.Event()
+    tid: list[int] = []
+
+    def idle():
+        tid.append(threading.get_native_id())
+        os.sched_setaffinity(0, {have[-1]})
+        ready.set()
+        stop.wait(10)
+    t = threading.Thread(target=idle)
+    t.start()
+    try:
+        ready.wait(5)
+        assert os.sched_getaffinity(tid[0]) == {have[-1]}
+        nixl_threads.set_affinity(tid[0], nixl_threads.cpu_set(str(have[0])))
+        assert os.sched_getaffinity(tid[0]) == {have[0]}
+    finally:
+        stop.set()
+        t.join()

@@ -23,7 +23,7 @@ from lab_utils.config import api_key
 from lab_utils.kv.shapes import kv_shape_from_dir
 from lab_utils.measure.loadgen import auth_headers
 from lab_utils.measure.prompts import fresh_prompts, load_tokenizer
-from lab_utils.on_node import proctools
+from lab_utils.on_node import nixl_threads, proctools
 from lab_utils.on_node.proctools import is_alive, port_is_free
 from lab_utils.serve.pd import complete, prove_transfer, prove_via_proxy
 from lab_utils.serve.router import VERSION
@@ -98,10 +98,18 @@ def test_nixl_threads_are_lowered_and_recorded(rehearsal, engine_cfg):
     nice 19 and a 0.1 ms slice, and the instance's record says which thread got which policy."""
     rehearsal.up()
     by_role = {r.extra["role"]: r for r in rehearsal.records() if r.kind == "vllm"}
+    specs = {s.name: s for s in engine_cfg.instances("disaggregated")}
     for role in ("prefill", "decode"):
         threads = by_role[role].extra.get("nixl_threads")
         assert threads, f"{role}: no NIXL thread recorded"
-        for t in threads:
+        # the worker's main thread, which vLLM's NIXL worker moves to the last core, is
+        # back on the instance's bind (the kernel says so)
+        main = [t for t in threads if t.get("thread") == "main (runs the model)"]
+        assert len(main) == 1, threads
+        bind = nixl_threads.cpu_set(specs[by_role[role].name].cpu_bind)
+        assert os.sched_getaffinity(main[0]["tid"]) == bind, (main, bind)
+        assert main[0]["policy"] == "CPUs " + ",".join(map(str, sorted(bind)))
+        for t in [t for t in threads if t not in main]:
             assert t["policy"] == "SCHED_OTHER nice 19 slice 0.1 ms", t
             # the kernel agrees (read here, not by the code under test)
             assert os.getpriority(os.PRIO_PROCESS, t["tid"]) == 19, t
