@@ -1,5 +1,7 @@
-"""P/D against one instance and the replicated pair, with NIXL's progress threads at their
-normal priority and lowered (nice 19, 0.1 ms slice), measured in one run with the lab's own ruler.
+"""P/D against one instance and the replicated pair, as vLLM leaves it and with the lab's
+setting (`kv_transfer.lower_nixl_threads`: NIXL's progress threads at nice 19 with a 0.1 ms
+slice, each worker's main thread back on its configured CPUs), measured in one run with the
+lab's own ruler.
 
 `python -m lab_utils.bench.pd_stall --compare` starts, one after another, the baseline,
 the replicated and the disaggregated topology of a local profile (the last twice: with
@@ -125,8 +127,10 @@ def _f(x: float | None, fmt: str = "{:.1f}") -> str:
 def label(row: dict[str, Any]) -> str:
     if row["topology"] != "disaggregated":
         return row["topology"]
-    return ("disaggregated, NIXL threads at nice 19, 0.1 ms slice" if row["lower_nixl_threads"]
-            else "disaggregated, NIXL threads at normal priority")
+    return ("disaggregated, the lab's setting: NIXL threads at nice 19, 0.1 ms slice; workers "
+            "on their binds" if row["lower_nixl_threads"]
+            else "disaggregated as vLLM leaves it: NIXL threads at normal priority; both "
+            "workers on the last core")
 
 
 HEADER = ("| run | c=1 TPOT p50 ms | c=1 ITL p50 ms | mixed ITL p99 ms | mixed TTFT p50 ms "

@@ -1,5 +1,5 @@
-"""NIXL's busy progress threads in a vLLM instance's process group, and the lowest normal
-priority for them.
+"""NIXL's busy progress threads in a vLLM instance's process group, the lowest normal
+priority for them, and the worker's main thread back on its CPUs.
 
 The nixl Python API starts each agent with a progress thread that polls UCX with no
 delay between polls (`pthrDelay = 0`, not a setting), and vLLM's NixlConnector always
@@ -19,6 +19,11 @@ other than the process's main thread that stays runnable (state R) in nearly eve
 over about a second while the instance is idle, and used CPU meanwhile. An idle thread
 sleeps (S); a busy-polling one is always R, however loaded the machine is, so the test
 does not depend on how much CPU it got.
+
+vLLM's NIXL worker on a CPU also moves the worker's main thread, which runs the model, to
+the last core of each NUMA node, whatever VLLM_CPU_OMP_THREADS_BIND says; on one machine
+that puts the prefill's and the decode's model on one core. `repin` puts it back on the
+instance's bind (docs/REHEARSAL.md has the comparison).
 
 Sent as source to SSH nodes (standard library only): `python - quiet PGID` prints the
 record as JSON (with the threads found before as

@@ -38,11 +38,12 @@ def test_compare_verdicts_follow_the_figures():
     rows = [_run("baseline", None, 2.0, 100.0), _run("replicated", None, 2.0, 40.0),
             _run("disaggregated", False, 7.0, 45.0, held=1.5), _run("disaggregated", True, 2.8, 30.0)]
     said = verdicts(rows)
-    assert "normal priority: TPOT at concurrency 1 3.50x the single instance's (over" in said[0]
+    assert "last core: TPOT at concurrency 1 3.50x the single instance's (over" in said[0]
     assert "not the lowest" in said[1]
-    assert "0.1 ms slice: TPOT at concurrency 1 1.40x the single instance's (within" in said[2]
+    assert "on their binds: TPOT at concurrency 1 1.40x the single instance's (within" in said[2]
     assert said[3].endswith(": the lowest")
-    assert said[4] == "stood still: disaggregated, NIXL threads at normal priority (one)"
+    assert said[4] == ("stood still: disaggregated as vLLM leaves it: NIXL threads at normal "
+                       "priority; both workers on the last core (one)")
     table = cmp_markdown(rows).splitlines()
     assert table[:2] == CMP_HEADER.splitlines() and len(table) == 6
     assert all(line.count("|") == table[0].count("|") for line in table)
