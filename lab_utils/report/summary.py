@@ -45,7 +45,8 @@ def _won(f: Finding, who: str = "") -> str:
     m = BY_KEY[f.metric]
     win, lose = ((f.subject_value, f.reference_value) if f.winner == f.subject
                  else (f.reference_value, f.subject_value))
-    return f"{m.label} at {f.load} ({who}{m.times(win, lose)}: {m.text(win)} vs {m.text(lose)})"
+    where = f.load if f.workload == "standard" else f"{f.load} under the {f.workload} workload"
+    return f"{m.label} at {where} ({who}{m.times(win, lose)}: {m.text(win)} vs {m.text(lose)})"
 
 
 def _loads(fs: list[Finding]) -> str:
@@ -59,14 +60,13 @@ def _loads(fs: list[Finding]) -> str:
 
 
 def verdict_sentence(concl: Conclusions) -> str:
-    """The verdict in one sentence, computed from the findings of the standard workload for
-    the first pair measured (disaggregated vs replicated, else replicated vs baseline, else
+    """The verdict in one sentence, computed from the findings of every workload for the
+    first pair measured (disaggregated vs replicated, else replicated vs baseline, else
     disaggregated vs baseline): the subject's largest win (as a ratio), its largest loss
     (what the win cost), the hardware each used, and how many comparisons showed no
     difference by the lab's rule."""
     for subject, reference in PAIRS:
-        found = [f for f in concl.findings
-                 if (f.subject, f.reference) == (subject, reference) and f.workload == "standard"]
+        found = [f for f in concl.findings if (f.subject, f.reference) == (subject, reference)]
         if found:
             break
     else:
@@ -76,8 +76,11 @@ def verdict_sentence(concl: Conclusions) -> str:
     wins = sorted((f for f in found if f.winner == subject), key=_ratio, reverse=True)
     losses = sorted((f for f in found if f.winner == reference), key=_ratio, reverse=True)
     ties = len(found) - len(wins) - len(losses)
+    workloads = list(dict.fromkeys(f.workload for f in found))
+    every = ("every metric at every load" if len(workloads) == 1
+             else f"every metric at every load of the {join_words(workloads)} workloads")
     tally = (f"{len(wins)} won, {len(losses)} lost and {ties} without a difference of the "
-             f"{len(found)} comparisons (every metric at every load)")
+             f"{len(found)} comparisons ({every})")
     where = f"; {tally}, measured at {_loads(found)}{HARDWARE[reference]}."
     head = a[0].upper() + a[1:]
     if wins and losses:
