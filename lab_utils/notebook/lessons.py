@@ -27,11 +27,6 @@ def _points(result: BenchmarkResult | None, mode: str = "concurrency") -> dict[f
     return {float(c.value): c for c in result.combined if c.mode == mode and c.valid}
 
 
-def _change(a: float | None, b: float | None) -> float | None:
-    """b against a, in % of a."""
-    return (b - a) / a * 100 if a and b is not None else None
-
-
 def _ratio(a: float | None, b: float | None) -> float | None:
     """a / b; None when either is missing or b is 0."""
     return a / b if a is not None and b else None
@@ -41,6 +36,15 @@ def better(a: Point, b: Point, key: str) -> str | None:
     """"a" or "b": the better of two points on `key` when they differ by the lab's rule
     (`points.compare_points`: none when their prefix-cache hit shares differ), else None."""
     return compare_points(a, b, key).better
+
+
+def _margin(a: Point, b: Point, key: str, won: str | None) -> str:
+    """b against a as a ratio with the direction in words ("1.3x lower"), or that they do
+    not differ by the lab's rule (`better` said None)."""
+    x, y = b.median(key), a.median(key)
+    if won is None or x is None or y is None:
+        return "no difference by the lab's rule"
+    return BY_KEY[key].times(x, y)
 
 
 def _ms(v: float | None) -> str:
@@ -53,8 +57,10 @@ def _tps(p: Point) -> str:
     return "–" if tps is None else f"{tps:.0f}"
 
 
-def _pct(v: float | None) -> str:
-    return "–" if v is None else f"{v:+.0f}%"
+def _times(key: str, x: Point, y: Point) -> str:
+    """x against y on `key` as a ratio with the direction in words ("1.4x higher")."""
+    vx, vy = x.median(key), y.median(key)
+    return "–" if vx is None or vy is None else BY_KEY[key].times(vx, vy)
 
 
 # ---- 01 ---------------------------------------------------------------------------------
@@ -67,13 +73,13 @@ def conclude_01(payload: BaselinePayload, device: str = "cpu") -> list[str]:
         return ["Only one valid load point: nothing to compare across concurrency."]
     lo, hi = pts[min(pts)], pts[max(pts)]
     gain = _ratio(hi.median("output_throughput"), lo.median("output_throughput"))
-    tpot = _change(lo.median("median_tpot_ms"), hi.median("median_tpot_ms"))
     said = []
     if better(lo, hi, "output_throughput") == "b":
         rose = f"rose {gain:.1f}x" if gain is not None else "rose"
         said.append(f"As expected, batching paid: output throughput {rose} from "
                     f"concurrency {min(pts):g} to {max(pts):g} ({_tps(lo)} -> "
-                    f"{_tps(hi)} tok/s) while TPOT changed {_pct(tpot)}: "
+                    f"{_tps(hi)} tok/s) while TPOT was "
+                    f"{_times('median_tpot_ms', hi, lo)}: "
                     f"{max(pts):g} requests shared each step.")
     else:
         said.append(f"Not as expected: output throughput did not grow with concurrency "
@@ -155,25 +161,23 @@ def conclude_03(baseline: BenchmarkResult, replicated: BenchmarkResult,
     if not common:
         return ["No load point measured by both 01 and 03: nothing to compare."]
     top, one = common[-1], common[0]
-    thr = _change(a[top].median("output_throughput"), b[top].median("output_throughput"))
+    gain = _ratio(b[top].median("output_throughput"), a[top].median("output_throughput"))
     said = []
     if better(a[top], b[top], "output_throughput") == "b":
         said.append(f"As expected, two replicas added capacity: at concurrency {top:g} output "
-                    f"throughput rose {'from 0' if thr is None else f'{thr:.0f}%'} "
+                    f"throughput rose {'from 0' if gain is None else f'{gain:.1f}x'} "
                     f"({_tps(a[top])} -> {_tps(b[top])} tok/s).")
     else:
-        lost = [f"{c:g}: {_pct(_change(a[c].median('output_throughput'), b[c].median('output_throughput')))}"
-                for c in common]
+        lost = [f"{c:g}: {_times('output_throughput', b[c], a[c])}" for c in common]
         said.append("Not as expected: two replicas did not add capacity (output throughput "
                     f"against one instance at concurrency {', '.join(lost)})"
                     + (f". The likely cause: {CPU_NOTE}, so two busy replicas each get half "
                        "of what one got alone; on two Sparks each has its own GPU."
                        if device == "cpu" else "; check that both nodes serve (status)."))
     for key in ("median_ttft_ms", "p99_ttft_ms"):
-        ch = _change(a[one].median(key), b[one].median(key))
         same = not differs(a[one].of(key), b[one].of(key))
         said.append(f"At concurrency {one:g}, {BY_KEY[key].label}: {_ms(a[one].median(key))} alone, "
-                    f"{_ms(b[one].median(key))} on replicas ({_pct(ch)}): "
+                    f"{_ms(b[one].median(key))} on replicas ({_times(key, b[one], a[one])}): "
                     + ("the same, as expected (each request still runs alone on one engine)."
                        if same else "not the same; a request alone on a replica should see "
                        "the single instance's latency" + (f" ({CPU_NOTE})." if device == "cpu"
@@ -218,17 +222,17 @@ def conclude_04(replicated: BenchmarkResult | None, disaggregated: BenchmarkResu
     common = sorted(set(mr) & set(md))
     if common:
         c = common[-1]
-        ch = _change(mr[c].median("p99_itl_ms"), md[c].median("p99_itl_ms"))
-        protected = better(mr[c], md[c], "p99_itl_ms") == "b"
+        won = better(mr[c], md[c], "p99_itl_ms")
         late = ((mixed_dis is not None and read_late(mixed_dis, "concurrency", c))
                 or (mixed_rep is not None and read_late(mixed_rep, "concurrency", c)))
         text = (f"mixed workload at concurrency {c:g}, ITL p99: {_ms(mr[c].median('p99_itl_ms'))} "
-                f"on replicas, {_ms(md[c].median('p99_itl_ms'))} disaggregated ({_pct(ch)})")
-        if protected:
+                f"on replicas, {_ms(md[c].median('p99_itl_ms'))} disaggregated "
+                f"({_margin(mr[c], md[c], 'p99_itl_ms', won)})")
+        if won == "b":
             said.insert(0, f"As expected, disaggregation protected the ITL tail: {text}.")
         else:
-            said.insert(0, f"Not as expected: disaggregation did not protect the ITL tail: "
-                           f"{text}"
+            said.insert(0, "Not as expected: disaggregation did not protect the ITL tail"
+                           + (" measurably" if won is None else "") + f": {text}"
                            + (f". {CPU_NOTE[0].upper()}{CPU_NOTE[1:]}, and every prefill or "
                               "decode instance runs a NIXL thread that polls without pause."
                               if device == "cpu" else ".")
@@ -242,10 +246,12 @@ def conclude_04(replicated: BenchmarkResult | None, disaggregated: BenchmarkResu
     both = sorted(set(r) & set(d))
     if both:
         c, one = both[-1], both[0]
+        won = better(r[c], d[c], "output_throughput")
         said.append(f"Throughput at concurrency {c:g}: {_tps(r[c])} tok/s "
                     f"replicated, {_tps(d[c])} disaggregated "
-                    f"({_pct(_change(r[c].median('output_throughput'), d[c].median('output_throughput')))}); "
-                    "one node only prefills, as vLLM's documentation warns.")
+                    f"({_margin(r[c], d[c], 'output_throughput', won)})"
+                    + ("; one node only prefills, as vLLM's documentation warns." if won == "a"
+                       else "."))
         said.append(f"TTFT p50 at concurrency {one:g}: {_ms(r[one].median('median_ttft_ms'))} "
                     f"replicated, {_ms(d[one].median('median_ttft_ms'))} disaggregated: every "
                     "request pays a prefill round trip, the KV move and the hop.")
