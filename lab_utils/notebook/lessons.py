@@ -202,6 +202,9 @@ def _nixl_cause(baseline: BaselinePayload | None, disaggregated: BenchmarkResult
     ratio = (_ratio(pd_one.median("median_tpot_ms"), single_one.median("median_tpot_ms"))
              if pd_one and single_one else None)
     here = f"; here TPOT at concurrency 1 was {ratio:.1f}x 01's" if ratio else ""
+    if ratio and max(ratio, beside.ratio) > 1.5 * min(ratio, beside.ratio):
+        here += (", so 01's stand-ins do not match what the decode met here and the forecast's "
+                 "time per token is off by as much (docs/MEASURING.md)")
     return (f" 01 measured a decode step on this machine {beside.ratio:.1f}x slower beside "
             f"{beside.threads} busy threads like NIXL's ({beside.policy}){here}.")
 

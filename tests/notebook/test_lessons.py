@@ -106,6 +106,12 @@ def test_04_names_what_01_measured_beside_nixls_threads():
     assert ("01 measured a decode step on this machine 2.7x slower beside 2 busy threads like "
             "NIXL's (SCHED_OTHER nice 19 slice 0.1 ms); here TPOT at concurrency 1 was 2.5x "
             "01's.") in said[0]
+    far = SimpleNamespace(sweep=base.sweep, profile=SimpleNamespace(
+        beside_busy=SimpleNamespace(ratio=4.3, threads=2, policy=beside.policy)))
+    said = conclude_04(rep, dis, result({4: point(250, itl_p99=15)}),
+                       result({4: point(180, itl_p99=19)}), None, "cpu", far)
+    assert ("here TPOT at concurrency 1 was 2.5x 01's, so 01's stand-ins do not match what the "
+            "decode met here") in said[0]
     without = SimpleNamespace(sweep=base.sweep, profile=SimpleNamespace(beside_busy=None))
     said = conclude_04(rep, dis, result({4: point(250, itl_p99=15)}),
                        result({4: point(180, itl_p99=19)}), None, "cpu", without)
