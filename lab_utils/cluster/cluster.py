@@ -125,9 +125,11 @@ class Cluster:
                    for t in self.node(rec.node).quiet_nixl_threads(rec, list(known), bind)}
             for tid in set(known) - set(now):
                 known[tid]["policy"] = "gone"
-            for tid, t in now.items():  # "before" stays what the first call found
+            for tid, t in now.items():
                 first = known.get(tid, {})
-                known[tid] = {**first, **t, **{k: first[k] for k in ("before",) if k in first}}
+                known[tid] = {**first, **t}
+                if "before" in first:  # what the first call found stays
+                    known[tid]["before"] = first["before"]
             rec.extra["nixl_threads"] = list(known.values())
             self.state.add(rec)
             rows += [{"instance": rec.name, "role": role, "node": rec.node, **t}

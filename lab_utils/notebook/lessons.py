@@ -41,10 +41,7 @@ def better(a: Point, b: Point, key: str) -> str | None:
 def _margin(a: Point, b: Point, key: str, won: str | None) -> str:
     """b against a as a ratio with the direction in words ("1.3x lower"), or that they do
     not differ by the lab's rule (`better` said None)."""
-    x, y = b.median(key), a.median(key)
-    if won is None or x is None or y is None:
-        return "no difference by the lab's rule"
-    return BY_KEY[key].times(x, y)
+    return "no difference by the lab's rule" if won is None else _times(key, b, a)
 
 
 def _ms(v: float | None) -> str:

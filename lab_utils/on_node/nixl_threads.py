@@ -25,9 +25,9 @@ the last core of each NUMA node, whatever VLLM_CPU_OMP_THREADS_BIND says; on one
 that puts the prefill's and the decode's model on one core. `repin` puts it back on the
 instance's bind (docs/REHEARSAL.md has the comparison).
 
-Sent as source to SSH nodes (standard library only): `python - quiet PGID` prints the
-record as JSON (with the threads found before as
-further arguments, their policy now). The same functions read a fake /proc tree in tests (`root`).
+Sent as source to SSH nodes (standard library only): `python - quiet PGID BIND` prints the
+record as JSON (BIND the instance's VLLM_CPU_OMP_THREADS_BIND or "-"; with the threads
+found before as further arguments, their policy now). The same functions read a fake /proc tree in tests (`root`).
 """
 
 from __future__ import annotations
