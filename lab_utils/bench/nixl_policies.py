@@ -3,7 +3,9 @@ first-token tail, on the rehearsal's disaggregated topology.
 
 `python -m lab_utils.bench.nixl_policies` serves the disaggregated topology of a local
 profile once (with `kv_transfer.lower_nixl_threads` off, so nothing but this run touches
-the threads), finds the two progress threads (`on_node.nixl_threads.spinning`), and for
+the threads, and no progress delay, so they poll without pause as vLLM gets them: the
+lab's delay, `kv_transfer.nixl_progress_delay_us`, is compared in `bench.pd_compare`),
+finds the two progress threads (`on_node.nixl_threads.spinning`), and for
 each policy in turn, for `--rounds` rounds, measures through the proxy with the lab's
 load generator and fresh prompts:
 
@@ -15,7 +17,7 @@ load generator and fresh prompts:
   until the decode has finished the long ones.
 
 The policies: normal priority (as NIXL leaves them), nice 19, nice 19 with the shortest
-slice (0.1 ms; the lab's choice), and `SCHED_IDLE`. It prints one markdown row per policy
+slice (0.1 ms; the lab's choice for a thread still found busy), and `SCHED_IDLE`. It prints one markdown row per policy
 and round (docs/REHEARSAL.md quotes them).
 """
 
@@ -90,7 +92,8 @@ def measure(cfg: labconfig.LabConfig, served: Served, tokenize, detokenize, seed
 
 def run(config: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
     raw = json.loads(config.read_text())
-    raw.setdefault("kv_transfer", {})["lower_nixl_threads"] = False
+    # the threads as vLLM gets them (busy, normal priority): the policies apply to those
+    raw.setdefault("kv_transfer", {}).update(lower_nixl_threads=False, nixl_progress_delay_us=0)
     rows = []
     with tempfile.TemporaryDirectory(prefix="nixl-policies-") as tmp:
         path = Path(tmp) / "config.json"

@@ -1,18 +1,20 @@
 """P/D against one instance and the replicated pair, as vLLM leaves it and with the lab's
-setting (`kv_transfer.lower_nixl_threads`: NIXL's progress threads at nice 19 with a 0.1 ms
-slice, each worker's main thread back on its configured CPUs), measured in one run with the
-lab's own ruler.
+settings for NIXL's progress threads, measured in one run with the lab's own ruler.
 
 `python -m lab_utils.bench.pd_stall --compare` starts, one after another, the baseline,
-the replicated and the disaggregated topology of a local profile (the last twice: with
-`kv_transfer.lower_nixl_threads` false, then true), each with the lab proxy in front, and
-measures each the way notebooks 01, 03 and 04 do (`workload.build_requests`,
-`loadgen.run_point`, the same prompts for every topology):
+the replicated and the disaggregated topology of a local profile, the last three times
+(`VARIANTS`): as vLLM leaves it (NIXL's threads poll without pause at normal priority, both
+workers' model threads on the last core); with those threads lowered to nice 19 with a 0.1
+ms slice and the workers back on their binds (`kv_transfer.lower_nixl_threads`, the lab's
+setting before the progress delay); and with the lab's progress delay on top
+(`kv_transfer.nixl_progress_delay_us`: the threads wait in poll() between rounds). Each
+runs with the lab proxy in front and is measured the way notebooks 01, 03 and 04 do
+(`workload.build_requests`, `loadgen.run_point`, the same prompts for every topology):
 
 - **one at a time**: `--prompts` requests at concurrency 1: median TPOT, median ITL;
 - **mixed**: the mixed long/short workload at the workload's highest concurrency: ITL p99;
 - for both, how long this process stood still (`stalls.Watch`), and during the mixed run
-  the CPU seconds each process group used (instances, proxy), NIXL's threads' own, and
+  the CPU seconds each process group used (instances, proxy), busy NIXL threads' own, and
   this process's (the load generator);
 - the machine's 1-minute load average before and after, since other work on the same
   cores moves every figure.
@@ -42,7 +44,18 @@ from lab_utils.on_node.proctools import group_cpu_seconds, thread_cpu_seconds
 from lab_utils.serve.topology import Served, cleanup, serve
 
 TPOT_TARGET = 1.5
-RUNS = (("baseline", None), ("replicated", None), ("disaggregated", False), ("disaggregated", True))
+# P/D's variants: name, what the row says, the kv_transfer settings
+VARIANTS = {
+    "as vLLM leaves it": ("NIXL threads poll without pause at normal priority; both workers on "
+                          "the last core", {"lower_nixl_threads": False,
+                                            "nixl_progress_delay_us": 0}),
+    "lowered": ("NIXL threads poll without pause at nice 19, 0.1 ms slice; workers on their "
+                "binds", {"lower_nixl_threads": True, "nixl_progress_delay_us": 0}),
+    "the lab's setting": ("NIXL threads wait in poll() up to 1 ms; workers on their binds",
+                          {"lower_nixl_threads": True, "nixl_progress_delay_us": 1000}),
+}
+RUNS = (("baseline", None), ("replicated", None),
+        *(("disaggregated", name) for name in VARIANTS))
 
 
 def cpu_snapshot(served: Served, threads: list[dict]) -> dict[str, float]:
@@ -79,8 +92,10 @@ def measure_topology(cfg: labconfig.LabConfig, topology: str, prompts: int) -> d
         try:
             records = serve(cluster, topology, with_proxy=True, show_progress=False)
             served = Served(topology, records)
-            threads = cluster.quiet_nixl_threads(records)  # recorded at start; now again
-            if not threads:  # the setting is off: the same threads, left as they are
+            # busy NIXL threads: recorded at start, now again; none when they wait
+            threads = [t for t in cluster.quiet_nixl_threads(records)
+                       if t.get("thread") != nixl_threads.MAIN_THREAD]
+            if not cfg.lower_nixl_threads():  # the same threads, left as they are
                 threads = [t for r in records if r.extra.get("role") in ("prefill", "decode")
                            for t in nixl_threads.spinning(r.pgid)]
             tokenize, detokenize = server_tokenizer(served.instance_urls()[0], cfg.model.name,
@@ -100,11 +115,11 @@ def measure_topology(cfg: labconfig.LabConfig, topology: str, prompts: int) -> d
             "cpu_s": {k: round(after[k] - before[k], 1) for k in after}}
 
 
-def _variant(config: Path, idle: bool | None, tmp: str) -> labconfig.LabConfig:
+def _variant(config: Path, variant: str | None, tmp: str) -> labconfig.LabConfig:
     raw = json.loads(config.read_text())
-    if idle is not None:
-        raw.setdefault("kv_transfer", {})["lower_nixl_threads"] = idle
-    path = Path(tmp) / f"config-{idle}.json"
+    if variant is not None:
+        raw.setdefault("kv_transfer", {}).update(VARIANTS[variant][1])
+    path = Path(tmp) / f"config-{len(os.listdir(tmp))}.json"
     path.write_text(json.dumps(raw))
     return labconfig.load_config(path)
 
@@ -112,10 +127,10 @@ def _variant(config: Path, idle: bool | None, tmp: str) -> labconfig.LabConfig:
 def compare(config: Path, prompts: int) -> list[dict[str, Any]]:
     rows = []
     with tempfile.TemporaryDirectory(prefix="pd-compare-") as tmp:
-        for topology, idle in RUNS:
-            cfg = _variant(config, idle, tmp)
+        for topology, variant in RUNS:
+            cfg = _variant(config, variant, tmp)
             row = measure_topology(cfg, topology, prompts)
-            row["lower_nixl_threads"] = idle
+            row["variant"] = variant
             rows.append(row)
     return rows
 
@@ -125,12 +140,9 @@ def _f(x: float | None, fmt: str = "{:.1f}") -> str:
 
 
 def label(row: dict[str, Any]) -> str:
-    if row["topology"] != "disaggregated":
+    if row["topology"] != "disaggregated" or not row.get("variant"):
         return row["topology"]
-    return ("disaggregated, the lab's setting: NIXL threads at nice 19, 0.1 ms slice; workers "
-            "on their binds" if row["lower_nixl_threads"]
-            else "disaggregated as vLLM leaves it: NIXL threads at normal priority; both "
-            "workers on the last core")
+    return f"disaggregated, {row['variant']}: {VARIANTS[row['variant']][0]}"
 
 
 HEADER = ("| run | c=1 TPOT p50 ms | c=1 ITL p50 ms | mixed ITL p99 ms | mixed TTFT p50 ms "

@@ -13,8 +13,10 @@ disaggregated topology of a local profile with the given config changes, then me
 
 NIXL's progress threads are lowered (nice 19, 0.1 ms slice) as the profile says
 (`kv_transfer.lower_nixl_threads`; `--set kv_transfer.lower_nixl_threads=false` for
-normal priority). `--compare` instead measures P/D with them at normal priority and lowered
-against the single instance and the replicated pair (`bench.pd_compare`).
+normal priority; `--set kv_transfer.nixl_progress_delay_us=0` for NIXL's busy polling as
+vLLM gets it). `--compare` instead measures P/D as vLLM leaves it, lowered, and with the
+lab's progress delay against the single instance and the replicated pair
+(`bench.pd_compare`).
 
 With `--hold`, also:
 
@@ -251,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--label", default=None)
     ap.add_argument("--compare", action="store_true",
                     help="instead: the single instance, the replicated pair and P/D with NIXL's "
-                         "threads at normal priority and lowered (bench.pd_compare)")
+                         "threads as vLLM leaves them, lowered, and waiting (bench.pd_compare)")
     ap.add_argument("--prompts", type=int, default=12,
                     help="with --compare: requests at concurrency 1 (default 12)")
     ap.add_argument("--single", type=int, default=6, help="requests sent one at a time (default 6)")

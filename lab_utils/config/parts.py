@@ -129,11 +129,19 @@ class KVTransferConfig(_Strict):
     extra_config: dict[str, Any] = {}
     # The NIXL transfer probe (notebook 02) listens here on the target node's data address.
     probe_port: Port = 5800
-    # NIXL's progress threads (one per prefill/decode instance, busy-polling even when
-    # idle) lowered to nice 19 with a 0.1 ms slice once an instance is up, so the engines
-    # get nearly all of the CPU (lab_utils.on_node.nixl_threads). None: on for vllm.device
-    # "cpu", off for "cuda".
+    # NIXL's progress threads found busy-polling (one per prefill/decode instance without a
+    # progress delay, below; none with one) lowered to nice 19 with a 0.1 ms slice once an
+    # instance is up, so the engines get nearly all of the CPU, and on the CPU build each
+    # worker's model thread put back on its configured CPUs (lab_utils.on_node.nixl_threads).
+    # None: on for vllm.device "cpu", off for "cuda".
     lower_nixl_threads: bool | None = None
+    # NIXL's progress-thread delay (nixl's `pthrDelay`, in microseconds): 0 is what vLLM's
+    # NixlConnector gets from the nixl Python API, a thread that polls UCX without pause;
+    # above 0 the thread waits in poll() for UCX's events, at most that long (NIXL rounds
+    # it up to whole milliseconds), so it takes no core while nothing moves. The nixl API
+    # has no setting for it: the lab sets it in the prefill and decode processes it starts
+    # (lab_utils/on_node/nixl_site). None: 1000 for vllm.device "cpu", 0 for "cuda".
+    nixl_progress_delay_us: int | None = Field(None, ge=0, le=1_000_000)
 
     _tls = field_validator("ucx_tls")(values.check_ucx_tls)
 

@@ -29,6 +29,9 @@ from lab_utils.errors import LabError
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent
 REPO_ROOT = PACKAGE_DIR.parent  # the checkout, when lab_utils is used from one (editable install)
+# NIXL's progress thread on the CPU rehearsal: waits in poll() up to 1 ms instead of
+# polling without pause (docs/REHEARSAL.md has the comparison)
+CPU_NIXL_PROGRESS_DELAY_US = 1000
 
 
 def in_checkout() -> bool:
@@ -128,6 +131,15 @@ class LabConfig(_Strict):
         setting = self.kv_transfer.lower_nixl_threads
         return self.vllm.device == "cpu" if setting is None else setting
 
+    def nixl_progress_delay_us(self) -> int:
+        """NIXL's progress-thread delay the lab sets in its prefill and decode instances
+        (`kv_transfer.nixl_progress_delay_us`; unset: 1000 on the CPU rehearsal, 0, NIXL's
+        busy polling as vLLM gets it, on CUDA). 0 means the lab leaves nixl alone."""
+        setting = self.kv_transfer.nixl_progress_delay_us
+        if setting is None:
+            return CPU_NIXL_PROGRESS_DELAY_US if self.vllm.device == "cpu" else 0
+        return setting
+
     def probe_pair(self) -> tuple[str, str]:
         """(target, initiator) of the NIXL probe (see `topology.probe_pair`)."""
         return placement.probe_pair(self.topology)
@@ -139,8 +151,11 @@ class LabConfig(_Strict):
     def snapshot(self) -> dict[str, Any]:
         """The config as plain data for results files. Secrets live in files the config
         only names; in case one was put in the config anyway, `extra_env` values with a
-        secret-looking name and any occurrence of a known secret value are redacted."""
-        return values.redact(self.model_dump(mode="json"), known_secrets(self))
+        secret-looking name and any occurrence of a known secret value are redacted. NIXL's
+        progress delay is recorded as resolved for the device (what the run used)."""
+        data = self.model_dump(mode="json")
+        data["kv_transfer"]["nixl_progress_delay_us"] = self.nixl_progress_delay_us()
+        return values.redact(data, known_secrets(self))
 
 
 def known_secrets(cfg: LabConfig) -> tuple[str, ...]:

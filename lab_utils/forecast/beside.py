@@ -1,22 +1,27 @@
 """The CPU term of the P/D forecast: how much slower notebook 01's instance decodes beside
-busy threads like NIXL's progress threads, measured, not assumed.
+threads like NIXL's progress threads, measured, not assumed.
 
-Every prefill and decode instance runs a NIXL progress thread that polls without pause
-(`on_node.nixl_threads`). Where they share a machine with the decode (the rehearsal: every
-instance on one machine; a cluster: the instances placed on the decode's node), they take
-CPU from it: on a 2-core rehearsal the decode's time per token doubles. Notebook 01 has
-no NIXL, so it measures the same situation with stand-ins: one busy process per such
-thread (`nixl_threads spin`), each pinned to the CPUs vLLM binds that instance to and at
-the priority the lab gives NIXL's threads, and a few decode runs of one request alone and
-then beside them. The ratio of the medians is the factor the forecast applies to the
-decode instance's steps. The stand-ins are plain busy loops: NIXL's thread also makes
-system calls, so the factor is a measurement of the situation, not of NIXL itself.
+Every prefill and decode instance runs a NIXL progress thread. As vLLM gets it from the
+nixl Python API it polls without pause; with the lab's progress delay
+(`kv_transfer.nixl_progress_delay_us`, the CPU rehearsal's default) it waits in poll() up
+to that long between rounds. Where these threads share a machine with the decode (the
+rehearsal: every instance on one machine; a cluster: the instances placed on the
+decode's node), they take CPU from it, and a busy one on a 2-core machine doubles the
+decode's time per token or worse. Notebook 01 has no NIXL, so it measures the same
+situation with stand-ins: one process per such thread (`nixl_threads spin`), each pinned
+to the CPUs vLLM binds that instance to and doing what the profile makes NIXL's thread do
+(wait that long in select() each round, or, with no delay, poll without pause at the
+priority the lab gives such threads), and a few decode runs of one request alone and then
+beside them. The ratio of the medians is the factor the forecast applies to the decode
+instance's steps. The stand-ins are loops, not NIXL: the factor is a measurement of the
+situation, not of NIXL itself.
 """
 
 from __future__ import annotations
 
 import inspect
 import json
+import math
 import statistics
 import threading
 import time
@@ -62,11 +67,15 @@ def measure(cfg: LabConfig, inst: ProcessRecord, run_once: Callable[[], float],
             repeats: int, on_run: Callable[[], object] = lambda: None,
             binds: list[str] | None = None, yielding: bool = False) -> BesideBusy:
     """`run_once()`: one decode run on the instance, its ms per step. `repeats` runs alone,
-    then as many beside the stand-ins (`binds`, default NIXL's: `stand_ins`; `yielding`:
-    loops that yield, like an idle vLLM worker, at normal priority), on `inst`'s node; a
-    run outside the stand-ins' life (the node's clock) is not counted."""
+    then as many beside the stand-ins (`binds`, default NIXL's: `stand_ins`, busy or
+    waiting as the profile's progress delay makes NIXL's threads; `yielding`: loops that
+    yield, like an idle vLLM worker, at normal priority), on `inst`'s node; a run outside
+    the stand-ins' life (the node's clock) is not counted."""
     binds = stand_ins(cfg) if binds is None else binds
-    lowered = cfg.lower_nixl_threads() and not yielding
+    # NIXL rounds the delay up to whole milliseconds (its poll() timeout)
+    wait_s = 0.0 if yielding else math.ceil(cfg.nixl_progress_delay_us() / 1000) / 1000
+    # a waiting thread is not busy, so the lab leaves its priority alone
+    lowered = cfg.lower_nixl_threads() and not yielding and not wait_s
     t = time.monotonic()
     alone = []
     for _ in range(repeats):
@@ -79,8 +88,10 @@ def measure(cfg: LabConfig, inst: ProcessRecord, run_once: Callable[[], float],
     def spin() -> None:
         with Cluster(cfg) as cluster:
             node = cluster.node(inst.node)
-            r = node.run([node.python, "-", "spin-yield" if yielding else "spin",
-                          f"{seconds:.1f}", "1" if lowered else "0", *binds],
+            kind = (["spin-yield"] if yielding else
+                    ["spin-wait", f"{wait_s:g}"] if wait_s else ["spin"])
+            r = node.run([node.python, "-", *kind, f"{seconds:.1f}", "1" if lowered else "0",
+                          *binds],
                          input=inspect.getsource(nixl_threads), timeout=seconds + 60)
         answer.update(json.loads(r.stdout) if r.ok else {"error": r.why})
 

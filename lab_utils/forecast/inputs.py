@@ -55,7 +55,7 @@ def from_results(profile: EngineProfile | None, kv: KvTransferPayload | None,
         sources["kv layout"] = f"02: {kv.kv_per_token_bytes} bytes per token, blocks of {kv.block_size}"
     factors = {}
     for key, b, stand_ins, who in (
-            ("NIXL's threads", profile.beside_busy, "busy stand-ins for them", "P/D's decode"),
+            ("NIXL's threads", profile.beside_busy, "stand-ins for them", "P/D's decode"),
             ("other replicas", profile.beside_replicas,
              "stand-ins for the other replicas' idle workers", "a replica's decode")):
         if b is not None and b.ratio:

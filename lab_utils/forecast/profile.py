@@ -194,7 +194,7 @@ def profile_frame(profile: EngineProfile):
         rows.append({"curve": "proxy + client CPU per streamed token (ms)",
                      "at": f"{sc.x:g} streams", "median ms": sc.median, "min ms": sc.lo,
                      "max ms": sc.hi})
-    for b, like in ((profile.beside_busy, "busy threads like NIXL's"),
+    for b, like in ((profile.beside_busy, "stand-ins for NIXL's threads"),
                     (profile.beside_replicas, "idle replicas' yielding workers")):
         if b is None:
             continue

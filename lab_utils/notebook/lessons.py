@@ -16,6 +16,9 @@ from lab_utils.results.kv_transfer import KvTransferPayload
 from lab_utils.results.points import BY_KEY, Measured, Point, compare_points, differs
 from lab_utils.results.sweep import BenchmarkResult
 
+# what NIXL's progress threads did in a run: as vLLM gets them, busy and lowered by the lab
+# (kv_transfer.lower_nixl_threads), or waiting in poll() (kv_transfer.nixl_progress_delay_us)
+NIXL_THREADS = ("busy", "lowered", "waiting")
 TAIL_FACTOR = 3.0  # a TTFT p99 over this many medians is a tail worth a sentence
 CPU_NOTE = ("on the CPU rehearsal every instance shares the machine's two cores with the "
             "others, the proxy and the load generator")
@@ -191,7 +194,7 @@ def conclude_03(baseline: BenchmarkResult, replicated: BenchmarkResult,
 
 
 def _nixl_cause(baseline: BaselinePayload | None, disaggregated: BenchmarkResult) -> str:
-    """What 01 measured about a decode beside NIXL's busy threads, against this run."""
+    """What 01 measured about a decode beside stand-ins for NIXL's threads, against this run."""
     beside = baseline.profile.beside_busy if baseline and baseline.profile else None
     if baseline is None or beside is None or not beside.ratio:
         return ""
@@ -203,16 +206,18 @@ def _nixl_cause(baseline: BaselinePayload | None, disaggregated: BenchmarkResult
         here += (", so 01's stand-ins do not match what the decode met here and the forecast's "
                  "time per token is off by as much (docs/MEASURING.md)")
     return (f" 01 measured a decode step on this machine {beside.ratio:.1f}x slower beside "
-            f"{beside.threads} busy threads like NIXL's ({beside.policy}){here}.")
+            f"{beside.threads} stand-ins for NIXL's threads ({beside.policy}){here}.")
 
 
 def conclude_04(replicated: BenchmarkResult | None, disaggregated: BenchmarkResult,
                 mixed_rep: BenchmarkResult | None, mixed_dis: BenchmarkResult | None,
                 proof: Proof | None, device: str = "cpu",
-                baseline: BaselinePayload | None = None, lowered: bool = False) -> list[str]:
+                baseline: BaselinePayload | None = None, nixl: str = "busy") -> list[str]:
     """Expectation: P/D protects the ITL tail under mixed load, at the cost of throughput
     and of a transfer and a hop in TTFT. `baseline`: 01's results, for what its profile
-    measured beside NIXL's threads; `lowered`: NIXL's threads ran at a lowered priority."""
+    measured beside NIXL's threads; `nixl`: what NIXL's progress threads did in this run
+    (`NIXL_THREADS`: "busy" as vLLM gets them, "lowered" busy at nice 19, "waiting" in
+    poll() with the lab's progress delay)."""
     said = []
     if proof is not None:
         said.append(f"The KV cache moved: {'proved' if proof.ok else 'NOT proved'} for "
@@ -233,8 +238,9 @@ def conclude_04(replicated: BenchmarkResult | None, disaggregated: BenchmarkResu
         else:
             said.insert(0, "Not as expected: disaggregation did not protect the ITL tail"
                            + (" measurably" if won is None else "") + f": {text}"
-                           + (f". {CPU_NOTE[0].upper()}{CPU_NOTE[1:]}, and every prefill or "
-                              "decode instance runs a NIXL thread that polls without pause."
+                           + (f". {CPU_NOTE[0].upper()}{CPU_NOTE[1:]}"
+                              + (", and every prefill or decode instance runs a NIXL thread "
+                                 "that polls without pause." if nixl != "waiting" else ".")
                               if device == "cpu" else ".")
                            + _nixl_cause(baseline, disaggregated)
                            + (" The load generator read tokens late there: ITL is partly the "
@@ -263,7 +269,8 @@ def conclude_04(replicated: BenchmarkResult | None, disaggregated: BenchmarkResu
                         + (": a few requests waited far longer than the rest. On the CPU "
                            "rehearsal that is the measured price of NIXL's lowered threads, "
                            "which get a small share of a busy core (docs/REHEARSAL.md, "
-                           "`python -m lab_utils.bench.nixl_policies`)." if lowered else "."))
+                           "`python -m lab_utils.bench.nixl_policies`)." if nixl == "lowered"
+                           else "."))
     return said
 
 

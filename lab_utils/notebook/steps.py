@@ -11,6 +11,7 @@ notebook's conclusions from its recorded results (`conclude`).
 from __future__ import annotations
 
 import contextlib
+import math
 import random
 from collections import Counter
 
@@ -34,6 +35,7 @@ from lab_utils.notebook import transfer_lesson as lesson
 from lab_utils.notebook.forecasting import eta
 from lab_utils.notebook.session import kv_buffer_device, tokenizer_of
 from lab_utils.notebook.time_split import SWEEP_CPU, cpu_now
+from lab_utils.on_node import nixl_threads as nixl_threads_mod
 from lab_utils.results import (
     Proof,
     Reference,
@@ -151,14 +153,41 @@ def nixl_threads(cfg: LabConfig, served: Served) -> list[dict]:
         return cluster.quiet_nixl_threads(served.records)
 
 
+def _busy(rows: list[dict]) -> list[dict]:
+    """The rows of NIXL threads found busy (not the worker main threads put back)."""
+    return [r for r in rows if r.get("thread") != nixl_threads_mod.MAIN_THREAD]
+
+
+def nixl_thread_state(cfg: LabConfig) -> str:
+    """What NIXL's progress threads did in this profile's P/D run (`lessons.NIXL_THREADS`):
+    "lowered" or "busy" when a busy one was found (or no delay is set), "waiting" when the
+    lab set a progress delay and found none busy."""
+    with Cluster(cfg) as cluster:
+        found = _busy([t for r in cluster.running() if r.extra.get("role") in ("prefill", "decode")
+                       for t in r.extra.get("nixl_threads", [])])
+    if found or not cfg.nixl_progress_delay_us():
+        return "lowered" if cfg.lower_nixl_threads() else "busy"
+    return "waiting"
+
+
 def nixl_threads_frame(cfg: LabConfig, served: Served) -> pd.DataFrame:
     """Notebook 04's table of NIXL's progress threads: which thread of which instance got
-    which scheduling policy (set again now, so threads that appeared since are in it)."""
+    which scheduling policy (set again now, so threads that appeared since are in it), and
+    the worker main threads put back on their CPUs."""
     rows = nixl_threads(cfg, served)
+    delay, busy = cfg.nixl_progress_delay_us(), _busy(rows)
+    if delay:
+        print(f"NIXL's progress threads wait in poll() up to {math.ceil(delay / 1000)} ms "
+              f"between rounds (kv_transfer.nixl_progress_delay_us = {delay})"
+              + ("" if not cfg.lower_nixl_threads() else
+                 ": none of them keeps a core busy" if not busy else
+                 f", yet {len(busy)} thread(s) polled without pause, so the delay did not take"
+                 " (their instance's log says why, in a line starting 'lab:'); they are lowered "
+                 "instead (below)"))
     if not cfg.lower_nixl_threads():
         print("kv_transfer.lower_nixl_threads is off for this profile: NIXL's progress threads "
               "keep their normal priority")
-    elif not rows:
+    elif not busy and not delay:
         print("no busy NIXL progress thread was found in the prefill or decode instances")
     cols = ["instance", "role", "node", "process", "thread", "tid", "before", "policy"]
     return pd.DataFrame([{c: r.get(c) for c in cols} for r in rows], columns=cols)
@@ -280,7 +309,7 @@ def conclude(cfg: LabConfig, notebook: str) -> list[str]:
         said = lessons.conclude_04(rep03.payload.sweep if rep03 else None, dis.sweep,
                                    rep03.payload.mixed if rep03 else None, dis.mixed, dis.proof,
                                    device, load_results(cfg, "01").payload,
-                                   cfg.lower_nixl_threads())
+                                   nixl_thread_state(cfg))
     else:
         raise LabError(f"no conclusions for notebook {notebook!r} (01-04)")
     print(lessons.conclusions_of(said))

@@ -27,6 +27,7 @@ from lab_utils.config import LabConfig, api_key
 from lab_utils.measure.loadgen import run_point, run_sync
 from lab_utils.measure.workload import build_requests
 from lab_utils.notebook.session import tokenizer_of
+from lab_utils.on_node import nixl_threads
 from lab_utils.on_node.proctools import group_cpu_seconds, thread_cpu_seconds
 from lab_utils.results.sweep import BenchmarkResult
 from lab_utils.serve.metrics import MetricsSnapshot, fetch_metrics
@@ -34,6 +35,7 @@ from lab_utils.serve.topology import Served
 
 PARTS = ("prefill", "proxy hop", "KV move", "first decode step")
 SPLIT_REQUESTS = 6
+BUSY_NIXL = "NIXL progress threads found busy"
 _TTFT = "vllm:time_to_first_token_seconds"
 _XFER = "vllm:nixl_xfer_time_seconds"
 
@@ -44,19 +46,23 @@ SWEEP_CPU: dict[tuple[str, bool], dict[str, float]] = {}
 
 def cpu_now(cfg: LabConfig, served: Served) -> dict[str, float] | None:
     """CPU seconds so far of each process group of `served` less its NIXL progress
-    threads, those threads together, and this process (the load generator); None when
-    an instance is on a node reached over SSH (its /proc is not read from here)."""
+    threads found busy (`Cluster.quiet_nixl_threads`; a thread that waits between polls is
+    not found and counts with its instance), those threads together, and this process
+    (the load generator); None when an instance is on a node reached over SSH (its /proc
+    is not read from here)."""
     if any(cfg.nodes[r.node].connection != "local" for r in served.records):
         return None
-    with Cluster(cfg) as cluster:
-        recorded = {r.name: r.extra.get("nixl_threads", []) for r in cluster.running()}
-    out: dict[str, float] = {"NIXL progress threads": 0.0}
+    with Cluster(cfg) as cluster:  # not the worker main threads the lab put back
+        recorded = {r.name: [t for t in r.extra.get("nixl_threads", [])
+                             if t.get("thread") != nixl_threads.MAIN_THREAD]
+                    for r in cluster.running()}
+    out: dict[str, float] = {BUSY_NIXL: 0.0}
     for r in served.records:
         threads = sum(thread_cpu_seconds(t["pid"], t["tid"])
                       for t in recorded.get(r.name, []) if "pid" in t)
         out[r.name if r.kind == "proxy" else f"{r.name} (engine, worker)"] = (
             group_cpu_seconds(r.pgid) - threads)
-        out["NIXL progress threads"] += threads
+        out[BUSY_NIXL] += threads
     out["notebook kernel (load generator)"] = time.process_time()
     return out
 

@@ -36,11 +36,13 @@ import ctypes
 import json
 import os
 import platform
+import select
 import sys
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+MAIN_THREAD = "main (runs the model)"  # how `repin`'s rows name the worker's main thread
 UCX_ASYNC_THREAD = "async"  # UCX names its async-event thread so (ucs_pthread_create)
 SAMPLES = 20
 INTERVAL_S = 0.05
@@ -203,7 +205,7 @@ def repin(pgid: int, bind: str | None, root: str = "/proc") -> list[dict]:
         if UCX_ASYNC_THREAD not in threads(pid, root).values():
             continue
         row: dict = {"pid": pid, "tid": pid, "process": _comm(Path(f"{root}/{pid}/comm")),
-                     "thread": "main (runs the model)"}
+                     "thread": MAIN_THREAD}
         try:
             before = get_affinity(pid)
             row["before"] = _cpus_text(before)
@@ -252,12 +254,14 @@ def cpu_set(bind: str | None) -> set[int] | None:
 
 
 def spin(seconds: float, lowered: bool, cpus: Sequence[set[int] | None],
-         yielding: bool = False) -> dict:
+         yielding: bool = False, wait_s: float = 0.0) -> dict:
     """Busy threads like NIXL's progress threads, for `seconds`: one process per entry of
     `cpus` (its own process, so that they all run at once, as NIXL's do in separate
     instances), each pinned to those CPUs (None: not pinned) and, with `lowered`, given
     the priority the lab gives NIXL's threads. With `yielding`, each calls sched_yield in
-    its loop instead, as an idle vLLM worker does for a second after each step. Returns
+    its loop instead, as an idle vLLM worker does for a second after each step; with
+    `wait_s`, each waits that long in select() with nothing to wait for, as NIXL's thread
+    with a progress delay waits in poll() (`kv_transfer.nixl_progress_delay_us`). Returns
     when all have ended: their start and end (wall clock) and their policy."""
     start = time.time()
     end = time.monotonic() + seconds
@@ -273,11 +277,15 @@ def spin(seconds: float, lowered: bool, cpus: Sequence[set[int] | None],
                 while time.monotonic() < end:
                     if yielding:
                         os.sched_yield()
+                    elif wait_s:
+                        select.select([], [], [], wait_s)
             finally:
                 os._exit(0)
         children.append(pid)
     time.sleep(min(0.2, seconds / 2))  # each child sets its own priority first
     policy = policy_name(children[0]) if children else "none"
+    if wait_s:
+        policy += f", waiting {wait_s * 1000:g} ms per poll"
     for pid in children:
         os.waitpid(pid, 0)
     return {"start": start, "end": time.time(), "processes": len(children), "policy": policy,
@@ -287,12 +295,17 @@ def spin(seconds: float, lowered: bool, cpus: Sequence[set[int] | None],
 def main(argv: list[str] | None = None) -> int:
     """Remote entry point: `quiet PGID BIND [KNOWN_TID...]` (BIND "-" for none), or `spin SECONDS LOWERED(0|1)
     BIND...` (BIND a VLLM_CPU_OMP_THREADS_BIND value, "-" for none; `spin-yield` the same
-    with yielding loops); prints the answer as JSON."""
+    with yielding loops; `spin-wait WAIT_S SECONDS LOWERED BIND...` with loops that wait);
+    prints the answer as JSON."""
     args = sys.argv[1:] if argv is None else argv
     cmd, rest = args[0], args[1:]
     if cmd == "quiet":
         result: object = quiet(int(rest[0]), [int(t) for t in rest[2:]],
                                bind=None if rest[1] == "-" else rest[1])
+    elif cmd == "spin-wait":
+        result = spin(float(rest[1]), rest[2] == "1",
+                      [cpu_set(None if b == "-" else b) for b in rest[3:]],
+                      wait_s=float(rest[0]))
     elif cmd in ("spin", "spin-yield"):
         result = spin(float(rest[0]), rest[1] == "1",
                       [cpu_set(None if b == "-" else b) for b in rest[2:]], cmd == "spin-yield")

@@ -304,9 +304,14 @@ def _warnings(data: ReportData) -> list[str]:
         out.append("Notebook 04's proof that the KV cache really moved did not pass: the "
                    "disaggregated numbers may not measure KV transfer; see its section.")
     if data.device == "cpu" and "disaggregated" in data.sweeps:
-        out.append("CPU rehearsal: each prefill or decode instance also runs NIXL's "
-                   "busy-polling progress thread, which takes a core of this small machine, "
-                   "and low-load requests can stall until the prefill's KV lease expires "
+        out.append("CPU rehearsal: "
+                   + ("each prefill or decode instance's NIXL progress thread waited in poll() "
+                      "between rounds (the lab's kv_transfer.nixl_progress_delay_us; as vLLM "
+                      "gets it, it polls without pause and takes a core of this small machine), "
+                      if data.nixl_waited else
+                      "each prefill or decode instance also runs NIXL's busy-polling progress "
+                      "thread, which takes a core of this small machine, ")
+                   + "and low-load requests can stall until the prefill's KV lease expires "
                    "(docs/REHEARSAL.md, 'What the rehearsal can and cannot show'). The "
                    "disaggregated numbers here say how the mechanics behave on this box, not "
                    "on a Spark.")

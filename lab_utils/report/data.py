@@ -57,6 +57,13 @@ class ReportData:
         return env.payload if env else None
 
     @property
+    def nixl_waited(self) -> bool:
+        """Whether notebook 04's NIXL progress threads waited in poll() between rounds (a
+        progress delay in its config), rather than polling without pause."""
+        env = self.envelopes.get("04")
+        return bool(env and (env.config.get("kv_transfer") or {}).get("nixl_progress_delay_us"))
+
+    @property
     def environment(self) -> EnvironmentPayload | None:
         return self.payload("00")
 

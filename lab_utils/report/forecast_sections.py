@@ -34,9 +34,12 @@ def forecast_blocks(data: ReportData, plots: list[Plot]) -> list[Block]:
                 "still are shown but not graded; where the load generator read tokens late, "
                 "ITL and TPOT are not graded."),
               P("What the model leaves out, so where to look when it misses: the CPU that the "
-                "proxy, the load generator and NIXL's progress threads use (on the 2-core "
-                "rehearsal, each prefill or decode instance's NIXL thread busy-polls a core, "
-                "which slows every engine handoff: the P/D forecast misses by most there); "
+                "proxy, the load generator and NIXL's progress threads use beyond what 01 "
+                "measured beside stand-ins for them"
+                + ("" if data.nixl_waited else
+                   " (on the 2-core rehearsal, each prefill or decode instance's NIXL thread "
+                   "busy-polls a core, which slows every engine handoff: the P/D forecast "
+                   "misses by most there)") + "; "
                 "vLLM's handling of a P/D request beyond the bytes moved (the side-channel "
                 "handshake, the notification); memory limits and preemption. On separate "
                 "machines with cores to spare (two Sparks) the first of these should be "

@@ -43,6 +43,9 @@ API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 KV_ROLES = {"prefill": "kv_producer", "decode": "kv_consumer"}
 # vLLM wants the key only under /v1, /v2, /inference and /cohere; this wants it elsewhere too
 KEY_GUARD = "lab_utils.on_node.api_guard.RequireKey"
+# the directory whose sitecustomize sets NIXL's progress-thread delay, and its variable
+NIXL_SITE = "lab_utils/on_node/nixl_site"
+NIXL_DELAY_ENV = "LAB_NIXL_PROGRESS_DELAY_US"
 BASE_PATH = ["/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"]
 
 
@@ -103,7 +106,9 @@ def server_env(cfg: LabConfig, spec: InstanceSpec) -> dict[str, str]:
     """The instance's environment (added to the node's): offline Hugging Face (the model
     is on the node before it starts), CUDA's tools on PATH on a CUDA profile (PATH is
     replaced, not extended: the toolkit's bin, the node Python's bin, the system dirs),
-    the CPU build's KV space and thread binding, NIXL's side channel and UCX settings."""
+    the CPU build's KV space and thread binding, NIXL's side channel and UCX settings,
+    and for a prefill or decode instance NIXL's progress-thread delay when the profile sets
+    one (`LabConfig.nixl_progress_delay_us`)."""
     node = cfg.nodes[spec.node]
     python = node.python or sys.executable
     s = spec.settings
@@ -130,14 +135,22 @@ def server_env(cfg: LabConfig, spec: InstanceSpec) -> dict[str, str]:
     token = hf_token(cfg)
     if token:
         env["HF_TOKEN"] = token
+    # the lab's code: the deployed copy on an SSH node
+    lab = (node.workdir or "") if node.connection == "ssh" else str(PACKAGE_DIR.parent)
+    first = []  # what goes before the node's PYTHONPATH
+    if spec.role in KV_ROLES and cfg.nixl_progress_delay_us() > 0:
+        # its sitecustomize sets NIXL's progress-thread delay in every process of the
+        # instance (lab_utils/on_node/nixl_site)
+        env[NIXL_DELAY_ENV] = str(cfg.nixl_progress_delay_us())
+        first.append(posixpath.join(lab, NIXL_SITE))
     # vLLM's API server requires it on /v1 (read from VLLM_API_KEY: never on the command
     # line, which `ps` shows and the state file records)
     key = api_key(cfg, "vllm")
     if key:
         env["VLLM_API_KEY"] = key
-        # KEY_GUARD is imported from the lab's code: the deployed copy on an SSH node
-        lab = node.workdir if node.connection == "ssh" else str(PACKAGE_DIR.parent)
-        env["PYTHONPATH"] = ":".join(p for p in (lab, env.get("PYTHONPATH") or (
+        first.append(lab)  # KEY_GUARD is imported from the lab's code
+    if first:
+        env["PYTHONPATH"] = ":".join(p for p in (*first, env.get("PYTHONPATH") or (
             os.environ.get("PYTHONPATH", "") if node.connection == "local" else "")) if p)
     return env
 

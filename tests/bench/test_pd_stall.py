@@ -23,28 +23,32 @@ def test_a_row_has_one_cell_per_column_and_dashes_for_what_was_not_measured():
     assert "2 (2.0 CPU, 70% sys)" in line and "| 200 | 13.4 |" in line and "| 20.6 | - |" in line
 
 
-def _run(topology, idle, tpot, p99, held=0.0):
+def _run(topology, variant, tpot, p99, held=0.0):
     point = {"tpot_ms": tpot, "itl_p50_ms": 1.0, "itl_p99_ms": p99, "ttft_ms": 50.0,
              "failed": 0, "duration_s": 3.0, "held_up_s": held}
-    return {"topology": topology, "lower_nixl_threads": idle, "one": point,
+    return {"topology": topology, "variant": variant, "one": point,
             "mixed": {**point, "held_up_s": 0.0}, "load_avg": [2.0, 3.0]}
 
 
 def test_compare_verdicts_follow_the_figures():
     from lab_utils.bench.pd_compare import HEADER as CMP_HEADER
+    from lab_utils.bench.pd_compare import VARIANTS, verdicts
     from lab_utils.bench.pd_compare import markdown as cmp_markdown
-    from lab_utils.bench.pd_compare import verdicts
 
+    as_is, lowered, lab = VARIANTS
     rows = [_run("baseline", None, 2.0, 100.0), _run("replicated", None, 2.0, 40.0),
-            _run("disaggregated", False, 7.0, 45.0, held=1.5), _run("disaggregated", True, 2.8, 30.0)]
+            _run("disaggregated", as_is, 7.0, 45.0, held=1.5),
+            _run("disaggregated", lowered, 2.8, 30.0), _run("disaggregated", lab, 2.2, 50.0)]
     said = verdicts(rows)
     assert "last core: TPOT at concurrency 1 3.50x the single instance's (over" in said[0]
     assert "not the lowest" in said[1]
-    assert "on their binds: TPOT at concurrency 1 1.40x the single instance's (within" in said[2]
+    assert "0.1 ms slice; workers on their binds: TPOT at concurrency 1 1.40x the single" in said[2]
     assert said[3].endswith(": the lowest")
-    assert said[4] == ("stood still: disaggregated as vLLM leaves it: NIXL threads at normal "
-                       "priority; both workers on the last core (one)")
+    assert "up to 1 ms; workers on their binds: TPOT at concurrency 1 1.10x" in said[4]
+    assert said[5].endswith("not the lowest")
+    assert said[6] == ("stood still: disaggregated, as vLLM leaves it: NIXL threads poll without "
+                       "pause at normal priority; both workers on the last core (one)")
     table = cmp_markdown(rows).splitlines()
-    assert table[:2] == CMP_HEADER.splitlines() and len(table) == 6
+    assert table[:2] == CMP_HEADER.splitlines() and len(table) == 7
     assert all(line.count("|") == table[0].count("|") for line in table)
     assert "| 2 to 3 |" in table[-1]

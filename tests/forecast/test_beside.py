@@ -1,4 +1,4 @@
-"""The P/D forecast's CPU term: 01's decode beside stand-ins for NIXL's busy threads."""
+"""The P/D forecast's CPU term: 01's decode beside stand-ins for NIXL's threads."""
 
 from __future__ import annotations
 
@@ -44,19 +44,50 @@ def _lowered_and_running() -> int:
     return n
 
 
+def _waiting_stand_ins() -> int:
+    """Processes on this machine started as waiting stand-ins (`spin-wait`), from /proc."""
+    n = 0
+    for d in Path("/proc").iterdir():
+        try:
+            n += d.name.isdigit() and b"\0spin-wait\0" in (d / "cmdline").read_bytes()
+        except OSError:
+            continue
+    return n
+
+
+REC = ProcessRecord(name="baseline-0", node="spark-01", pid=1, pgid=1, start_ticks=0,
+                    log_path="/dev/null", argv=[])
+
+
 def test_measure_runs_alone_then_beside_real_stand_ins(test_cfg):
     """The stand-ins really run on the node (this machine) while, and only while, the runs
-    beside them happen: each run reports 2.0 when it sees two busy nice-19 processes."""
+    beside them happen: each run reports 2.0 when it sees two busy nice-19 processes. With
+    no progress delay NIXL's threads poll without pause, and so do the stand-ins."""
     def one_decode() -> float:
         time.sleep(0.05)
         return 2.0 if _lowered_and_running() >= 2 else 1.0
-    rec = ProcessRecord(name="baseline-0", node="spark-01", pid=1, pgid=1, start_ticks=0,
-                        log_path="/dev/null", argv=[])
-    got = beside.measure(test_cfg, rec, one_decode, repeats=2)
+    busy_cfg = test_cfg.model_copy(deep=True)
+    busy_cfg.kv_transfer.nixl_progress_delay_us = 0
+    got = beside.measure(busy_cfg, REC, one_decode, repeats=2)
     assert got.threads == 2 and got.binds == ["0", "1"], got
     assert got.policy == "SCHED_OTHER nice 19 slice 0.1 ms", got
     assert got.alone.median == 1.0 and got.ratio == pytest.approx(2.0) and got.why is None, got
     assert _lowered_and_running() < 2  # they ended with the measurement
+
+
+def test_with_a_progress_delay_the_stand_ins_wait_as_nixls_threads_then_do(test_cfg):
+    """The CPU profile's default delay (1000 us): the stand-ins wait 1 ms per round at
+    normal priority instead of spinning lowered; each run reports 2.0 when it sees the two
+    of them (and their parent) alive."""
+    def one_decode() -> float:
+        time.sleep(0.05)
+        return 2.0 if _waiting_stand_ins() >= 3 else 1.0
+    assert test_cfg.nixl_progress_delay_us() == 1000
+    got = beside.measure(test_cfg, REC, one_decode, repeats=2)
+    assert got.threads == 2 and got.policy.endswith(", waiting 1 ms per poll"), got
+    assert "nice 19" not in got.policy, got
+    assert got.alone.median == 1.0 and got.ratio == pytest.approx(2.0), got
+    assert _waiting_stand_ins() == 0
 
 
 def _profile(ratio: float | None) -> EngineProfile:

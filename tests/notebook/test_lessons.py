@@ -103,9 +103,9 @@ def test_04_names_what_01_measured_beside_nixls_threads():
                            profile=SimpleNamespace(beside_busy=beside))
     said = conclude_04(rep, dis, result({4: point(250, itl_p99=15)}),
                        result({4: point(180, itl_p99=19)}), None, "cpu", base)
-    assert ("01 measured a decode step on this machine 2.7x slower beside 2 busy threads like "
-            "NIXL's (SCHED_OTHER nice 19 slice 0.1 ms); here TPOT at concurrency 1 was 2.5x "
-            "01's.") in said[0]
+    assert ("01 measured a decode step on this machine 2.7x slower beside 2 stand-ins for "
+            "NIXL's threads (SCHED_OTHER nice 19 slice 0.1 ms); here TPOT at concurrency 1 was "
+            "2.5x 01's.") in said[0]
     far = SimpleNamespace(sweep=base.sweep, profile=SimpleNamespace(
         beside_busy=SimpleNamespace(ratio=4.3, threads=2, policy=beside.policy)))
     said = conclude_04(rep, dis, result({4: point(250, itl_p99=15)}),
@@ -118,17 +118,24 @@ def test_04_names_what_01_measured_beside_nixls_threads():
     assert "01 measured" not in said[0] and "polls without pause" in said[0]
     assert ". On the CPU rehearsal every instance shares" in said[0]
     assert "rehearsal on the CPU rehearsal" not in said[0]
+    waiting = conclude_04(rep, dis, result({4: point(250, itl_p99=15)}),
+                          result({4: point(180, itl_p99=19)}), None, "cpu", without, "waiting")
+    assert "polls without pause" not in waiting[0]
+    assert waiting[0].endswith("the proxy and the load generator.")
 
 
 def test_04_names_the_first_token_tail_when_there_is_one():
     rep = result({1: point(100, ttft=10), 4: point(300)})
     tail = {**point(90, ttft=26), "p99_ttft_ms": 487.0}
     said = conclude_04(rep, result({1: tail, 4: point(200)}), None, None, None, "cpu",
-                       lowered=True)
+                       nixl="lowered")
     assert ("The first-token tail at concurrency 1: TTFT p99 487 ms disaggregated against its "
             "median of 26 ms (19x; replicated 15 ms)") in said[-1]
     assert "NIXL's lowered threads" in said[-1]
     said = conclude_04(rep, result({1: tail, 4: point(200)}), None, None, None, "cuda")
+    assert said[-1].endswith("(19x; replicated 15 ms).")
+    said = conclude_04(rep, result({1: tail, 4: point(200)}), None, None, None, "cpu",
+                       nixl="waiting")  # no thread was lowered: no price of lowering named
     assert said[-1].endswith("(19x; replicated 15 ms).")
     no_tail = conclude_04(rep, result({1: point(90, ttft=26), 4: point(200)}), None, None, None)
     assert not any("first-token tail" in s for s in no_tail)

@@ -56,9 +56,9 @@ def test_the_conclusions_carry_the_computed_sentence_not_a_fixed_one():
 
 def test_cpu_table_largest_first():
     frame = time_split.cpu_frame({"proxy": 1.0, "decode-0 (engine, worker)": 9.5,
-                                  "NIXL progress threads": 0.2})
+                                  time_split.BUSY_NIXL: 0.2})
     assert list(frame["during the sweep"]) == ["decode-0 (engine, worker)", "proxy",
-                                                "NIXL progress threads"]
+                                                time_split.BUSY_NIXL]
     assert time_split.cpu_frame(None).empty
 
 
@@ -69,3 +69,37 @@ def test_a_mean_far_above_the_sweeps_median_is_said_to_be_one():
                            "the sweep, the mean TTFT through the pair was 206.1 ms")
     assert "The sweep's median at concurrency 1 was 27.8 ms: a few slow first tokens" in said
     assert "sweep's median" not in time_split.split_sentence(parts, 40.0, 8.4, 6, 27.8)
+
+
+def test_cpu_counts_the_model_thread_put_back_with_its_instance_not_with_nixl(test_cfg,
+                                                                            monkeypatch):
+    """An instance's record lists its worker main thread (put back on its CPUs) beside any
+    busy NIXL thread; only the latter is NIXL's CPU."""
+    import os
+    from types import SimpleNamespace
+
+    from lab_utils.on_node import nixl_threads
+
+    me = os.getpid()
+    rec = SimpleNamespace(name="decode-0", node="spark-02", kind="vllm", pgid=os.getpgid(0),
+                          extra={"nixl_threads": [{"pid": me, "tid": me,
+                                                   "thread": nixl_threads.MAIN_THREAD}]})
+
+    class FakeCluster:
+        def __init__(self, cfg):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def running(self):
+            return [rec]
+
+    monkeypatch.setattr(time_split, "Cluster", FakeCluster)
+    sum(range(2_000_000))  # some CPU in this thread
+    out = time_split.cpu_now(test_cfg, SimpleNamespace(records=[rec]))
+    assert out[time_split.BUSY_NIXL] == 0.0
+    assert out["decode-0 (engine, worker)"] > 0

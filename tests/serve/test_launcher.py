@@ -80,6 +80,34 @@ def test_cuda_instances_get_the_toolkit_and_serve_a_fetched_hub_model_offline():
     assert env["CUDA_HOME"] == "/opt/cuda-13.0" and env["PATH"].startswith("/opt/cuda-13.0/bin:")
 
 
+def test_nixl_progress_delay_goes_to_prefill_and_decode_on_cpu_only(test_cfg):
+    """The CPU profile's prefill and decode get the delay and the directory whose
+    sitecustomize sets it, first on PYTHONPATH; the baseline and a CUDA profile do not, and
+    0 turns it off."""
+    from lab_utils.config import REPO_ROOT, load_config
+
+    site = str(REPO_ROOT / launcher.NIXL_SITE)
+    for role in ("prefill", "decode"):
+        env = launcher.server_env(test_cfg, spec(test_cfg, "disaggregated", role))
+        assert env[launcher.NIXL_DELAY_ENV] == "1000"
+        assert env["PYTHONPATH"].split(":")[0] == site
+        assert (REPO_ROOT / launcher.NIXL_SITE / "sitecustomize.py").is_file()
+    base = launcher.server_env(test_cfg, spec(test_cfg, "baseline", "baseline"))
+    assert launcher.NIXL_DELAY_ENV not in base and site not in base.get("PYTHONPATH", "")
+    off = test_cfg.model_copy(deep=True)
+    off.kv_transfer.nixl_progress_delay_us = 0
+    env = launcher.server_env(off, spec(off, "disaggregated", "decode"))
+    assert launcher.NIXL_DELAY_ENV not in env and site not in env.get("PYTHONPATH", "")
+    cuda = load_config(REPO_ROOT / "environment_config.json.example")
+    env = launcher.server_env(cuda, spec(cuda, "disaggregated", "decode"))
+    assert cuda.nixl_progress_delay_us() == 0 and launcher.NIXL_DELAY_ENV not in env
+    cuda.kv_transfer.nixl_progress_delay_us = 2000  # asked for: the deployed copy's dir
+    env = launcher.server_env(cuda, spec(cuda, "disaggregated", "decode"))
+    assert env[launcher.NIXL_DELAY_ENV] == "2000"
+    assert env["PYTHONPATH"].split(":")[0] == (
+        f"{cuda.nodes['spark-02'].workdir}/{launcher.NIXL_SITE}")
+
+
 def test_cpu_instances_get_no_cuda_environment(test_cfg):
     env = launcher.server_env(test_cfg, spec(test_cfg, "baseline", "baseline"))
     assert "CUDA_HOME" not in env and "PATH" not in env
@@ -186,7 +214,7 @@ def test_a_keyed_instance_wants_the_key_on_every_route_but_health_and_metrics(tm
     assert argv[argv.index("--middleware") + 1] == launcher.KEY_GUARD
     assert "--middleware" not in launcher.server_command(Cluster(keyed_profile(tmp_path)), s)
     env = launcher.server_env(cfg, s)
-    assert env["PYTHONPATH"].split(":")[0] == str(launcher.PACKAGE_DIR.parent)
+    assert str(launcher.PACKAGE_DIR.parent) in env["PYTHONPATH"].split(":")
 
     app = FastAPI()
     for path in ("/invocations", "/tokenize", "/v1/completions"):
