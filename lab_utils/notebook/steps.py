@@ -181,9 +181,9 @@ def nixl_threads_frame(cfg: LabConfig, served: Served) -> pd.DataFrame:
               f"between rounds (kv_transfer.nixl_progress_delay_us = {delay})"
               + ("" if not cfg.lower_nixl_threads() else
                  ": none of them keeps a core busy" if not busy else
-                 f", yet {len(busy)} thread(s) polled without pause, so the delay did not take"
-                 " (their instance's log says why, in a line starting 'lab:'); they are lowered "
-                 "instead (below)"))
+                 f", yet {len(busy)} thread(s) polled without pause (each instance's log "
+                 "says, in lines starting 'lab:', whether the delay was set in its processes); "
+                 "they are lowered instead (below)"))
     if not cfg.lower_nixl_threads():
         print("kv_transfer.lower_nixl_threads is off for this profile: NIXL's progress threads "
               "keep their normal priority")

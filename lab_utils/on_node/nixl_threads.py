@@ -16,9 +16,15 @@ The thread has no name of its own: it inherits its creator's (`VLLM::Worker` in 
 CPU worker), like the worker's compute threads. So it is found by what it does, in the
 process that holds a UCX context (the one with UCX's thread named `async`): a thread
 other than the process's main thread that stays runnable (state R) in nearly every sample
-over about a second while the instance is idle, and used CPU meanwhile. An idle thread
+over about a second while the instance is idle, used CPU meanwhile, and never went to
+sleep of its own accord (its voluntary context switches barely moved). An idle thread
 sleeps (S); a busy-polling one is always R, however loaded the machine is, so the test
-does not depend on how much CPU it got.
+does not depend on how much CPU it got. A thread that waits between polls (the lab's
+progress delay, `kv_transfer.nixl_progress_delay_us`) is also R in most samples when the
+cores are busy, but it sleeps about a thousand times a second, so it is not taken.
+
+On CPU profiles the lab sets that delay (lab_utils/on_node/nixl_site), so nothing is
+found here and nothing lowered: lowering is the fallback for a thread that still polls.
 
 vLLM's NIXL worker on a CPU also moves the worker's main thread, which runs the model, to
 the last core of each NUMA node, whatever VLLM_CPU_OMP_THREADS_BIND says; on one machine
@@ -97,21 +103,39 @@ def threads(pid: int, root: str = "/proc") -> dict[int, str]:
     return {int(t): _comm(Path(f"{root}/{pid}/task/{t}/comm")) for t in tids}
 
 
-def _sample(pid: int, tids: list[int], root: str) -> dict[int, tuple[str, int]]:
-    """tid -> (state, utime + stime ticks), for the threads still there."""
+def _voluntary_switches(path: Path) -> int:
+    """A thread's voluntary context switches so far (it slept), 0 if not readable."""
+    try:
+        for line in path.read_text().splitlines():
+            if line.startswith("voluntary_ctxt_switches:"):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def _sample(pid: int, tids: list[int], root: str) -> dict[int, tuple[str, int, int]]:
+    """tid -> (state, utime + stime ticks, voluntary context switches), for the threads
+    still there."""
     out = {}
     for tid in tids:
         f = _stat(Path(f"{root}/{pid}/task/{tid}/stat"))
         if f is not None:
-            out[tid] = (f[0], int(f[11]) + int(f[12]))
+            out[tid] = (f[0], int(f[11]) + int(f[12]),
+                        _voluntary_switches(Path(f"{root}/{pid}/task/{tid}/status")))
     return out
 
 
 def spinning(pgid: int, root: str = "/proc", samples: int | None = None,
              interval_s: float = INTERVAL_S) -> list[dict]:
-    """The NIXL progress threads of the group: in a process with UCX's `async` thread, not
-    its main thread, runnable in at least RUNNABLE_SHARE of `samples` taken `interval_s`
-    apart, and with CPU time used between the first and the last sample."""
+    """The NIXL progress threads of the group that poll without pause: in a process with
+    UCX's `async` thread, not its main thread, runnable in at least RUNNABLE_SHARE of
+    `samples` taken `interval_s` apart, with CPU time used between the first and the last
+    sample, and asleep of its own accord fewer than `samples` times meanwhile (voluntary
+    context switches). The last test tells a busy thread, which never sleeps, from a
+    thread that waits between polls (a progress delay) and, on a loaded machine, is found
+    runnable nearly as often: woken every millisecond, it sleeps about a thousand times
+    a second."""
     samples = samples or SAMPLES
     candidates: dict[int, tuple[str, dict[int, str]]] = {}
     for pid in group_processes(pgid, root):
@@ -119,20 +143,21 @@ def spinning(pgid: int, root: str = "/proc", samples: int | None = None,
         if UCX_ASYNC_THREAD in names.values():
             candidates[pid] = (_comm(Path(f"{root}/{pid}/comm")), names)
     runnable: dict[tuple[int, int], int] = {}
-    first: dict[tuple[int, int], int] = {}
-    last: dict[tuple[int, int], int] = {}
+    first: dict[tuple[int, int], tuple[int, int]] = {}  # (ticks, voluntary switches)
+    last: dict[tuple[int, int], tuple[int, int]] = {}
     for i in range(samples):
         for pid, (_, names) in candidates.items():
             others = [t for t in names if t != pid and names[t] != UCX_ASYNC_THREAD]
-            for tid, (state, ticks) in _sample(pid, others, root).items():
+            for tid, (state, ticks, slept) in _sample(pid, others, root).items():
                 runnable[(pid, tid)] = runnable.get((pid, tid), 0) + (state == "R")
-                first.setdefault((pid, tid), ticks)
-                last[(pid, tid)] = ticks
+                first.setdefault((pid, tid), (ticks, slept))
+                last[(pid, tid)] = (ticks, slept)
         if i + 1 < samples:
             time.sleep(interval_s)
     found = []
     for (pid, tid), n in sorted(runnable.items()):
-        if n >= RUNNABLE_SHARE * samples and last[(pid, tid)] > first[(pid, tid)]:
+        (t0, s0), (t1, s1) = first[(pid, tid)], last[(pid, tid)]
+        if n >= RUNNABLE_SHARE * samples and t1 > t0 and s1 - s0 < samples:
             pname, names = candidates[pid]
             found.append({"pid": pid, "tid": tid, "process": pname, "thread": names[tid]})
     return found

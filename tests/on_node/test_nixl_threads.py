@@ -23,7 +23,8 @@ def _stat(pid: int, comm: str, state: str, pgid: int, ticks: int) -> str:
 
 
 class FakeProc:
-    """/proc with processes {pid: (comm, pgid, {tid: (name, state, ticks_per_sample)})}."""
+    """/proc with processes {pid: (comm, pgid, {tid: (name, state, ticks_per_sample[,
+    voluntary_switches_per_sample])})}."""
 
     def __init__(self, root: Path, procs: dict):
         self.root, self.procs, self.step = root, procs, 0
@@ -35,11 +36,14 @@ class FakeProc:
             (d / "task").mkdir(parents=True, exist_ok=True)
             (d / "comm").write_text(comm + "\n")
             (d / "stat").write_text(_stat(pid, comm, "S", pgid, 0))
-            for tid, (name, state, rate) in tasks.items():
+            for tid, (name, state, rate, *sleeps) in tasks.items():
                 t = d / "task" / str(tid)
                 t.mkdir(exist_ok=True)
                 (t / "comm").write_text(name + "\n")
                 (t / "stat").write_text(_stat(tid, name, state, pgid, rate * self.step))
+                # voluntary context switches: how often it slept of its own accord
+                (t / "status").write_text(f"Name:\t{name}\nvoluntary_ctxt_switches:\t"
+                                          f"{(sleeps or [0])[0] * self.step}\n")
 
     def tick(self, _seconds: float) -> None:
         self.step += 1
@@ -87,6 +91,17 @@ def test_a_thread_runnable_in_too_few_samples_is_not_chosen(fake, tmp_path, monk
         proc.tick(seconds)
     monkeypatch.setattr(nixl_threads.time, "sleep", tick)
     assert nixl_threads.spinning(GROUP, root=str(tmp_path), samples=5) == []
+
+
+def test_a_thread_that_waits_between_polls_is_not_chosen_on_a_loaded_machine(fake, tmp_path):
+    """NIXL's thread with a progress delay, woken every millisecond on a machine whose
+    cores are busy: runnable in most samples and using a little CPU, like a lowered busy
+    thread, but it sleeps of its own accord about 50 times per 50 ms sample."""
+    fake({201: ("VLLM::Worker", GROUP, {201: ("VLLM::Worker", "S", 0), 202: ("async", "S", 0),
+                                        203: ("VLLM::Worker", "R", 1, 50),
+                                        204: ("VLLM::Worker", "R", 1, 0)})})  # busy, lowered
+    found = nixl_threads.spinning(GROUP, root=str(tmp_path), samples=5)
+    assert [t["tid"] for t in found] == [204]
 
 
 def test_no_ucx_no_thread(fake, tmp_path):
