@@ -36,11 +36,13 @@ def instances(served: Served) -> list[Instance]:
 def record_baseline(cfg: LabConfig, served: Served, result: BenchmarkResult, *,
                     single: RequestRecord, roofline: Roofline, reference: Reference,
                     profile: EngineProfile | None = None,
-                    forecast: Forecast | None = None) -> Path:
-    """Write notebook 01's results: the sweep, the request shown in detail, the roofline,
-    the reference outputs, the engine profile and the forecast of the sweep made from it."""
+                    forecast: Forecast | None = None,
+                    mixed: BenchmarkResult | None = None) -> Path:
+    """Write notebook 01's results: the sweep, the mixed run, the request shown in detail,
+    the roofline, the reference outputs, the engine profile and the forecast of the sweeps
+    made from it."""
     return write_results(cfg, "01", BaselinePayload(
-        topology=served.topology, instances=instances(served), sweep=result, mixed=None,
+        topology=served.topology, instances=instances(served), sweep=result, mixed=mixed,
         single_request=single, roofline=roofline, reference=reference, profile=profile,
         forecast=forecast))
 

@@ -118,6 +118,11 @@ def test_04_names_what_01_measured_beside_nixls_threads():
     assert "01 measured" not in said[0] and "polls without pause" in said[0]
     assert ". On the CPU rehearsal every instance shares" in said[0]
     assert "rehearsal on the CPU rehearsal" not in said[0]
+    with_single = SimpleNamespace(sweep=base.sweep, mixed=result({4: point(90, itl_p99=25)}),
+                                  profile=SimpleNamespace(beside_busy=None))
+    said = conclude_04(rep, dis, result({4: point(250, itl_p99=15)}),
+                       result({4: point(180, itl_p99=19)}), None, "cpu", with_single)
+    assert "19 ms disaggregated (1.3x higher); 25 ms on 01's single instance." in said[0], said[0]
     waiting = conclude_04(rep, dis, result({4: point(250, itl_p99=15)}),
                           result({4: point(180, itl_p99=19)}), None, "cpu", without, "waiting")
     assert "polls without pause" not in waiting[0]
