@@ -12,9 +12,12 @@ situation with stand-ins: one process per such thread (`nixl_threads spin`), eac
 to the CPUs vLLM binds that instance to and doing what the profile makes NIXL's thread do
 (wait that long in select() each round, or, with no delay, poll without pause at the
 priority the lab gives such threads), and a few decode runs of one request alone and then
-beside them. The ratio of the medians is the factor the forecast applies to the decode
-instance's steps. The stand-ins are loops, not NIXL: the factor is a measurement of the
-situation, not of NIXL itself.
+beside them. Where the prefill instances share the decode's machine (the rehearsal),
+one more stand-in per prefill yields in a loop pinned to its CPUs, as its idle worker
+does between prompts (the replicated forecast's stand-ins for idle replicas do the same).
+The ratio of the medians is the factor the forecast applies to the decode instance's
+steps. The stand-ins are loops, not NIXL or vLLM: the factor is a measurement of the
+situation, not of them.
 """
 
 from __future__ import annotations
@@ -50,6 +53,19 @@ def _bind(cfg: LabConfig, spec) -> str:
     return (spec.cpu_bind if cfg.vllm.device == "cpu" else None) or "-"
 
 
+def prefill_stand_ins(cfg: LabConfig) -> list[str]:
+    """One bind per prefill instance that shares the decode's machine in the disaggregated
+    topology (every one on the rehearsal): between its prompts its worker, idle, keeps
+    polling for the next step (`sched_yield` for a second after each), as an idle
+    replica's does, so it gets a yielding stand-in like one. [] on a cluster whose
+    prefills have nodes of their own."""
+    specs = cfg.instances("disaggregated")
+    decode = next(s for s in specs if s.role == "decode")
+    everything_here = all(n.connection == "local" for n in cfg.nodes.values())
+    return [_bind(cfg, s) for s in specs
+            if s.role == "prefill" and (everything_here or s.node == decode.node)]
+
+
 def replica_stand_ins(cfg: LabConfig) -> list[str]:
     """One bind per other replica that shares 01's machine in the replicated topology
     (every node is this machine): the replicas' binds less the one 01's instance has
@@ -68,9 +84,12 @@ def measure(cfg: LabConfig, inst: ProcessRecord, run_once: Callable[[], float],
             binds: list[str] | None = None, yielding: bool = False) -> BesideBusy:
     """`run_once()`: one decode run on the instance, its ms per step. `repeats` runs alone,
     then as many beside the stand-ins (`binds`, default NIXL's: `stand_ins`, busy or
-    waiting as the profile's progress delay makes NIXL's threads; `yielding`: loops that
-    yield, like an idle vLLM worker, at normal priority), on `inst`'s node; a run outside
-    the stand-ins' life (the node's clock) is not counted."""
+    waiting as the profile's progress delay makes NIXL's threads, with a yielding one per
+    prefill on the decode's machine, `prefill_stand_ins`; `yielding`: loops that yield,
+    like an idle vLLM worker, at normal priority), on `inst`'s node; a run outside the
+    stand-ins' life (the node's clock) is not counted."""
+    # P/D's default: NIXL's threads, and the prefills' idle workers beside them
+    extra = prefill_stand_ins(cfg) if binds is None and not yielding else []
     binds = stand_ins(cfg) if binds is None else binds
     # NIXL rounds the delay up to whole milliseconds (its poll() timeout)
     wait_s = 0.0 if yielding else math.ceil(cfg.nixl_progress_delay_us() / 1000) / 1000
@@ -91,7 +110,7 @@ def measure(cfg: LabConfig, inst: ProcessRecord, run_once: Callable[[], float],
             kind = (["spin-yield"] if yielding else
                     ["spin-wait", f"{wait_s:g}"] if wait_s else ["spin"])
             r = node.run([node.python, "-", *kind, f"{seconds:.1f}", "1" if lowered else "0",
-                          *binds],
+                          *binds, *(["+yield", *extra] if extra else [])],
                          input=inspect.getsource(nixl_threads), timeout=seconds + 60)
         answer.update(json.loads(r.stdout) if r.ok else {"error": r.why})
 
@@ -106,14 +125,16 @@ def measure(cfg: LabConfig, inst: ProcessRecord, run_once: Callable[[], float],
         on_run()
     runner.join()
     if "error" in answer:
-        return BesideBusy(threads=len(binds), policy="?", binds=binds, alone=point(1, alone),
-                          beside=None, ratio=None, why=f"the stand-ins failed: {answer['error']}")
+        return BesideBusy(threads=len(binds) + len(extra), policy="?", binds=binds + extra,
+                          alone=point(1, alone), beside=None, ratio=None,
+                          why=f"the stand-ins failed: {answer['error']}")
     inside = [ms for ms, (a, b) in zip(beside, spans, strict=True)
               if answer["start"] <= a and b <= answer["end"]]
     ratio = (statistics.median(inside) / statistics.median(alone)
              if inside and statistics.median(alone) > 0 else None)
-    policy = answer["policy"] + (", yielding" if yielding else "")
-    return BesideBusy(threads=len(binds), policy=policy, binds=binds,
+    policy = answer["policy"] + (", yielding" if yielding else "") + (
+        f"; and {len(extra)} yielding, for the prefill's idle worker" if extra else "")
+    return BesideBusy(threads=len(binds) + len(extra), policy=policy, binds=binds + extra,
                       alone=point(1, alone), beside=point(1, inside) if inside else None,
                       ratio=round(ratio, 3) if ratio else None,
                       why=None if inside else "no run fell inside the stand-ins' life")

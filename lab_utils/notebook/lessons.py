@@ -230,11 +230,11 @@ def conclude_04(replicated: BenchmarkResult | None, disaggregated: BenchmarkResu
         won = better(mr[c], md[c], "p99_itl_ms")
         late = ((mixed_dis is not None and read_late(mixed_dis, "concurrency", c))
                 or (mixed_rep is not None and read_late(mixed_rep, "concurrency", c)))
-        one = _points(getattr(baseline, "mixed", None)).get(c)
+        alone = _points(getattr(baseline, "mixed", None)).get(c)
         text = (f"mixed workload at concurrency {c:g}, ITL p99: {_ms(mr[c].median('p99_itl_ms'))} "
                 f"on replicas, {_ms(md[c].median('p99_itl_ms'))} disaggregated "
                 f"({_margin(mr[c], md[c], 'p99_itl_ms', won)})"
-                + (f"; {_ms(one.median('p99_itl_ms'))} on 01's single instance" if one else ""))
+                + (f"; {_ms(alone.median('p99_itl_ms'))} on 01's single instance" if alone else ""))
         if won == "b":
             said.insert(0, f"As expected, disaggregation protected the ITL tail: {text}.")
         else:

@@ -279,28 +279,32 @@ def cpu_set(bind: str | None) -> set[int] | None:
 
 
 def spin(seconds: float, lowered: bool, cpus: Sequence[set[int] | None],
-         yielding: bool = False, wait_s: float = 0.0) -> dict:
+         yielding: bool = False, wait_s: float = 0.0,
+         also_yielding: Sequence[set[int] | None] = ()) -> dict:
     """Busy threads like NIXL's progress threads, for `seconds`: one process per entry of
     `cpus` (its own process, so that they all run at once, as NIXL's do in separate
     instances), each pinned to those CPUs (None: not pinned) and, with `lowered`, given
     the priority the lab gives NIXL's threads. With `yielding`, each calls sched_yield in
     its loop instead, as an idle vLLM worker does for a second after each step; with
     `wait_s`, each waits that long in select() with nothing to wait for, as NIXL's thread
-    with a progress delay waits in poll() (`kv_transfer.nixl_progress_delay_us`). Returns
-    when all have ended: their start and end (wall clock) and their policy."""
+    with a progress delay waits in poll() (`kv_transfer.nixl_progress_delay_us`).
+    `also_yielding`: more processes, pinned so, that yield at normal priority whatever
+    the others do (the idle workers of other instances on the machine). Returns when all
+    have ended: their start and end (wall clock) and the first ones' policy."""
     start = time.time()
     end = time.monotonic() + seconds
     children = []
-    for pin in cpus:
+    for i, pin in enumerate([*cpus, *also_yielding]):
+        extra = i >= len(cpus)
         pid = os.fork()
         if pid == 0:  # the child spins and leaves without running anything else
             try:
                 if pin:
                     os.sched_setaffinity(0, pin)
-                if lowered:
+                if lowered and not extra:
                     lower(0)
                 while time.monotonic() < end:
-                    if yielding:
+                    if yielding or extra:
                         os.sched_yield()
                     elif wait_s:
                         select.select([], [], [], wait_s)
@@ -314,26 +318,27 @@ def spin(seconds: float, lowered: bool, cpus: Sequence[set[int] | None],
     for pid in children:
         os.waitpid(pid, 0)
     return {"start": start, "end": time.time(), "processes": len(children), "policy": policy,
-            "cpus": [sorted(c) if c else None for c in cpus]}
+            "cpus": [sorted(c) if c else None for c in [*cpus, *also_yielding]]}
 
 
 def main(argv: list[str] | None = None) -> int:
     """Remote entry point: `quiet PGID BIND [KNOWN_TID...]` (BIND "-" for none), or `spin SECONDS LOWERED(0|1)
     BIND...` (BIND a VLLM_CPU_OMP_THREADS_BIND value, "-" for none; `spin-yield` the same
-    with yielding loops; `spin-wait WAIT_S SECONDS LOWERED BIND...` with loops that wait);
-    prints the answer as JSON."""
+    with yielding loops; `spin-wait WAIT_S SECONDS LOWERED BIND...` with loops that wait;
+    after `+yield`, the BINDs of more loops that yield whatever the others do); prints the
+    answer as JSON."""
     args = sys.argv[1:] if argv is None else argv
     cmd, rest = args[0], args[1:]
     if cmd == "quiet":
         result: object = quiet(int(rest[0]), [int(t) for t in rest[2:]],
                                bind=None if rest[1] == "-" else rest[1])
-    elif cmd == "spin-wait":
-        result = spin(float(rest[1]), rest[2] == "1",
-                      [cpu_set(None if b == "-" else b) for b in rest[3:]],
-                      wait_s=float(rest[0]))
-    elif cmd in ("spin", "spin-yield"):
-        result = spin(float(rest[0]), rest[1] == "1",
-                      [cpu_set(None if b == "-" else b) for b in rest[2:]], cmd == "spin-yield")
+    elif cmd in ("spin", "spin-yield", "spin-wait"):
+        wait_s = float(rest.pop(0)) if cmd == "spin-wait" else 0.0
+        binds = [None if b == "-" else b for b in rest[2:]]
+        split = binds.index("+yield") if "+yield" in binds else len(binds)
+        result = spin(float(rest[0]), rest[1] == "1", [cpu_set(b) for b in binds[:split]],
+                      cmd == "spin-yield", wait_s,
+                      [cpu_set(b) for b in binds[split + 1:]])
     else:
         print(f"unknown command {cmd!r}", file=sys.stderr)
         return 2

@@ -25,6 +25,9 @@ def test_one_stand_in_per_nixl_thread_on_the_decodes_machine(test_cfg):
     # two Sparks: only the decode's node counts, and a GPU profile pins nothing
     spark = load_config("environment_config.json.example")
     assert beside.stand_ins(spark) == ["-"]
+    # the prefill's idle worker: beside the decode on the rehearsal, on its own node there
+    assert beside.prefill_stand_ins(test_cfg) == ["0"]
+    assert beside.prefill_stand_ins(spark) == []
 
 
 def test_the_stand_ins_run_at_once_pinned_and_lowered():
@@ -69,22 +72,25 @@ def test_measure_runs_alone_then_beside_real_stand_ins(test_cfg):
     busy_cfg = test_cfg.model_copy(deep=True)
     busy_cfg.kv_transfer.nixl_progress_delay_us = 0
     got = beside.measure(busy_cfg, REC, one_decode, repeats=2)
-    assert got.threads == 2 and got.binds == ["0", "1"], got
-    assert got.policy == "SCHED_OTHER nice 19 slice 0.1 ms", got
+    assert got.threads == 3 and got.binds == ["0", "1", "0"], got
+    assert got.policy == ("SCHED_OTHER nice 19 slice 0.1 ms; and 1 yielding, for the "
+                          "prefill's idle worker"), got
     assert got.alone.median == 1.0 and got.ratio == pytest.approx(2.0) and got.why is None, got
     assert _lowered_and_running() < 2  # they ended with the measurement
 
 
 def test_with_a_progress_delay_the_stand_ins_wait_as_nixls_threads_then_do(test_cfg):
     """The CPU profile's default delay (1000 us): the stand-ins wait 1 ms per round at
-    normal priority instead of spinning lowered; each run reports 2.0 when it sees the two
-    of them (and their parent) alive."""
+    normal priority instead of spinning lowered, beside one yielding for the prefill's idle
+    worker; each run reports 2.0 when it sees the three of them (and their parent) alive."""
     def one_decode() -> float:
         time.sleep(0.05)
-        return 2.0 if _waiting_stand_ins() >= 3 else 1.0
+        return 2.0 if _waiting_stand_ins() >= 4 else 1.0
     assert test_cfg.nixl_progress_delay_us() == 1000
     got = beside.measure(test_cfg, REC, one_decode, repeats=2)
-    assert got.threads == 2 and got.policy.endswith(", waiting 1 ms per poll"), got
+    assert got.threads == 3, got
+    assert got.policy.endswith(", waiting 1 ms per poll; and 1 yielding, for the prefill's "
+                               "idle worker"), got
     assert "nice 19" not in got.policy, got
     assert got.alone.median == 1.0 and got.ratio == pytest.approx(2.0), got
     assert _waiting_stand_ins() == 0
