@@ -8,6 +8,7 @@ files recorded; what a file did not record says so.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pandas as pd
@@ -162,6 +163,25 @@ def _workload(w: dict[str, Any]) -> str:
     return "; ".join(p for p in parts if p) or NOT_RECORDED
 
 
+def _nixl_threads(data: ReportData) -> list[tuple[str, str]]:
+    """What the lab did to NIXL's progress threads in notebook 04 (set through the
+    environment, so not among the flags), from its config snapshot."""
+    env = data.envelopes.get("04")
+    if env is None:
+        return []
+    kv = env.config.get("kv_transfer") or {}
+    delay = kv.get("nixl_progress_delay_us")
+    lowered = kv.get("lower_nixl_threads")
+    lowered = data.device == "cpu" if lowered is None else lowered
+    text = (f"each waits in poll() up to {math.ceil(delay / 1000)} ms between rounds "
+            f"(kv_transfer.nixl_progress_delay_us = {delay}; as vLLM gets it, it polls without "
+            "pause)" if delay else "poll without pause, as vLLM gets them")
+    if lowered:
+        text += ("; any found busy lowered to nice 19, and each worker's model thread put back "
+                 "on its CPUs (kv_transfer.lower_nixl_threads)")
+    return [("NIXL progress threads (prefill, decode)", text)]
+
+
 def system_under_test(data: ReportData) -> pd.DataFrame:
     """The system under test, two columns (what, value), from the results files: the
     machine and software of the baseline's file (the one every report has), the model
@@ -193,6 +213,7 @@ def system_under_test(data: ReportData) -> pd.DataFrame:
         ("model", f"{model.get('name', NOT_RECORDED)}, dtype {model.get('dtype', NOT_RECORDED)}, "
                   f"revision {model.get('revision') or 'not pinned (as fetched)'}"),
         *_role_flags(data),
+        *_nixl_threads(data),
         ("workload", _workload(data.sweeps["baseline"].workload)),
         ("date (UTC)", when),
     ]
