@@ -34,10 +34,10 @@ steps. Its assumptions, each a simplification a workshop attendee can check:
    `C` the machine's cores (processor sharing; 01's curves already include one instance
    competing with itself).
 7. **What shares a machine slows a decode by a measured factor**: 01 timed a decode
-   alone and beside stand-ins (`forecast.beside`) for the NIXL threads that share the
-   decode's machine in P/D, and for the other replicas' idle workers, which poll for a
-   second after each step, where replicas share one machine; a P/D decode instance's
-   decode steps, and a replica's, take that ratio.
+   alone and beside stand-ins (`forecast.beside`) for what shares the decode's machine in
+   P/D (its NIXL threads, and the prefills' idle workers, which poll for a second after
+   each step), and for the other replicas' idle workers where replicas share one machine;
+   a P/D decode instance's decode steps, and a replica's, take that ratio.
 
 What it leaves out, knowingly: the CPU the proxy and the client use beyond the measured
 per-token cost, and NIXL's beyond the factor of 7; vLLM's own handling of a P/D request
