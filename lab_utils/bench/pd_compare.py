@@ -93,8 +93,7 @@ def measure_topology(cfg: labconfig.LabConfig, topology: str, prompts: int) -> d
             records = serve(cluster, topology, with_proxy=True, show_progress=False)
             served = Served(topology, records)
             # busy NIXL threads: recorded at start, now again; none when they wait
-            threads = [t for t in cluster.quiet_nixl_threads(records)
-                       if t.get("thread") != nixl_threads.MAIN_THREAD]
+            threads = nixl_threads.busy_only(cluster.quiet_nixl_threads(records))
             if not cfg.lower_nixl_threads():  # the same threads, left as they are
                 threads = [t for r in records if r.extra.get("role") in ("prefill", "decode")
                            for t in nixl_threads.spinning(r.pgid)]

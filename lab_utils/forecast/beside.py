@@ -43,10 +43,16 @@ START_S = 1.0  # the stand-ins' start (a fork each), before the first run beside
 def stand_ins(cfg: LabConfig) -> list[str]:
     """One VLLM_CPU_OMP_THREADS_BIND value ("-": not pinned) per NIXL thread that shares
     the decode's machine in the disaggregated topology."""
+    return [_bind(cfg, s) for s in _beside_decode(cfg)]
+
+
+def _beside_decode(cfg: LabConfig) -> list:
+    """The disaggregated topology's instances on the decode's machine (all of them when
+    every node is this machine), the decode included."""
     specs = cfg.instances("disaggregated")
     decode = next(s for s in specs if s.role == "decode")
     everything_here = all(n.connection == "local" for n in cfg.nodes.values())
-    return [_bind(cfg, s) for s in specs if everything_here or s.node == decode.node]
+    return [s for s in specs if everything_here or s.node == decode.node]
 
 
 def _bind(cfg: LabConfig, spec) -> str:
@@ -59,11 +65,7 @@ def prefill_stand_ins(cfg: LabConfig) -> list[str]:
     polling for the next step (`sched_yield` for a second after each), as an idle
     replica's does, so it gets a yielding stand-in like one. [] on a cluster whose
     prefills have nodes of their own."""
-    specs = cfg.instances("disaggregated")
-    decode = next(s for s in specs if s.role == "decode")
-    everything_here = all(n.connection == "local" for n in cfg.nodes.values())
-    return [_bind(cfg, s) for s in specs
-            if s.role == "prefill" and (everything_here or s.node == decode.node)]
+    return [_bind(cfg, s) for s in _beside_decode(cfg) if s.role == "prefill"]
 
 
 def replica_stand_ins(cfg: LabConfig) -> list[str]:

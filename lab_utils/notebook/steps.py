@@ -153,18 +153,14 @@ def nixl_threads(cfg: LabConfig, served: Served) -> list[dict]:
         return cluster.quiet_nixl_threads(served.records)
 
 
-def _busy(rows: list[dict]) -> list[dict]:
-    """The rows of NIXL threads found busy (not the worker main threads put back)."""
-    return [r for r in rows if r.get("thread") != nixl_threads_mod.MAIN_THREAD]
-
-
 def nixl_thread_state(cfg: LabConfig) -> str:
     """What NIXL's progress threads did in this profile's P/D run (`lessons.NIXL_THREADS`):
     "lowered" or "busy" when a busy one was found (or no delay is set), "waiting" when the
     lab set a progress delay and found none busy."""
     with Cluster(cfg) as cluster:
-        found = _busy([t for r in cluster.running() if r.extra.get("role") in ("prefill", "decode")
-                       for t in r.extra.get("nixl_threads", [])])
+        found = nixl_threads_mod.busy_only(
+            t for r in cluster.running() if r.extra.get("role") in ("prefill", "decode")
+            for t in r.extra.get("nixl_threads", []))
     if found or not cfg.nixl_progress_delay_us():
         return "lowered" if cfg.lower_nixl_threads() else "busy"
     return "waiting"
@@ -175,7 +171,7 @@ def nixl_threads_frame(cfg: LabConfig, served: Served) -> pd.DataFrame:
     which scheduling policy (set again now, so threads that appeared since are in it), and
     the worker main threads put back on their CPUs."""
     rows = nixl_threads(cfg, served)
-    delay, busy = cfg.nixl_progress_delay_us(), _busy(rows)
+    delay, busy = cfg.nixl_progress_delay_us(), nixl_threads_mod.busy_only(rows)
     if delay:
         print(f"NIXL's progress threads wait in poll() up to {math.ceil(delay / 1000)} ms "
               f"between rounds (kv_transfer.nixl_progress_delay_us = {delay})"

@@ -53,8 +53,7 @@ def cpu_now(cfg: LabConfig, served: Served) -> dict[str, float] | None:
     if any(cfg.nodes[r.node].connection != "local" for r in served.records):
         return None
     with Cluster(cfg) as cluster:  # not the worker main threads the lab put back
-        recorded = {r.name: [t for t in r.extra.get("nixl_threads", [])
-                             if t.get("thread") != nixl_threads.MAIN_THREAD]
+        recorded = {r.name: nixl_threads.busy_only(r.extra.get("nixl_threads", []))
                     for r in cluster.running()}
     out: dict[str, float] = {BUSY_NIXL: 0.0}
     for r in served.records:

@@ -266,6 +266,12 @@ def quiet(pgid: int, known: Sequence[int] = (), root: str = "/proc",
     return out
 
 
+def busy_only(rows: Iterable[dict]) -> list[dict]:
+    """The rows of `quiet` (or a record's `nixl_threads`) that name NIXL threads found busy,
+    without the worker main threads `repin` put back."""
+    return [r for r in rows if r.get("thread") != MAIN_THREAD]
+
+
 def cpu_set(bind: str | None) -> set[int] | None:
     """The CPUs of a VLLM_CPU_OMP_THREADS_BIND value ("0", "0-3", "0,2|4-5"); None for
     "auto", "nobind" or nothing."""

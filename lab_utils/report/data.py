@@ -57,11 +57,17 @@ class ReportData:
         return env.payload if env else None
 
     @property
-    def nixl_waited(self) -> bool:
-        """Whether notebook 04's NIXL progress threads waited in poll() between rounds (a
-        progress delay in its config), rather than polling without pause."""
+    def nixl_delay_us(self) -> int:
+        """Notebook 04's NIXL progress delay from its config (0: none, or not recorded, as
+        in results from before the setting): its threads waited in poll() between rounds
+        when above 0, else polled without pause."""
         env = self.envelopes.get("04")
-        return bool(env and (env.config.get("kv_transfer") or {}).get("nixl_progress_delay_us"))
+        return int((env.config.get("kv_transfer") or {}).get("nixl_progress_delay_us") or 0
+                   if env else 0)
+
+    @property
+    def nixl_waited(self) -> bool:
+        return self.nixl_delay_us > 0
 
     @property
     def environment(self) -> EnvironmentPayload | None:

@@ -169,9 +169,8 @@ def _nixl_threads(data: ReportData) -> list[tuple[str, str]]:
     env = data.envelopes.get("04")
     if env is None:
         return []
-    kv = env.config.get("kv_transfer") or {}
-    delay = kv.get("nixl_progress_delay_us")
-    lowered = kv.get("lower_nixl_threads")
+    delay = data.nixl_delay_us
+    lowered = (env.config.get("kv_transfer") or {}).get("lower_nixl_threads")
     lowered = data.device == "cpu" if lowered is None else lowered
     text = (f"each waits in poll() up to {math.ceil(delay / 1000)} ms between rounds "
             f"(kv_transfer.nixl_progress_delay_us = {delay}; as vLLM gets it, it polls without "
