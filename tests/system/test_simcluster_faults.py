@@ -472,17 +472,19 @@ def test_decode_killed_mid_stream(fcfg, pd, tmp_path):
     prefill, proxy = pd["prefill"], pd["proxy"].url
     with second_proxy(fcfg, tmp_path, "test-simcluster-killed-router", offset=2,
                       kind="vllm-router") as (router, _), httpx.Client(timeout=120) as client:
-        # Each is streaming before the next starts, the router's first. Each asks for as many
+        # Each is streaming before the next starts, the router's last. Each asks for as many
         # tokens as the context allows, so that none can finish before the kill: once a
         # new request's KV move waited until the decode had finished both streams (NIXL's
-        # threads were under SCHED_IDLE then, docs/REHEARSAL.md).
+        # threads were under SCHED_IDLE then, docs/REHEARSAL.md). The router's one stream
+        # starts right before the kill: with NIXL's threads waiting instead of polling, a
+        # stream started first once ran to its end while the two after it started (CI).
         def longest(ids: list[int]) -> dict:
             return completion(fcfg, ids, fcfg.vllm.max_model_len - len(ids))
-        via_router = Stream(client, router, longest(prompt_ids(320, 40))).read(max_chunks=2)
         streams = []
         for i in range(2):
             streams.append(Stream(client, proxy, longest(prompt_ids(300 + i, 20 + i))))
             streams[-1].read(max_chunks=2)
+        via_router = Stream(client, router, longest(prompt_ids(320, 40))).read(max_chunks=2)
         mid_stream = [s for s in streams if s.status == 200 and s.chunks == 2 and not s.done]
         router_mid = via_router.status == 200 and via_router.chunks == 2 and not via_router.done
         os.killpg(pd["decode"].pgid, signal.SIGKILL)
