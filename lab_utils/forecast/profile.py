@@ -69,7 +69,7 @@ def decode_contexts(cfg: LabConfig) -> list[int]:
     return sorted({w.input_len, long})
 
 
-def _settled_step_ms(itl_ms: list[float]) -> float:
+def settled_step_ms(itl_ms: list[float]) -> float:
     """A request's ms per decode step: its mean token gap over the second half of its
     output, when every request of its run is decoding (0 with no gap)."""
     tail = itl_ms[len(itl_ms) // 2:]
@@ -139,7 +139,7 @@ def measure_profile(cfg: LabConfig, inst: ProcessRecord, proxy: str, tokenize,
                     if local:
                         busy_s += group_cpu_seconds(inst.pgid) - cpu0
                         wall_s += time.monotonic() - t_start
-                    per = [_settled_step_ms(r.itl_ms) for r in recs if len(r.itl_ms) >= 2]
+                    per = [settled_step_ms(r.itl_ms) for r in recs if len(r.itl_ms) >= 2]
                     steps.append(sum(per) / len(per))
                     bar.update(1)
                 pts.append(point(b, steps))
@@ -161,7 +161,7 @@ def measure_profile(cfg: LabConfig, inst: ProcessRecord, proxy: str, tokenize,
         def one_decode() -> float:
             rec = _run(direct, model, [RequestSpec(exact_prompt(tokenize, contexts[0], rng),
                                                    out_tokens)], 1, vkey, timeout)[0]
-            return _settled_step_ms(rec.itl_ms)
+            return settled_step_ms(rec.itl_ms)
         busy = beside.measure(cfg, inst, one_decode, DECODE_REPEATS, lambda: bar.update(1))
         others = beside.replica_stand_ins(cfg)
         replicas = (beside.measure(cfg, inst, one_decode, DECODE_REPEATS, lambda: bar.update(1),

@@ -1,13 +1,15 @@
 """What notebooks 01, 03 and 04 do with the model: forecast the architecture they are about
-to measure, from 01's and 02's results only, print it, and keep it in their results.
+to measure, from 01's and 02's results (and for P/D, 04's pair timed before its sweep), print it, and keep it in their results.
 
 `forecast_for(cfg, "baseline" | "replicated" | "disaggregated", profile, kv, device, earlier)`
 returns a `Forecast`: one row per load point of the standard workload (and the mixed one,
 for 03 and 04): the median prediction and its interval, which is the range over the
 curves' edges widened by the model's own error on the forecasts graded earlier in the
 series (`earlier`: {name: graded rows}; `band`), the inputs' sources, and for P/D the best
-prefill/decode split for 2, 4 and 8 nodes. The model's inputs come from 01 and 02 only;
-the earlier gradings only set how wide the interval is.
+prefill/decode split for 2, 4 and 8 nodes. The model's inputs come from 01 and 02; the
+P/D forecast also takes two figures from 04's own pair, timed one request at a time
+before its sweep (`forecast.pair`; the best splits, each instance on a machine of its own,
+do not); the earlier gradings only set how wide the interval is.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ from lab_utils.forecast.model import (
     loads_of,
     ranged,
 )
-from lab_utils.results.forecast import EngineProfile, Forecast
+from lab_utils.forecast.pair import calibrate, calibrated_edges
+from lab_utils.results.forecast import EngineProfile, Forecast, PairProfile
 from lab_utils.results.kv_transfer import KvTransferPayload
 from lab_utils.results.points import FORECAST
 
@@ -95,25 +98,34 @@ def rank(p: Prediction) -> tuple[float, float]:
 
 def forecast_for(cfg: LabConfig, kind: str, profile: EngineProfile | None,
                  kv: KvTransferPayload | None, buffer_device: str,
-                 earlier: dict[str, list[dict[str, Any]]] | None = None) -> Forecast:
+                 earlier: dict[str, list[dict[str, Any]]] | None = None,
+                 pair: PairProfile | None = None) -> Forecast:
     """Forecast `kind` ("baseline", "replicated" or "disaggregated") for this config's
-    workload from 01's profile and 02's results (`kv`, None if 02 has not run) only, its
-    interval widened by the error of the forecasts graded before it (`earlier`)."""
+    workload from 01's profile and 02's results (`kv`, None if 02 has not run), and for
+    P/D the pair 04 timed before its sweep (`pair`, `forecast.pair`), its interval widened
+    by the error of the forecasts graded before it (`earlier`)."""
     inputs, edges_of = from_results(profile, kv, buffer_device), edges(profile, kv, buffer_device)
     arch = architecture_of(cfg, kind, profile.host_cores if profile else None)
     w = cfg.workload
-    rows = predict_rows(inputs, edges_of, arch, loads_of(w), "standard")
+    sim, sim_edges, paired = inputs, edges_of, None
+    if pair is not None and kind == "disaggregated":
+        sim, paired = calibrate(inputs, arch, pair, w.output_len, w.seed)
+        sim_edges = calibrated_edges(edges_of, sim.decode_beside, sim.pd_extra_ms)
+    rows = predict_rows(sim, sim_edges, arch, loads_of(w), "standard")
     if w.mixed_long_len and kind != "baseline":  # 01's sweep has no mixed run
-        rows += predict_rows(inputs, edges_of, arch, loads_of(w, mixed=True), "mixed")
+        rows += predict_rows(sim, sim_edges, arch, loads_of(w, mixed=True), "mixed")
     band = error_band(earlier or {})
     rows = [widen(r, band) for r in rows]
     splits = (best_splits(inputs, loads_of(w, mixed=bool(w.mixed_long_len))[-1])
               if kind == "disaggregated" else [])
     only = {"NIXL's threads": "disaggregated", "other replicas": "replicated"}
-    sources = {**{k: v for k, v in inputs.sources.items() if only.get(k, kind) == kind},
-               "interval": band_sentence(band)}
+    sources = {k: v for k, v in inputs.sources.items() if only.get(k, kind) == kind}
+    if paired:
+        sources["the pair"] = paired
+    sources["interval"] = band_sentence(band)
     return Forecast(architecture=kind, made_at=datetime.now(UTC).isoformat(),
-                    sources=sources, rows=rows, splits=splits, error_band=band)
+                    sources=sources, rows=rows, splits=splits, error_band=band,
+                    pair=pair if paired else None)
 
 
 def forecast_frame(rows: list[dict[str, Any]]):

@@ -62,7 +62,7 @@ from lab_utils.notebook.steps import (
     run_sweep,
     single_request,
 )
-from lab_utils.notebook.time_split import where_time_went
+from lab_utils.notebook.time_split import time_pair, where_time_went
 
 __all__ = [
     "ServingSession", "cache_meter", "check_alive", "compare_frame", "compare_front_doors", "compare_policies",
@@ -73,5 +73,5 @@ __all__ = [
     "proof_record", "protocol_by_hand", "prove_kv_transfer", "record_baseline",
     "record_disaggregated", "record_environment", "record_replicated", "reference_outputs",
     "require_environment", "run_sweep", "single_request", "sweep_frame", "tokenizer_of",
-    "transfer_lesson", "versus_reference", "watch_scheduler", "where_time_went",
+    "time_pair", "transfer_lesson", "versus_reference", "watch_scheduler", "where_time_went",
 ]

@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import statistics
 import time
 from typing import Any
 
@@ -24,11 +25,13 @@ import pandas as pd
 
 from lab_utils.cluster import Cluster
 from lab_utils.config import LabConfig, api_key
+from lab_utils.forecast.profile import settled_step_ms
 from lab_utils.measure.loadgen import run_point, run_sync
 from lab_utils.measure.workload import build_requests
 from lab_utils.notebook.session import tokenizer_of
 from lab_utils.on_node import nixl_threads
 from lab_utils.on_node.proctools import group_cpu_seconds, thread_cpu_seconds
+from lab_utils.results.forecast import PairProfile
 from lab_utils.results.sweep import BenchmarkResult
 from lab_utils.serve.metrics import MetricsSnapshot, fetch_metrics
 from lab_utils.serve.topology import Served
@@ -86,9 +89,9 @@ def ttft_parts(client_ttft_ms: float, prefill: tuple[MetricsSnapshot, MetricsSna
 
 def split_sentence(parts: dict[str, float], client_ttft_ms: float,
                    single_ttft_ms: float | None, requests: int | None = None,
-                   sweep_median_ms: float | None = None) -> str:
+                   sweep_median_ms: float | None = None, when: str = "after") -> str:
     """Which part of TTFT dominated, with every part's share, from this run's figures; a
-    mean far above the sweep's median (`sweep_median_ms`) is said to be one."""
+    mean far above the sweep's median (`sweep_median_ms`) is said to be one. `when`: "before" or "after" the sweep."""
     top = max(PARTS, key=lambda k: parts[k])
     total = sum(parts[k] for k in PARTS) or 1.0
     against = ("" if single_ttft_ms is None else
@@ -96,7 +99,7 @@ def split_sentence(parts: dict[str, float], client_ttft_ms: float,
                f"{single_ttft_ms:.1f} ms)")
     others = ", ".join(f"{k} {parts[k]:.1f} ms" for k in PARTS if k != top)
     over = f"over {requests} fresh requests" if requests else "over a few fresh requests"
-    said = (f"Where TTFT went: {over} sent one at a time after the sweep, the mean TTFT "
+    said = (f"Where TTFT went: {over} sent one at a time {when} the sweep, the mean TTFT "
             f"through the pair was {client_ttft_ms:.1f} ms{against}; the {top} took the most, "
             f"{parts[top]:.1f} ms ({parts[top] / total:.0%} of it); {others}.")
     if sweep_median_ms and client_ttft_ms > 2 * sweep_median_ms:
@@ -107,7 +110,8 @@ def split_sentence(parts: dict[str, float], client_ttft_ms: float,
 
 def measure_split(cfg: LabConfig, served: Served, n: int = SPLIT_REQUESTS) -> dict[str, Any]:
     """`n` fresh requests one at a time through the pair with both instances' /metrics
-    read around them: the client's mean TTFT and its parts (`ttft_parts`)."""
+    read around them: the client's mean TTFT and its parts (`ttft_parts`), and the pair's
+    profile for the forecast (`PairProfile`: median TTFT, settled ms per token)."""
     prefill_url, decode_url = served.urls("prefill")[0], served.urls("decode")[0]
     tokenize, detokenize = tokenizer_of(served, cfg)
     w = cfg.workload
@@ -117,10 +121,16 @@ def measure_split(cfg: LabConfig, served: Served, n: int = SPLIT_REQUESTS) -> di
                                     chat=w.chat, show_progress=False,
                                     api_key=api_key(cfg, "proxy")))
     after = fetch_metrics(prefill_url), fetch_metrics(decode_url)
-    ttfts = [r.ttft_ms for r in records if r.ok and r.ttft_ms is not None]
+    ok = [r for r in records if r.ok and r.ttft_ms is not None]
+    ttfts = [r.ttft_ms for r in ok]
     client = sum(ttfts) / len(ttfts) if ttfts else 0.0
-    return {"client_ttft_ms": client, "requests": len(ttfts),
-            "parts": ttft_parts(client, (before[0], after[0]), (before[1], after[1]))}
+    parts = ttft_parts(client, (before[0], after[0]), (before[1], after[1]))
+    steps = [settled_step_ms(r.itl_ms) for r in ok if len(r.itl_ms) >= 2]
+    pair = (PairProfile(requests=len(ok), prompt_tokens=w.input_len,
+                        ttft_ms=statistics.median(ttfts),
+                        step_ms=statistics.median(steps) if steps else None, parts=parts)
+            if ttfts else None)
+    return {"client_ttft_ms": client, "requests": len(ttfts), "parts": parts, "pair": pair}
 
 
 def _c1(result: BenchmarkResult, key: str) -> float | None:
@@ -144,16 +154,32 @@ def cpu_frame(cpu_s: dict[str, float] | None) -> pd.DataFrame:
                         columns=["during the sweep", "CPU s"])
 
 
-def where_time_went(cfg: LabConfig, served: Served, baseline: BenchmarkResult,
-                    result: BenchmarkResult) -> dict[str, Any]:
-    """Notebook 04's account of its own time: the CPU table of the sweep (None on SSH
-    nodes), the TTFT split of a few fresh requests one at a time, and the sentences."""
+def time_pair(cfg: LabConfig, served: Served) -> dict[str, Any]:
+    """04, before its forecast: `measure_split` on the pair, with one line that says what
+    it measured (the forecast calibrates on it, `forecast.pair`)."""
     split = measure_split(cfg, served)
+    pair = split["pair"]
+    if pair is None:
+        print("the pair answered none of the timing requests: the forecast goes without it")
+    else:
+        step = f", {pair.step_ms:.2f} ms per token" if pair.step_ms else ""
+        print(f"the pair, one request at a time: {pair.requests} fresh prompts of "
+              f"{pair.prompt_tokens} tokens, TTFT median {pair.ttft_ms:.1f} ms{step}")
+    return split
+
+
+def where_time_went(cfg: LabConfig, served: Served, baseline: BenchmarkResult,
+                    result: BenchmarkResult, split: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Notebook 04's account of its own time: the CPU table of the sweep (None on SSH
+    nodes), the TTFT split of a few fresh requests one at a time (`split`: `time_pair`'s,
+    measured before the sweep; None: measured now, after it), and the sentences."""
+    when = "before" if split is not None else "after"
+    split = split if split is not None else measure_split(cfg, served)
     single = _c1(baseline, "median_ttft_ms")
     cpu = SWEEP_CPU.get((served.topology, False))
     said = [itl_sentence(baseline, result),
             split_sentence(split["parts"], split["client_ttft_ms"], single, split["requests"],
-                           _c1(result, "median_ttft_ms"))]
+                           _c1(result, "median_ttft_ms"), when)]
     if cpu is None:
         said.append("CPU seconds per process: not read (an instance is on a node reached "
                     "over SSH, or no sweep ran in this kernel).")

@@ -71,6 +71,20 @@ class EngineProfile(BaseModel):
     beside_replicas: BesideBusy | None = None
 
 
+class PairProfile(BaseModel):
+    """Notebook 04's prefill/decode pair, timed one request at a time before its sweep
+    (`notebook.time_split.measure_split`): what the P/D forecast calibrates on
+    (`forecast.pair`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    requests: int  # fresh requests, one at a time, through the proxy
+    prompt_tokens: int
+    ttft_ms: float  # their median TTFT at the client
+    step_ms: float | None  # their median time per decoded token, settled (ms)
+    parts: dict[str, float]  # mean TTFT split: prefill, proxy hop, KV move, first decode step
+
+
 class Forecast(BaseModel):
     """A forecast as a notebook records it, before it measures."""
 
@@ -84,3 +98,5 @@ class Forecast(BaseModel):
     # the model's own error measured earlier in the series (lab_utils.forecast.band), by
     # which the intervals were widened; None: recorded before the band existed
     error_band: dict[str, Any] | None = None
+    # P/D only: the pair timed before the sweep, which the forecast calibrated on
+    pair: PairProfile | None = None

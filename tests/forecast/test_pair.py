@@ -1,0 +1,70 @@
+"""The P/D forecast calibrated on 04's pair timed before its sweep (`forecast.pair`)."""
+
+from __future__ import annotations
+
+import pytest
+from forecast.test_forecast import ONE, hand_inputs, write_01_02
+
+from lab_utils.forecast.model import Architecture, Load, forecast
+from lab_utils.forecast.pair import calibrate
+from lab_utils.notebook import make_forecast
+from lab_utils.results.forecast import PairProfile
+
+PD = Architecture(prefill=1, decode=1)
+
+
+def pair(ttft: float, step: float | None, n: int = 1, tokens: int = 100) -> PairProfile:
+    return PairProfile(requests=n, prompt_tokens=tokens, ttft_ms=ttft, step_ms=step,
+                       parts={"prefill": 1.0, "proxy hop": 1.0, "KV move": 1.0,
+                              "first decode step": 1.0})
+
+
+def test_a_decode_leg_pays_the_extra_exactly_once():
+    # by hand (test_one_prefill_one_decode_by_hand): first token at 35.1 ms, 5 ms per token
+    base = forecast(hand_inputs(), PD, ONE).metrics
+    extra = forecast(hand_inputs().__class__(**{**hand_inputs().__dict__, "pd_extra_ms": 7.0}),
+                     PD, ONE).metrics
+    assert extra["median_ttft_ms"] - base["median_ttft_ms"] == pytest.approx(7.0)
+    assert extra["median_tpot_ms"] == pytest.approx(base["median_tpot_ms"])
+    # one instance has no decode leg: the extra never applies to it
+    one = hand_inputs().__class__(**{**hand_inputs().__dict__, "pd_extra_ms": 7.0})
+    assert forecast(one, Architecture(), ONE).metrics == forecast(hand_inputs(), Architecture(),
+                                                                  ONE).metrics
+
+
+@pytest.mark.parametrize("measured_ttft, measured_step", [(60.0, 7.5), (35.1, 5.0), (90.0, 10.0)])
+def test_the_calibrated_model_reproduces_the_pairs_own_figures(measured_ttft, measured_step):
+    inputs, said = calibrate(hand_inputs(), PD, pair(measured_ttft, measured_step), output_len=4)
+    assert inputs.decode_beside == pytest.approx(measured_step / 5.0)
+    m = forecast(inputs, PD, ONE).metrics
+    assert m["median_ttft_ms"] == pytest.approx(measured_ttft, rel=1e-6)
+    assert m["median_tpot_ms"] == pytest.approx(measured_step)
+    assert f"{measured_ttft:.1f} ms" in said and f"{inputs.pd_extra_ms:.1f} ms is added" in said
+
+
+def test_a_pair_faster_than_the_model_adds_nothing_and_says_so():
+    inputs, said = calibrate(hand_inputs(), PD, pair(20.0, None), output_len=4)
+    assert inputs.pd_extra_ms == 0.0
+    assert inputs.decode_beside == hand_inputs().decode_beside  # no step measured: kept
+    assert "0.0 ms is added" in said and "01's factor kept" in said
+
+
+def test_higher_loads_are_still_predicted_not_copied():
+    inputs, _ = calibrate(hand_inputs(), PD, pair(60.0, 7.5), output_len=4)
+    four = Load(input_len=100, output_len=4, num_prompts=8, concurrency=4)
+    m = forecast(inputs, PD, four).metrics
+    assert m["median_ttft_ms"] > 60.0  # queueing at concurrency 4 comes from the model
+
+
+def test_04s_forecast_records_the_pair_and_03s_ignores_it(test_cfg):
+    write_01_02(test_cfg)
+    p = pair(300.0, 2.4, n=6, tokens=test_cfg.workload.input_len)
+    with_pair = make_forecast(test_cfg, "disaggregated", pair=p)
+    without = make_forecast(test_cfg, "disaggregated")
+    assert with_pair.pair == p and "the pair" in with_pair.sources
+    assert without.pair is None and "the pair" not in without.sources
+    c1 = next(r for r in with_pair.rows if r["workload"] == "standard" and r["value"] == 1.0)
+    assert c1["median_ttft_ms"] == pytest.approx(300.0, rel=0.25)
+    assert with_pair.splits == without.splits  # the splits: a machine per instance, no pair
+    rep = make_forecast(test_cfg, "replicated", pair=p)
+    assert rep.pair is None and rep.rows == make_forecast(test_cfg, "replicated").rows
