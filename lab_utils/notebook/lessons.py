@@ -117,6 +117,31 @@ def _above(ratio: float) -> bool:
     return ratio > 1 and differs(Measured.one(ratio), Measured.one(1.0))
 
 
+def _mib(n: float) -> str:
+    return f"{n / 2**20:.3g} MiB"
+
+
+def best_transfer_sentence(rows: list[dict], seg_type: str = "DRAM") -> str | None:
+    """Which of the probe's transfers reached the best bandwidth, the one the estimate
+    divides by, and whether it was the largest (then the two agree there by construction)."""
+    mine = [r for r in rows if r.get("seg_type") == seg_type and r.get("op") == "READ"
+            and r.get("bandwidth_GBps")]
+    if not mine:
+        return None
+    best = max(mine, key=lambda r: r["bandwidth_GBps"])
+    largest = max(mine, key=lambda r: r["bytes"])
+    head = (f"The estimate divides by the best bandwidth the probe reached, "
+            f"{best['bandwidth_GBps']:.3g} GB/s, at {_mib(best['bytes'])}")
+    if best is largest:
+        return head + (", its largest transfer: there the two agree by construction, so read "
+                       "the smaller sizes.")
+    return head + (f", not at its largest transfer ({_mib(largest['bytes'])} reached "
+                   f"{largest['bandwidth_GBps']:.3g} GB/s, "
+                   f"{best['bandwidth_GBps'] / largest['bandwidth_GBps']:.1f}x less): the "
+                   "estimate is exact near that size and optimistic both below it (a fixed "
+                   "cost per transfer) and above it (the bandwidth falls).")
+
+
 def conclude_02(kv: KvTransferPayload, input_len: int | None = None) -> list[str]:
     """Expectation: short prompts pay a fixed per-transfer cost above size / bandwidth."""
     ratios = [(r.prompt_tokens, r.measured_ms / r.predicted_ms)
@@ -136,15 +161,20 @@ def conclude_02(kv: KvTransferPayload, input_len: int | None = None) -> list[str
         said.insert(0, f"As expected, the shortest prompt paid a fixed cost: its transfer "
                        f"took {short[1]:.2f}x the size / best-bandwidth estimate, the longest "
                        f"{long[1]:.2f}x (measured above the estimate at: {', '.join(over)}).")
+    elif _above(long[1]):
+        said.insert(0, f"Not as expected: the longest prompt's transfer took {long[1]:.2f}x "
+                       f"the size / best-bandwidth estimate, the shortest {short[1]:.2f}x: "
+                       "here the bandwidth fell at the larger sizes, which hides any fixed "
+                       f"cost per transfer (above the estimate at: {', '.join(over)}).")
     else:
         said.insert(0, f"Not as expected: the shortest prompt's transfer took {short[1]:.2f}x "
                        f"the size / best-bandwidth estimate, no more than the longest "
                        f"({long[1]:.2f}x): at these sizes the fixed cost per transfer is "
                        "too small to see beside the bytes"
                        + (f"; above the estimate only at: {', '.join(over)}." if over else "."))
-    said.append("The estimate divides by the best bandwidth the probe itself reached, which "
-                "came from its largest transfer: there the two agree by construction, so "
-                "read the other sizes.")
+    where = best_transfer_sentence(kv.probe.rows)
+    if where:
+        said.append(where)
     rec = kv.recommendation
     said.append(f"kv_buffer_device for 04: {rec.kv_buffer_device!r} ({rec.reason}).")
     return said

@@ -42,12 +42,19 @@ def test_01_batching_paid_or_not():
     assert said[0].startswith("As expected") and "rose from concurrency 1" in said[0]
 
 
-def kv(measured: list[float]) -> object:
+def probe_rows(gbps: dict[int, float]) -> list[dict]:
+    return [{"seg_type": "DRAM", "op": "READ", "bytes": b, "bandwidth_GBps": g,
+             "median_us": b / g / 1e3, "p99_us": b / g / 1e3, "iterations": 10,
+             "checksum_ok": True} for b, g in gbps.items()]
+
+
+def kv(measured: list[float], gbps: dict[int, float] | None = None) -> object:
     rows = [{"prompt_tokens": n, "kv_bytes": n * 2048, "blocks": n // 32, "predicted_ms": p,
              "measured_ms": m} for n, p, m in zip((128, 512, 2048), (0.1, 0.4, 1.6), measured,
                                                   strict=True)]
-    return model("02", kv_dict(pvm=rows)).model_copy(update={"block_size": 32,
-                                                             "kv_per_token_bytes": 2048})
+    probe = probe_rows(gbps or {1 << 18: 1.0, 1 << 20: 2.0, 1 << 22: 2.6})
+    return model("02", kv_dict(pvm=rows, probe_rows=probe)).model_copy(
+        update={"block_size": 32, "kv_per_token_bytes": 2048})
 
 
 def test_02_fixed_cost_seen_or_not():
@@ -56,6 +63,21 @@ def test_02_fixed_cost_seen_or_not():
     assert "0.25 MiB" in said[1]
     said = conclude_02(kv([0.1, 0.4, 1.7]))
     assert said[0].startswith("Not as expected") and "1.00x" in said[0]
+    assert "too small to see" in said[0]
+    # the bandwidth collapsed at the largest size: said so, not read as "no fixed cost"
+    said = conclude_02(kv([0.1, 0.4, 5.1]))
+    assert said[0].startswith("Not as expected") and "3.19x" in said[0]
+    assert "bandwidth fell at the larger sizes" in said[0] and "too small" not in said[0]
+
+
+def test_02_says_where_the_best_bandwidth_came_from():
+    largest = " ".join(conclude_02(kv([0.3, 0.5, 1.6])))
+    assert "2.6 GB/s, at 4 MiB, its largest transfer" in largest
+    assert "by construction" in largest
+    # best at 0.5 MiB, the largest 3.2x slower: the sentence follows the run
+    mid = " ".join(conclude_02(kv([0.3, 0.5, 1.6], {1 << 19: 3.2, 1 << 22: 1.0})))
+    assert "3.2 GB/s, at 0.5 MiB, not at its largest transfer (4 MiB reached 1 GB/s, 3.2x less)" in mid
+    assert "its largest transfer:" not in mid
 
 
 def test_03_capacity_added_or_not():
