@@ -9,11 +9,16 @@ widgets inside the executed copy and nobody sees them. The runner then sets
 `LAB_PROGRESS_LOG` in the kernel's environment to a file; every bar that finishes
 appends one line to it ("concurrency 2 #1: 40/40 req in 12 s"), and the runner prints
 those lines on the terminal as they come.
+
+Outside a notebook, a bar whose output is not a terminal (a log file, a pipe) writes one
+whole line per step, not a redraw per second: a log then reads "3/4 instance" once, not
+a line (or a carriage return) for every refresh of the elapsed time.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm as text_tqdm
@@ -77,7 +82,32 @@ class _DisplayBar(text_tqdm):
             handle.update({"text/plain": self.__str__()}, raw=True)
 
 
+class _LineBar(text_tqdm):
+    """A text bar for a file that is not a terminal: one line each time the count moves
+    (and the first), none for a refresh of the same count."""
+
+    def __init__(self, *args, **kwargs):
+        self._last_n: float | None = None
+        self._out = kwargs.get("file") or sys.stderr
+        kwargs["file"] = _Discard()  # tqdm's own writes (redraws, the closing newline)
+        kwargs.setdefault("mininterval", 0)  # every step gets its line
+        kwargs.setdefault("miniters", 1)
+        super().__init__(*args, **kwargs)
+
+    def display(self, msg=None, pos=None):  # tqdm calls this to redraw
+        if self.n == getattr(self, "_last_n", None):
+            return True
+        self._last_n = self.n
+        self._out.write(self.__str__() + "\n")
+        self._out.flush()
+        return True
+
+
 class _LoggedBar(_Logged, tqdm):
+    pass
+
+
+class _LoggedLineBar(_Logged, _LineBar):
     pass
 
 
@@ -101,8 +131,18 @@ def progress_bar(**kwargs) -> text_tqdm:
     if _in_kernel():
         kwargs.setdefault("file", _Discard())
         return (_LoggedDisplayBar if logged else _DisplayBar)(**kwargs)
+    out = kwargs.get("file") or sys.stderr
+    if not _is_terminal(out):
+        return (_LoggedLineBar if logged else _LineBar)(**kwargs)
     kwargs.setdefault("dynamic_ncols", True)
     return (_LoggedBar if logged else tqdm)(**kwargs)
+
+
+def _is_terminal(f) -> bool:
+    try:
+        return bool(f.isatty())
+    except (AttributeError, ValueError):  # no isatty, or closed
+        return False
 
 
 class _Discard:

@@ -32,3 +32,20 @@ def test_a_saved_notebook_keeps_each_bars_final_line(tmp_path, monkeypatch):
     assert shown[1].startswith("left:  67%") and "2/3" in shown[1]
     lines = log.read_text().splitlines()
     assert lines[0].startswith("things: 14/14 it in") and lines[1].startswith("left: 2/3 it in")
+
+
+def test_a_bar_in_a_log_file_writes_one_line_per_step(tmp_path, monkeypatch):
+    from lab_utils.util.progress import progress_bar
+
+    monkeypatch.delenv("LAB_PROGRESS_LOG", raising=False)
+    path = tmp_path / "serve.log"
+    with open(path, "w") as f:  # a file, not a terminal
+        with progress_bar(total=3, desc="waiting", unit="instance", file=f) as bar:
+            for i in range(3):
+                for s in range(5):  # refreshes of the same count, as the elapsed time moves
+                    bar.set_postfix_str(f"{i}.{s} s")
+                bar.update(1)
+    lines = path.read_text().splitlines()
+    assert [ln.split("|")[0].split(":")[0] for ln in lines] == ["waiting"] * 4, lines
+    assert "\r" not in path.read_text()
+    assert ["0/3" in lines[0], "1/3" in lines[1], "2/3" in lines[2], "3/3" in lines[3]] == [True] * 4
