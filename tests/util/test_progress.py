@@ -39,12 +39,12 @@ def test_a_bar_in_a_log_file_writes_one_line_per_step(tmp_path, monkeypatch):
 
     monkeypatch.delenv("LAB_PROGRESS_LOG", raising=False)
     path = tmp_path / "serve.log"
-    with open(path, "w") as f:  # a file, not a terminal
-        with progress_bar(total=3, desc="waiting", unit="instance", file=f) as bar:
-            for i in range(3):
-                for s in range(5):  # refreshes of the same count, as the elapsed time moves
-                    bar.set_postfix_str(f"{i}.{s} s")
-                bar.update(1)
+    with (open(path, "w") as f,  # a file, not a terminal
+          progress_bar(total=3, desc="waiting", unit="instance", file=f) as bar):
+        for i in range(3):
+            for s in range(5):  # refreshes of the same count, as the elapsed time moves
+                bar.set_postfix_str(f"{i}.{s} s")
+            bar.update(1)
     lines = path.read_text().splitlines()
     assert [ln.split("|")[0].split(":")[0] for ln in lines] == ["waiting"] * 4, lines
     assert "\r" not in path.read_text()
