@@ -219,6 +219,24 @@ def _cmd_reference(args) -> int:
     return 0
 
 
+def _cmd_card(args) -> int:
+    from lab_utils.card import print_card
+
+    sources = args.configs or [args.config]
+    for i, source in enumerate(sources):
+        if i:
+            print("\f")  # a page break between pairs when printed
+        print_card(load_config(source))
+    return 0
+
+
+def _cmd_triage(_args) -> int:
+    from lab_utils.triage import triage_text
+
+    print(triage_text(), end="")
+    return 0
+
+
 def _cmd_jupyter(args) -> int:
     from lab_utils.runner import serve_jupyter
 
@@ -308,6 +326,14 @@ def build_parser() -> argparse.ArgumentParser:
     sp = cmd("jupyter", _cmd_jupyter, "JupyterLab on the notebook host's LAN address and "
              "jupyter.port, with a token; prints the URL to open (Ctrl-C stops it)")
     sp.add_argument("--notebooks-dir", default=None, help=argparse.SUPPRESS)
+    sp = cmd("card", _cmd_card, "a one-page card for the pair each config describes (the "
+             "notebooks' URL, the machines, where each instance listens, where the keys are, "
+             "the commands that get a stuck pair going again); connects to nothing")
+    sp.add_argument("configs", nargs="*", help="one config per pair (a page each); "
+                    "default: --config's")
+    sp = sub.add_parser("triage", help="the triage sheet for failures while serving "
+                        "(docs/TRIAGE.md), from the failures the lab recognises in logs")
+    sp.set_defaults(func=_cmd_triage)
     lab = cmd("lab", _cmd_lab, "the main job: run the notebooks (or the demo while there are none)")
     for sp in (demo, lab):
         sp.add_argument("--prompts", type=int, default=1, help="fresh prompts to prove transfer on")

@@ -247,6 +247,19 @@ KNOWN_FAILURES: tuple[KnownFailure, ...] = (
         "does not finish (`nvidia-smi`).",
     ),
     KnownFailure(
+        "nixl_handshake_failed",
+        r"NIXL transfer failure: handshake(?:_setup)?_failed",
+        "The decode instance could not finish NIXL's handshake with the prefill instance "
+        "over the side channel (the prefill's data_address and side_channel_port): the "
+        "prefill instance is gone, the address is not reachable from the decode node (a "
+        "data_address of 127.0.0.1 on a cluster, a firewall), or the port is another "
+        "program's. vLLM fails the request and goes on serving.",
+        "Check the prefill instance is alive (`python -m lab_utils status`), then from the "
+        "decode node reach the prefill's data_address and side_channel_port (`nc -zv ADDRESS "
+        "PORT`); correct data_address in the config, and restart the pair "
+        "(`python -m lab_utils cleanup`, then re-run notebook 04).",
+    ),
+    KnownFailure(
         "torch_cuda_capability_12_1",
         r"Found\s+GPU\d+\s+NVIDIA\s+GB10\s+which\s+is\s+of\s+(?:cuda|compute)\s+capability"
         r"\s+(?:\(CC\)\s+)?12\.1",

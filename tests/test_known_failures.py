@@ -41,6 +41,14 @@ GOLDEN = {
 # Realistic lines for the CPU-rehearsal failures (and the GPU ones no recording covers).
 LINES = {
     # vLLM 0.32's engine, from a rehearsal decode instance's log (paths shortened)
+    # vLLM 0.32's NixlConnector worker (_log_failure), filled in
+    "nixl_handshake_failed": (
+        "(EngineCore pid=5120) ERROR 11-26 15:44:25 [base_worker.py:1260] NIXL transfer "
+        "failure: handshake_failed | Context: {'failure_type': 'handshake_failed', "
+        "'request_id': 'cmpl-1', 'engine_id': 'e1', 'remote_host': '192.168.100.10', "
+        "'remote_port': 5600}\n",
+        "nc -zv",
+    ),
     "engine_step_timeout": (
         "(EngineCore pid=11276) ERROR 11-26 15:44:25 [core.py:1512] TimeoutError: RPC call to "
         "execute_model timed out.\n",
