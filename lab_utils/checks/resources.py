@@ -18,7 +18,7 @@ def _memory_needed(ctx: Context, name: str, total: int) -> tuple[int, str, list[
     reserve), with the fixes when that does not fit in `total`."""
     from lab_utils.serve import make_plan
 
-    cfg, need, why, fixes = ctx.cfg, 0, "nothing serves here", []
+    cfg, need, why, fixes = ctx.cfg, 0, "", []
     machine = cfg.nodes[name].machine(name)
     for topo in TOPOLOGIES:
         if not any(s.node == name for s in cfg.instances(topo)):
@@ -45,7 +45,10 @@ def check_resources(ctx: Context) -> list[CheckResult]:
             out.append(_disk(ctx, name))
             continue
         detail = f"plan needs {need / GiB:.1f} GiB of {total / GiB:.1f} GiB MemTotal for {why}"
-        if need > total:
+        if not need:
+            out.append(CheckResult("memory", name, "pass",
+                                   f"{seen}; no vLLM instance is planned on this node"))
+        elif need > total:
             out.append(CheckResult(
                 "memory", name, "fail", f"the instances do not fit ({detail})", evidence=seen,
                 fix="; or ".join(fixes) + " (python -m lab_utils serve --topology T --dry-run "

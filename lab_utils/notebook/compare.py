@@ -127,11 +127,10 @@ def compare_frame(reference: ResultsEnvelope, result: BenchmarkResult, names: tu
 
 def versus_reference(cfg: LabConfig, notebook: str, result: BenchmarkResult, key: str = "sweep"):
     """This run's sweep (or `key`: "mixed") beside the reference run's of the same notebook
-    (`python -m lab_utils reference`); None, said, when no reference is loaded."""
+    (`python -m lab_utils reference`); None, and nothing printed, when no reference is
+    loaded (the cell's comment says it shows one only then)."""
     ref = load_reference_results(cfg, notebook)
     if ref is None or getattr(ref.payload, key, None) is None:
-        print("no reference run loaded for this notebook (python -m lab_utils reference DIR "
-              "loads one): nothing to compare with")
         return None
     print(f"NOTE: notebook {notebook}'s comparison is with a REFERENCE run's, not this "
           f"cluster's ({reference_origin(ref.reference or {})})")

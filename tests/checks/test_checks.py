@@ -417,3 +417,11 @@ def test_checklist_view_puts_fails_first_and_collapses_n_a():
     assert len(views.checklist_frame(report, show_na=True)) == 6
     assert views.tally(report) == ("6 results: 1 fail, 1 warn, 2 pass, 2 n/a "
                                    "(NOT blessed: fix the failures first)")
+
+
+def test_a_node_with_no_instance_says_so_not_zero_gib(spark_cfg):
+    got = _by_key(run_checks(spark_cfg, replay_nodes(spark_cfg), show_progress=False))
+    ctl = got[("memory", "controller")]
+    assert ctl.status == "pass" and "no vLLM instance is planned on this node" in ctl.summary
+    assert "0.0 GiB" not in ctl.summary
+    assert "plan needs" in got[("memory", "spark-01")].summary
