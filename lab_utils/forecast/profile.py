@@ -41,7 +41,7 @@ from lab_utils.forecast.model import default_token_budget
 from lab_utils.measure.loadgen import RequestSpec, run_point, run_sync
 from lab_utils.measure.prompts import exact_prompt
 from lab_utils.on_node.proctools import group_cpu_seconds
-from lab_utils.results.forecast import DecodeLine, EngineProfile
+from lab_utils.results.forecast import DecodeLine, EngineProfile, Point
 from lab_utils.util.progress import progress_bar
 
 REPEATS = 5  # lone requests per prefill length and per hop pair
@@ -178,34 +178,32 @@ def measure_profile(cfg: LabConfig, inst: ProcessRecord, proxy: str, tokenize,
 
 
 def profile_frame(profile: EngineProfile):
-    """The profile as one table: curve, x, median and range."""
+    """The profile as one table: what was measured (its unit in its name), at what, and the
+    median and range over its repeats; a figure measured once has no range (blank)."""
     import pandas as pd
 
-    rows = [{"curve": "prefill (ms to first token)", "at": f"{p.x:g} prompt tokens",
-             "median ms": p.median, "min ms": p.lo, "max ms": p.hi} for p in profile.prefill]
+    def row(curve: str, at: str, p: Point | None = None, value: float | None = None) -> dict:
+        return {"measured": curve, "at": at,
+                "median": p.median if p is not None else value,
+                "min": p.lo if p is not None else None, "max": p.hi if p is not None else None}
+
+    rows = [row("prefill: ms to first token", f"{p.x:g} prompt tokens", p)
+            for p in profile.prefill]
     for line in profile.decode:
-        rows += [{"curve": f"decode step (ms), context {line.context}",
-                  "at": f"{p.x:g} decoding", "median ms": p.median, "min ms": p.lo,
-                  "max ms": p.hi} for p in line.points]
-    h = profile.hop
-    rows.append({"curve": "proxy hop (ms added)", "at": f"{h.x:g} prompt tokens",
-                 "median ms": h.median, "min ms": h.lo, "max ms": h.hi})
+        rows += [row(f"decode step: ms, context {line.context}", f"{p.x:g} decoding", p)
+                 for p in line.points]
+    rows.append(row("proxy hop: ms added", f"{profile.hop.x:g} prompt tokens", profile.hop))
     if (sc := profile.stream_cpu_ms_per_token) is not None:
-        rows.append({"curve": "proxy + client CPU per streamed token (ms)",
-                     "at": f"{sc.x:g} streams", "median ms": sc.median, "min ms": sc.lo,
-                     "max ms": sc.hi})
+        rows.append(row("proxy + client CPU per streamed token: ms", f"{sc.x:g} streams", sc))
     for b, like in ((profile.beside_busy, "stand-ins for NIXL's threads"),
                     (profile.beside_replicas, "idle replicas' yielding workers")):
         if b is None:
             continue
-        rows.append({"curve": f"decode step beside {b.threads} {like} "
-                              f"({b.policy}; CPUs {', '.join(b.binds)})",
-                     "at": "1 decoding", "median ms": b.beside.median if b.beside else None,
-                     "min ms": b.beside.lo if b.beside else None,
-                     "max ms": b.beside.hi if b.beside else None,
-                     "times alone": b.ratio})
+        ratio = f"; {b.ratio:.2f}x alone" if b.ratio else ""
+        rows.append(row(f"decode step beside {b.threads} {like}: ms ({b.policy}; CPUs "
+                        f"{', '.join(b.binds)})", f"1 decoding{ratio}", b.beside))
     if profile.active_cores is not None:
-        rows.append({"curve": f"CPU cores busy while decoding (of {profile.host_cores})",
-                     "at": "the instance's processes", "median ms": None, "min ms": None,
-                     "max ms": None, "cores": profile.active_cores})
-    return pd.DataFrame(rows).round(2)
+        rows.append(row(f"CPU cores busy while decoding (of {profile.host_cores})",
+                        "the instance's processes", value=profile.active_cores))
+    frame = pd.DataFrame(rows).round(2)
+    return frame.astype(object).where(frame.notna(), "")

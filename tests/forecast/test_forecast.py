@@ -333,3 +333,13 @@ def test_the_report_grades_the_recorded_forecast_and_forecasts_two_sparks(test_c
     wi = report.what_if(data, input_len=512, nodes=3)
     assert list(wi["architecture"]) == ["3 replicas", "1P2D", "2P1D"]
     assert "FORECAST (not measured): 3 nodes, 512 in" in capsys.readouterr().out
+
+
+def test_the_profile_table_has_no_nan_and_no_column_of_one_value():
+    from lab_utils.forecast.profile import profile_frame
+
+    frame = profile_frame(EngineProfile(**profile_dict()))
+    assert list(frame.columns) == ["measured", "at", "median", "min", "max"]
+    assert not frame.isna().any().any() and "nan" not in frame.to_string().lower()
+    cores = frame[frame["measured"].str.startswith("CPU cores")].iloc[0]
+    assert (cores["median"], cores["min"], cores["max"]) == (1.9, "", "")
