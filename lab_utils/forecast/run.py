@@ -34,6 +34,7 @@ from lab_utils.forecast.pair import calibrate, calibrated_edges
 from lab_utils.results.forecast import EngineProfile, Forecast, PairProfile
 from lab_utils.results.kv_transfer import KvTransferPayload
 from lab_utils.results.points import FORECAST
+from lab_utils.util.numbers import fmt_num
 
 SPLIT_NODES = (2, 4, 8)
 
@@ -137,8 +138,8 @@ def forecast_frame(rows: list[dict[str, Any]]):
         if v is None:
             return "–"
         if lo is None or hi is None or abs(hi - lo) < 0.005 * max(abs(v), 1e-9):
-            return f"{v:.3g}"
-        return f"{v:.3g} [{lo:.3g}-{hi:.3g}]"
+            return fmt_num(v)
+        return f"{fmt_num(v)} [{fmt_num(lo)}-{fmt_num(hi)}]"
 
     return pd.DataFrame([{"workload": r["workload"], "load": r["load"],
                           **{m.heading: cell(r, m.key) for m in FORECAST},

@@ -285,6 +285,10 @@ def protocol_by_hand(cfg: LabConfig, served: Served):
           f"{cfg.vllm.block_size or 16} (block ids {groups[0]}"
           + (f" and {len(groups) - 1} more group(s)" if len(groups) > 1 else "")
           + f"); the decode read them and answered {detokenize(tokens)!r}")
+    if cfg.model.source == "tiny":
+        print("(the rehearsal's tiny model has random weights, so its text is noise; what "
+              "counts is that the decode went on from the prefill's KV, which the proof above "
+              "checked token by token against 01's single instance)")
     lines = command_lines(cfg, served.kv_buffer_device)
     for line in lines:
         print(f"\n{line['instance']} on {line['node']}:\n  {line['command line']}\n"

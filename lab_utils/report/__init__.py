@@ -15,7 +15,7 @@
 """
 
 from lab_utils.report.conclusions import Conclusions, Finding, compare, conclusions
-from lab_utils.report.data import ReportData, fmt_num, load_report_data, run_hint
+from lab_utils.report.data import ReportData, load_report_data, run_hint
 from lab_utils.report.expected import EXPECTED_TWO_SPARK, expected_figures
 from lab_utils.report.export import fields_table, runs_frame, write_exports
 from lab_utils.report.forecast import forecast_grades, spark_forecast, what_if
@@ -26,6 +26,7 @@ from lab_utils.report.summary import REHEARSAL_BANNER, system_under_test, verdic
 from lab_utils.report.tables import display_table, headline_table, kv_table, points_table
 from lab_utils.results.points import COMPARED as METRICS
 from lab_utils.results.points import MARGIN
+from lab_utils.util.numbers import fmt_num
 
 __all__ = [
     "EXPECTED_TWO_SPARK", "MARGIN", "METRICS", "PLOT_NAMES", "REHEARSAL_BANNER", "Block", "Conclusions",

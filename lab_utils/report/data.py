@@ -14,8 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from lab_utils.config import LabConfig
 from lab_utils.errors import ResultsMissingError
 from lab_utils.forecast import grade as g
@@ -133,22 +131,6 @@ def is_number(value: Any) -> bool:
 
 def num_or_nan(value: Any) -> float:
     return float(value) if is_number(value) else math.nan
-
-
-def fmt_num(value: Any) -> str:
-    """A number for people: thousands separated, 3 significant figures for small values."""
-    if value is None or isinstance(value, bool):
-        return "" if value is None else str(value)
-    if not isinstance(value, (int, float, np.number)):
-        return str(value)
-    v = float(value)
-    if not math.isfinite(v):
-        return "–"
-    if v.is_integer() and abs(v) >= 1:
-        return f"{v:,.0f}"
-    if abs(v) >= 100:
-        return f"{v:,.1f}"
-    return f"{v:.2f}" if abs(v) >= 1 else f"{v:.3g}"
 
 
 FORECAST_NB = {"baseline": "01", "replicated": "03", "disaggregated": "04"}

@@ -15,10 +15,11 @@ import pandas as pd
 
 from lab_utils.forecast.inputs import SPARK_MODEL, dense_params
 from lab_utils.kv.shapes import PUBLISHED_CONFIGS
-from lab_utils.report.data import PER_STREAM, ReportData, fmt_num, is_number, num_or_nan
+from lab_utils.report.data import PER_STREAM, ReportData, is_number, num_or_nan
 from lab_utils.report.tables import checks, kv_table, points_table, probe_rows
 from lab_utils.results import EnvironmentPayload
 from lab_utils.results.kv_transfer import KvTransferPayload
+from lab_utils.util.numbers import fmt_num
 
 _SPARK_READ = dense_params(PUBLISHED_CONFIGS[SPARK_MODEL])[1]
 FAR_OFF = 2.0  # a measured figure this many times above or below the expected one is flagged

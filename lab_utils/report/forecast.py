@@ -21,6 +21,7 @@ from lab_utils.forecast.run import rank
 from lab_utils.report.data import ReportData, graded
 from lab_utils.results import calibration
 from lab_utils.results.points import BY_KEY, FORECAST
+from lab_utils.util.numbers import fmt_num
 
 EXAMPLE_CONFIG = Path(__file__).resolve().parents[2] / "environment_config.json.example"
 
@@ -40,7 +41,7 @@ def forecast_grades(data: ReportData) -> pd.DataFrame:
 def grade_table(rows: list[dict[str, Any]]) -> pd.DataFrame:
     """Compact: one row per load point and metric, predicted [interval], measured, error."""
     def fmt(v):
-        return "–" if v is None else f"{v:.3g}"
+        return "–" if v is None else fmt_num(v)
 
     return pd.DataFrame([{
         "workload": r["workload"], "load": r["load"], "metric": BY_KEY[r["metric"]].heading,

@@ -18,11 +18,12 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from lab_utils.report.data import ARCHITECTURES, PER_STREAM, ReportData, fmt_num, graded
+from lab_utils.report.data import ARCHITECTURES, PER_STREAM, ReportData, graded
 from lab_utils.report.tables import kv_table, workload_rows
 from lab_utils.results.kv_transfer import KvTransferPayload
 from lab_utils.results.points import BY_KEY
 from lab_utils.util.atomic import atomic_write_bytes
+from lab_utils.util.numbers import fmt_num
 
 COLORS = {"baseline": "tab:blue", "replicated": "tab:orange", "disaggregated": "tab:green"}
 PLOT_NAMES = ("throughput", "ttft", "itl", "kv_transfer", "roofline", "mixed_itl", "forecast")

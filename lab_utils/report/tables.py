@@ -18,7 +18,6 @@ from lab_utils.report.data import (
     ARCHITECTURES,
     PER_STREAM,
     ReportData,
-    fmt_num,
     join_words,
     load_label,
     num_or_nan,
@@ -28,6 +27,7 @@ from lab_utils.results.checklist import CheckResult
 from lab_utils.results.kv_transfer import KvTransferPayload
 from lab_utils.results.points import COMPARED, Point
 from lab_utils.results.sweep import BenchmarkResult
+from lab_utils.util.numbers import fmt_num
 
 CHECK_COLUMNS = ["check", "node", "status", "summary", "fix"]
 

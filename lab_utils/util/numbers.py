@@ -1,0 +1,24 @@
+"""Numbers as people read them, in every table the lab shows."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+
+def fmt_num(value: Any) -> str:
+    """A number for people: thousands separated, 3 significant figures for small values."""
+    if value is None or isinstance(value, bool):
+        return "" if value is None else str(value)
+    if not isinstance(value, (int, float, np.number)):
+        return str(value)
+    v = float(value)
+    if not math.isfinite(v):
+        return "–"
+    if v.is_integer() and abs(v) >= 1:
+        return f"{v:,.0f}"
+    if abs(v) >= 100:
+        return f"{v:,.1f}"
+    return f"{v:.2f}" if abs(v) >= 1 else f"{v:.3g}"
