@@ -50,11 +50,13 @@ def calibrate(inputs: Inputs, arch: Architecture, pair: PairProfile, output_len:
     step = ("no time per token measured: 01's factor kept" if not pair.step_ms else
             f"{pair.step_ms:.2f} ms per token, {factor:.2f}x 01's decode step alone at that "
             "context, which the decode instance's steps take in place of 01's stand-ins")
+    gap = max(pair.ttft_ms - without, 0.0)
+    stretched = (f" ({gap:.1f} ms once sharing the machine stretches it)"
+                 if abs(gap - extra) >= 0.05 else "")
     said = (f"04's pair timed before the sweep: {pair.requests} fresh requests of "
             f"{pair.prompt_tokens} tokens one at a time, TTFT median {pair.ttft_ms:.1f} ms "
-            f"against {without:.1f} ms from the model's other terms, so "
-            f"{extra:.1f} ms is added to each request's decode leg (before sharing "
-            f"stretches it); {step}")
+            f"against {without:.1f} ms from the model's other terms, so each request's "
+            f"decode leg gets {extra:.1f} ms more{stretched}; {step}")
     return replace(stepped, pd_extra_ms=extra), said
 
 

@@ -122,6 +122,8 @@ def forecast_for(cfg: LabConfig, kind: str, profile: EngineProfile | None,
     only = {"NIXL's threads": "disaggregated", "other replicas": "replicated"}
     sources = {k: v for k, v in inputs.sources.items() if only.get(k, kind) == kind}
     if paired:
+        if pair is not None and pair.step_ms and "NIXL's threads" in sources:
+            sources["NIXL's threads"] += " (superseded by the pair's own time per token, below)"
         sources["the pair"] = paired
     sources["interval"] = band_sentence(band)
     return Forecast(architecture=kind, made_at=datetime.now(UTC).isoformat(),

@@ -39,14 +39,15 @@ def test_the_calibrated_model_reproduces_the_pairs_own_figures(measured_ttft, me
     m = forecast(inputs, PD, ONE).metrics
     assert m["median_ttft_ms"] == pytest.approx(measured_ttft, rel=1e-6)
     assert m["median_tpot_ms"] == pytest.approx(measured_step)
-    assert f"{measured_ttft:.1f} ms" in said and f"{inputs.pd_extra_ms:.1f} ms is added" in said
+    assert f"{measured_ttft:.1f} ms" in said and f"gets {inputs.pd_extra_ms:.1f} ms more" in said
+    assert "stretches" not in said  # machines of their own: nothing shared to stretch it
 
 
 def test_a_pair_faster_than_the_model_adds_nothing_and_says_so():
     inputs, said = calibrate(hand_inputs(), PD, pair(20.0, None), output_len=4)
     assert inputs.pd_extra_ms == 0.0
     assert inputs.decode_beside == hand_inputs().decode_beside  # no step measured: kept
-    assert "0.0 ms is added" in said and "01's factor kept" in said
+    assert "gets 0.0 ms more" in said and "01's factor kept" in said
 
 
 def test_higher_loads_are_still_predicted_not_copied():
@@ -62,6 +63,10 @@ def test_04s_forecast_records_the_pair_and_03s_ignores_it(test_cfg):
     with_pair = make_forecast(test_cfg, "disaggregated", pair=p)
     without = make_forecast(test_cfg, "disaggregated")
     assert with_pair.pair == p and "the pair" in with_pair.sources
+    # the rehearsal's instances share one machine: the added cost is said before and after
+    assert "once sharing the machine stretches it" in with_pair.sources["the pair"]
+    assert "superseded by the pair's" in with_pair.sources["NIXL's threads"] or (
+        "NIXL's threads" not in with_pair.sources)
     assert without.pair is None and "the pair" not in without.sources
     c1 = next(r for r in with_pair.rows if r["workload"] == "standard" and r["value"] == 1.0)
     assert c1["median_ttft_ms"] == pytest.approx(300.0, rel=0.25)
