@@ -128,6 +128,22 @@ def predicted_vs_measured(shape: KVShape, lengths: list[int], bs: int, rows: lis
     return out
 
 
+def pvm_frame(rows: list[dict]):
+    """`predicted_vs_measured` as 02 shows it: sizes in MiB, times in ms to the microsecond,
+    and measured / predicted."""
+    import pandas as pd
+
+    return pd.DataFrame([{
+        "prompt tokens": r["prompt_tokens"], "blocks": r["blocks"],
+        "KV (MiB)": round(r["kv_bytes"] / 2**20, 3),
+        "predicted ms": round(r["predicted_ms"], 3),
+        "measured ms": None if r["measured_ms"] is None else round(r["measured_ms"], 3),
+        "p99 ms": None if r["p99_ms"] is None else round(r["p99_ms"], 3),
+        "measured / predicted": (None if not r["measured_ms"] or not r["predicted_ms"]
+                                 else round(r["measured_ms"] / r["predicted_ms"], 2))}
+        for r in rows])
+
+
 def best_bandwidth(rows: list[dict], seg_type: str) -> float | None:
     """The best READ bandwidth (GB/s) the probe reached from this kind of memory."""
     found = [r["bandwidth_GBps"] for r in rows if r["seg_type"] == seg_type and r["op"] == "READ"]

@@ -314,6 +314,10 @@ def compare_points(a: Point, b: Point, key: str | Metric) -> Verdict:
                        b.prefix_cache_hit_pct)
 
 
+def _shown(v: float | None) -> float | None:
+    return None if v is None else round(v, 2)  # for a table whose columns also hold words
+
+
 def metric_rows(a: Point, b: Point, names: tuple[str, str], *, label: str = "heading",
                 mark_invalid: bool = False) -> list[dict[str, Any]]:
     """Two runs of one load point side by side, one row per compared metric (`COMPARED`):
@@ -327,7 +331,7 @@ def metric_rows(a: Point, b: Point, names: tuple[str, str], *, label: str = "hea
     for m in COMPARED:
         x, y = a.median(m), b.median(m)
         better = {"a": names[0], "b": names[1]}.get(compare_points(a, b, m).better or "", "=")
-        rows.append({"metric": getattr(m, label), names[0]: x, names[1]: y,
+        rows.append({"metric": getattr(m, label), names[0]: _shown(x), names[1]: _shown(y),
                      "margin": None if x is None or y is None else m.times(y, x),
                      "better": "invalid" if mark_invalid and not both else better})
     return rows
