@@ -41,6 +41,7 @@ from lab_utils.notebook.forecasting import (
     make_forecast,
     predict,
 )
+from lab_utils.notebook.guesses import guess, guesses_frame
 from lab_utils.notebook.hood import protocol_by_hand, watch_scheduler
 from lab_utils.notebook.kv_lesson import explain_kv
 from lab_utils.notebook.record import record_baseline, record_disaggregated, record_replicated
@@ -68,7 +69,7 @@ __all__ = [
     "ServingSession", "cache_meter", "check_alive", "compare_frame", "compare_front_doors", "compare_policies",
     "conclude", "conclude_transfer", "decode_roofline", "describe", "eta_inputs", "eta_lines",
     "explain_kv",
-    "grade_forecast", "hood", "kv_buffer_device", "lessons", "make_forecast",
+    "grade_forecast", "guess", "guesses_frame", "hood", "kv_buffer_device", "lessons", "make_forecast",
     "nixl_threads_frame", "plot_decode_roofline", "predict", "profile_engine", "profile_frame", "proof_frame",
     "proof_record", "protocol_by_hand", "prove_kv_transfer", "record_baseline",
     "record_disaggregated", "record_environment", "record_replicated", "reference_outputs",
