@@ -220,7 +220,7 @@ def _cmd_reference(args) -> int:
 
 
 def _cmd_card(args) -> int:
-    from lab_utils.card import print_card
+    from lab_utils.notebook import print_card
 
     sources = args.configs or [args.config]
     for i, source in enumerate(sources):
@@ -231,7 +231,7 @@ def _cmd_card(args) -> int:
 
 
 def _cmd_triage(_args) -> int:
-    from lab_utils.triage import triage_text
+    from lab_utils.notebook import triage_text
 
     print(triage_text(), end="")
     return 0
@@ -331,9 +331,8 @@ def build_parser() -> argparse.ArgumentParser:
              "the commands that get a stuck pair going again); connects to nothing")
     sp.add_argument("configs", nargs="*", help="one config per pair (a page each); "
                     "default: --config's")
-    sp = sub.add_parser("triage", help="the triage sheet for failures while serving "
-                        "(docs/TRIAGE.md), from the failures the lab recognises in logs")
-    sp.set_defaults(func=_cmd_triage)
+    cmd("triage", _cmd_triage, "the triage sheet for failures while serving (docs/TRIAGE.md), "
+        "from the failures the lab recognises in logs (the same for every config)")
     lab = cmd("lab", _cmd_lab, "the main job: run the notebooks (or the demo while there are none)")
     for sp in (demo, lab):
         sp.add_argument("--prompts", type=int, default=1, help="fresh prompts to prove transfer on")

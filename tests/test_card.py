@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from lab_utils.card import card_lines
 from lab_utils.cli import main
+from lab_utils.notebook.card import card_lines
 
 from support.profiles import CANARY_API_KEY, write_secret
 

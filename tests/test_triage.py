@@ -7,7 +7,7 @@ from pathlib import Path
 
 from lab_utils.cli import main
 from lab_utils.known_failures import KNOWN_FAILURES
-from lab_utils.triage import triage_text
+from lab_utils.notebook.triage import triage_text
 
 SHEET = Path(__file__).resolve().parents[1] / "docs" / "TRIAGE.md"
 

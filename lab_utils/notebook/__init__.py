@@ -26,6 +26,7 @@ Modules inside import each other, never this front door.
 
 from lab_utils.forecast.profile import profile_frame
 from lab_utils.notebook import hood, lessons, transfer_lesson
+from lab_utils.notebook.card import print_card
 from lab_utils.notebook.compare import (
     compare_frame,
     compare_front_doors,
@@ -64,12 +65,13 @@ from lab_utils.notebook.steps import (
     single_request,
 )
 from lab_utils.notebook.time_split import time_pair, where_time_went
+from lab_utils.notebook.triage import triage_text
 
 __all__ = [
     "ServingSession", "cache_meter", "check_alive", "compare_frame", "compare_front_doors", "compare_policies",
     "conclude", "conclude_transfer", "decode_roofline", "describe", "eta_inputs", "eta_lines",
     "explain_kv",
-    "grade_forecast", "guess", "guesses_frame", "hood", "kv_buffer_device", "lessons", "make_forecast",
+    "grade_forecast", "guess", "print_card", "triage_text", "guesses_frame", "hood", "kv_buffer_device", "lessons", "make_forecast",
     "nixl_threads_frame", "plot_decode_roofline", "predict", "profile_engine", "profile_frame", "proof_frame",
     "proof_record", "protocol_by_hand", "prove_kv_transfer", "record_baseline",
     "record_disaggregated", "record_environment", "record_replicated", "reference_outputs",

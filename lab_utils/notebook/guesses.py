@@ -55,9 +55,9 @@ def _load(cfg: LabConfig, what: tuple[str, str, str]) -> str:
     return f"{'the mixed workload' if workload == 'mixed' else 'the sweep'} at concurrency {level}"
 
 
-def guess(cfg: LabConfig, notebook: str, **values: float | None) -> dict[str, float]:
-    """Store the attendee's guesses for `notebook` (names in `ASKED[notebook]`), say what
-    was stored, and return them."""
+def guess(cfg: LabConfig, notebook: str, **values: float | None) -> None:
+    """Store the attendee's guesses for `notebook` (names in `ASKED[notebook]`) and say what
+    was stored (`read_guesses` returns them)."""
     asked = ASKED.get(notebook)
     if asked is None:
         raise LabError(f"notebook {notebook} asks for no guess (only {', '.join(ASKED)})")
@@ -77,7 +77,6 @@ def guess(cfg: LabConfig, notebook: str, **values: float | None) -> dict[str, fl
     for k, v in given.items():
         key = asked[k][0]
         print(f"your guess: {BY_KEY[key].heading} {fmt_num(v)}, {_load(cfg, asked[k])}")
-    return given
 
 
 def _forecast_and_measured(cfg: LabConfig, notebook: str, what: tuple[str, str, str]

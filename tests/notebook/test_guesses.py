@@ -28,7 +28,7 @@ def write_01(cfg, tps_top: float, tpot_c1: float, forecast_tps: float) -> None:
 
 
 def test_guesses_are_stored_per_notebook_and_checked(test_cfg, capsys):
-    assert guess(test_cfg, "01", throughput_top=500, tpot_c1=None) == {"throughput_top": 500.0}
+    assert guess(test_cfg, "01", throughput_top=500, tpot_c1=None) is None  # no output value
     assert "your guess: output throughput" in capsys.readouterr().out
     guess(test_cfg, "04", ttft_c1=30, itl_p99_mixed=12)
     stored = read_guesses(test_cfg)

@@ -9,7 +9,7 @@ to nothing and starts nothing.
 
 from __future__ import annotations
 
-from lab_utils.config import LabConfig
+from lab_utils.config import LabConfig, known_secrets, scrub
 from lab_utils.config.topology import TOPOLOGIES
 
 NOTEBOOKS = ("00 environment", "01 one instance", "02 KV transfer", "03 replicas",
@@ -72,4 +72,6 @@ def card_lines(cfg: LabConfig) -> list[str]:
 
 
 def print_card(cfg: LabConfig) -> None:
-    print("\n".join(card_lines(cfg)))
+    """The card on stdout, with any secret value the config can reach masked (a key pasted
+    into a path or the description by mistake)."""
+    print(scrub("\n".join(card_lines(cfg)), known_secrets(cfg)))
