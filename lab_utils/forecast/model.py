@@ -38,20 +38,21 @@ steps. Its assumptions, each a simplification a workshop attendee can check:
    P/D (its NIXL threads, and the prefills' idle workers, which poll for a second after
    each step), and for the other replicas' idle workers where replicas share one machine;
    a P/D decode instance's decode steps, and a replica's, take that ratio.
-8. **A P/D pair is timed before its sweep.** Notebook 04 sends a few fresh requests one
-   at a time through its pair before it forecasts (`forecast.pair`). Their time per token
-   replaces the factor of 7 for the decode instance, and what their TTFT has beyond
-   the terms above (vLLM's handling of a P/D request: the side-channel handshake, the
-   decode's wait for the transfer's notification, its scheduling) is added to every
-   request's decode leg as a fixed cost, stretched by sharing like the others.
+8. **03's and 04's instances are timed before their sweeps.** Each sends a few fresh
+   requests one at a time through its own instances before it forecasts
+   (`forecast.timed`). Their time per token replaces the factor of 7 (a replica's, or
+   the P/D decode instance's); for P/D, what their TTFT has beyond the terms above
+   (vLLM's handling of a P/D request: the side-channel handshake, the decode's wait for
+   the transfer's notification, its scheduling) is added to every request's decode leg as
+   a fixed cost, stretched by sharing like the others.
 
 What it leaves out, knowingly: the CPU the proxy and the client use beyond the measured
 per-token cost, and NIXL's beyond the factor of 7 (or 8); how vLLM's handling of a P/D
 request grows with load beyond sharing the cores (8 measures it at one request); memory
 limits (every request fits in the KV cache); and preemption.
 
-Nothing here reads 03's or 04's results beyond the pair of 8. `forecast` runs one architecture at one load
-point; `ranged` runs it at the median and at the low and high edges of the measured
+Nothing here reads 03's or 04's results beyond the timing of 8. `forecast` runs one
+architecture at one load point; `ranged` runs it at the median and at the low and high edges of the measured
 curves; `band` widens that range by the model's own error graded earlier in the series,
 which gives the forecast's interval.
 
@@ -133,8 +134,8 @@ class Inputs:
     decode_beside: float = 1.0
     # a replica's decode steps beside the other replicas on its machine (01)
     replica_beside: float = 1.0
-    # what a P/D request's decode leg pays beyond the terms above, from 04's pair timed
-    # before its sweep (`forecast.pair`; assumption 8)
+    # what a P/D request's decode leg pays beyond the terms above, from 04's instances timed
+    # before its sweep (`forecast.timed`; assumption 8)
     pd_extra_ms: float = 0.0
     sources: dict[str, str] = field(default_factory=dict)
 

@@ -1,15 +1,16 @@
 """What notebooks 01, 03 and 04 do with the model: forecast the architecture they are about
-to measure, from 01's and 02's results (and for P/D, 04's pair timed before its sweep), print it, and keep it in their results.
+to measure, from 01's and 02's results and their own instances timed before the sweep,
+print it, and keep it in their results.
 
 `forecast_for(cfg, "baseline" | "replicated" | "disaggregated", profile, kv, device, earlier)`
 returns a `Forecast`: one row per load point of the standard workload (and the mixed one,
 for 03 and 04): the median prediction and its interval, which is the range over the
 curves' edges widened by the model's own error on the forecasts graded earlier in the
 series (`earlier`: {name: graded rows}; `band`), the inputs' sources, and for P/D the best
-prefill/decode split for 2, 4 and 8 nodes. The model's inputs come from 01 and 02; the
-P/D forecast also takes two figures from 04's own pair, timed one request at a time
-before its sweep (`forecast.pair`; the best splits, each instance on a machine of its own,
-do not); the earlier gradings only set how wide the interval is.
+prefill/decode split for 2, 4 and 8 nodes. The model's inputs come from 01 and 02; 03's and
+04's forecasts also take figures from their own instances, timed a few requests one at a
+time before the sweep (`forecast.timed`; the best splits, each instance on a machine of
+its own, do not); the earlier gradings only set how wide the interval is.
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ from lab_utils.forecast.model import (
     loads_of,
     ranged,
 )
-from lab_utils.forecast.pair import calibrate, calibrated_edges
-from lab_utils.results.forecast import EngineProfile, Forecast, PairProfile
+from lab_utils.forecast.timed import calibrate, calibrated_edges
+from lab_utils.results.forecast import EngineProfile, Forecast, TimedProfile
 from lab_utils.results.kv_transfer import KvTransferPayload
 from lab_utils.results.points import FORECAST
 from lab_utils.util.numbers import fmt_num
@@ -100,18 +101,18 @@ def rank(p: Prediction) -> tuple[float, float]:
 def forecast_for(cfg: LabConfig, kind: str, profile: EngineProfile | None,
                  kv: KvTransferPayload | None, buffer_device: str,
                  earlier: dict[str, list[dict[str, Any]]] | None = None,
-                 pair: PairProfile | None = None) -> Forecast:
+                 timed: TimedProfile | None = None) -> Forecast:
     """Forecast `kind` ("baseline", "replicated" or "disaggregated") for this config's
-    workload from 01's profile and 02's results (`kv`, None if 02 has not run), and for
-    P/D the pair 04 timed before its sweep (`pair`, `forecast.pair`), its interval widened
-    by the error of the forecasts graded before it (`earlier`)."""
+    workload from 01's profile and 02's results (`kv`, None if 02 has not run), and for 03
+    and 04 their instances timed before the sweep (`timed`, `forecast.timed`), its interval
+    widened by the error of the forecasts graded before it (`earlier`)."""
     inputs, edges_of = from_results(profile, kv, buffer_device), edges(profile, kv, buffer_device)
     arch = architecture_of(cfg, kind, profile.host_cores if profile else None)
     w = cfg.workload
-    sim, sim_edges, paired = inputs, edges_of, None
-    if pair is not None and kind == "disaggregated":
-        sim, paired = calibrate(inputs, arch, pair, w.output_len, w.seed)
-        sim_edges = calibrated_edges(edges_of, sim.decode_beside, sim.pd_extra_ms)
+    sim, sim_edges, said = inputs, edges_of, None
+    if timed is not None and kind in ("replicated", "disaggregated"):
+        sim, said = calibrate(inputs, arch, timed, w.output_len, w.seed)
+        sim_edges = calibrated_edges(edges_of, sim)
     rows = predict_rows(sim, sim_edges, arch, loads_of(w), "standard")
     if w.mixed_long_len and kind != "baseline":  # 01's sweep has no mixed run
         rows += predict_rows(sim, sim_edges, arch, loads_of(w, mixed=True), "mixed")
@@ -121,14 +122,15 @@ def forecast_for(cfg: LabConfig, kind: str, profile: EngineProfile | None,
               if kind == "disaggregated" else [])
     only = {"NIXL's threads": "disaggregated", "other replicas": "replicated"}
     sources = {k: v for k, v in inputs.sources.items() if only.get(k, kind) == kind}
-    if paired:
-        if pair is not None and pair.step_ms and "NIXL's threads" in sources:
-            sources["NIXL's threads"] += " (superseded by the pair's own time per token, below)"
-        sources["the pair"] = paired
+    if said:
+        stand_ins = "NIXL's threads" if kind == "disaggregated" else "other replicas"
+        if timed is not None and timed.step_ms and stand_ins in sources:
+            sources[stand_ins] += " (superseded by the timed instances' own time per token, below)"
+        sources["timed before the sweep"] = said
     sources["interval"] = band_sentence(band)
     return Forecast(architecture=kind, made_at=datetime.now(UTC).isoformat(),
                     sources=sources, rows=rows, splits=splits, error_band=band,
-                    pair=pair if paired else None)
+                    timed=timed if said else None)
 
 
 def forecast_frame(rows: list[dict[str, Any]]):

@@ -64,7 +64,7 @@ from lab_utils.notebook.steps import (
     run_sweep,
     single_request,
 )
-from lab_utils.notebook.time_split import time_pair, where_time_went
+from lab_utils.notebook.time_split import time_instances, where_time_went
 from lab_utils.notebook.triage import triage_text
 
 __all__ = [
@@ -76,5 +76,5 @@ __all__ = [
     "proof_record", "protocol_by_hand", "prove_kv_transfer", "record_baseline",
     "record_disaggregated", "record_environment", "record_replicated", "reference_outputs",
     "require_environment", "run_sweep", "single_request", "sweep_frame", "tokenizer_of",
-    "time_pair", "transfer_lesson", "versus_reference", "watch_scheduler", "where_time_went",
+    "time_instances", "transfer_lesson", "versus_reference", "watch_scheduler", "where_time_went",
 ]

@@ -25,7 +25,7 @@ from lab_utils.forecast.run import architecture_of, forecast_for, show
 from lab_utils.forecast.timing import minutes, notebook_seconds, sweep_seconds
 from lab_utils.notebook.session import kv_buffer_device
 from lab_utils.results import calibration, load_optional, load_results
-from lab_utils.results.forecast import EngineProfile, Forecast, PairProfile
+from lab_utils.results.forecast import EngineProfile, Forecast, TimedProfile
 from lab_utils.results.sweep import BenchmarkResult
 from lab_utils.serve.plan import start_waves
 
@@ -132,25 +132,25 @@ def earlier_gradings(cfg: LabConfig, kind: str) -> dict[str, list[dict[str, Any]
 
 
 def make_forecast(cfg: LabConfig, kind: str, profile: EngineProfile | None = None,
-                  pair: PairProfile | None = None) -> Forecast:
+                  timed: TimedProfile | None = None) -> Forecast:
     """Forecast `kind` ("baseline", "replicated" or "disaggregated") from 01's profile
     (`profile`: the one 01 just measured, before it records it) and 02's results, and for
-    P/D the pair 04 timed before its sweep (`pair`), its interval widened by the error of
-    the forecasts graded earlier in the series."""
+    03 and 04 their instances timed before the sweep (`timed`), its interval widened by the
+    error of the forecasts graded earlier in the series."""
     kv = load_optional(cfg, "02") if kind != "baseline" else None
     if profile is None:
         profile = load_results(cfg, "01").payload.profile
     return forecast_for(cfg, kind, profile, kv.payload if kv else None, kv_buffer_device(cfg),
-                        earlier_gradings(cfg, kind), pair)
+                        earlier_gradings(cfg, kind), timed)
 
 
 def predict(cfg: LabConfig, kind: str, profile: EngineProfile | None = None,
-            pair: PairProfile | dict | None = None) -> Forecast:
-    """`make_forecast`, printed, for the notebook to record before it measures. `pair`:
-    04's pair timed before the sweep (`time_pair`'s result or its `PairProfile`)."""
-    if isinstance(pair, dict):
-        pair = pair.get("pair")
-    fc = make_forecast(cfg, kind, profile, pair)
+            timed: TimedProfile | dict | None = None) -> Forecast:
+    """`make_forecast`, printed, for the notebook to record before it measures. `timed`:
+    the instances timed before the sweep (`time_instances`'s result or its `TimedProfile`)."""
+    if isinstance(timed, dict):
+        timed = timed.get("timed")
+    fc = make_forecast(cfg, kind, profile, timed)
     show(fc)
     return fc
 

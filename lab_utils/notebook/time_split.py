@@ -31,7 +31,7 @@ from lab_utils.measure.workload import build_requests
 from lab_utils.notebook.session import tokenizer_of
 from lab_utils.on_node import nixl_threads
 from lab_utils.on_node.proctools import group_cpu_seconds, thread_cpu_seconds
-from lab_utils.results.forecast import PairProfile
+from lab_utils.results.forecast import TimedProfile
 from lab_utils.results.sweep import BenchmarkResult
 from lab_utils.serve.metrics import MetricsSnapshot, fetch_metrics
 from lab_utils.serve.topology import Served
@@ -108,29 +108,40 @@ def split_sentence(parts: dict[str, float], client_ttft_ms: float,
     return said
 
 
+def _requests(cfg: LabConfig, served: Served, n: int):
+    tokenize, detokenize = tokenizer_of(served, cfg)
+    return build_requests(cfg.workload, n, tokenize, detokenize, seed=cfg.workload.seed + 404)
+
+
+def _one_at_a_time(cfg: LabConfig, served: Served, requests) -> list:
+    records, _ = run_sync(run_point(served.proxy_url, cfg.model.name, requests, concurrency=1,
+                                    chat=cfg.workload.chat, show_progress=False,
+                                    api_key=api_key(cfg, "proxy")))
+    return [r for r in records if r.ok and r.ttft_ms is not None]
+
+
+def _timed(cfg: LabConfig, ok: list, parts: dict[str, float]) -> TimedProfile | None:
+    if not ok:
+        return None
+    steps = [settled_step_ms(r.itl_ms) for r in ok if len(r.itl_ms) >= 2]
+    return TimedProfile(requests=len(ok), prompt_tokens=cfg.workload.input_len,
+                        ttft_ms=statistics.median(r.ttft_ms for r in ok),
+                        step_ms=statistics.median(steps) if steps else None, parts=parts)
+
+
 def measure_split(cfg: LabConfig, served: Served, n: int = SPLIT_REQUESTS) -> dict[str, Any]:
     """`n` fresh requests one at a time through the pair with both instances' /metrics
     read around them: the client's mean TTFT and its parts (`ttft_parts`), and the pair's
-    profile for the forecast (`PairProfile`: median TTFT, settled ms per token)."""
+    profile for the forecast (`TimedProfile`: median TTFT, settled ms per token)."""
     prefill_url, decode_url = served.urls("prefill")[0], served.urls("decode")[0]
-    tokenize, detokenize = tokenizer_of(served, cfg)
-    w = cfg.workload
-    requests = build_requests(w, n, tokenize, detokenize, seed=w.seed + 404)
+    requests = _requests(cfg, served, n)
     before = fetch_metrics(prefill_url), fetch_metrics(decode_url)
-    records, _ = run_sync(run_point(served.proxy_url, cfg.model.name, requests, concurrency=1,
-                                    chat=w.chat, show_progress=False,
-                                    api_key=api_key(cfg, "proxy")))
+    ok = _one_at_a_time(cfg, served, requests)
     after = fetch_metrics(prefill_url), fetch_metrics(decode_url)
-    ok = [r for r in records if r.ok and r.ttft_ms is not None]
-    ttfts = [r.ttft_ms for r in ok]
-    client = sum(ttfts) / len(ttfts) if ttfts else 0.0
+    client = sum(r.ttft_ms for r in ok) / len(ok) if ok else 0.0
     parts = ttft_parts(client, (before[0], after[0]), (before[1], after[1]))
-    steps = [settled_step_ms(r.itl_ms) for r in ok if len(r.itl_ms) >= 2]
-    pair = (PairProfile(requests=len(ok), prompt_tokens=w.input_len,
-                        ttft_ms=statistics.median(ttfts),
-                        step_ms=statistics.median(steps) if steps else None, parts=parts)
-            if ttfts else None)
-    return {"client_ttft_ms": client, "requests": len(ttfts), "parts": parts, "pair": pair}
+    return {"client_ttft_ms": client, "requests": len(ok), "parts": parts,
+            "timed": _timed(cfg, ok, parts)}
 
 
 def _c1(result: BenchmarkResult, key: str) -> float | None:
@@ -154,24 +165,30 @@ def cpu_frame(cpu_s: dict[str, float] | None) -> pd.DataFrame:
                         columns=["during the sweep", "CPU s"])
 
 
-def time_pair(cfg: LabConfig, served: Served) -> dict[str, Any]:
-    """04, before its forecast: `measure_split` on the pair, with one line that says what
-    it measured (the forecast calibrates on it, `forecast.pair`)."""
-    split = measure_split(cfg, served)
-    pair = split["pair"]
-    if pair is None:
-        print("the pair answered none of the timing requests: the forecast goes without it")
+def time_instances(cfg: LabConfig, served: Served, n: int = SPLIT_REQUESTS) -> dict[str, Any]:
+    """03 and 04, before their forecasts: `n` fresh requests one at a time through the
+    front door (03: the replicas in turn; 04: the pair, with `measure_split`'s TTFT split),
+    with one line that says what was measured; the forecast calibrates on its `"timed"`
+    (`forecast.timed`)."""
+    if served.topology == "disaggregated":
+        found = measure_split(cfg, served, n)
     else:
-        step = f", {pair.step_ms:.2f} ms per token" if pair.step_ms else ""
-        print(f"the pair, one request at a time: {pair.requests} fresh prompts of "
-              f"{pair.prompt_tokens} tokens, TTFT median {pair.ttft_ms:.1f} ms{step}")
-    return split
+        ok = _one_at_a_time(cfg, served, _requests(cfg, served, n))
+        found = {"requests": len(ok), "timed": _timed(cfg, ok, {})}
+    timed = found["timed"]
+    if timed is None:
+        print("the instances answered none of the timing requests: the forecast goes without")
+    else:
+        step = f", {timed.step_ms:.2f} ms per token" if timed.step_ms else ""
+        print(f"{served.topology}, one request at a time: {timed.requests} fresh prompts of "
+              f"{timed.prompt_tokens} tokens, TTFT median {timed.ttft_ms:.1f} ms{step}")
+    return found
 
 
 def where_time_went(cfg: LabConfig, served: Served, baseline: BenchmarkResult,
                     result: BenchmarkResult, split: dict[str, Any] | None = None) -> dict[str, Any]:
     """Notebook 04's account of its own time: the CPU table of the sweep (None on SSH
-    nodes), the TTFT split of a few fresh requests one at a time (`split`: `time_pair`'s,
+    nodes), the TTFT split of a few fresh requests one at a time (`split`: `time_instances`',
     measured before the sweep; None: measured now, after it), and the sentences."""
     when = "before" if split is not None else "after"
     split = split if split is not None else measure_split(cfg, served)

@@ -71,10 +71,10 @@ class EngineProfile(BaseModel):
     beside_replicas: BesideBusy | None = None
 
 
-class PairProfile(BaseModel):
-    """Notebook 04's prefill/decode pair, timed one request at a time before its sweep
-    (`notebook.time_split.measure_split`): what the P/D forecast calibrates on
-    (`forecast.pair`)."""
+class TimedProfile(BaseModel):
+    """The instances of 03 (the replicas) or 04 (the prefill/decode pair), timed a few fresh
+    requests one at a time before the sweep (`notebook.time_split.time_instances`): what
+    their forecast calibrates on (`forecast.timed`)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -82,7 +82,8 @@ class PairProfile(BaseModel):
     prompt_tokens: int
     ttft_ms: float  # their median TTFT at the client
     step_ms: float | None  # their median time per decoded token, settled (ms)
-    parts: dict[str, float]  # mean TTFT split: prefill, proxy hop, KV move, first decode step
+    # P/D: the mean TTFT split (prefill, proxy hop, KV move, first decode step); else empty
+    parts: dict[str, float] = {}
 
 
 class Forecast(BaseModel):
@@ -98,5 +99,5 @@ class Forecast(BaseModel):
     # the model's own error measured earlier in the series (lab_utils.forecast.band), by
     # which the intervals were widened; None: recorded before the band existed
     error_band: dict[str, Any] | None = None
-    # P/D only: the pair timed before the sweep, which the forecast calibrated on
-    pair: PairProfile | None = None
+    # 03 and 04: their instances timed before the sweep, which the forecast calibrated on
+    timed: TimedProfile | None = None

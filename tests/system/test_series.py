@@ -91,10 +91,11 @@ def test_forecast_made_before_the_sweeps_and_graded(request, series):
         ahead = (datetime.fromisoformat(env.timestamp.replace("Z", "+00:00"))
                  - datetime.fromisoformat(fc.made_at)).total_seconds()
         assert ahead >= measured_s, (nb, ahead, measured_s)
-    pd_fc = load_results(cfg, "04").payload.forecast
-    # 04 timed its pair before it forecast, and its forecast says what it took from it
-    assert pd_fc.pair is not None and pd_fc.pair.requests > 0 and pd_fc.pair.ttft_ms > 0
-    assert "04's pair timed before the sweep" in pd_fc.sources["the pair"]
+    for nb in ("03", "04"):
+        # each timed its instances before it forecast, and its forecast says what it took
+        fc = load_results(cfg, nb).payload.forecast
+        assert fc.timed is not None and fc.timed.requests > 0 and fc.timed.ttft_ms > 0
+        assert f"{nb}'s instances timed before the sweep" in fc.sources["timed before the sweep"]
     by_arch = graded(load_report_data(cfg))
     assert set(by_arch) == {"baseline", "replicated", "disaggregated"}  # 01 grades its own
     for arch, rows in by_arch.items():

@@ -1,4 +1,5 @@
-"""The P/D forecast calibrated on 04's pair timed before its sweep (`forecast.pair`)."""
+"""The replicated and P/D forecasts calibrated on their instances timed before the sweep
+(`forecast.timed`)."""
 
 from __future__ import annotations
 
@@ -6,15 +7,15 @@ import pytest
 from forecast.test_forecast import ONE, hand_inputs, write_01_02
 
 from lab_utils.forecast.model import Architecture, Load, forecast
-from lab_utils.forecast.pair import calibrate
+from lab_utils.forecast.timed import calibrate
 from lab_utils.notebook import make_forecast
-from lab_utils.results.forecast import PairProfile
+from lab_utils.results.forecast import TimedProfile
 
 PD = Architecture(prefill=1, decode=1)
 
 
-def pair(ttft: float, step: float | None, n: int = 1, tokens: int = 100) -> PairProfile:
-    return PairProfile(requests=n, prompt_tokens=tokens, ttft_ms=ttft, step_ms=step,
+def timed(ttft: float, step: float | None, n: int = 1, tokens: int = 100) -> TimedProfile:
+    return TimedProfile(requests=n, prompt_tokens=tokens, ttft_ms=ttft, step_ms=step,
                        parts={"prefill": 1.0, "proxy hop": 1.0, "KV move": 1.0,
                               "first decode step": 1.0})
 
@@ -34,7 +35,8 @@ def test_a_decode_leg_pays_the_extra_exactly_once():
 
 @pytest.mark.parametrize("measured_ttft, measured_step", [(60.0, 7.5), (35.1, 5.0), (90.0, 10.0)])
 def test_the_calibrated_model_reproduces_the_pairs_own_figures(measured_ttft, measured_step):
-    inputs, said = calibrate(hand_inputs(), PD, pair(measured_ttft, measured_step), output_len=4)
+    inputs, said = calibrate(hand_inputs(), PD, timed(measured_ttft, measured_step),
+                             output_len=4)
     assert inputs.decode_beside == pytest.approx(measured_step / 5.0)
     m = forecast(inputs, PD, ONE).metrics
     assert m["median_ttft_ms"] == pytest.approx(measured_ttft, rel=1e-6)
@@ -44,32 +46,46 @@ def test_the_calibrated_model_reproduces_the_pairs_own_figures(measured_ttft, me
 
 
 def test_a_pair_faster_than_the_model_adds_nothing_and_says_so():
-    inputs, said = calibrate(hand_inputs(), PD, pair(20.0, None), output_len=4)
+    inputs, said = calibrate(hand_inputs(), PD, timed(20.0, None), output_len=4)
     assert inputs.pd_extra_ms == 0.0
     assert inputs.decode_beside == hand_inputs().decode_beside  # no step measured: kept
     assert "gets 0.0 ms more" in said and "01's factor kept" in said
 
 
 def test_higher_loads_are_still_predicted_not_copied():
-    inputs, _ = calibrate(hand_inputs(), PD, pair(60.0, 7.5), output_len=4)
+    inputs, _ = calibrate(hand_inputs(), PD, timed(60.0, 7.5), output_len=4)
     four = Load(input_len=100, output_len=4, num_prompts=8, concurrency=4)
     m = forecast(inputs, PD, four).metrics
     assert m["median_ttft_ms"] > 60.0  # queueing at concurrency 4 comes from the model
 
 
-def test_04s_forecast_records_the_pair_and_03s_ignores_it(test_cfg):
+def test_04s_forecast_records_its_timed_pair(test_cfg):
     write_01_02(test_cfg)
-    p = pair(300.0, 2.4, n=6, tokens=test_cfg.workload.input_len)
-    with_pair = make_forecast(test_cfg, "disaggregated", pair=p)
+    p = timed(300.0, 2.4, n=6, tokens=test_cfg.workload.input_len)
+    with_pair = make_forecast(test_cfg, "disaggregated", timed=p)
     without = make_forecast(test_cfg, "disaggregated")
-    assert with_pair.pair == p and "the pair" in with_pair.sources
+    said = with_pair.sources["timed before the sweep"]
+    assert with_pair.timed == p and said.startswith("04's instances timed before the sweep")
     # the rehearsal's instances share one machine: the added cost is said before and after
-    assert "once sharing the machine stretches it" in with_pair.sources["the pair"]
-    assert "superseded by the pair's" in with_pair.sources.get("NIXL's threads",
-                                                               "superseded by the pair's")
-    assert without.pair is None and "the pair" not in without.sources
+    assert "once sharing the machine stretches it" in said
+    assert "superseded by the timed" in with_pair.sources.get("NIXL's threads",
+                                                              "superseded by the timed")
+    assert without.timed is None and "timed before the sweep" not in without.sources
     c1 = next(r for r in with_pair.rows if r["workload"] == "standard" and r["value"] == 1.0)
     assert c1["median_ttft_ms"] == pytest.approx(300.0, rel=0.25)
-    assert with_pair.splits == without.splits  # the splits: a machine per instance, no pair
-    rep = make_forecast(test_cfg, "replicated", pair=p)
-    assert rep.pair is None and rep.rows == make_forecast(test_cfg, "replicated").rows
+    assert with_pair.splits == without.splits  # the splits: a machine per instance, untimed
+
+
+def test_03s_forecast_takes_the_replicas_time_per_token_and_nothing_else(test_cfg):
+    write_01_02(test_cfg)
+    slow = timed(300.0, 4.0, n=6, tokens=test_cfg.workload.input_len)
+    fc = make_forecast(test_cfg, "replicated", timed=slow)
+    base = make_forecast(test_cfg, "replicated")
+    said = fc.sources["timed before the sweep"]
+    assert fc.timed == slow and said.startswith("03's instances timed before the sweep")
+    assert "a replica's decode steps" in said and "decode leg" not in said
+    one = lambda f: next(r for r in f.rows if r["workload"] == "standard" and r["value"] == 1.0)  # noqa: E731
+    # per token: the timed replicas' (4 ms), not 01's; TTFT keeps the model's own path
+    assert one(fc)["median_tpot_ms"] == pytest.approx(4.0, rel=0.05)
+    assert one(base)["median_tpot_ms"] < 3.0
+    assert one(fc)["median_ttft_ms"] < 100.0  # the timed 300 ms TTFT is not copied in

@@ -1,0 +1,77 @@
+"""Calibrate the replicated and the P/D forecast on the notebook's own instances, timed a
+few fresh requests one at a time before its sweep, as 01 profiles its instance before its
+own sweep (`notebook.time_split.time_instances`).
+
+What the model cannot know from 01 alone is what its instances pay beside each other and
+beside vLLM's machinery for disaggregation:
+
+- **Replicas on one machine** (the rehearsal): 01 times a decode beside a stand-in for
+  the other replica's idle worker, a loop that is not vLLM; measured in one go it read
+  0.78x-1.73x in four runs where the replicas measured 1.11x-1.38x. 03 times its replicas
+  instead: their time per token over 01's decode step alone at that context is the
+  factor a replica's decode steps take (`Inputs.replica_beside`). A replica's request
+  path is the single instance's, so nothing is added to its TTFT.
+- **Prefill/decode**: the decode instance runs the NIXL connector's bookkeeping every
+  step, and a request waits for the side channel, the transfer's notification and a
+  scheduling round before its first decode step; none of it exists in 01's instance or
+  02's bare NIXL agents. The pair's time per token over 01's step is the decode
+  instance's factor (`Inputs.decode_beside`), and the fixed cost that makes the model's
+  median TTFT for those requests equal theirs is added to every request's decode leg
+  (`Inputs.pd_extra_ms`, never below 0; where instances share a machine the model
+  stretches it like every fixed cost, so it is solved for, not subtracted).
+
+Only concurrency 1 is timed; every other load point, and the mixed workload, is still the
+model's prediction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from lab_utils.forecast.model import Architecture, Inputs, Load, forecast
+from lab_utils.results.forecast import TimedProfile
+
+
+def calibrate(inputs: Inputs, arch: Architecture, timed: TimedProfile, output_len: int,
+              seed: int = 0) -> tuple[Inputs, str]:
+    """`inputs` with the timed figures in place, and the sentence that says so."""
+    context = timed.prompt_tokens + (3 * output_len) // 4  # the settled tail's mean position
+    alone = inputs.engine.decode_step(1, context)
+    kept = inputs.decode_beside if arch.disaggregated else inputs.replica_beside
+    factor = timed.step_ms / alone if timed.step_ms and alone > 0 else kept
+    stepped = (replace(inputs, decode_beside=factor, pd_extra_ms=0.0) if arch.disaggregated
+               else replace(inputs, replica_beside=factor, pd_extra_ms=0.0))
+    who = "the decode instance's steps" if arch.disaggregated else "a replica's decode steps"
+    step = ("no time per token measured: 01's factor kept" if not timed.step_ms else
+            f"{timed.step_ms:.2f} ms per token, {factor:.2f}x 01's decode step alone at that "
+            f"context, which {who} take in place of 01's stand-ins")
+    head = (f"{'04' if arch.disaggregated else '03'}'s instances timed before the sweep: "
+            f"{timed.requests} fresh requests of {timed.prompt_tokens} tokens one at a time, "
+            f"TTFT median {timed.ttft_ms:.1f} ms")
+    if not arch.disaggregated:
+        return stepped, f"{head}; {step}"
+    probe = Load(input_len=timed.prompt_tokens, output_len=output_len,
+                 num_prompts=max(timed.requests, 1), concurrency=1, seed=seed)
+
+    def ttft(extra: float) -> float:
+        return forecast(replace(stepped, pd_extra_ms=extra), arch, probe).metrics[
+            "median_ttft_ms"] or 0.0
+
+    without = ttft(0.0)
+    gap = max(timed.ttft_ms - without, 0.0)
+    extra = gap
+    if gap > 0:  # sharing stretches the extra too: scale it so the model meets the pair
+        slope = (ttft(gap) - without) / gap
+        extra = gap / slope if slope > 0 else gap
+    stretched = (f" ({gap:.1f} ms once sharing the machine stretches it)"
+                 if abs(gap - extra) >= 0.05 else "")
+    said = (f"{head} against {without:.1f} ms from the model's other terms, so each "
+            f"request's decode leg gets {extra:.1f} ms more{stretched}; {step}")
+    return replace(stepped, pd_extra_ms=extra), said
+
+
+def calibrated_edges(edges_of, calibrated: Inputs):
+    """`edge -> Inputs` with the timed figures at every edge (they are one measurement)."""
+    return lambda edge: replace(edges_of(edge), decode_beside=calibrated.decode_beside,
+                                replica_beside=calibrated.replica_beside,
+                                pd_extra_ms=calibrated.pd_extra_ms)
