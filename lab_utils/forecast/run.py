@@ -31,7 +31,7 @@ from lab_utils.forecast.model import (
     loads_of,
     ranged,
 )
-from lab_utils.forecast.timed import calibrate, calibrated_edges
+from lab_utils.forecast.timed import calibrate, calibrated_edges, timed_errors
 from lab_utils.results.forecast import EngineProfile, Forecast, TimedProfile
 from lab_utils.results.kv_transfer import KvTransferPayload
 from lab_utils.results.points import FORECAST
@@ -110,13 +110,16 @@ def forecast_for(cfg: LabConfig, kind: str, profile: EngineProfile | None,
     arch = architecture_of(cfg, kind, profile.host_cores if profile else None)
     w = cfg.workload
     sim, sim_edges, said = inputs, edges_of, None
+    earlier = dict(earlier or {})
     if timed is not None and kind in ("replicated", "disaggregated"):
         sim, said = calibrate(inputs, arch, timed, w.output_len, w.seed)
         sim_edges = calibrated_edges(edges_of, sim)
+        earlier[f"this {kind} forecast at its timed point, before calibration"] = timed_errors(
+            inputs, arch, timed, w.output_len, w.seed)
     rows = predict_rows(sim, sim_edges, arch, loads_of(w), "standard")
     if w.mixed_long_len and kind != "baseline":  # 01's sweep has no mixed run
         rows += predict_rows(sim, sim_edges, arch, loads_of(w, mixed=True), "mixed")
-    band = error_band(earlier or {})
+    band = error_band(earlier)
     rows = [widen(r, band) for r in rows]
     splits = (best_splits(inputs, loads_of(w, mixed=bool(w.mixed_long_len))[-1])
               if kind == "disaggregated" else [])

@@ -21,7 +21,9 @@ beside vLLM's machinery for disaggregation:
   stretches it like every fixed cost, so it is solved for, not subtracted).
 
 Only concurrency 1 is timed; every other load point, and the mixed workload, is still the
-model's prediction.
+model's prediction. The model's miss at the timed point before it is calibrated
+(`timed_errors`) is also a graded value of this architecture: the forecast's interval
+counts it with the errors graded earlier in the series (`forecast.band`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,24 @@ from dataclasses import replace
 
 from lab_utils.forecast.model import Architecture, Inputs, Load, forecast
 from lab_utils.results.forecast import TimedProfile
+
+
+def _probe(timed: TimedProfile, output_len: int, seed: int) -> Load:
+    return Load(input_len=timed.prompt_tokens, output_len=output_len,
+                num_prompts=max(timed.requests, 1), concurrency=1, seed=seed)
+
+
+def timed_errors(inputs: Inputs, arch: Architecture, timed: TimedProfile, output_len: int,
+                 seed: int = 0) -> list[dict]:
+    """The uncalibrated model against the timed requests, as graded rows (`grade.grade_rows`
+    shape, for `band.error_band`): TTFT p50 and the time per token."""
+    m = forecast(inputs, arch, _probe(timed, output_len, seed)).metrics
+    rows = [{"metric": "median_ttft_ms", "predicted": m["median_ttft_ms"],
+             "measured": timed.ttft_ms, "graded": True}]
+    if timed.step_ms:
+        rows.append({"metric": "median_tpot_ms", "predicted": m["median_tpot_ms"],
+                     "measured": timed.step_ms, "graded": True})
+    return rows
 
 
 def calibrate(inputs: Inputs, arch: Architecture, timed: TimedProfile, output_len: int,
@@ -50,8 +70,7 @@ def calibrate(inputs: Inputs, arch: Architecture, timed: TimedProfile, output_le
             f"TTFT median {timed.ttft_ms:.1f} ms")
     if not arch.disaggregated:
         return stepped, f"{head}; {step}"
-    probe = Load(input_len=timed.prompt_tokens, output_len=output_len,
-                 num_prompts=max(timed.requests, 1), concurrency=1, seed=seed)
+    probe = _probe(timed, output_len, seed)
 
     def ttft(extra: float) -> float:
         return forecast(replace(stepped, pd_extra_ms=extra), arch, probe).metrics[

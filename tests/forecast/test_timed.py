@@ -89,3 +89,20 @@ def test_03s_forecast_takes_the_replicas_time_per_token_and_nothing_else(test_cf
     assert one(fc)["median_tpot_ms"] == pytest.approx(4.0, rel=0.05)
     assert one(base)["median_tpot_ms"] < 3.0
     assert one(fc)["median_ttft_ms"] < 100.0  # the timed 300 ms TTFT is not copied in
+
+
+def test_the_uncalibrated_miss_at_the_timed_point_widens_the_interval(test_cfg):
+    write_01_02(test_cfg)
+    base = make_forecast(test_cfg, "replicated")
+    close = make_forecast(test_cfg, "replicated", timed=timed(
+        base.rows[0]["median_ttft_ms"], base.rows[0]["median_tpot_ms"], n=6,
+        tokens=test_cfg.workload.input_len))
+    far = make_forecast(test_cfg, "replicated", timed=timed(
+        300.0, 4.0, n=6, tokens=test_cfg.workload.input_len))
+    fam = lambda f, k: f.error_band["families"][k]  # noqa: E731
+    assert "at its timed point, before calibration (2 graded values)" in far.error_band["source"]
+    assert fam(far, "per-token")["n"] == fam(base, "per-token")["n"] + 1
+    # a model that missed the timed point by ~2x gets a band at least that wide; one that
+    # met it gets none wider than before
+    assert fam(far, "per-token")["factor"] > 1.5 > fam(close, "per-token")["factor"]
+    assert fam(far, "TTFT p50")["factor"] > fam(base, "TTFT p50")["factor"]
