@@ -15,11 +15,17 @@ from lab_utils.errors import LabError
 from lab_utils.notebook.session import ServingSession
 from lab_utils.notebook.steps import run_sweep
 from lab_utils.results import FrontDoors, ResultsEnvelope, load_reference_results, reference_origin
-from lab_utils.results.points import COMPARED, Point, compare_points, metric_rows, unlike_caches
+from lab_utils.results.points import (
+    COMPARED,
+    Point,
+    compare_points,
+    metric_rows,
+    rounded,
+    unlike_caches,
+)
 from lab_utils.results.sweep import BenchmarkResult
 from lab_utils.serve import router
 from lab_utils.serve.topology import Served
-from lab_utils.util.numbers import shown
 
 
 def sweep_frame(result: BenchmarkResult):
@@ -96,7 +102,7 @@ def side_by_side(points: dict[str, Point]):
     their hit shares differ, none ("invalid") when either run is invalid."""
     (na, a), (nb, b) = points.items()
     rows: list[dict] = [{"run": name, "valid": p.valid, "cache hits %": p.prefix_cache_hit_pct,
-                         **{m.heading: shown(p.median(m)) for m in COMPARED}}
+                         **{m.heading: rounded(p.median(m)) for m in COMPARED}}
                         for name, p in points.items()]
     both = a.valid and b.valid
     rows.append({"run": "better", "valid": None, "cache hits %": None,

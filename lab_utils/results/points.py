@@ -314,8 +314,9 @@ def compare_points(a: Point, b: Point, key: str | Metric) -> Verdict:
                        b.prefix_cache_hit_pct)
 
 
-def _shown(v: float | None) -> float | None:
-    return None if v is None else round(v, 2)  # for a table whose columns also hold words
+def rounded(v: float | None) -> float | None:
+    """A median for a table whose columns also hold words (pandas' `round` skips those)."""
+    return None if v is None else round(v, 2)
 
 
 def metric_rows(a: Point, b: Point, names: tuple[str, str], *, label: str = "heading",
@@ -331,7 +332,7 @@ def metric_rows(a: Point, b: Point, names: tuple[str, str], *, label: str = "hea
     for m in COMPARED:
         x, y = a.median(m), b.median(m)
         better = {"a": names[0], "b": names[1]}.get(compare_points(a, b, m).better or "", "=")
-        rows.append({"metric": getattr(m, label), names[0]: _shown(x), names[1]: _shown(y),
+        rows.append({"metric": getattr(m, label), names[0]: rounded(x), names[1]: rounded(y),
                      "margin": None if x is None or y is None else m.times(y, x),
                      "better": "invalid" if mark_invalid and not both else better})
     return rows
@@ -343,6 +344,6 @@ RULE = (f"a difference counts only when it is larger than {MARGIN:.0%} of the sm
         "decides)")
 
 __all__ = ["BY_KEY", "COMPARED", "FORECAST", "KEYS", "MARGIN", "METRICS", "RULE", "Measured",
-           "Metric", "Point", "Verdict", "compare", "compare_points", "differs", "metric", "metric_rows",
+           "Metric", "Point", "Verdict", "compare", "compare_points", "differs", "metric", "metric_rows", "rounded",
            "select",
            "unlike_caches", "with_caches"]

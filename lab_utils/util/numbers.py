@@ -23,10 +23,3 @@ def fmt_num(value: Any) -> str:
         return f"{v:,.1f}"
     return f"{v:.2f}" if abs(v) >= 1 else f"{v:.3g}"
 
-
-def shown(value: Any, digits: int = 2) -> Any:
-    """A float rounded for a table whose columns also hold words (pandas' `round` skips
-    such columns); anything else as it is."""
-    if isinstance(value, (float, np.floating)) and math.isfinite(value):
-        return round(float(value), digits)
-    return value
