@@ -59,13 +59,19 @@ def test_higher_loads_are_still_predicted_not_copied():
     assert m["median_ttft_ms"] > 60.0  # queueing at concurrency 4 comes from the model
 
 
+def with_and_without(cfg, kind: str, ttft: float, step: float):
+    """`kind`'s forecast from 01's and 02's results, timed (`ttft`, `step`) and untimed,
+    and what the timed one says of its timing."""
+    write_01_02(cfg)
+    p = timed(ttft, step, n=6, tokens=cfg.workload.input_len)
+    fc = make_forecast(cfg, kind, timed=p)
+    assert fc.timed == p
+    return fc, make_forecast(cfg, kind), fc.sources["timed before the sweep"]
+
+
 def test_04s_forecast_records_its_timed_pair(test_cfg):
-    write_01_02(test_cfg)
-    p = timed(300.0, 2.4, n=6, tokens=test_cfg.workload.input_len)
-    with_pair = make_forecast(test_cfg, "disaggregated", timed=p)
-    without = make_forecast(test_cfg, "disaggregated")
-    said = with_pair.sources["timed before the sweep"]
-    assert with_pair.timed == p and said.startswith("04's instances timed before the sweep")
+    with_pair, without, said = with_and_without(test_cfg, "disaggregated", 300.0, 2.4)
+    assert said.startswith("04's instances timed before the sweep")
     # the rehearsal's instances share one machine: the added cost is said before and after
     assert "once sharing the machine stretches it" in said
     assert "superseded by the timed" in with_pair.sources.get("NIXL's threads",
@@ -77,12 +83,8 @@ def test_04s_forecast_records_its_timed_pair(test_cfg):
 
 
 def test_03s_forecast_takes_the_replicas_time_per_token_and_nothing_else(test_cfg):
-    write_01_02(test_cfg)
-    slow = timed(300.0, 4.0, n=6, tokens=test_cfg.workload.input_len)
-    fc = make_forecast(test_cfg, "replicated", timed=slow)
-    base = make_forecast(test_cfg, "replicated")
-    said = fc.sources["timed before the sweep"]
-    assert fc.timed == slow and said.startswith("03's instances timed before the sweep")
+    fc, base, said = with_and_without(test_cfg, "replicated", 300.0, 4.0)
+    assert said.startswith("03's instances timed before the sweep")
     assert "a replica's decode steps" in said and "decode leg" not in said
     one = lambda f: next(r for r in f.rows if r["workload"] == "standard" and r["value"] == 1.0)  # noqa: E731
     # per token: the timed replicas' (4 ms), not 01's; TTFT keeps the model's own path
