@@ -48,11 +48,16 @@ def read_guesses(cfg: LabConfig) -> dict[str, Any]:
         raise LabError(f"{path} is not JSON ({e}): delete it and enter the guesses again") from e
 
 
+def _level(cfg: LabConfig, which: str) -> int:
+    """The workload's highest or lowest concurrency, where a guess is asked."""
+    levels = cfg.workload.concurrency or [1]
+    return max(levels) if which == "highest" else min(levels)
+
+
 def _load(cfg: LabConfig, what: tuple[str, str, str]) -> str:
     _, workload, which = what
-    levels = cfg.workload.concurrency or [1]
-    level = max(levels) if which == "highest" else min(levels)
-    return f"{'the mixed workload' if workload == 'mixed' else 'the sweep'} at concurrency {level}"
+    run = "the mixed workload" if workload == "mixed" else "the sweep"
+    return f"{run} at concurrency {_level(cfg, which)}"
 
 
 def guess(cfg: LabConfig, notebook: str, **values: float | None) -> None:
@@ -87,13 +92,13 @@ def _forecast_and_measured(cfg: LabConfig, notebook: str, what: tuple[str, str, 
     key, workload, which = what
     p = env.payload
     run = p.sweep if workload == "standard" else getattr(p, "mixed", None)
-    points = [c for c in (run.combined if run else []) if c.mode == "concurrency"]
-    point = (max if which == "highest" else min)(points, key=lambda c: c.value) if points else None
-    measured = point.median(key) if point is not None else None
+    level = float(_level(cfg, which))
+    point = next((c for c in (run.combined if run else [])
+                  if c.mode == "concurrency" and float(c.value) == level), None)
     fc = getattr(p, "forecast", None)
-    row = next((r for r in (fc.rows if fc else []) if point is not None
-                and r["workload"] == workload and r["value"] == float(point.value)), None)
-    return (row.get(key) if row else None), measured
+    row = next((r for r in (fc.rows if fc else [])
+                if r["workload"] == workload and r["value"] == level), None)
+    return (row.get(key) if row else None), (point.median(key) if point is not None else None)
 
 
 def guesses_frame(cfg: LabConfig) -> pd.DataFrame | None:
