@@ -18,6 +18,8 @@ lab`), one call per step.
 - `kv_lesson`: notebook 02's explanation of the KV cache in the configured model's figures.
 - `time_split`: where 04's time went (CPU per process group during the sweep, ITL at
   concurrency 1 against 01's, each request's TTFT split into its parts).
+- `switches`: 01's two engine switches measured (chunked prefill under the mixed workload,
+  prefix caching on one prompt sent twice).
 - `hood`: the "open the hood" cells (the scheduler's queues, NIXL's API, the P/D protocol
   by hand, the connector's two halves).
 
@@ -64,6 +66,7 @@ from lab_utils.notebook.steps import (
     run_sweep,
     single_request,
 )
+from lab_utils.notebook.switches import two_switches
 from lab_utils.notebook.time_split import time_instances, where_time_went
 from lab_utils.notebook.triage import triage_text
 
@@ -76,5 +79,5 @@ __all__ = [
     "proof_record", "protocol_by_hand", "prove_kv_transfer", "record_baseline",
     "record_disaggregated", "record_environment", "record_replicated", "reference_outputs",
     "require_environment", "run_sweep", "single_request", "sweep_frame", "tokenizer_of",
-    "time_instances", "transfer_lesson", "versus_reference", "watch_scheduler", "where_time_went",
+    "time_instances", "transfer_lesson", "two_switches", "versus_reference", "watch_scheduler", "where_time_went",
 ]

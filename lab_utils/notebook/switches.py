@@ -1,0 +1,195 @@
+"""Two of the engine's switches, measured on notebook 01's node (`two_switches`):
+
+- **chunked prefill**: how many tokens one engine step may carry (`--max-num-batched-tokens`).
+  A long prompt larger than that budget is prefilled over several steps, and every stream
+  decoding beside it waits for one step at a time instead of the whole prefill. The mixed
+  workload runs again on the instance restarted with a small budget and with chunking off
+  (the whole prompt in one step); the run "as served" is 01's own mixed run.
+- **prefix caching**: one fresh long prompt sent twice, one at a time, on the last of those
+  instances; the second time its KV blocks are found in the cache and not computed again.
+  The hits are intended here, so this runs on an instance of its own (`baseline-0-*`, its
+  own log), never on one a comparison uses.
+
+Each variant is the baseline instance with a different name and two more vLLM flags, on
+the baseline's port, behind the lab proxy (started fresh for the topology), so it is
+measured exactly as 01's runs are. One variant runs at a time; each stops before the next
+starts, and everything stops at the end (or when a cell fails: the session's records).
+Results go to `results/<profile>/switches.json`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+import re
+import statistics
+
+import pandas as pd
+
+from lab_utils.config import LabConfig, api_key
+from lab_utils.measure.benchmark import cache_hits
+from lab_utils.measure.loadgen import RequestSpec, run_point, run_sync
+from lab_utils.measure.prompts import exact_prompt
+from lab_utils.notebook.session import ServingSession, tokenizer_of
+from lab_utils.notebook.steps import cache_meter, run_sweep
+from lab_utils.results.sweep import BenchmarkResult
+from lab_utils.serve.launcher import start_instance, wait_ready
+from lab_utils.serve.topology import Served, start_proxy
+from lab_utils.util.atomic import atomic_write_text
+from lab_utils.util.numbers import fmt_num
+
+SMALL_BUDGET = 256  # tokens per step: a long prompt takes many steps
+FILE = "switches.json"
+PREFIX_OUTPUT = 8  # output tokens of each prefix-caching request
+
+
+def budget_as_served(log_text: str) -> int | None:
+    """The step budget vLLM chose, from its start-up line (None: not in the text)."""
+    found = re.findall(r"Chunked prefill is enabled with max_num_batched_tokens=(\d+)", log_text)
+    return int(found[-1]) if found else None
+
+
+def variants(cfg: LabConfig) -> list[tuple[str, str, list[str]]]:
+    """(name suffix, label, flags added to the baseline's): a small budget, and chunking off
+    with a budget that holds the longest prompt."""
+    longest = cfg.vllm.baseline.max_model_len or cfg.vllm.max_model_len
+    return [("steps256", f"chunked, {SMALL_BUDGET}-token steps",
+             ["--max-num-batched-tokens", str(SMALL_BUDGET)]),
+            ("unchunked", "chunked prefill off",
+             ["--no-enable-chunked-prefill", "--max-num-batched-tokens", str(longest)])]
+
+
+def _start_variant(session: ServingSession, suffix: str, flags: list[str]) -> Served:
+    cfg, cluster = session.cfg, session.cluster
+    base = cfg.instances("baseline")[0]
+    settings = base.settings.model_copy(update={"extra_args": [*base.settings.extra_args, *flags]})
+    spec = dataclasses.replace(base, name=f"{base.name}-{suffix}", settings=settings)
+    print(f"starting {spec.name} on {spec.node}: the baseline instance with {' '.join(flags)}",
+          flush=True)
+    rec, _ = start_instance(cluster, spec)
+    session.started.append(rec)
+    wait_ready(cluster, [rec])
+    proxy, new = start_proxy(cluster, "baseline")
+    if new:
+        session.started.append(proxy)
+        wait_ready(cluster, [proxy], timeout=60, show_progress=False)
+    return Served("baseline", [rec, proxy])
+
+
+def _stop_instance(session: ServingSession, served: Served) -> None:
+    inst = served.instance_records()
+    session.cluster.stop(inst)
+    session.started = [r for r in session.started if r not in inst]
+
+
+def mixed_row(label: str, budget: int | None, result: BenchmarkResult, long: int) -> dict:
+    """One row of the chunked-prefill table from a mixed run: ITL at the highest concurrency,
+    the first token of the long prompts and of the others, the prefix-cache hit share."""
+    point = max((p for p in result.combined if p.mode == "concurrency"), key=lambda p: p.value)
+    reqs = [r for p in result.points if p.value == point.value for r in p.requests
+            if not r.get("error") and r.get("ttft_ms") is not None]
+    ttft = {k: [r["ttft_ms"] for r in reqs if (r["prompt_len"] >= long) == k]
+            for k in (True, False)}
+    return {"engine": label, "step budget (tokens)": budget,
+            "concurrency": int(point.value),
+            "ITL p50 ms": point.median("median_itl_ms"),
+            "ITL p99 ms": point.median("p99_itl_ms"),
+            "long prompts' TTFT p50 ms": statistics.median(ttft[True]) if ttft[True] else None,
+            "other prompts' TTFT p50 ms": statistics.median(ttft[False]) if ttft[False] else None,
+            "prefix-cache hits %": point.prefix_cache_hit_pct}
+
+
+def prefix_twice(cfg: LabConfig, served: Served) -> dict:
+    """One fresh prompt of the mixed workload's long length, sent twice, one at a time:
+    TTFT and the share of its prompt tokens the prefix cache served, each time."""
+    tokenize, _ = tokenizer_of(served, cfg)
+    w = cfg.workload
+    length = w.mixed_long_len or 4 * w.input_len
+    spec = RequestSpec(exact_prompt(tokenize, length, random.Random(random.SystemRandom().random())),
+                       PREFIX_OUTPUT)
+    meter, out = cache_meter(served), {"prompt tokens": length}
+    for which in ("first", "second"):
+        before = meter()
+        records, _ = run_sync(run_point(served.proxy_url, cfg.model.name, [spec], concurrency=1,
+                                        show_progress=False, api_key=api_key(cfg, "proxy")))
+        pct, _ = cache_hits(before, meter())
+        out[f"{which} TTFT ms"] = records[0].ttft_ms
+        out[f"{which} hits %"] = pct
+    return out
+
+
+def chunking_sentence(rows: list[dict]) -> str:
+    """What the chunked-prefill runs showed, from their numbers."""
+    by = {r["engine"]: r for r in rows}
+    small = next((r for r in rows if r["step budget (tokens)"] == SMALL_BUDGET), None)
+    off = by.get("chunked prefill off")
+    if not small or not off or not small["ITL p99 ms"] or not off["ITL p99 ms"]:
+        return "The chunked-prefill runs did not both measure ITL p99: nothing to compare."
+    ratio = off["ITL p99 ms"] / small["ITL p99 ms"]
+    if ratio >= 1:
+        itl = (f"ITL p99 was {fmt_num(off['ITL p99 ms'])} ms with chunking off and "
+               f"{fmt_num(small['ITL p99 ms'])} ms with {SMALL_BUDGET}-token steps: the small "
+               f"steps cut the streams' tail {ratio:.1f}x")
+    else:
+        itl = (f"ITL p99 was {fmt_num(small['ITL p99 ms'])} ms with {SMALL_BUDGET}-token steps "
+               f"against {fmt_num(off['ITL p99 ms'])} ms with chunking off: here the small steps "
+               f"did not shorten the tail ({1 / ratio:.1f}x longer)")
+    t_small, t_off = small["long prompts' TTFT p50 ms"], off["long prompts' TTFT p50 ms"]
+    if t_small and t_off:
+        cost = t_small / t_off
+        ttft = (f"; the long prompts' first token took {fmt_num(t_small)} ms against "
+                f"{fmt_num(t_off)} ms ("
+                + (f"{cost:.1f}x longer: the price of splitting their prefill" if cost >= 1.05
+                   else "no measurable price here" if cost > 0.95
+                   else f"{1 / cost:.1f}x shorter") + ")")
+    else:
+        ttft = ""
+    return itl + ttft + "."
+
+
+def prefix_sentence(p: dict) -> str:
+    first, second = p.get("first TTFT ms"), p.get("second TTFT ms")
+    hits = p.get("second hits %")
+    if first is None or second is None:
+        return "The prefix-caching requests did not both complete."
+    if not hits:
+        return (f"Sent a second time, none of the {p['prompt tokens']:,}-token prompt came from "
+                f"the prefix cache (is prefix caching off?): TTFT {fmt_num(first)} ms, then "
+                f"{fmt_num(second)} ms.")
+    speed = first / second if second else float("inf")
+    return (f"Sent a second time, {hits:.0f}% of the {p['prompt tokens']:,}-token prompt came "
+            f"from the prefix cache and its TTFT went from {fmt_num(first)} ms to "
+            f"{fmt_num(second)} ms ({speed:.1f}x "
+            + ("faster" if speed >= 1 else "slower") + "). The first time, "
+            f"{p.get('first hits %') or 0:.0f}% hit: the prompt was fresh.")
+
+
+def two_switches(cfg: LabConfig, session: ServingSession, served: Served,
+                 mixed: BenchmarkResult) -> pd.DataFrame:
+    """Measure both switches (module docstring); print the computed conclusions; return the
+    chunked-prefill table. `served`: 01's instance (its log says the budget vLLM chose; it is
+    stopped if still running); `mixed`: its mixed run."""
+    long = cfg.workload.mixed_long_len or 4 * cfg.workload.input_len
+    inst = served.instance_records()[0]
+    log = session.cluster.node(inst.node).log_tail(inst, 5000)
+    rows = [mixed_row("as served", budget_as_served(log), mixed, long)]
+    prefix: dict = {}
+    session.stop(quiet=True)  # 01's instance; the variants take its port
+    try:
+        for i, (suffix, label, flags) in enumerate(variants(cfg)):
+            served = _start_variant(session, suffix, flags)
+            result = run_sweep(cfg, served, mixed=True, run=f"switch {suffix}")
+            budget = int(flags[flags.index("--max-num-batched-tokens") + 1])
+            rows.append(mixed_row(label, budget, result, long))
+            if i == len(variants(cfg)) - 1:
+                prefix = prefix_twice(cfg, served)
+                prefix["instance"] = served.instance_records()[0].name
+            _stop_instance(session, served)
+    finally:
+        session.stop(quiet=True)
+    atomic_write_text(cfg.results_dir / FILE,
+                      json.dumps({"chunked_prefill": rows, "prefix_caching": prefix}, indent=1))
+    print(chunking_sentence(rows))
+    print(prefix_sentence(prefix))
+    return pd.DataFrame(rows).set_index("engine").map(fmt_num)
