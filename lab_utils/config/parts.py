@@ -199,6 +199,8 @@ class SLOConfig(_Strict):
     ttft_ms: float | None = Field(None, gt=0)
     tpot_ms: float | None = Field(None, gt=0)
     e2el_ms: float | None = Field(None, gt=0)
+    # the ITL tail per request: every gap between two of its tokens at most this
+    itl_ms: float | None = Field(None, gt=0)
 
 
 class WorkloadConfig(_Strict):

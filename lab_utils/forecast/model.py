@@ -192,6 +192,7 @@ class Load:
     seed: int = 0
     slo_ttft_ms: float | None = None
     slo_tpot_ms: float | None = None
+    slo_itl_ms: float | None = None  # every token gap of a request at most this
 
     @property
     def label(self) -> str:
@@ -209,7 +210,7 @@ def loads_of(w, mixed: bool = False) -> list[Load]:
     prompts, as the serving notebooks run it)."""
     common = dict(input_len=w.input_len, output_len=w.output_len, num_prompts=w.num_prompts,
                   warmup=w.warmup, burstiness=w.burstiness, seed=w.seed,
-                  slo_ttft_ms=w.slo.ttft_ms, slo_tpot_ms=w.slo.tpot_ms)
+                  slo_ttft_ms=w.slo.ttft_ms, slo_tpot_ms=w.slo.tpot_ms, slo_itl_ms=w.slo.itl_ms)
     if mixed:
         return [Load(concurrency=max(w.concurrency or [1]), mixed_long_len=w.mixed_long_len,
                      mixed_long_every=w.mixed_long_every, **common)]
@@ -440,11 +441,15 @@ def forecast(inputs: Inputs, arch: Architecture, load: Load) -> Prediction:
     good = sum(1 for r, t in zip(done, ttft, strict=True)
                if (load.slo_ttft_ms is None or t <= load.slo_ttft_ms)
                and (load.slo_tpot_ms is None or len(r.times) < 2
-                    or (r.done_at - r.times[0]) / (len(r.times) - 1) <= load.slo_tpot_ms))
+                    or (r.done_at - r.times[0]) / (len(r.times) - 1) <= load.slo_tpot_ms)
+               and (load.slo_itl_ms is None or max((b - a for a, b in zip(r.times, r.times[1:],
+                                                                           strict=False)),
+                                                   default=0.0) <= load.slo_itl_ms))
     metrics = {
         "request_throughput": len(done) / wall_s,
         "output_throughput": out_tokens / wall_s,
-        "request_goodput": good / wall_s if (load.slo_ttft_ms or load.slo_tpot_ms) else None,
+        "request_goodput": (good / wall_s if (load.slo_ttft_ms or load.slo_tpot_ms
+                                              or load.slo_itl_ms) else None),
         "median_ttft_ms": _pct(ttft, 50), "p99_ttft_ms": _pct(ttft, 99),
         "median_tpot_ms": _pct(tpot, 50), "p99_tpot_ms": _pct(tpot, 99),
         "median_itl_ms": _pct(itl, 50), "p99_itl_ms": _pct(itl, 99),

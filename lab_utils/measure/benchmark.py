@@ -57,13 +57,15 @@ def summarize(records: list[RequestRecord], wall_s: float, w: WorkloadConfig) ->
     good = sum(1 for r in ok
                if (slo.ttft_ms is None or (r.ttft_ms is not None and r.ttft_ms <= slo.ttft_ms))
                and (slo.tpot_ms is None or (r.tpot_ms or 0.0) <= slo.tpot_ms)
-               and (slo.e2el_ms is None or (r.e2el_ms is not None and r.e2el_ms <= slo.e2el_ms)))
+               and (slo.e2el_ms is None or (r.e2el_ms is not None and r.e2el_ms <= slo.e2el_ms))
+               and (slo.itl_ms is None or max(r.itl_ms, default=0.0) <= slo.itl_ms))
     dur = max(wall_s, 1e-9)
     out: dict[str, Any] = {
         "duration": wall_s, "completed": len(ok), "failed": failed,
         "total_input_tokens": total_in, "total_output_tokens": total_out,
         "request_throughput": len(ok) / dur,
-        "request_goodput": good / dur if any((slo.ttft_ms, slo.tpot_ms, slo.e2el_ms)) else None,
+        "request_goodput": good / dur if any((slo.ttft_ms, slo.tpot_ms, slo.e2el_ms, slo.itl_ms))
+        else None,
         "output_throughput": total_out / dur, "total_token_throughput": (total_in + total_out) / dur,
     }
     out.update(_stats("ttft", [r.ttft_ms for r in ok if r.ttft_ms is not None]))

@@ -5,6 +5,8 @@
   decoding beside it waits for one step at a time instead of the whole prefill. The mixed
   workload runs again on the instance restarted with a small budget and with chunking off
   (the whole prompt in one step); the run "as served" is 01's own mixed run.
+  Each restarted instance first serves one unmeasured mixed run (`_warm_up`), as 01's had
+  served its sweep before its mixed run.
 - **prefix caching**: one fresh long prompt sent twice, one at a time, on the last of those
   instances; the second time its KV blocks are found in the cache and not computed again.
   The hits are intended here, so this runs on an instance of its own (`baseline-0-*`, its
@@ -31,6 +33,7 @@ from lab_utils.config import LabConfig, api_key
 from lab_utils.measure.benchmark import cache_hits
 from lab_utils.measure.loadgen import RequestSpec, run_point, run_sync
 from lab_utils.measure.prompts import exact_prompt
+from lab_utils.measure.workload import build_requests
 from lab_utils.notebook.session import ServingSession, tokenizer_of
 from lab_utils.notebook.steps import cache_meter, run_sweep
 from lab_utils.results.sweep import BenchmarkResult
@@ -44,10 +47,31 @@ FILE = "switches.json"
 PREFIX_OUTPUT = 8  # output tokens of each prefix-caching request
 
 
-def budget_as_served(log_text: str) -> int | None:
-    """The step budget vLLM chose, from its start-up line (None: not in the text)."""
+# vLLM 0.32's step budget for its API server when none is given, on a CPU
+# (`EngineArgs.get_batch_defaults`); on a GPU it depends on the device's memory
+CPU_DEFAULT_BUDGET = 2048
+
+
+def budget_as_served(cfg: LabConfig, log_text: str) -> int | None:
+    """The step budget of the instance as served: from vLLM's start-up line when it wrote
+    one (it does when the budget was given), else vLLM's CPU default on a CPU profile
+    (None: not known)."""
     found = re.findall(r"Chunked prefill is enabled with max_num_batched_tokens=(\d+)", log_text)
-    return int(found[-1]) if found else None
+    if found:
+        return int(found[-1])
+    return CPU_DEFAULT_BUDGET if cfg.vllm.device == "cpu" else None
+
+
+def _warm_up(cfg: LabConfig, served: Served) -> None:
+    """One unmeasured mixed run with prompts of its own, so a restarted instance has
+    served every step shape once, as 01's instance had by its mixed run."""
+    tokenize, detokenize = tokenizer_of(served, cfg)
+    w = cfg.workload
+    c = max(w.concurrency or [1])
+    specs = build_requests(w, c * w.mixed_long_every, tokenize, detokenize, mixed=True,
+                           seed=random.SystemRandom().randrange(2**31))
+    run_sync(run_point(served.proxy_url, cfg.model.name, specs, concurrency=c,
+                       show_progress=False, api_key=api_key(cfg, "proxy")))
 
 
 def variants(cfg: LabConfig) -> list[tuple[str, str, list[str]]]:
@@ -173,12 +197,13 @@ def two_switches(cfg: LabConfig, session: ServingSession, served: Served,
     long = cfg.workload.mixed_long_len or 4 * cfg.workload.input_len
     inst = served.instance_records()[0]
     log = session.cluster.node(inst.node).log_tail(inst, 5000)
-    rows = [mixed_row("as served", budget_as_served(log), mixed, long)]
+    rows = [mixed_row("as served", budget_as_served(cfg, log), mixed, long)]
     prefix: dict = {}
     session.stop(quiet=True)  # 01's instance; the variants take its port
     try:
         for i, (suffix, label, flags) in enumerate(variants(cfg)):
             served = _start_variant(session, suffix, flags)
+            _warm_up(cfg, served)
             result = run_sweep(cfg, served, mixed=True, run=f"switch {suffix}")
             budget = int(flags[flags.index("--max-num-batched-tokens") + 1])
             rows.append(mixed_row(label, budget, result, long))

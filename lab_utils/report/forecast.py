@@ -112,7 +112,7 @@ def spark_forecast(data: ReportData) -> tuple[pd.DataFrame, str, dict[str, str]]
 def what_if(data: ReportData, *, input_len: int | None = None, output_len: int | None = None,
             concurrency: int | None = None, mixed_long_len: int | None = None,
             slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None,
-            nodes: int = 2, kv_buffer_device: str = "cpu", spark: bool = False) -> pd.DataFrame:
+            slo_itl_ms: float | None = None, nodes: int = 2, kv_buffer_device: str = "cpu", spark: bool = False) -> pd.DataFrame:
     """A FORECAST, not a measurement: N replicas against every xPyD split of `nodes`
     instances, for a changed workload, from this run's 01/02 curves (or, `spark=True`, the
     published GB10 figures). Prints the predicted winner by goodput and why."""
@@ -123,7 +123,8 @@ def what_if(data: ReportData, *, input_len: int | None = None, output_len: int |
         "input_len": input_len, "output_len": output_len, "mixed_long_len": mixed_long_len,
         "concurrency": [concurrency] if concurrency else None}.items() if v is not None})
     slo = w.slo.model_copy(update={k: v for k, v in {"ttft_ms": slo_ttft_ms,
-                                                     "tpot_ms": slo_tpot_ms}.items() if v})
+                                                     "tpot_ms": slo_tpot_ms,
+                                                     "itl_ms": slo_itl_ms}.items() if v})
     w = w.model_copy(update={"slo": slo})
     if spark:
         assert model is not None  # set with sw above
@@ -147,7 +148,9 @@ def what_if(data: ReportData, *, input_len: int | None = None, output_len: int |
           f"concurrency {load.concurrency}"
           + (f", one {w.mixed_long_len}-token prompt every {w.mixed_long_every}"
              if w.mixed_long_len else "")
-          + f", SLO TTFT {slo.ttft_ms} ms / TPOT {slo.tpot_ms} ms, KV from {kv_buffer_device}, "
+          + f", SLO TTFT {slo.ttft_ms} ms / TPOT {slo.tpot_ms} ms"
+          + (f" / every token gap {slo.itl_ms} ms" if slo.itl_ms else "")
+          + f", KV from {kv_buffer_device}, "
           + ("published GB10 figures" if spark else "this run's 01/02 curves"))
     print(f"predicted winner by {by}: {best.architecture} ({rank(best)[0]:.3g} req/s); its "
           f"busiest pool: {best.bottleneck()}")

@@ -144,6 +144,22 @@ def test_a_long_prefill_shows_in_a_replicas_itl_tail_and_not_on_a_decode_instanc
     assert pd_["p99_itl_ms"] < 2 * pd_["median_itl_ms"]
 
 
+def test_an_itl_slo_lets_goodput_count_the_tail_the_decode_instance_avoids():
+    # every request's largest token gap at most the SLO: replicas carry long prefills in
+    # their steps and lose requests to it; the decode instance does not
+    from dataclasses import replace
+    inputs = growing_inputs(jitter=0.5)
+    base = replace(loads_of_mixed(), slo_tpot_ms=1e6)
+    tail = forecast(inputs, Architecture(prefill=1, decode=1), base).metrics["p99_itl_ms"]
+    strict = replace(base, slo_itl_ms=tail * 1.5)
+    good = {name: (forecast(inputs, arch, base).metrics["request_goodput"],
+                   forecast(inputs, arch, strict).metrics["request_goodput"])
+            for name, arch in (("replicas", Architecture(replicas=2)),
+                               ("pd", Architecture(prefill=1, decode=1)))}
+    assert good["pd"][1] == pytest.approx(good["pd"][0])  # no gap of P/D's breaks the SLO
+    assert good["replicas"][1] < good["replicas"][0]  # the replicas' stretched gaps do
+
+
 def loads_of_mixed() -> Load:
     return Load(input_len=128, output_len=32, num_prompts=48, concurrency=4, warmup=2,
                 mixed_long_len=1024, mixed_long_every=4)

@@ -57,7 +57,10 @@ def test_descriptor_is_the_page_vllm_registers(model, bs):
 
 
 def test_prompt_lengths_and_block_size(test_cfg):
-    assert kv_budget.prompt_lengths(test_cfg) == [128, 256, 512, 1024, 2048]
+    top = test_cfg.vllm.max_model_len  # doubling from 128 up to the longest prompt served
+    lengths = kv_budget.prompt_lengths(test_cfg)
+    assert lengths[0] == 128 and lengths[-1] == top
+    assert all(b == 2 * a for a, b in zip(lengths, lengths[1:], strict=False))
     assert kv_budget.block_size(test_cfg) == 32
 
 

@@ -237,3 +237,19 @@ def test_the_load_generator_and_the_bench_command_send_the_api_key(test_cfg, tmp
         assert main([*bench, "--out", str(tmp_path / "c.json")]) == 0
     assert (tmp_path / "a.json").exists() and (tmp_path / "c.json").exists()
     assert len(fake.requests) == 1 + 2 + 2  # /tokenize is not a completion: only these
+
+
+def test_an_itl_slo_counts_a_request_by_its_largest_token_gap():
+    from lab_utils.config.parts import SLOConfig
+    from lab_utils.results.sweep import RequestRecord
+
+    def rec(i, gaps):
+        return RequestRecord(index=i, prompt_len=4, max_tokens=4, sent_s=0.0, ttft_ms=10.0,
+                             itl_ms=gaps, e2el_ms=10.0 + sum(gaps), tpot_ms=sum(gaps) / 3,
+                             prompt_tokens=4, completion_tokens=4)
+    records = [rec(0, [5.0, 5.0, 5.0]), rec(1, [1.0, 40.0, 1.0])]  # same TPOT, one long gap
+    by_tpot = summarize(records, 1.0, WorkloadConfig(slo=SLOConfig(tpot_ms=20.0)))
+    by_gap = summarize(records, 1.0, WorkloadConfig(slo=SLOConfig(tpot_ms=20.0, itl_ms=20.0)))
+    assert by_tpot["request_goodput"] == pytest.approx(2.0)
+    assert by_gap["request_goodput"] == pytest.approx(1.0)
+    assert summarize(records, 1.0, WorkloadConfig(slo=SLOConfig(itl_ms=50.0)))["request_goodput"] == 2.0

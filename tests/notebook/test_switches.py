@@ -3,7 +3,10 @@ numbers (each sentence changes when the measurement says the opposite)."""
 
 from __future__ import annotations
 
+import pytest
+
 from lab_utils.notebook.switches import (
+    CPU_DEFAULT_BUDGET,
     SMALL_BUDGET,
     budget_as_served,
     chunking_sentence,
@@ -40,10 +43,13 @@ def test_row_reads_the_highest_concurrency_and_splits_long_from_short():
     assert row["prefix-cache hits %"] == 0.0
 
 
-def test_budget_is_read_from_vllms_start_line():
-    log = "x\nINFO Chunked prefill is enabled with max_num_batched_tokens=2048.\n"
-    assert budget_as_served(log) == 2048
-    assert budget_as_served("nothing here") is None
+def test_budget_is_read_from_vllms_start_line_or_is_the_cpu_default(test_cfg):
+    log = "x\nINFO Chunked prefill is enabled with max_num_batched_tokens=512.\n"
+    assert budget_as_served(test_cfg, log) == 512
+    cpu = test_cfg.model_copy(update={"vllm": test_cfg.vllm.model_copy(update={"device": "cpu"})})
+    gpu = test_cfg.model_copy(update={"vllm": test_cfg.vllm.model_copy(update={"device": "cuda"})})
+    assert budget_as_served(cpu, "nothing here") == 2048
+    assert budget_as_served(gpu, "nothing here") is None
 
 
 def test_variants_hold_the_longest_prompt_when_chunking_is_off(test_cfg):
@@ -78,3 +84,11 @@ def test_prefix_sentence_follows_the_numbers():
     miss = prefix_sentence({"prompt tokens": 3000, "first TTFT ms": 90.0, "first hits %": 0.0,
                             "second TTFT ms": 91.0, "second hits %": 0.0})
     assert "none of the 3,000-token prompt" in miss and "faster" not in miss
+
+
+def test_cpu_default_budget_is_the_installed_vllms():
+    engine = pytest.importorskip("vllm.engine.arg_utils", reason="vLLM is not installed here")
+    from vllm.usage.usage_lib import UsageContext
+
+    budgets, _ = engine.EngineArgs.get_batch_defaults(1)
+    assert budgets[UsageContext.OPENAI_API_SERVER] == CPU_DEFAULT_BUDGET
