@@ -32,13 +32,22 @@ def minutes(seconds: float) -> str:
     return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.0f} s"
 
 
+SWITCH_RESTARTS = 2  # instances 01's "two switches" starts after its own (notebook.switches)
+
+
 def notebook_seconds(inputs: Inputs, cfg: LabConfig, host_cores: int | None = None
                      ) -> dict[str, float]:
     """Predicted measuring time of 01 (the sweep), 03 and 04 (sweep and mixed run), on
     the config's topologies (`architecture_of`; `host_cores`: 01's profile's); 04 only
     when the inputs have a KV transfer curve (02's probe)."""
     w = cfg.workload
-    out = {"01": sweep_seconds(inputs, architecture_of(cfg, "baseline", host_cores), w)}
+    base = architecture_of(cfg, "baseline", host_cores)
+    out = {"01": sweep_seconds(inputs, base, w)}
+    if w.mixed_long_len:
+        # 01's mixed run, and its switches: each restarted instance's warm-up run (about
+        # one repeat) and the mixed run again
+        per_repeat = sweep_seconds(inputs, base, w, mixed=True) / w.repeats
+        out["01"] += per_repeat * (w.repeats + SWITCH_RESTARTS * (w.repeats + 1))
     kinds = (("03", "replicated"),) + ((("04", "disaggregated"),) if inputs.transfer else ())
     for nb, kind in kinds:
         arch = architecture_of(cfg, kind, host_cores)

@@ -22,7 +22,7 @@ from lab_utils.errors import LabError
 from lab_utils.forecast.grade import grade_frame, grade_rows, sentences
 from lab_utils.forecast.inputs import from_results, spark_inputs_for
 from lab_utils.forecast.run import architecture_of, forecast_for, show
-from lab_utils.forecast.timing import minutes, notebook_seconds, sweep_seconds
+from lab_utils.forecast.timing import SWITCH_RESTARTS, minutes, notebook_seconds, sweep_seconds
 from lab_utils.notebook.session import kv_buffer_device
 from lab_utils.results import calibration, load_optional, load_results
 from lab_utils.results.forecast import EngineProfile, Forecast, TimedProfile
@@ -93,6 +93,8 @@ def eta_lines(cfg: LabConfig) -> list[str]:
     inputs, cores, source = found
     times = notebook_seconds(inputs, cfg, cores)
     starts = {nb: startup_seconds(cfg, TOPOLOGY[nb]) for nb in times}
+    once, why = starts["01"]  # 01 starts its instance again for each switch
+    starts["01"] = (once * (1 + SWITCH_RESTARTS), f"{1 + SWITCH_RESTARTS} starts: {why}")
     w = cfg.workload
     lines = [f"predicted time per notebook, measuring forecast from {source}, workload "
              f"{w.input_len} in / {w.output_len} out, concurrency {w.concurrency}, "

@@ -92,3 +92,9 @@ def test_cpu_default_budget_is_the_installed_vllms():
 
     budgets, _ = engine.EngineArgs.get_batch_defaults(1)
     assert budgets[UsageContext.OPENAI_API_SERVER] == CPU_DEFAULT_BUDGET
+
+
+def test_the_eta_counts_every_restart(test_cfg):
+    from lab_utils.forecast.timing import SWITCH_RESTARTS
+
+    assert len(variants(test_cfg)) == SWITCH_RESTARTS
