@@ -132,7 +132,8 @@ def prefix_twice(cfg: LabConfig, served: Served) -> dict:
     length = w.mixed_long_len or 4 * w.input_len
     spec = RequestSpec(exact_prompt(tokenize, length, random.Random(random.SystemRandom().random())),
                        PREFIX_OUTPUT)
-    meter, out = cache_meter(served), {"prompt tokens": length}
+    meter = cache_meter(served)
+    out: dict[str, float | None] = {"prompt tokens": length}
     for which in ("first", "second"):
         before = meter()
         records, _ = run_sync(run_point(served.proxy_url, cfg.model.name, [spec], concurrency=1,

@@ -6,6 +6,8 @@
   (`lab_utils.results.points.compare`).
 - `expected`: this run's figures beside those expected on two DGX Sparks.
 - `forecast`: 03's and 04's forecasts graded, the forecast for two Sparks, the what-if.
+- `when_pd`: when prefill/decode pays on two and on four Sparks, by prompt/output ratio, ITL
+  SLO and split (a forecast from published figures).
 - `plots`: matplotlib figures (Agg canvas, pyplot never touched).
 - `summary`: the first screen: the verdict in one sentence, the CPU rehearsal's banner,
   the system under test.
@@ -24,6 +26,7 @@ from lab_utils.report.render import ReportPaths, build_report, render_html, rend
 from lab_utils.report.sections import Block, report_blocks, verdict_table
 from lab_utils.report.summary import REHEARSAL_BANNER, system_under_test, verdict_sentence
 from lab_utils.report.tables import display_table, headline_table, kv_table, points_table
+from lab_utils.report.when_pd import show_when_pd_pays
 from lab_utils.results.points import COMPARED as METRICS
 from lab_utils.results.points import MARGIN
 from lab_utils.util.numbers import fmt_num
@@ -34,5 +37,5 @@ __all__ = [
     "display_table", "expected_figures", "fields_table", "fmt_num", "forecast_grades", "headline_table", "kv_table",
     "load_report_data", "plot_values", "points_table", "render_html", "render_markdown",
     "render_plots", "report_blocks", "run_hint", "runs_frame", "spark_forecast", "system_under_test",
-    "verdict_sentence", "verdict_table", "what_if", "write_exports", "write_plots",
+    "show_when_pd_pays", "verdict_sentence", "verdict_table", "what_if", "write_exports", "write_plots",
 ]
