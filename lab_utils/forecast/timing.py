@@ -32,7 +32,17 @@ def minutes(seconds: float) -> str:
     return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.0f} s"
 
 
-SWITCH_RESTARTS = 2  # instances 01's "two switches" starts after its own (notebook.switches)
+SWITCH_RESTARTS = 3  # instances 01's optional "two switches" starts (notebook.switches)
+
+
+def switches_seconds(inputs: Inputs, cfg: LabConfig, host_cores: int | None = None) -> float:
+    """Predicted measuring time of 01's optional switches: per restarted instance a warm-up
+    run (about one repeat of the mixed run) and the mixed run; 0 without a mixed workload."""
+    w = cfg.workload
+    if not w.mixed_long_len:
+        return 0.0
+    mixed = sweep_seconds(inputs, architecture_of(cfg, "baseline", host_cores), w, mixed=True)
+    return SWITCH_RESTARTS * mixed * (w.repeats + 1) / w.repeats
 
 
 def notebook_seconds(inputs: Inputs, cfg: LabConfig, host_cores: int | None = None
@@ -44,10 +54,7 @@ def notebook_seconds(inputs: Inputs, cfg: LabConfig, host_cores: int | None = No
     base = architecture_of(cfg, "baseline", host_cores)
     out = {"01": sweep_seconds(inputs, base, w)}
     if w.mixed_long_len:
-        # 01's mixed run, and its switches: each restarted instance's warm-up run (about
-        # one repeat) and the mixed run again
-        per_repeat = sweep_seconds(inputs, base, w, mixed=True) / w.repeats
-        out["01"] += per_repeat * (w.repeats + SWITCH_RESTARTS * (w.repeats + 1))
+        out["01"] += sweep_seconds(inputs, base, w, mixed=True)
     kinds = (("03", "replicated"),) + ((("04", "disaggregated"),) if inputs.transfer else ())
     for nb, kind in kinds:
         arch = architecture_of(cfg, kind, host_cores)

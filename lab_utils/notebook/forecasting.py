@@ -22,7 +22,13 @@ from lab_utils.errors import LabError
 from lab_utils.forecast.grade import grade_frame, grade_rows, sentences
 from lab_utils.forecast.inputs import from_results, spark_inputs_for
 from lab_utils.forecast.run import architecture_of, forecast_for, show
-from lab_utils.forecast.timing import SWITCH_RESTARTS, minutes, notebook_seconds, sweep_seconds
+from lab_utils.forecast.timing import (
+    SWITCH_RESTARTS,
+    minutes,
+    notebook_seconds,
+    sweep_seconds,
+    switches_seconds,
+)
 from lab_utils.notebook.session import kv_buffer_device
 from lab_utils.results import calibration, load_optional, load_results
 from lab_utils.results.forecast import EngineProfile, Forecast, TimedProfile
@@ -93,8 +99,6 @@ def eta_lines(cfg: LabConfig) -> list[str]:
     inputs, cores, source = found
     times = notebook_seconds(inputs, cfg, cores)
     starts = {nb: startup_seconds(cfg, TOPOLOGY[nb]) for nb in times}
-    once, why = starts["01"]  # 01 starts its instance again for each switch
-    starts["01"] = (once * (1 + SWITCH_RESTARTS), f"{1 + SWITCH_RESTARTS} starts: {why}")
     w = cfg.workload
     lines = [f"predicted time per notebook, measuring forecast from {source}, workload "
              f"{w.input_len} in / {w.output_len} out, concurrency {w.concurrency}, "
@@ -103,6 +107,11 @@ def eta_lines(cfg: LabConfig) -> list[str]:
                 if w.mixed_long_len else "")]
     lines += [f"  {nb}: {minutes(secs)} measuring + {minutes(starts[nb][0])} start-up "
               f"({starts[nb][1]})" for nb, secs in times.items()]
+    if (extra := switches_seconds(inputs, cfg, cores)):
+        once = starts["01"][0]
+        lines.append(f"  01's optional two switches: {minutes(extra)} measuring + "
+                     f"{minutes(SWITCH_RESTARTS * once)} start-up ({SWITCH_RESTARTS} starts; "
+                     "not in the total)")
     if "04" not in times:
         lines.append("  04: not predicted: its forecast needs notebook 02's KV transfer probe")
     total = sum(times.values()) + sum(s for s, _ in starts.values())

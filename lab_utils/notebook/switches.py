@@ -3,12 +3,12 @@
 - **chunked prefill**: how many tokens one engine step may carry (`--max-num-batched-tokens`).
   A long prompt larger than that budget is prefilled over several steps, and every stream
   decoding beside it waits for one step at a time instead of the whole prefill. The mixed
-  workload runs again on the instance restarted with a small budget and with chunking off
-  (the whole prompt in one step); the run "as served" is 01's own mixed run.
-  Each restarted instance first serves one unmeasured mixed run (`_warm_up`), as 01's had
-  served its sweep before its mixed run.
-- **prefix caching**: one fresh long prompt sent twice, one at a time, on the last of those
-  instances; the second time its KV blocks are found in the cache and not computed again.
+  workload runs again on the instance restarted three times: as served, with a small
+  budget, and with chunking off (the whole prompt in one step).
+  Each restarted instance first serves one unmeasured mixed run (`_warm_up`), so that none
+  is measured on its first steps.
+- **prefix caching**: one fresh long prompt sent twice, one at a time, on the instance as
+  served; the second time its KV blocks are found in the cache and not computed again.
   The hits are intended here, so this runs on an instance of its own (`baseline-0-*`, its
   own log), never on one a comparison uses.
 
@@ -75,10 +75,11 @@ def _warm_up(cfg: LabConfig, served: Served) -> None:
 
 
 def variants(cfg: LabConfig) -> list[tuple[str, str, list[str]]]:
-    """(name suffix, label, flags added to the baseline's): a small budget, and chunking off
-    with a budget that holds the longest prompt."""
+    """(name suffix, label, flags added to the baseline's): as served, a small budget, and
+    chunking off with a budget that holds the longest prompt."""
     longest = cfg.vllm.baseline.max_model_len or cfg.vllm.max_model_len
-    return [("steps256", f"chunked, {SMALL_BUDGET}-token steps",
+    return [("served", "as served", []),
+            ("steps256", f"chunked, {SMALL_BUDGET}-token steps",
              ["--max-num-batched-tokens", str(SMALL_BUDGET)]),
             ("unchunked", "chunked prefill off",
              ["--no-enable-chunked-prefill", "--max-num-batched-tokens", str(longest)])]
@@ -89,8 +90,8 @@ def _start_variant(session: ServingSession, suffix: str, flags: list[str]) -> Se
     base = cfg.instances("baseline")[0]
     settings = base.settings.model_copy(update={"extra_args": [*base.settings.extra_args, *flags]})
     spec = dataclasses.replace(base, name=f"{base.name}-{suffix}", settings=settings)
-    print(f"starting {spec.name} on {spec.node}: the baseline instance with {' '.join(flags)}",
-          flush=True)
+    how = f"with {' '.join(flags)}" if flags else "as served"
+    print(f"starting {spec.name} on {spec.node}: the baseline instance {how}", flush=True)
     rec, _ = start_instance(cluster, spec)
     session.started.append(rec)
     wait_ready(cluster, [rec])
@@ -173,6 +174,15 @@ def chunking_sentence(rows: list[dict]) -> str:
     return itl + ttft + "."
 
 
+def others_sentence(rows: list[dict]) -> str:
+    """The short prompts' first token under each setting, as measured (no direction claimed:
+    it depends on how often they arrive while a long prompt is being prefilled)."""
+    key = "other prompts' TTFT p50 ms"
+    said = [f"{fmt_num(r[key])} ms {r['engine']}" for r in rows if r.get(key) is not None]
+    return ("The short prompts' median first token: " + ", ".join(said) + "."
+            if said else "")
+
+
 def prefix_sentence(p: dict) -> str:
     first, second = p.get("first TTFT ms"), p.get("second TTFT ms")
     hits = p.get("second hits %")
@@ -190,32 +200,32 @@ def prefix_sentence(p: dict) -> str:
             f"{p.get('first hits %') or 0:.0f}% hit: the prompt was fresh.")
 
 
-def two_switches(cfg: LabConfig, session: ServingSession, served: Served,
-                 mixed: BenchmarkResult) -> pd.DataFrame:
+def two_switches(cfg: LabConfig, session: ServingSession) -> pd.DataFrame:
     """Measure both switches (module docstring); print the computed conclusions; return the
-    chunked-prefill table. `served`: 01's instance (its log says the budget vLLM chose; it is
-    stopped if still running); `mixed`: its mixed run."""
+    chunked-prefill table. 01's instance, if still running, is stopped first: the variants
+    take its port."""
     long = cfg.workload.mixed_long_len or 4 * cfg.workload.input_len
-    inst = served.instance_records()[0]
-    log = session.cluster.node(inst.node).log_tail(inst, 5000)
-    rows = [mixed_row("as served", budget_as_served(cfg, log), mixed, long)]
-    prefix: dict = {}
-    session.stop(quiet=True)  # 01's instance; the variants take its port
+    rows, prefix = [], {}
+    session.stop(quiet=True)
     try:
-        for i, (suffix, label, flags) in enumerate(variants(cfg)):
+        for suffix, label, flags in variants(cfg):
             served = _start_variant(session, suffix, flags)
             _warm_up(cfg, served)
             result = run_sweep(cfg, served, mixed=True, run=f"switch {suffix}")
-            budget = int(flags[flags.index("--max-num-batched-tokens") + 1])
-            rows.append(mixed_row(label, budget, result, long))
-            if i == len(variants(cfg)) - 1:
+            if flags:
+                budget: int | None = int(flags[flags.index("--max-num-batched-tokens") + 1])
+            else:  # vLLM's own choice, and the configuration every comparison uses
+                inst = served.instance_records()[0]
+                budget = budget_as_served(cfg, session.cluster.node(inst.node).log_tail(inst, 5000))
                 prefix = prefix_twice(cfg, served)
-                prefix["instance"] = served.instance_records()[0].name
+                prefix["instance"] = inst.name
+            rows.append(mixed_row(label, budget, result, long))
             _stop_instance(session, served)
     finally:
         session.stop(quiet=True)
     atomic_write_text(cfg.results_dir / FILE,
                       json.dumps({"chunked_prefill": rows, "prefix_caching": prefix}, indent=1))
-    print(chunking_sentence(rows))
-    print(prefix_sentence(prefix))
+    for sentence in (chunking_sentence(rows), others_sentence(rows), prefix_sentence(prefix)):
+        if sentence:
+            print(sentence)
     return pd.DataFrame(rows).set_index("engine").map(fmt_num)

@@ -53,7 +53,8 @@ def test_budget_is_read_from_vllms_start_line_or_is_the_cpu_default(test_cfg):
 
 
 def test_variants_hold_the_longest_prompt_when_chunking_is_off(test_cfg):
-    (_, _, small), (_, _, off) = variants(test_cfg)
+    (_, _, served), (_, _, small), (_, _, off) = variants(test_cfg)
+    assert served == []  # as served: nothing added
     assert small == ["--max-num-batched-tokens", str(SMALL_BUDGET)]
     assert off[:1] == ["--no-enable-chunked-prefill"]
     assert int(off[-1]) >= test_cfg.vllm.max_model_len
@@ -98,3 +99,14 @@ def test_the_eta_counts_every_restart(test_cfg):
     from lab_utils.forecast.timing import SWITCH_RESTARTS
 
     assert len(variants(test_cfg)) == SWITCH_RESTARTS
+
+
+def test_the_short_prompts_sentence_quotes_each_setting():
+    from lab_utils.notebook.switches import others_sentence
+
+    rows = [{"engine": "as served", "other prompts' TTFT p50 ms": 18.0},
+            {"engine": "chunked prefill off", "other prompts' TTFT p50 ms": 160.5},
+            {"engine": "x", "other prompts' TTFT p50 ms": None}]
+    assert others_sentence(rows) == ("The short prompts' median first token: 18 ms as served, "
+                                      "160.5 ms chunked prefill off.")
+    assert others_sentence([]) == ""
