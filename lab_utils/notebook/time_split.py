@@ -37,7 +37,9 @@ from lab_utils.serve.metrics import MetricsSnapshot, fetch_metrics
 from lab_utils.serve.topology import Served
 
 PARTS = ("prefill", "proxy hop", "KV move", "first decode step")
-SPLIT_REQUESTS = 6
+# requests timed one at a time (after the workload's warm-up ones): in four runs of six,
+# the pair's median ms per token read 0.6x to 1.4x what its sweep measured right after
+SPLIT_REQUESTS = 12
 BUSY_NIXL = "NIXL progress threads found busy"
 _TTFT = "vllm:time_to_first_token_seconds"
 _XFER = "vllm:nixl_xfer_time_seconds"
@@ -109,8 +111,11 @@ def split_sentence(parts: dict[str, float], client_ttft_ms: float,
 
 
 def _requests(cfg: LabConfig, served: Served, n: int):
+    """The workload's warm-up requests, then `n` to time (fresh prompts of their own)."""
     tokenize, detokenize = tokenizer_of(served, cfg)
-    return build_requests(cfg.workload, n, tokenize, detokenize, seed=cfg.workload.seed + 404)
+    both = build_requests(cfg.workload, cfg.workload.warmup + n, tokenize, detokenize,
+                          seed=cfg.workload.seed + 404)
+    return both[:cfg.workload.warmup], both[cfg.workload.warmup:]
 
 
 def _one_at_a_time(cfg: LabConfig, served: Served, requests) -> list:
@@ -134,7 +139,8 @@ def measure_split(cfg: LabConfig, served: Served, n: int = SPLIT_REQUESTS) -> di
     read around them: the client's mean TTFT and its parts (`ttft_parts`), and the pair's
     profile for the forecast (`TimedProfile`: median TTFT, settled ms per token)."""
     prefill_url, decode_url = served.urls("prefill")[0], served.urls("decode")[0]
-    requests = _requests(cfg, served, n)
+    warm, requests = _requests(cfg, served, n)
+    _one_at_a_time(cfg, served, warm)  # as a sweep's point starts: not measured
     before = fetch_metrics(prefill_url), fetch_metrics(decode_url)
     ok = _one_at_a_time(cfg, served, requests)
     after = fetch_metrics(prefill_url), fetch_metrics(decode_url)
@@ -173,7 +179,9 @@ def time_instances(cfg: LabConfig, served: Served, n: int = SPLIT_REQUESTS) -> d
     if served.topology == "disaggregated":
         found = measure_split(cfg, served, n)
     else:
-        ok = _one_at_a_time(cfg, served, _requests(cfg, served, n))
+        warm, requests = _requests(cfg, served, n)
+        _one_at_a_time(cfg, served, warm)
+        ok = _one_at_a_time(cfg, served, requests)
         found = {"requests": len(ok), "timed": _timed(cfg, ok, {})}
     timed = found["timed"]
     if timed is None:
