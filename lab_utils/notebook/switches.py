@@ -166,9 +166,9 @@ def chunking_sentence(rows: list[dict]) -> str:
         cost = t_small / t_off
         ttft = (f"; the long prompts' first token took {fmt_num(t_small)} ms against "
                 f"{fmt_num(t_off)} ms ("
-                + (f"{cost:.1f}x longer: the price of splitting their prefill" if cost >= 1.05
-                   else "no measurable price here" if cost > 0.95
-                   else f"{1 / cost:.1f}x shorter") + ")")
+                + (f"{cost:.1f}x longer with the small steps" if cost >= 1.05
+                   else "within 5% of each other" if cost > 0.95
+                   else f"{1 / cost:.1f}x shorter with the small steps") + ")")
     else:
         ttft = ""
     return itl + ttft + "."
@@ -178,8 +178,8 @@ def others_sentence(rows: list[dict]) -> str:
     """The short prompts' first token under each setting, as measured (no direction claimed:
     it depends on how often they arrive while a long prompt is being prefilled)."""
     key = "other prompts' TTFT p50 ms"
-    said = [f"{fmt_num(r[key])} ms {r['engine']}" for r in rows if r.get(key) is not None]
-    return ("The short prompts' median first token: " + ", ".join(said) + "."
+    said = [f"{r['engine']} {fmt_num(r[key])} ms" for r in rows if r.get(key) is not None]
+    return ("The short prompts' median first token: " + "; ".join(said) + "."
             if said else "")
 
 
