@@ -12,8 +12,8 @@
   The hits are intended here, so this runs on an instance of its own (`baseline-0-*`, its
   own log), never on one a comparison uses.
 
-Each variant is the baseline instance with a different name and two more vLLM flags, on
-the baseline's port, behind the lab proxy (started fresh for the topology), so it is
+Each variant is the baseline instance with a name of its own and its setting's flags (none
+as served), on the baseline's port, behind the lab proxy (started fresh for the topology), so it is
 measured exactly as 01's runs are. One variant runs at a time; each stops before the next
 starts, and everything stops at the end (or when a cell fails: the session's records).
 Results go to `results/<profile>/switches.json`.
