@@ -220,3 +220,9 @@ class WorkloadConfig(_Strict):
     seed: int = 0
     max_failed_fraction: float = Field(0.0, ge=0, le=1)
     slo: SLOConfig = SLOConfig()
+
+    @property
+    def long_len(self) -> int:
+        """The mixed workload's long prompt, or 4x the prompt where none is set (what the
+        profile, the forecast and the notebooks' long-prompt runs use)."""
+        return self.mixed_long_len or 4 * self.input_len

@@ -161,7 +161,7 @@ def spark_inputs_for(model: str, w: WorkloadConfig, buffer_device: str = "cpu",
     hf = PUBLISHED_CONFIGS.get(model) or PUBLISHED_CONFIGS[SPARK_MODEL]
     params, read = dense_params(hf)
     shape = kv_shape(hf)
-    long = w.mixed_long_len or 4 * w.input_len
+    long = w.long_len
     return spark_inputs(params, read, shape.bytes_per_token, 16,
                         lengths=sorted({16, w.input_len, long}),
                         batches=sorted({1, *w.concurrency, 2 * max(w.concurrency)}),

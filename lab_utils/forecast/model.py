@@ -433,18 +433,18 @@ def forecast(inputs: Inputs, arch: Architecture, load: Load) -> Prediction:
     wall_ms = sim.run()
     done = [r for r in sim.reqs if r.done is not None]
     ttft = [r.times[0] - r.sent for r in done]
-    itl = [b - a for r in done for a, b in zip(r.times, r.times[1:], strict=False)]
-    tpot = [(r.done_at - r.times[0]) / (len(r.times) - 1) for r in done if len(r.times) > 1]
+    gaps = [[b - a for a, b in zip(r.times, r.times[1:], strict=False)] for r in done]
+    itl = [g for each in gaps for g in each]
+    tpots = [(r.done_at - r.times[0]) / (len(r.times) - 1) if len(r.times) > 1 else None
+             for r in done]  # per request, None with one token
+    tpot = [t for t in tpots if t is not None]
     e2el = [r.done_at - r.sent for r in done]
     wall_s = max(wall_ms / 1e3, 1e-9)
     out_tokens = sum(len(r.times) for r in done)
-    good = sum(1 for r, t in zip(done, ttft, strict=True)
+    good = sum(1 for t, tp, each in zip(ttft, tpots, gaps, strict=True)
                if (load.slo_ttft_ms is None or t <= load.slo_ttft_ms)
-               and (load.slo_tpot_ms is None or len(r.times) < 2
-                    or (r.done_at - r.times[0]) / (len(r.times) - 1) <= load.slo_tpot_ms)
-               and (load.slo_itl_ms is None or max((b - a for a, b in zip(r.times, r.times[1:],
-                                                                           strict=False)),
-                                                   default=0.0) <= load.slo_itl_ms))
+               and (load.slo_tpot_ms is None or tp is None or tp <= load.slo_tpot_ms)
+               and (load.slo_itl_ms is None or max(each, default=0.0) <= load.slo_itl_ms))
     metrics = {
         "request_throughput": len(done) / wall_s,
         "output_throughput": out_tokens / wall_s,

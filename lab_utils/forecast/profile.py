@@ -53,7 +53,7 @@ def prefill_lengths(cfg: LabConfig) -> list[int]:
     """One block, the workload's prompt, the mixed workload's long prompt (or 4x the
     prompt) and the midpoint, within what the model accepts."""
     w, bs = cfg.workload, cfg.vllm.block_size or 16
-    long = w.mixed_long_len or 4 * w.input_len
+    long = w.long_len
     top = cfg.vllm.max_model_len - max(w.output_len, DECODE_TOKENS) - 1
     return sorted({min(n, top) for n in (bs, w.input_len, (w.input_len + long) // 2, long)})
 
@@ -64,7 +64,7 @@ def decode_batches(cfg: LabConfig) -> list[int]:
 
 def decode_contexts(cfg: LabConfig) -> list[int]:
     w = cfg.workload
-    long = min(w.mixed_long_len or 4 * w.input_len,
+    long = min(w.long_len,
                cfg.vllm.max_model_len - 2 * max(w.output_len, DECODE_TOKENS))
     return sorted({w.input_len, long})
 

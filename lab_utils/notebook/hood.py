@@ -77,7 +77,7 @@ def sample_scheduler(cfg: LabConfig, served: Served, tokenize, detokenize,
     its instance's queues; return (samples frame, request records, figure)."""
     w = cfg.workload
     c = max(w.concurrency or [1])
-    long = w.mixed_long_len or 4 * w.input_len
+    long = w.long_len
     mixed = w.model_copy(update={"mixed_long_len": long, "concurrency": [c]})
     specs = build_requests(mixed, w.warmup + w.num_prompts, tokenize, detokenize, mixed=True,
                            seed=random.SystemRandom().randrange(2**31))

@@ -130,7 +130,7 @@ def prefix_twice(cfg: LabConfig, served: Served) -> dict:
     TTFT and the share of its prompt tokens the prefix cache served, each time."""
     tokenize, _ = tokenizer_of(served, cfg)
     w = cfg.workload
-    length = w.mixed_long_len or 4 * w.input_len
+    length = w.long_len
     spec = RequestSpec(exact_prompt(tokenize, length, random.Random(random.SystemRandom().random())),
                        PREFIX_OUTPUT)
     meter = cache_meter(served)
@@ -204,7 +204,7 @@ def two_switches(cfg: LabConfig, session: ServingSession) -> pd.DataFrame:
     """Measure both switches (module docstring); print the computed conclusions; return the
     chunked-prefill table. 01's instance, if still running, is stopped first: the variants
     take its port."""
-    long = cfg.workload.mixed_long_len or 4 * cfg.workload.input_len
+    long = cfg.workload.long_len
     rows, prefix = [], {}
     session.stop(quiet=True)
     try:

@@ -110,12 +110,14 @@ def split_sentence(parts: dict[str, float], client_ttft_ms: float,
     return said
 
 
-def _requests(cfg: LabConfig, served: Served, n: int):
-    """The workload's warm-up requests, then `n` to time (fresh prompts of their own)."""
+def _warmed_requests(cfg: LabConfig, served: Served, n: int):
+    """Send the workload's warm-up requests one at a time (not measured, as a sweep's point
+    starts); return the `n` to time (fresh prompts of their own)."""
     tokenize, detokenize = tokenizer_of(served, cfg)
     both = build_requests(cfg.workload, cfg.workload.warmup + n, tokenize, detokenize,
                           seed=cfg.workload.seed + 404)
-    return both[:cfg.workload.warmup], both[cfg.workload.warmup:]
+    _one_at_a_time(cfg, served, both[:cfg.workload.warmup])
+    return both[cfg.workload.warmup:]
 
 
 def _one_at_a_time(cfg: LabConfig, served: Served, requests) -> list:
@@ -139,8 +141,7 @@ def measure_split(cfg: LabConfig, served: Served, n: int = SPLIT_REQUESTS) -> di
     read around them: the client's mean TTFT and its parts (`ttft_parts`), and the pair's
     profile for the forecast (`TimedProfile`: median TTFT, settled ms per token)."""
     prefill_url, decode_url = served.urls("prefill")[0], served.urls("decode")[0]
-    warm, requests = _requests(cfg, served, n)
-    _one_at_a_time(cfg, served, warm)  # as a sweep's point starts: not measured
+    requests = _warmed_requests(cfg, served, n)
     before = fetch_metrics(prefill_url), fetch_metrics(decode_url)
     ok = _one_at_a_time(cfg, served, requests)
     after = fetch_metrics(prefill_url), fetch_metrics(decode_url)
@@ -179,9 +180,7 @@ def time_instances(cfg: LabConfig, served: Served, n: int = SPLIT_REQUESTS) -> d
     if served.topology == "disaggregated":
         found = measure_split(cfg, served, n)
     else:
-        warm, requests = _requests(cfg, served, n)
-        _one_at_a_time(cfg, served, warm)
-        ok = _one_at_a_time(cfg, served, requests)
+        ok = _one_at_a_time(cfg, served, _warmed_requests(cfg, served, n))
         found = {"requests": len(ok), "timed": _timed(cfg, ok, {})}
     timed = found["timed"]
     if timed is None:

@@ -33,7 +33,6 @@ SHAPES = ((512, 512), (1024, 256), (2048, 128), (4096, 64))
 # they meet with room to one loose enough for a replica's long prefill, in most cases
 ITL_BOUNDS = (1.25, 5.0, 20.0)
 NOBODY = "neither (no request met every SLO)"
-REP_TAIL = "replicas' ITL p99 ms"
 
 
 def _cases(nodes: int) -> list[Architecture]:
