@@ -193,11 +193,13 @@ def prefix_sentence(p: dict) -> str:
                 f"the prefix cache (is prefix caching off?): TTFT {fmt_num(first)} ms, then "
                 f"{fmt_num(second)} ms.")
     speed = first / second if second else float("inf")
+    before = p.get("first hits %") or 0
     return (f"Sent a second time, {hits:.0f}% of the {p['prompt tokens']:,}-token prompt came "
             f"from the prefix cache and its TTFT went from {fmt_num(first)} ms to "
             f"{fmt_num(second)} ms ({speed:.1f}x "
             + ("faster" if speed >= 1 else "slower") + "). The first time, "
-            f"{p.get('first hits %') or 0:.0f}% hit: the prompt was fresh.")
+            + ("0% hit: the prompt was fresh." if not before else
+               f"{before:.0f}% already hit: the instance had seen part of it."))
 
 
 def two_switches(cfg: LabConfig, session: ServingSession) -> pd.DataFrame:

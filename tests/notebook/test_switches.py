@@ -82,6 +82,10 @@ def test_prefix_sentence_follows_the_numbers():
     hit = prefix_sentence({"prompt tokens": 3000, "first TTFT ms": 90.0, "first hits %": 0.0,
                            "second TTFT ms": 9.0, "second hits %": 98.9})
     assert "99% of the 3,000-token prompt" in hit and "10.0x faster" in hit
+    assert "the prompt was fresh" in hit
+    seen = prefix_sentence({"prompt tokens": 3000, "first TTFT ms": 50.0, "first hits %": 40.0,
+                            "second TTFT ms": 9.0, "second hits %": 98.9})
+    assert "40% already hit" in seen and "fresh" not in seen
     miss = prefix_sentence({"prompt tokens": 3000, "first TTFT ms": 90.0, "first hits %": 0.0,
                             "second TTFT ms": 91.0, "second hits %": 0.0})
     assert "none of the 3,000-token prompt" in miss and "faster" not in miss
