@@ -19,6 +19,7 @@ from pathlib import Path
 from lab_utils.cluster import Cluster
 from lab_utils.config import LabConfig, checkout_path
 from lab_utils.errors import LabError
+from lab_utils.forecast.notebook_eta import NotebookEta, notebook_eta, record_notebook
 from lab_utils.util.atomic import atomic_write_text
 from lab_utils.util.background import Background
 from lab_utils.util.progress import PROGRESS_LOG_ENV
@@ -82,8 +83,9 @@ class _Relay(Background):
         self._drain()  # the lines logged after the last look
 
 
-def _execute(path: Path, target: Path, timeout_per_cell: int) -> None:
-    """Run one notebook in a fresh kernel; write the executed copy even when a cell fails."""
+def _execute(path: Path, target: Path, timeout_per_cell: int):
+    """Run one notebook in a fresh kernel; write the executed copy even when a cell fails.
+    Returns the executed notebook (nbformat), with nbclient's timestamps per cell."""
     import nbformat
     from jupyter_client.manager import KernelManager
     from nbclient import NotebookClient
@@ -115,6 +117,7 @@ def _execute(path: Path, target: Path, timeout_per_cell: int) -> None:
                 os.environ.pop(PROGRESS_LOG_ENV, None)
             else:
                 os.environ[PROGRESS_LOG_ENV] = env_before
+    return nb
 
 
 def _stop_leftovers(cluster: Cluster, before: set[str], notebook: str) -> None:
@@ -124,6 +127,25 @@ def _stop_leftovers(cluster: Cluster, before: set[str], notebook: str) -> None:
         stopped = cluster.stop(left)
         print(f"  {notebook} left {', '.join(stopped) or 'records of dead processes'} "
               "running: stopped", flush=True)
+
+
+_NO_ETA = "no ETA: nothing measured on this machine yet"
+
+
+def _eta(cfg: LabConfig, path: Path, series: str) -> NotebookEta | None:
+    try:
+        return notebook_eta(cfg, path, series)
+    except (LabError, OSError, ValueError) as e:  # an ETA never stops the run
+        print(f"  (no ETA: {e})", flush=True)
+        return None
+
+
+def _against(eta_s: float | None, took: float) -> str:
+    """' (ETA 80 s: 4% under)': how far the ETA was from the measured time."""
+    if not eta_s:
+        return ""
+    off = (eta_s - took) / took
+    return f" (ETA {eta_s:.0f} s: {abs(off):.0%} {'over' if off > 0 else 'under'})"
 
 
 def run_notebooks(cfg: LabConfig, start: str | None = None, stop: str | None = None,
@@ -137,22 +159,30 @@ def run_notebooks(cfg: LabConfig, start: str | None = None, stop: str | None = N
     out_dir.mkdir(parents=True, exist_ok=True)
     env_before = os.environ.get("LAB_CONFIG")
     os.environ["LAB_CONFIG"] = str(cfg.source)  # the kernel inherits this environment
-    written, times = [], {}
+    written, times, etas = [], {}, {}
+    series = time.strftime("%Y%m%dT%H%M%S")  # this run's id in timings.json
     cluster = Cluster(cfg)  # the notebooks' kernels build their own
     try:
         for path in notebooks:
             target = out_dir / path.name
+            eta = _eta(cfg, path, series)
+            print(f"running {path.name} ... {eta.line() if eta else _NO_ETA}", flush=True)
             t0 = time.monotonic()
-            print(f"running {path.name} ...", flush=True)
             before = {r.name for r in cluster.running()}
             try:
-                _execute(path, target, timeout_per_cell)
+                executed = _execute(path, target, timeout_per_cell)
             finally:
                 _stop_leftovers(cluster, before, path.name)
                 cluster.close()  # idle while the next notebook runs
             times[path.name] = round(time.monotonic() - t0, 1)
+            record_notebook(cfg, path.name, executed, times[path.name], series)
             atomic_write_text(out_dir / "times.json", json.dumps(times, indent=2) + "\n")
-            print(f"  done in {times[path.name]:.0f} s -> {target}", flush=True)
+            eta_s = round(eta.seconds, 1) if eta and not eta.missing else None
+            etas[path.name] = {"s": times[path.name], "eta_s": eta_s,
+                               "eta": eta.line() if eta else _NO_ETA}
+            atomic_write_text(out_dir / "etas.json", json.dumps(etas, indent=2) + "\n")
+            print(f"  done in {times[path.name]:.0f} s{_against(eta_s, times[path.name])} "
+                  f"-> {target}", flush=True)
             written.append(target)
         total = sum(times.values())
         print(f"{len(written)} notebook(s) in {total:.0f} s: " + ", ".join(

@@ -95,7 +95,7 @@ def eta_lines(cfg: LabConfig) -> list[str]:
     found = eta_inputs(cfg)
     if found is None:
         return ["nothing to predict from yet: run notebook 01 (its engine profile), or use a "
-                "GPU profile (published GB10 figures)"]
+                "GPU profile (published GB10 figures)"] + whole_notebook_lines(cfg)
     inputs, cores, source = found
     times = notebook_seconds(inputs, cfg, cores)
     starts = {nb: startup_seconds(cfg, TOPOLOGY[nb]) for nb in times}
@@ -117,7 +117,21 @@ def eta_lines(cfg: LabConfig) -> list[str]:
     total = sum(times.values()) + sum(s for s, _ in starts.values())
     lines.append(f"  total: {minutes(total)} (the checklist, the probe and reading time "
                  "come on top)")
-    return lines
+    return lines + whole_notebook_lines(cfg)
+
+
+def whole_notebook_lines(cfg: LabConfig) -> list[str]:
+    """Each notebook's whole ETA as `make lab` would print it now (`notebook_eta`: the last
+    run's cells on this profile, else the forecast), or why there is none."""
+    from lab_utils.forecast.notebook_eta import notebook_eta
+    from lab_utils.runner import find_notebooks
+
+    said = [(p.name[:2], notebook_eta(cfg, p, series="")) for p in find_notebooks()]
+    if not any(e for _, e in said):
+        return ["whole notebooks: no run recorded on this profile yet (`make lab` records "
+                "each cell's time in results/<profile>/timings.json)"]
+    return ["whole notebooks, kernel and every cell (headless, no reading time):"] + [
+        f"  {nb}: {e.line() if e else 'no ETA: not run here yet'}" for nb, e in said]
 
 
 # what the series grades before each forecast: (notebook, what it forecast, in words)

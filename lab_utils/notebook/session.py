@@ -45,8 +45,14 @@ class ServingSession:
     def start(self, topology: str) -> Served:
         """Start (or reuse) the topology and the proxy; wait until all are healthy."""
         self._hook()
-        print(f"starting {topology} on {self.cfg.profile} (a vLLM instance takes 15-90 s "
-              "to start on the CPU rehearsal, minutes for a large model)", flush=True)
+        from lab_utils.notebook.forecasting import startup_seconds
+        from lab_utils.results.calibration import STARTUP_ALLOWANCE_S
+
+        secs, where = startup_seconds(self.cfg, topology)
+        print(f"starting {topology} on {self.cfg.profile}: "
+              + (f"about {secs:.0f} s ({where})" if secs != STARTUP_ALLOWANCE_S else
+                 "no start measured here yet (a vLLM instance takes 15-90 s on the CPU "
+                 "rehearsal, minutes for a large model)"), flush=True)
         before = {r.name for r in self.cluster.running()}
         device = kv_buffer_device(self.cfg) if topology == "disaggregated" else None
         records = serve(self.cluster, topology, with_proxy=True, kv_buffer_device=device)

@@ -14,38 +14,17 @@ from lab_utils.forecast.curves import point
 from lab_utils.forecast.inputs import GB10
 from lab_utils.forecast.timing import minutes, notebook_seconds, switches_seconds
 from lab_utils.notebook import eta_inputs, eta_lines, forecasting, steps
-from lab_utils.results import calibration, write_results
-from lab_utils.results.calibration import STARTUP_ALLOWANCE_S, Calibration
-from lab_utils.results.forecast import DecodeLine, EngineProfile
+from lab_utils.results import calibration
+from lab_utils.results.calibration import STARTUP_ALLOWANCE_S
 
-from support.payloads import baseline_dict, kv_dict, model
+from support.eta_records import starts, write_01_02
 
 ALLOWANCE = "the agenda's allowance per topology, not measured yet"
 
 
-def write_01_02(cfg) -> None:
-    """Notebook 01's results with an engine profile and 02's with a probe: what the ETA
-    forecasts from."""
-    base = baseline_dict()
-    curve = lambda ys: [point(x, [y * 0.9, y, y * 1.2]) for x, y in ys]  # noqa: E731
-    base["profile"] = EngineProfile(
-        prefill=curve([(32, 6.0), (128, 7.0), (1024, 33.0)]),
-        decode=[DecodeLine(context=152, points=curve([(1, 1.5), (2, 1.6), (4, 1.8)])),
-                DecodeLine(context=1048, points=curve([(1, 1.6), (2, 1.8), (4, 2.1)]))],
-        hop=point(128, [0.8, 1.0, 1.3]), token_budget=2048, device="cpu", elapsed_s=3.0,
-        active_cores=1.9, host_cores=2).model_dump()
-    write_results(cfg, "01", model("01", base), software={}, hardware={})
-    rows = [{"seg_type": "DRAM", "op": "READ", "bytes": b, "iterations": 20,
-             "median_us": b / 5e3, "p99_us": b / 4e3} for b in (262144, 1 << 20, 1 << 22)]
-    write_results(cfg, "02", model("02", kv_dict(probe_rows=rows)), software={}, hardware={})
-
-
-def starts(cfg, node: str, *runs: tuple[str, float, bool, str]) -> None:
-    """A node's record holding these starts: (role, seconds, first, date)."""
-    cal = calibration.load(cfg, node) or Calibration(node, cfg.profile, cfg.vllm.device)
-    cal.starts += [{"instance": f"{role}-0", "role": role, "s": s, "first": first,
-                    "at": f"{day}T10:00:00Z"} for role, s, first, day in runs]
-    calibration.save(cfg, cal)
+def total_line(lines: list[str]) -> str:
+    """The forecast's total (whole-notebook ETAs follow it)."""
+    return next(ln for ln in lines if ln.startswith("  total: "))
 
 
 def test_eta_adds_the_agendas_allowance_until_a_start_was_measured(test_cfg):
@@ -62,7 +41,7 @@ def test_eta_adds_the_agendas_allowance_until_a_start_was_measured(test_cfg):
                              f"{minutes(3 * STARTUP_ALLOWANCE_S)} start-up (3 starts; not in "
                              "the total)") in lines
     total = sum(measuring.values()) + 3 * STARTUP_ALLOWANCE_S
-    assert lines[-1].startswith(f"  total: {minutes(total)} (")
+    assert total_line(lines).startswith(f"  total: {minutes(total)} (")
 
 
 def test_eta_uses_the_measured_first_and_later_starts(test_cfg, tmp_path, capsys):
@@ -87,7 +66,7 @@ def test_eta_uses_the_measured_first_and_later_starts(test_cfg, tmp_path, capsys
     assert f"  01: {minutes(measuring['01'])} measuring + 24 s start-up ({s01})" in out
     assert f"  04: {minutes(measuring['04'])} measuring + 26 s start-up ({s01}; {s02})" in out
     assert ALLOWANCE not in "\n".join(out)
-    assert out[-1].startswith(f"  total: {minutes(sum(measuring.values()) + 24 + 26 + 26)} (")
+    assert total_line(out).startswith(f"  total: {minutes(sum(measuring.values()) + 24 + 26 + 26)} (")
 
 
 def test_a_role_never_started_on_a_node_keeps_the_allowance(test_cfg):
@@ -136,6 +115,7 @@ def test_after_01_without_02_eta_predicts_01_and_03_and_says_why_not_04(test_cfg
     write_01_02(test_cfg)
     (test_cfg.results_dir / "kv_transfer_metrics.json").unlink()
     lines = eta_lines(test_cfg)
-    assert [ln.split(":")[0] for ln in lines[1:]] == ["  01", "  03", "  01's optional two switches",
-                                                       "  04", "  total"]
+    upto_total = lines[1:lines.index(total_line(lines)) + 1]
+    assert [ln.split(":")[0] for ln in upto_total] == [
+        "  01", "  03", "  01's optional two switches", "  04", "  total"]
     assert lines[4] == "  04: not predicted: its forecast needs notebook 02's KV transfer probe"

@@ -1,0 +1,254 @@
+"""How long a whole notebook will take, predicted before the runner starts it, and checked
+after (`python -m lab_utils run` / `make lab` print both).
+
+A notebook's time is its kernel's start plus its code cells. Each cell is predicted from
+the best thing measured so far, in this order:
+
+1. **the same cell in the last run** on this profile with the same workload and engine
+   settings (`results/<profile>/timings.json`, written after every notebook the runner
+   executes: per cell its seconds, read from the executed copy's timestamps);
+2. **the forecast**, for the cells that start a topology or measure one: a start's time
+   from the calibration records (`forecasting.startup_seconds`: measured starts only), a
+   sweep's, mixed run's, the policy and front-door comparisons' and 01's two switches'
+   from the forecast model fed by 01's engine profile (`timing`), plus the per-run cost
+   the forecast leaves out (building prompts, reading the instances' counters) as 01's
+   own sweep measured it in this series;
+3. **the median cell of this series** (a cell nothing measured before: usually a table or a
+   plot), named in the ETA's line as not measured before, so a long one (the checklist, the
+   NIXL probe, 01's engine profile) on a first run is visibly a guess.
+
+The kernel's start is the median measured in this series (notebook time less its
+cells), else the last run's. On a fresh clone, 00 and 01 have only the third source for
+most cells, 02 the kernel and 01's cells; from 03 on the forecast and the cells seen in
+this series carry the ETA; the second run on a machine (a facilitator's staging run,
+then the workshop) has the first source for every cell.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import statistics
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from lab_utils.config import LabConfig
+from lab_utils.util.atomic import atomic_write_text
+
+TOPOLOGY = {"01": "baseline", "03": "replicated", "04": "disaggregated"}  # what each starts
+
+
+def settings_digest(cfg: LabConfig) -> str:
+    """What the cells' times depend on: the workload and the engine's settings."""
+    text = json.dumps({"workload": cfg.workload.model_dump(mode="json"),
+                       "vllm": cfg.vllm.model_dump(mode="json"),
+                       "model": cfg.model.name}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _stamp(s: str) -> datetime:
+    return datetime.fromisoformat(s.replace("Z", "+00:00"))
+
+
+def cell_seconds(executed: Any) -> dict[str, float]:
+    """Per code cell id of an executed notebook (an nbformat node), the seconds from its
+    input reaching the kernel to the kernel's reply, as nbclient stamped them."""
+    out = {}
+    for cell in executed.cells:
+        t = cell.get("metadata", {}).get("execution", {})
+        a, b = t.get("iopub.execute_input"), t.get("shell.execute_reply")
+        if cell.cell_type == "code" and a and b and cell.get("id"):
+            out[cell["id"]] = round((_stamp(b) - _stamp(a)).total_seconds(), 2)
+    return out
+
+
+def _file(cfg: LabConfig) -> Path:
+    return cfg.results_dir / "timings.json"
+
+
+def load_timings(cfg: LabConfig) -> dict[str, Any]:
+    """{"digest", "notebooks": {name: {"cells": {id: s}, "kernel_s", "s", "series"}}}:
+    the last time each notebook ran here; empty when none ran or the file is unreadable."""
+    try:
+        data = json.loads(_file(cfg).read_text())
+        return data if isinstance(data.get("notebooks"), dict) else {"notebooks": {}}
+    except (OSError, ValueError, AttributeError):
+        return {"notebooks": {}}
+
+
+def record_notebook(cfg: LabConfig, name: str, executed: Any, wall_s: float,
+                    series: str) -> dict[str, Any]:
+    """Write what the notebook `name` measured into timings.json (under its `series`: the
+    runner's run id), replacing its last run's; return its entry."""
+    cells = cell_seconds(executed)
+    entry = {"cells": cells, "s": round(wall_s, 1), "series": series,
+             "kernel_s": round(max(wall_s - sum(cells.values()), 0.0), 2),
+             "digest": settings_digest(cfg)}
+    data = load_timings(cfg)
+    data["notebooks"][name] = entry
+    cfg.results_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(_file(cfg), json.dumps(data, indent=1, sort_keys=True) + "\n")
+    return entry
+
+
+# what a cell does, by its source: (pattern, kind); the first match wins
+_STEPS = ((r"two_switches\(", "switches"), (r"compare_policies\(", "policies"),
+          (r"compare_front_doors\(", "front doors"),
+          (r"run_sweep\([^)]*mixed=True", "mixed"), (r"run_sweep\(", "sweep"),
+          (r"session\.start\(", "start"))
+
+
+def step_of(source: str) -> str | None:
+    for pattern, kind in _STEPS:
+        if re.search(pattern, source):
+            return kind
+    return None
+
+
+@dataclass
+class NotebookEta:
+    seconds: float
+    parts: dict[str, float] = field(default_factory=dict)  # source -> seconds
+    guessed: list[str] = field(default_factory=list)  # cells not measured before
+    missing: list[str] = field(default_factory=list)  # steps nothing can predict yet
+
+    def line(self) -> str:
+        if self.missing:
+            return (f"no ETA yet: nothing measured predicts its {', '.join(self.missing)} "
+                    "(01 measures the engine, and each start is recorded, for the ETAs after)")
+        said = ", ".join(f"{src} {s:.0f} s" for src, s in self.parts.items() if s >= 0.5)
+        text = f"ETA about {self.seconds:.0f} s ({said})"
+        if self.guessed:
+            text += (f"; {len(self.guessed)} cell(s) not measured before, counted as this "
+                     f"series' median cell: {', '.join(self.guessed[:4])}"
+                     + (" ..." if len(self.guessed) > 4 else ""))
+        return text
+
+
+def _per_run_overhead(cfg: LabConfig, series_cells: dict[str, dict[str, float]]) -> float:
+    """Seconds per measured run (a repeat of a load point) that the forecast leaves out, as
+    01's sweep and mixed run of this series measured them: (measured - forecast) / runs."""
+    from lab_utils.forecast.model import loads_of
+    from lab_utils.forecast.run import architecture_of
+    from lab_utils.forecast.timing import sweep_seconds
+    from lab_utils.notebook.forecasting import eta_inputs
+
+    nb01 = _notebook_cells(series_cells, "01")
+    found = eta_inputs(cfg)
+    if not nb01 or found is None:
+        return 0.0
+    inputs, cores, _ = found
+    arch = architecture_of(cfg, "baseline", cores)
+    w, extra = cfg.workload, []
+    for cid, source in _sources("01").items():
+        kind = step_of(source)
+        if kind in ("sweep", "mixed") and cid in nb01:
+            mixed = kind == "mixed"
+            runs = len(loads_of(w, mixed=mixed)) * w.repeats
+            extra.append((nb01[cid] - sweep_seconds(inputs, arch, w, mixed=mixed)) / runs)
+    return max(statistics.median(extra), 0.0) if extra else 0.0
+
+
+def _notebook_cells(cells: dict[str, dict[str, float]], nb: str) -> dict[str, float]:
+    return next((c for name, c in cells.items() if name.startswith(nb)), {})
+
+
+_SOURCES: dict[tuple[str, float], dict[str, str]] = {}  # by (path, mtime)
+
+
+def _sources(nb: str, path: Path | None = None) -> dict[str, str]:
+    """Code cell id -> source of notebook `nb` (from `path`, else the checkout's)."""
+    import nbformat
+
+    from lab_utils.runner import find_notebooks
+
+    found = [path] if path else find_notebooks(start=nb, stop=nb)
+    if not found:
+        return {}
+    key = (str(found[0]), found[0].stat().st_mtime)
+    if key not in _SOURCES:
+        book = nbformat.read(found[0], as_version=4)
+        _SOURCES[key] = {c["id"]: c.source for c in book.cells if c.cell_type == "code"}
+    return _SOURCES[key]
+
+
+def forecast_cell(cfg: LabConfig, nb: str, kind: str, overhead: float) -> float | None:
+    """The forecast's seconds for a cell of `kind` in notebook `nb`; None when it cannot
+    say (no engine profile yet, a start never measured, a notebook that starts nothing)."""
+    from lab_utils.forecast.model import loads_of
+    from lab_utils.forecast.run import architecture_of
+    from lab_utils.forecast.timing import SWITCH_RESTARTS, sweep_seconds, switches_seconds
+    from lab_utils.notebook.forecasting import eta_inputs, startup_seconds
+    from lab_utils.results import calibration
+
+    topology = TOPOLOGY.get(nb)
+    if topology is None:
+        return None
+    if kind == "start":
+        s, _ = startup_seconds(cfg, topology)
+        return None if s == calibration.STARTUP_ALLOWANCE_S else s
+    found = eta_inputs(cfg)
+    if found is None:
+        return None
+    inputs, cores, _ = found
+    arch, w = architecture_of(cfg, topology, cores), cfg.workload
+    one = w.model_copy(update={"repeats": 1})
+    if kind in ("sweep", "mixed"):
+        mixed = kind == "mixed"
+        return sweep_seconds(inputs, arch, w, mixed=mixed) + overhead * w.repeats * len(
+            loads_of(w, mixed=mixed))
+    if kind == "policies":
+        return 2 * (sweep_seconds(inputs, arch, one, mixed=True) + overhead)
+    if kind == "front doors":
+        low = one.model_copy(update={"concurrency": [min(w.concurrency or [1])],
+                                     "request_rates": []})
+        return 2 * (sweep_seconds(inputs, arch, low) + overhead)
+    if kind == "switches":
+        start, _ = startup_seconds(cfg, topology)
+        if start == calibration.STARTUP_ALLOWANCE_S:
+            return None
+        return (switches_seconds(inputs, cfg, cores)
+                + SWITCH_RESTARTS * (start + 2 * w.repeats * overhead))
+    return None
+
+
+def notebook_eta(cfg: LabConfig, path: Path, series: str) -> NotebookEta | None:
+    """The ETA of the notebook at `path` (see the module's docstring); None when nothing at
+    all was measured yet (no last run, no notebook of this series)."""
+    nb = path.name[:2]
+    data = load_timings(cfg)
+    digest = settings_digest(cfg)
+    books = data["notebooks"]
+    last = books.get(path.name) if books.get(path.name, {}).get("digest") == digest else None
+    this = {name: e["cells"] for name, e in books.items() if e.get("series") == series}
+    kernels = [e["kernel_s"] for e in books.values() if e.get("series") == series]
+    measured_cells = [s for cells in this.values() for s in cells.values()]
+    if last is None and not this:
+        return None
+    kernel = statistics.median(kernels) if kernels else (last or {}).get("kernel_s", 0.0)
+    median_cell = statistics.median(measured_cells) if measured_cells else 0.0
+    overhead = _per_run_overhead(cfg, this) if nb in TOPOLOGY else 0.0
+    parts = {"kernel start": kernel, "last run": 0.0, "forecast": 0.0, "median cell": 0.0}
+    guessed: list[str] = []
+    missing: list[str] = []
+    for cid, source in _sources(nb, path).items():
+        if not source.strip():
+            continue
+        if last and cid in last["cells"]:
+            parts["last run"] += last["cells"][cid]
+            continue
+        kind = step_of(source)
+        s = forecast_cell(cfg, nb, kind, overhead) if kind else None
+        if s is not None:
+            parts["forecast"] += s
+            continue
+        if kind:
+            missing.append(kind)
+        parts["median cell"] += median_cell
+        first = next((ln.strip() for ln in source.splitlines() if ln.strip()), "")
+        guessed.append(f"{cid} `{first[:40]}`")
+    return NotebookEta(seconds=sum(parts.values()), parts={k: v for k, v in parts.items() if v},
+                       guessed=guessed, missing=list(dict.fromkeys(missing)))

@@ -1,0 +1,137 @@
+"""A whole notebook's ETA (`forecast.notebook_eta`): each cell from the last run on this
+profile when the workload and engine settings are unchanged, else the forecast for the
+cells that start or measure a topology, else this series' median cell, named; no ETA when a
+serving step has nothing to be predicted from. And the cells' kinds are read from the
+notebooks as they are, so the ETA follows them."""
+
+from __future__ import annotations
+
+import nbformat
+import pytest
+
+from lab_utils.forecast.model import loads_of
+from lab_utils.forecast.notebook_eta import (
+    cell_seconds,
+    load_timings,
+    notebook_eta,
+    record_notebook,
+    step_of,
+)
+from lab_utils.forecast.run import architecture_of
+from lab_utils.forecast.timing import sweep_seconds
+from lab_utils.notebook import eta_inputs, forecasting
+from lab_utils.runner import _against, find_notebooks
+
+from support.eta_records import starts, write_01_02
+
+
+def book(tmp_path, name: str, cells: dict[str, str], took: dict[str, float] | None = None):
+    """A notebook file `name` with these code cells (id -> source); with `took`, the
+    executed copy nbclient would leave, stamped with each cell's seconds."""
+    nb = nbformat.v4.new_notebook()
+    for cid, source in cells.items():
+        cell = nbformat.v4.new_code_cell(source)
+        cell["id"] = cid
+        if took and cid in took:
+            ms = int(took[cid] * 1000)
+            cell["metadata"]["execution"] = {
+                "iopub.execute_input": "2026-11-27T10:00:00.000000Z",
+                "shell.execute_reply": f"2026-11-27T10:{ms // 60000:02d}:"
+                                       f"{ms % 60000 // 1000:02d}.{ms % 1000:03d}000Z"}
+        nb.cells.append(cell)
+    path = tmp_path / name
+    nbformat.write(nb, path)
+    return path, nb
+
+
+def test_cell_seconds_are_read_from_nbclients_stamps(tmp_path):
+    _, nb = book(tmp_path, "00_x.ipynb", {"a": "1", "b": "2", "c": "3"}, {"a": 1.25, "b": 75.5})
+    assert cell_seconds(nb) == {"a": 1.25, "b": 75.5}  # c was never run: no stamp
+
+
+def test_the_last_run_predicts_every_cell_until_the_workload_changes(test_cfg, tmp_path):
+    path, nb = book(tmp_path, "03_x.ipynb", {"a": "x = 1", "b": "session.start('replicated')"},
+                    {"a": 2.0, "b": 30.0})
+    record_notebook(test_cfg, path.name, nb, wall_s=35.0, series="first")
+    assert load_timings(test_cfg)["notebooks"][path.name]["kernel_s"] == 3.0
+    eta = notebook_eta(test_cfg, path, series="second")
+    assert eta.seconds == 35.0 and eta.parts == {"kernel start": 3.0, "last run": 32.0}
+    assert eta.line() == "ETA about 35 s (kernel start 3 s, last run 32 s)"
+    other = test_cfg.model_copy(update={"workload": test_cfg.workload.model_copy(
+        update={"num_prompts": test_cfg.workload.num_prompts + 1})})
+    assert notebook_eta(other, path, series="second") is None  # nothing measured applies
+
+
+def test_a_first_run_counts_cells_not_seen_as_this_series_median_cell(test_cfg, tmp_path):
+    p00, nb00 = book(tmp_path, "00_x.ipynb", {"a": "1", "b": "2", "c": "3"},
+                     {"a": 1.0, "b": 3.0, "c": 0.2})
+    record_notebook(test_cfg, p00.name, nb00, wall_s=6.2, series="s")  # kernel 2 s
+    p05, _ = book(tmp_path, "05_x.ipynb", {"d": "table()", "e": "plot()", "f": ""})
+    eta = notebook_eta(test_cfg, p05, series="s")
+    assert eta.seconds == 2.0 + 2 * 1.0 and eta.parts == {"kernel start": 2.0,
+                                                          "median cell": 2.0}
+    assert eta.guessed == ["d `table()`", "e `plot()`"]  # the empty cell counts nothing
+    assert "2 cell(s) not measured before" in eta.line()
+    assert notebook_eta(test_cfg, p05, series="another") is None  # nothing of that series
+
+
+def test_a_serving_step_nothing_can_predict_means_no_eta(test_cfg, tmp_path):
+    p00, nb00 = book(tmp_path, "00_x.ipynb", {"a": "1"}, {"a": 1.0})
+    record_notebook(test_cfg, p00.name, nb00, wall_s=2.0, series="s")
+    p01, _ = book(tmp_path, "01_x.ipynb", {"s": 'served = session.start("baseline")',
+                                           "w": "result = lab.run_sweep(cfg, served)"})
+    eta = notebook_eta(test_cfg, p01, series="s")  # no start measured, no engine profile
+    assert eta.missing == ["start", "sweep"] and eta.line().startswith("no ETA yet: ")
+
+
+def test_serving_cells_are_forecast_from_01_and_the_measured_starts(test_cfg, tmp_path):
+    write_01_02(test_cfg)
+    starts(test_cfg, "spark-01", ("replica", 20.0, True, "2026-11-27"))
+    starts(test_cfg, "spark-02", ("replica", 22.0, True, "2026-11-27"))
+    p00, nb00 = book(tmp_path, "00_x.ipynb", {"a": "1"}, {"a": 1.0})
+    record_notebook(test_cfg, p00.name, nb00, wall_s=3.0, series="s")
+    p03, _ = book(tmp_path, "03_x.ipynb", {
+        "s": 'served = session.start("replicated")',
+        "w": "result = lab.run_sweep(cfg, served)",
+        "m": "mixed = lab.run_sweep(cfg, served, mixed=True)",
+        "p": "lab.compare_policies(cfg, session, served)"})
+    eta = notebook_eta(test_cfg, p03, series="s")
+    inputs, cores, _ = eta_inputs(test_cfg)
+    arch, w = architecture_of(test_cfg, "replicated", cores), test_cfg.workload
+    one = w.model_copy(update={"repeats": 1})
+    expected = (forecasting.startup_seconds(test_cfg, "replicated")[0]
+                + sweep_seconds(inputs, arch, w) + sweep_seconds(inputs, arch, w, mixed=True)
+                + 2 * sweep_seconds(inputs, arch, one, mixed=True))
+    assert eta.parts["forecast"] == pytest.approx(expected) and not eta.missing
+    assert forecasting.startup_seconds(test_cfg, "replicated")[0] == 22.0
+    # 01's sweep and mixed run (the checkout's cells) each measured 2 s per run more than
+    # their forecast: every run of 03 adds that
+    (real01,) = find_notebooks(start="01", stop="01")
+    ids = {step_of(c.source): c["id"] for c in nbformat.read(real01, as_version=4).cells
+           if c.cell_type == "code"}
+    base = architecture_of(test_cfg, "baseline", cores)
+    runs, mixed_runs = (len(loads_of(w, mixed=m)) * w.repeats for m in (False, True))
+    took = {ids["sweep"]: sweep_seconds(inputs, base, w) + 2.0 * runs,
+            ids["mixed"]: sweep_seconds(inputs, base, w, mixed=True) + 2.0 * mixed_runs}
+    p01, nb01 = book(tmp_path, "01_x.ipynb", {cid: "" for cid in took}, took)
+    record_notebook(test_cfg, p01.name, nb01, wall_s=60.0, series="s")
+    again = notebook_eta(test_cfg, p03, series="s")
+    assert again.parts["forecast"] == pytest.approx(expected + 2.0 * (runs + mixed_runs + 2),
+                                                    abs=0.05)
+
+
+@pytest.mark.parametrize("nb, kinds", [
+    ("01", {"start", "sweep", "mixed", "switches"}),
+    ("03", {"start", "sweep", "mixed", "policies"}),
+    ("04", {"start", "sweep", "mixed", "front doors"})])
+def test_the_notebooks_serving_cells_are_recognised(nb, kinds):
+    (path,) = find_notebooks(start=nb, stop=nb)
+    found = {step_of(c.source) for c in nbformat.read(path, as_version=4).cells
+             if c.cell_type == "code"}
+    assert found - {None} == kinds
+
+
+def test_the_runner_says_how_far_the_eta_was():
+    assert _against(80.0, 83.0) == " (ETA 80 s: 4% under)"
+    assert _against(60.0, 50.0) == " (ETA 60 s: 20% over)"
+    assert _against(None, 50.0) == ""
