@@ -8,11 +8,13 @@ the best thing measured so far, in this order:
    settings (`results/<profile>/timings.json`, written after every notebook the runner
    executes: per cell its seconds, read from the executed copy's timestamps);
 2. **the forecast**, for the cells that start a topology or measure one: a start's time
-   from the calibration records (`forecasting.startup_seconds`: measured starts only), a
-   sweep's, mixed run's, the policy and front-door comparisons' and 01's two switches'
-   from the forecast model fed by 01's engine profile (`timing`), plus the per-run cost
-   the forecast leaves out (building prompts, reading the instances' counters) as 01's
-   own sweep measured it in this series;
+   from the calibration records (`forecasting.startup_seconds`; a node with no start
+   measured yet takes the slowest first start measured on another), a sweep's, mixed
+   run's, the policy and front-door comparisons' and 01's two switches' from the forecast
+   model fed by 01's engine profile (`timing`), plus the per-run cost the forecast leaves
+   out (building prompts, reading the instances' counters) as 01's own sweep measured it
+   in this series, and the comparisons' front-door starts as 03's policy comparison
+   measured them;
 3. **the median cell of this series** (a cell nothing measured before: usually a table or a
    plot), named in the ETA's line as not measured before, so a long one (the checklist, the
    NIXL probe, 01's engine profile) on a first run is visibly a guess.
@@ -175,21 +177,22 @@ def _sources(nb: str, path: Path | None = None) -> dict[str, str]:
     return _SOURCES[key]
 
 
-def forecast_cell(cfg: LabConfig, nb: str, kind: str, overhead: float) -> float | None:
-    """The forecast's seconds for a cell of `kind` in notebook `nb`; None when it cannot
-    say (no engine profile yet, a start never measured, a notebook that starts nothing)."""
+def forecast_cell(cfg: LabConfig, nb: str, kind: str, overhead: float,
+                  swap: float = 0.0) -> float | None:
+    """The forecast's seconds for a cell of `kind` in notebook `nb` (`overhead`: seconds per
+    run the forecast leaves out; `swap`: seconds to put a front door in place); None when
+    it cannot say (no engine profile yet, no start measured, a notebook that starts
+    nothing)."""
     from lab_utils.forecast.model import loads_of
     from lab_utils.forecast.run import architecture_of
     from lab_utils.forecast.timing import SWITCH_RESTARTS, sweep_seconds, switches_seconds
-    from lab_utils.notebook.forecasting import eta_inputs, startup_seconds
-    from lab_utils.results import calibration
+    from lab_utils.notebook.forecasting import eta_inputs
 
     topology = TOPOLOGY.get(nb)
     if topology is None:
         return None
     if kind == "start":
-        s, _ = startup_seconds(cfg, topology)
-        return None if s == calibration.STARTUP_ALLOWANCE_S else s
+        return _start(cfg, topology)
     found = eta_inputs(cfg)
     if found is None:
         return None
@@ -201,18 +204,57 @@ def forecast_cell(cfg: LabConfig, nb: str, kind: str, overhead: float) -> float 
         return sweep_seconds(inputs, arch, w, mixed=mixed) + overhead * w.repeats * len(
             loads_of(w, mixed=mixed))
     if kind == "policies":
-        return 2 * (sweep_seconds(inputs, arch, one, mixed=True) + overhead)
+        return 2 * (sweep_seconds(inputs, arch, one, mixed=True) + overhead) + SWAPS * swap
     if kind == "front doors":
-        low = one.model_copy(update={"concurrency": [min(w.concurrency or [1])],
-                                     "request_rates": []})
-        return 2 * (sweep_seconds(inputs, arch, low) + overhead)
+        return 2 * (sweep_seconds(inputs, arch, _lowest(one)) + overhead) + SWAPS * swap
     if kind == "switches":
-        start, _ = startup_seconds(cfg, topology)
-        if start == calibration.STARTUP_ALLOWANCE_S:
+        start = _start(cfg, topology)
+        if start is None:
             return None
         return (switches_seconds(inputs, cfg, cores)
                 + SWITCH_RESTARTS * (start + 2 * w.repeats * overhead))
     return None
+
+
+SWAPS = 3  # front doors started by each comparison: one per run, and the configured one back
+
+
+def _lowest(w):
+    return w.model_copy(update={"concurrency": [min(w.concurrency or [1])], "request_rates": []})
+
+
+def _start(cfg: LabConfig, topology: str) -> float | None:
+    """A topology's start as the calibration records measured it (`startup_seconds`); where
+    a node has no start measured yet, the slowest first start measured on any node of the
+    profile (the nodes of a pair are alike); None when no start was measured anywhere."""
+    from lab_utils.notebook.forecasting import startup_seconds
+    from lab_utils.results import calibration
+
+    s, _ = startup_seconds(cfg, topology)
+    if s != calibration.STARTUP_ALLOWANCE_S:
+        return s
+    firsts = [c.first_start_s for c in calibration.load_all(cfg.results_dir, cfg.profile)
+              if c.first_start_s is not None]
+    return max(firsts) if firsts else None
+
+
+def _swap_seconds(cfg: LabConfig, series_cells: dict[str, dict[str, float]],
+                  overhead: float) -> float:
+    """Seconds to put a front door in place, as 03's policy comparison of this series
+    measured it: the cell's time less its two runs' forecast, over its `SWAPS` starts."""
+    from lab_utils.forecast.run import architecture_of
+    from lab_utils.forecast.timing import sweep_seconds
+    from lab_utils.notebook.forecasting import eta_inputs
+
+    nb03, found = _notebook_cells(series_cells, "03"), eta_inputs(cfg)
+    cid = next((c for c, src in _sources("03").items() if step_of(src) == "policies"), None)
+    if found is None or cid not in nb03:
+        return 0.0
+    inputs, cores, _ = found
+    one = cfg.workload.model_copy(update={"repeats": 1})
+    runs = 2 * (sweep_seconds(inputs, architecture_of(cfg, "replicated", cores), one,
+                              mixed=True) + overhead)
+    return max((nb03[cid] - runs) / SWAPS, 0.0)
 
 
 def notebook_eta(cfg: LabConfig, path: Path, series: str) -> NotebookEta | None:
@@ -231,6 +273,7 @@ def notebook_eta(cfg: LabConfig, path: Path, series: str) -> NotebookEta | None:
     kernel = statistics.median(kernels) if kernels else (last or {}).get("kernel_s", 0.0)
     median_cell = statistics.median(measured_cells) if measured_cells else 0.0
     overhead = _per_run_overhead(cfg, this) if nb in TOPOLOGY else 0.0
+    swap = _swap_seconds(cfg, this, overhead) if nb in TOPOLOGY else 0.0
     parts = {"kernel start": kernel, "last run": 0.0, "forecast": 0.0, "median cell": 0.0}
     guessed: list[str] = []
     missing: list[str] = []
@@ -241,7 +284,7 @@ def notebook_eta(cfg: LabConfig, path: Path, series: str) -> NotebookEta | None:
             parts["last run"] += last["cells"][cid]
             continue
         kind = step_of(source)
-        s = forecast_cell(cfg, nb, kind, overhead) if kind else None
+        s = forecast_cell(cfg, nb, kind, overhead, swap) if kind else None
         if s is not None:
             parts["forecast"] += s
             continue

@@ -135,3 +135,37 @@ def test_the_runner_says_how_far_the_eta_was():
     assert _against(80.0, 83.0) == " (ETA 80 s: 4% under)"
     assert _against(60.0, 50.0) == " (ETA 60 s: 20% over)"
     assert _against(None, 50.0) == ""
+
+
+def test_a_node_never_started_takes_the_slowest_first_start_measured_on_another(test_cfg,
+                                                                             tmp_path):
+    write_01_02(test_cfg)
+    p03, _ = book(tmp_path, "03_x.ipynb", {"s": 'served = session.start("replicated")'})
+    p00, nb00 = book(tmp_path, "00_x.ipynb", {"a": "1"}, {"a": 1.0})
+    record_notebook(test_cfg, p00.name, nb00, wall_s=2.0, series="s")
+    assert notebook_eta(test_cfg, p03, series="s").missing == ["start"]  # none anywhere
+    starts(test_cfg, "spark-01", ("baseline", 21.0, True, "2026-11-27"),
+           ("baseline", 19.0, False, "2026-11-27"))  # 01 started here; spark-02 never
+    assert forecasting.startup_seconds(test_cfg, "replicated")[1].startswith("the agenda's")
+    assert notebook_eta(test_cfg, p03, series="s").parts["forecast"] == 21.0
+
+
+def test_the_comparisons_front_door_starts_are_03s_measured_ones(test_cfg, tmp_path):
+    write_01_02(test_cfg)
+    starts(test_cfg, "spark-01", ("replica", 20.0, True, "2026-11-27"))
+    starts(test_cfg, "spark-02", ("replica", 20.0, True, "2026-11-27"))
+    inputs, cores, _ = eta_inputs(test_cfg)
+    w = test_cfg.workload
+    one = w.model_copy(update={"repeats": 1})
+    (real03,) = find_notebooks(start="03", stop="03")
+    policies = next(c["id"] for c in nbformat.read(real03, as_version=4).cells
+                    if c.cell_type == "code" and step_of(c.source) == "policies")
+    runs = 2 * sweep_seconds(inputs, architecture_of(test_cfg, "replicated", cores), one,
+                             mixed=True)
+    p03, nb03 = book(tmp_path, "03_x.ipynb", {policies: ""}, {policies: runs + 3 * 1.5})
+    record_notebook(test_cfg, p03.name, nb03, wall_s=30.0, series="s")
+    p04, _ = book(tmp_path, "04_x.ipynb", {"d": "doors = lab.compare_front_doors(cfg, s, x)"})
+    low = one.model_copy(update={"concurrency": [min(w.concurrency)], "request_rates": []})
+    doors = 2 * sweep_seconds(inputs, architecture_of(test_cfg, "disaggregated", cores), low)
+    assert notebook_eta(test_cfg, p04, series="s").parts["forecast"] == pytest.approx(
+        doors + 3 * 1.5, abs=0.05)
