@@ -224,18 +224,10 @@ def _lowest(w):
 
 
 def _start(cfg: LabConfig, topology: str) -> float | None:
-    """A topology's start as the calibration records measured it (`startup_seconds`); where
-    a node has no start measured yet, the slowest first start measured on any node of the
-    profile (the nodes of a pair are alike); None when no start was measured anywhere."""
-    from lab_utils.notebook.forecasting import startup_seconds
-    from lab_utils.results import calibration
+    from lab_utils.notebook.forecasting import start_estimate
 
-    s, _ = startup_seconds(cfg, topology)
-    if s != calibration.STARTUP_ALLOWANCE_S:
-        return s
-    firsts = [c.first_start_s for c in calibration.load_all(cfg.results_dir, cfg.profile)
-              if c.first_start_s is not None]
-    return max(firsts) if firsts else None
+    found = start_estimate(cfg, topology)
+    return found[0] if found else None
 
 
 def _swap_seconds(cfg: LabConfig, series_cells: dict[str, dict[str, float]],

@@ -76,6 +76,21 @@ def startup_seconds(cfg: LabConfig, topology: str) -> tuple[float, str]:
     return total, "; ".join(dict.fromkeys(said))
 
 
+def start_estimate(cfg: LabConfig, topology: str) -> tuple[float, str] | None:
+    """A topology's start for an ETA: `startup_seconds` where every node measured one, else
+    the slowest first start measured on any node of the profile (the nodes of a pair are
+    alike), saying so; None when no start was measured anywhere."""
+    secs, where = startup_seconds(cfg, topology)
+    if secs != calibration.STARTUP_ALLOWANCE_S:
+        return secs, where
+    firsts = [(c.first_start_s, c.node) for c in calibration.load_all(cfg.results_dir, cfg.profile)
+              if c.first_start_s is not None]
+    if not firsts:
+        return None
+    secs, node = max(firsts)
+    return secs, f"the slowest first start measured, on {node}; not every node has started one"
+
+
 def eta(cfg: LabConfig, topology: str, w, mixed: bool = False) -> str | None:
     """'about N min (...)': the forecast model's time for this sweep, its instances
     already started; None: no inputs yet."""

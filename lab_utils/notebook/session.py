@@ -45,12 +45,11 @@ class ServingSession:
     def start(self, topology: str) -> Served:
         """Start (or reuse) the topology and the proxy; wait until all are healthy."""
         self._hook()
-        from lab_utils.notebook.forecasting import startup_seconds
-        from lab_utils.results.calibration import STARTUP_ALLOWANCE_S
+        from lab_utils.notebook.forecasting import start_estimate
 
-        secs, where = startup_seconds(self.cfg, topology)
+        found = start_estimate(self.cfg, topology)
         print(f"starting {topology} on {self.cfg.profile}: "
-              + (f"about {secs:.0f} s ({where})" if secs != STARTUP_ALLOWANCE_S else
+              + (f"about {found[0]:.0f} s ({found[1]})" if found else
                  "no start measured here yet (a vLLM instance takes 15-90 s on the CPU "
                  "rehearsal, minutes for a large model)"), flush=True)
         before = {r.name for r in self.cluster.running()}

@@ -148,6 +148,8 @@ def test_a_node_never_started_takes_the_slowest_first_start_measured_on_another(
            ("baseline", 19.0, False, "2026-11-27"))  # 01 started here; spark-02 never
     assert forecasting.startup_seconds(test_cfg, "replicated")[1].startswith("the agenda's")
     assert notebook_eta(test_cfg, p03, series="s").parts["forecast"] == 21.0
+    assert forecasting.start_estimate(test_cfg, "replicated") == (
+        21.0, "the slowest first start measured, on spark-01; not every node has started one")
 
 
 def test_the_comparisons_front_door_starts_are_03s_measured_ones(test_cfg, tmp_path):
