@@ -135,8 +135,8 @@ _NO_ETA = "no ETA: nothing measured on this machine yet"
 def _eta(cfg: LabConfig, path: Path, series: str) -> NotebookEta | None:
     try:
         return notebook_eta(cfg, path, series)
-    except (LabError, OSError, ValueError) as e:  # an ETA never stops the run
-        print(f"  (no ETA: {e})", flush=True)
+    except Exception as e:  # noqa: BLE001 - an estimate never stops the run
+        print(f"  (no ETA: {type(e).__name__}: {e})", flush=True)
         return None
 
 
@@ -175,7 +175,10 @@ def run_notebooks(cfg: LabConfig, start: str | None = None, stop: str | None = N
                 _stop_leftovers(cluster, before, path.name)
                 cluster.close()  # idle while the next notebook runs
             times[path.name] = round(time.monotonic() - t0, 1)
-            record_notebook(cfg, path.name, executed, times[path.name], series)
+            try:
+                record_notebook(cfg, path.name, executed, times[path.name], series)
+            except Exception as e:  # noqa: BLE001 - the next run's estimate, not this run
+                print(f"  (its cells' times not recorded: {type(e).__name__}: {e})", flush=True)
             atomic_write_text(out_dir / "times.json", json.dumps(times, indent=2) + "\n")
             eta_s = round(eta.seconds, 1) if eta and not eta.missing else None
             etas[path.name] = {"s": times[path.name], "eta_s": eta_s,
