@@ -19,11 +19,15 @@ the best thing measured so far, in this order:
    plot), named in the ETA's line as not measured before, so a long one (the checklist, the
    NIXL probe, 01's engine profile) on a first run is visibly a guess.
 
-The kernel's start is the median measured in this series (notebook time less its
-cells), else the last run's. On a fresh clone, 00 and 01 have only the third source for
-most cells, 02 the kernel and 01's cells; from 03 on the forecast and the cells seen in
-this series carry the ETA; the second run on a machine (a facilitator's staging run,
-then the workshop) has the first source for every cell.
+The kernel's start is the median over the notebooks of this series (notebook time less
+its cells), else over the last run's: one notebook's varies by seconds.
+
+On a fresh clone 00 has no ETA (nothing measured yet), nor 01 (its start and sweeps have
+nothing to be predicted from on the CPU rehearsal); 02 and 05 are this series' kernel and
+median cells (02's NIXL probe counted as one); 03 and 04 the forecast from 01's
+measurements (04's misses what nothing before it does: the first prefill/decode handshake
+in its start, vllm-router's start). From the second run on a machine (a facilitator's staging run, then
+the workshop), every cell is the last run's.
 """
 
 from __future__ import annotations
@@ -258,11 +262,12 @@ def notebook_eta(cfg: LabConfig, path: Path, series: str) -> NotebookEta | None:
     books = data["notebooks"]
     last = books.get(path.name) if books.get(path.name, {}).get("digest") == digest else None
     this = {name: e["cells"] for name, e in books.items() if e.get("series") == series}
-    kernels = [e["kernel_s"] for e in books.values() if e.get("series") == series]
+    kernels = ([e["kernel_s"] for e in books.values() if e.get("series") == series]
+               or [e["kernel_s"] for e in books.values() if e.get("digest") == digest])
     measured_cells = [s for cells in this.values() for s in cells.values()]
     if last is None and not this:
         return None
-    kernel = statistics.median(kernels) if kernels else (last or {}).get("kernel_s", 0.0)
+    kernel = statistics.median(kernels) if kernels else 0.0
     median_cell = statistics.median(measured_cells) if measured_cells else 0.0
     overhead = _per_run_overhead(cfg, this) if nb in TOPOLOGY else 0.0
     swap = _swap_seconds(cfg, this, overhead) if nb in TOPOLOGY else 0.0

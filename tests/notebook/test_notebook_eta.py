@@ -57,6 +57,11 @@ def test_the_last_run_predicts_every_cell_until_the_workload_changes(test_cfg, t
     eta = notebook_eta(test_cfg, path, series="second")
     assert eta.seconds == 35.0 and eta.parts == {"kernel start": 3.0, "last run": 32.0}
     assert eta.line() == "ETA about 35 s (kernel start 3 s, last run 32 s)"
+    # the kernel's start is the median over the last run's notebooks: one varies by seconds
+    for name, kernel in (("01_x.ipynb", 1.0), ("02_x.ipynb", 1.2)):
+        p, executed = book(tmp_path, name, {"a": "x = 1"}, {"a": 2.0})
+        record_notebook(test_cfg, name, executed, wall_s=2.0 + kernel, series="first")
+    assert notebook_eta(test_cfg, path, series="second").parts["kernel start"] == 1.2
     other = test_cfg.model_copy(update={"workload": test_cfg.workload.model_copy(
         update={"num_prompts": test_cfg.workload.num_prompts + 1})})
     assert notebook_eta(other, path, series="second") is None  # nothing measured applies
