@@ -202,10 +202,11 @@ def _cmd_run(args) -> int:
 
 
 def _cmd_eta(args) -> int:
-    from lab_utils.notebook import eta_lines
+    from lab_utils.notebook import eta_lines, whole_notebook_lines
 
-    lines = eta_lines(load_config(args.config))
-    print("\n".join(lines))
+    cfg = load_config(args.config)
+    lines = eta_lines(cfg)
+    print("\n".join(lines + whole_notebook_lines(cfg)))
     return 0 if len(lines) > 1 else 1
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from lab_utils.cluster import Cluster
 from lab_utils.config import LabConfig, checkout_path
 from lab_utils.errors import LabError
-from lab_utils.forecast.notebook_eta import NotebookEta, notebook_eta, record_notebook
+from lab_utils.notebook.timings import NotebookEta, notebook_eta, record_notebook
 from lab_utils.util.atomic import atomic_write_text
 from lab_utils.util.background import Background
 from lab_utils.util.progress import PROGRESS_LOG_ENV

@@ -93,7 +93,7 @@ ELSEWHERE = {
 NOT_RESULTS = {
     "notebook/card.py:card_lines": "a pair's card: the config's addresses and commands",
     "notebook/forecasting.py:eta_lines": "predicted times, not results (tests/notebook/test_eta.py)",
-    "notebook/forecasting.py:whole_notebook_lines": "predicted times, not results "
+    "notebook/timings.py:whole_notebook_lines": "predicted times, not results "
                                                     "(tests/notebook/test_notebook_eta.py)",
     "notebook/hood.py:command_lines": "the commands a cell runs, shown before it runs them",
     "notebook/lessons.py:conclusions_of": "lists sentences the conclude_0N builders computed",

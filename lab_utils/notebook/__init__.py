@@ -68,6 +68,7 @@ from lab_utils.notebook.steps import (
 )
 from lab_utils.notebook.switches import two_switches
 from lab_utils.notebook.time_split import time_instances, where_time_went
+from lab_utils.notebook.timings import whole_notebook_lines
 from lab_utils.notebook.triage import triage_text
 
 __all__ = [
@@ -80,4 +81,5 @@ __all__ = [
     "record_disaggregated", "record_environment", "record_replicated", "reference_outputs",
     "require_environment", "run_sweep", "single_request", "sweep_frame", "tokenizer_of",
     "time_instances", "transfer_lesson", "two_switches", "versus_reference", "watch_scheduler", "where_time_went",
+    "whole_notebook_lines",
 ]

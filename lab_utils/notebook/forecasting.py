@@ -30,10 +30,10 @@ from lab_utils.forecast.timing import (
     switches_seconds,
 )
 from lab_utils.notebook.session import kv_buffer_device
+from lab_utils.notebook.starts import startup_seconds
 from lab_utils.results import calibration, load_optional, load_results
 from lab_utils.results.forecast import EngineProfile, Forecast, TimedProfile
 from lab_utils.results.sweep import BenchmarkResult
-from lab_utils.serve.plan import start_waves
 
 TOPOLOGY = {"01": "baseline", "03": "replicated", "04": "disaggregated"}  # what each starts
 
@@ -58,39 +58,6 @@ def eta_inputs(cfg: LabConfig):
     return None
 
 
-def startup_seconds(cfg: LabConfig, topology: str) -> tuple[float, str]:
-    """Predicted seconds to start `topology`'s instances, and where that comes from: per
-    start wave (`serve.plan.start_waves`) its slowest instance's next start as its node's
-    calibration record measured it (a later start where that role started on the node
-    before, else a first start: `Calibration.next_start_s`); the agenda's allowance per
-    topology when an instance has no measured start."""
-    total, said = 0.0, []
-    for wave in start_waves(cfg, cfg.instances(topology)):
-        found = [cal.next_start_s(s.role) if (cal := calibration.load(cfg, s.node)) else None
-                 for s in wave]
-        if not found or any(f is None for f in found):
-            return (calibration.STARTUP_ALLOWANCE_S,
-                    "the agenda's allowance per topology, not measured yet")
-        total += max(f[0] for f in found if f is not None)
-        said += [f[1] for f in found if f is not None]
-    return total, "; ".join(dict.fromkeys(said))
-
-
-def start_estimate(cfg: LabConfig, topology: str) -> tuple[float, str] | None:
-    """A topology's start for an ETA: `startup_seconds` where every node measured one, else
-    the slowest first start measured on any node of the profile (the nodes of a pair are
-    alike), saying so; None when no start was measured anywhere."""
-    secs, where = startup_seconds(cfg, topology)
-    if secs != calibration.STARTUP_ALLOWANCE_S:
-        return secs, where
-    firsts = [(c.first_start_s, c.node) for c in calibration.load_all(cfg.results_dir, cfg.profile)
-              if c.first_start_s is not None]
-    if not firsts:
-        return None
-    secs, node = max(firsts)
-    return secs, f"the slowest first start measured, on {node}; not every node has started one"
-
-
 def eta(cfg: LabConfig, topology: str, w, mixed: bool = False) -> str | None:
     """'about N min (...)': the forecast model's time for this sweep, its instances
     already started; None: no inputs yet."""
@@ -110,7 +77,7 @@ def eta_lines(cfg: LabConfig) -> list[str]:
     found = eta_inputs(cfg)
     if found is None:
         return ["nothing to predict from yet: run notebook 01 (its engine profile), or use a "
-                "GPU profile (published GB10 figures)"] + whole_notebook_lines(cfg)
+                "GPU profile (published GB10 figures)"]
     inputs, cores, source = found
     times = notebook_seconds(inputs, cfg, cores)
     starts = {nb: startup_seconds(cfg, TOPOLOGY[nb]) for nb in times}
@@ -132,21 +99,8 @@ def eta_lines(cfg: LabConfig) -> list[str]:
     total = sum(times.values()) + sum(s for s, _ in starts.values())
     lines.append(f"  total: {minutes(total)} (the checklist, the probe and reading time "
                  "come on top)")
-    return lines + whole_notebook_lines(cfg)
+    return lines
 
-
-def whole_notebook_lines(cfg: LabConfig) -> list[str]:
-    """Each notebook's whole ETA as `make lab` would print it now (`notebook_eta`: the last
-    run's cells on this profile, else the forecast), or why there is none."""
-    from lab_utils.forecast.notebook_eta import notebook_eta
-    from lab_utils.runner import find_notebooks
-
-    said = [(p.name[:2], notebook_eta(cfg, p, series="")) for p in find_notebooks()]
-    if not any(e for _, e in said):
-        return ["whole notebooks: no run recorded on this profile yet (`make lab` records "
-                "each cell's time in results/<profile>/timings.json)"]
-    return ["whole notebooks, kernel and every cell (headless, no reading time):"] + [
-        f"  {nb}: {e.line() if e else 'no ETA: not run here yet'}" for nb, e in said]
 
 
 # what the series grades before each forecast: (notebook, what it forecast, in words)

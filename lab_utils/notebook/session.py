@@ -45,7 +45,7 @@ class ServingSession:
     def start(self, topology: str) -> Served:
         """Start (or reuse) the topology and the proxy; wait until all are healthy."""
         self._hook()
-        from lab_utils.notebook.forecasting import start_estimate
+        from lab_utils.notebook.starts import start_estimate
 
         found = start_estimate(self.cfg, topology)
         print(f"starting {topology} on {self.cfg.profile}: "

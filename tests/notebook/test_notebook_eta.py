@@ -1,4 +1,4 @@
-"""A whole notebook's ETA (`forecast.notebook_eta`): each cell from the last run on this
+"""A whole notebook's ETA (`notebook.timings`): each cell from the last run on this
 profile when the workload and engine settings are unchanged, else the forecast for the
 cells that start or measure a topology, else this series' median cell, named; no ETA when a
 serving step has nothing to be predicted from. And the cells' kinds are read from the
@@ -10,16 +10,17 @@ import nbformat
 import pytest
 
 from lab_utils.forecast.model import loads_of
-from lab_utils.forecast.notebook_eta import (
+from lab_utils.forecast.run import architecture_of
+from lab_utils.forecast.timing import sweep_seconds
+from lab_utils.notebook import eta_inputs, forecasting
+from lab_utils.notebook.starts import start_estimate
+from lab_utils.notebook.timings import (
     cell_seconds,
     load_timings,
     notebook_eta,
     record_notebook,
     step_of,
 )
-from lab_utils.forecast.run import architecture_of
-from lab_utils.forecast.timing import sweep_seconds
-from lab_utils.notebook import eta_inputs, forecasting
 from lab_utils.runner import _against, find_notebooks
 
 from support.eta_records import starts, write_01_02
@@ -153,7 +154,7 @@ def test_a_node_never_started_takes_the_slowest_first_start_measured_on_another(
            ("baseline", 19.0, False, "2026-11-27"))  # 01 started here; spark-02 never
     assert forecasting.startup_seconds(test_cfg, "replicated")[1].startswith("the agenda's")
     assert notebook_eta(test_cfg, p03, series="s").parts["forecast"] == 21.0
-    assert forecasting.start_estimate(test_cfg, "replicated") == (
+    assert start_estimate(test_cfg, "replicated") == (
         21.0, "the slowest first start measured, on spark-01; not every node has started one")
 
 

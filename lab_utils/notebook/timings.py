@@ -8,7 +8,7 @@ the best thing measured so far, in this order:
    settings (`results/<profile>/timings.json`, written after every notebook the runner
    executes: per cell its seconds, read from the executed copy's timestamps);
 2. **the forecast**, for the cells that start a topology or measure one: a start's time
-   from the calibration records (`forecasting.startup_seconds`; a node with no start
+   from the calibration records (`starts.startup_seconds`; a node with no start
    measured yet takes the slowest first start measured on another), a sweep's, mixed
    run's, the policy and front-door comparisons' and 01's two switches' from the forecast
    model fed by 01's engine profile (`timing`), plus the per-run cost the forecast leaves
@@ -41,10 +41,15 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from lab_utils.config import LabConfig
+from lab_utils.config import LabConfig, checkout_path
 from lab_utils.util.atomic import atomic_write_text
 
 TOPOLOGY = {"01": "baseline", "03": "replicated", "04": "disaggregated"}  # what each starts
+
+
+def notebook_files(nb: str | None = None) -> list[Path]:
+    """The checkout's notebooks (the one numbered `nb`), in order."""
+    return sorted(checkout_path("notebooks").glob(f"{nb or '[0-9][0-9]'}_*.ipynb"))
 
 
 def settings_digest(cfg: LabConfig) -> str:
@@ -169,9 +174,7 @@ def _sources(nb: str, path: Path | None = None) -> dict[str, str]:
     """Code cell id -> source of notebook `nb` (from `path`, else the checkout's)."""
     import nbformat
 
-    from lab_utils.runner import find_notebooks
-
-    found = [path] if path else find_notebooks(start=nb, stop=nb)
+    found = [path] if path else notebook_files(nb)
     if not found:
         return {}
     key = (str(found[0]), found[0].stat().st_mtime)
@@ -228,7 +231,7 @@ def _lowest(w):
 
 
 def _start(cfg: LabConfig, topology: str) -> float | None:
-    from lab_utils.notebook.forecasting import start_estimate
+    from lab_utils.notebook.starts import start_estimate
 
     found = start_estimate(cfg, topology)
     return found[0] if found else None
@@ -292,3 +295,14 @@ def notebook_eta(cfg: LabConfig, path: Path, series: str) -> NotebookEta | None:
         guessed.append(f"{cid} `{first[:40]}`")
     return NotebookEta(seconds=sum(parts.values()), parts={k: v for k, v in parts.items() if v},
                        guessed=guessed, missing=list(dict.fromkeys(missing)))
+
+
+def whole_notebook_lines(cfg: LabConfig) -> list[str]:
+    """Each notebook's whole ETA as `make lab` would print it now (`notebook_eta`: the last
+    run's cells on this profile, else the forecast), or why there is none."""
+    said = [(p.name[:2], notebook_eta(cfg, p, series="")) for p in notebook_files()]
+    if not any(e for _, e in said):
+        return ["whole notebooks: no run recorded on this profile yet (`make lab` records "
+                "each cell's time in results/<profile>/timings.json)"]
+    return ["whole notebooks, kernel and every cell (headless, no reading time):"] + [
+        f"  {nb}: {e.line() if e else 'no ETA: not run here yet'}" for nb, e in said]
