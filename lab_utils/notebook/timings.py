@@ -81,7 +81,7 @@ def _file(cfg: LabConfig) -> Path:
 
 
 def load_timings(cfg: LabConfig) -> dict[str, Any]:
-    """{"digest", "notebooks": {name: {"cells": {id: s}, "kernel_s", "s", "series"}}}:
+    """{"notebooks": {name: {"cells": {id: s}, "kernel_s", "s", "series", "digest"}}}:
     the last time each notebook ran here; empty when none ran or the file is unreadable."""
     try:
         data = json.loads(_file(cfg).read_text())
