@@ -19,7 +19,6 @@ from pathlib import Path
 from lab_utils.cluster import Cluster
 from lab_utils.config import LabConfig, checkout_path
 from lab_utils.errors import LabError
-from lab_utils.notebook.timings import NotebookEta, notebook_eta, record_notebook
 from lab_utils.util.atomic import atomic_write_text
 from lab_utils.util.background import Background
 from lab_utils.util.progress import PROGRESS_LOG_ENV
@@ -132,7 +131,10 @@ def _stop_leftovers(cluster: Cluster, before: set[str], notebook: str) -> None:
 _NO_ETA = "no ETA: nothing measured on this machine yet"
 
 
-def _eta(cfg: LabConfig, path: Path, series: str) -> NotebookEta | None:
+def _eta(cfg: LabConfig, path: Path, series: str):
+    """The notebook's ETA (`notebook.timings`), or None, saying why, when it fails."""
+    from lab_utils.notebook.timings import notebook_eta
+
     try:
         return notebook_eta(cfg, path, series)
     except Exception as e:  # noqa: BLE001 - an estimate never stops the run
@@ -176,6 +178,8 @@ def run_notebooks(cfg: LabConfig, start: str | None = None, stop: str | None = N
                 cluster.close()  # idle while the next notebook runs
             times[path.name] = round(time.monotonic() - t0, 1)
             try:
+                from lab_utils.notebook.timings import record_notebook
+
                 record_notebook(cfg, path.name, executed, times[path.name], series)
             except Exception as e:  # noqa: BLE001 - the next run's estimate, not this run
                 print(f"  (its cells' times not recorded: {type(e).__name__}: {e})", flush=True)
