@@ -1,5 +1,6 @@
 """What the serving notebooks ask the forecast (`lab_utils.forecast`): how long a sweep
-will take (`eta`, `eta_lines` for `python -m lab_utils eta`), the forecast 01 (of its own
+will take (`eta_lines` for `python -m lab_utils eta`; a single sweep's is
+`timings.sweep_eta`), the forecast 01 (of its own
 sweep), 03 and 04 print and record before they measure (`predict`), and that forecast
 graded against what they then measured (`grade_forecast`).
 
@@ -21,12 +22,11 @@ from lab_utils.config import LabConfig
 from lab_utils.errors import LabError
 from lab_utils.forecast.grade import grade_frame, grade_rows, sentences
 from lab_utils.forecast.inputs import from_results, spark_inputs_for
-from lab_utils.forecast.run import architecture_of, forecast_for, show
+from lab_utils.forecast.run import forecast_for, show
 from lab_utils.forecast.timing import (
     SWITCH_RESTARTS,
     minutes,
     notebook_seconds,
-    sweep_seconds,
     switches_seconds,
 )
 from lab_utils.notebook.session import kv_buffer_device
@@ -56,17 +56,6 @@ def eta_inputs(cfg: LabConfig):
                 "published GB10 figures"
                 + (f", the proxy's {hop[0]:.2g} ms per request {hop[1]}" if hop else ""))
     return None
-
-
-def eta(cfg: LabConfig, topology: str, w, mixed: bool = False) -> str | None:
-    """'about N min (...)': the forecast model's time for this sweep, its instances
-    already started; None: no inputs yet."""
-    found = eta_inputs(cfg)
-    if found is None:
-        return None
-    inputs, cores, source = found
-    secs = sweep_seconds(inputs, architecture_of(cfg, topology, cores), w, mixed=mixed)
-    return f"about {minutes(secs)} (forecast from {source})"
 
 
 def eta_lines(cfg: LabConfig) -> list[str]:

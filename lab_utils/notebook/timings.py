@@ -163,6 +163,31 @@ def _per_run_overhead(cfg: LabConfig, series_cells: dict[str, dict[str, float]])
     return max(statistics.median(extra), 0.0) if extra else 0.0
 
 
+def sweep_eta(cfg: LabConfig, topology: str, w, mixed: bool = False) -> str | None:
+    """'about N s (...)', printed before a sweep (or mixed run) of `w` on `topology`'s
+    started instances: the forecast model's time, plus the per-run cost it leaves out as
+    01's sweep measured it (the last 01 in timings.json with these settings; none when
+    the notebooks ran in Jupyter); None: nothing to forecast from yet."""
+    from lab_utils.forecast.model import loads_of
+    from lab_utils.forecast.run import architecture_of
+    from lab_utils.forecast.timing import minutes, sweep_seconds
+    from lab_utils.notebook.forecasting import eta_inputs
+
+    found = eta_inputs(cfg)
+    if found is None:
+        return None
+    inputs, cores, source = found
+    digest = settings_digest(cfg)
+    ran01 = {name: e["cells"] for name, e in load_timings(cfg)["notebooks"].items()
+             if name.startswith("01") and e.get("digest") == digest}
+    extra = _per_run_overhead(cfg, ran01)
+    runs = len(loads_of(w, mixed=mixed)) * w.repeats
+    secs = sweep_seconds(inputs, architecture_of(cfg, topology, cores), w, mixed=mixed)
+    return (f"about {minutes(secs + runs * extra)} (forecast from {source}"
+            + (f", and {extra:.1f} s per run outside the requests as 01's sweep measured it"
+               if extra >= 0.05 else "") + ")")
+
+
 def _notebook_cells(cells: dict[str, dict[str, float]], nb: str) -> dict[str, float]:
     return next((c for name, c in cells.items() if name.startswith(nb)), {})
 

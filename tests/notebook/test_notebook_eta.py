@@ -11,7 +11,7 @@ import pytest
 
 from lab_utils.forecast.model import loads_of
 from lab_utils.forecast.run import architecture_of
-from lab_utils.forecast.timing import sweep_seconds
+from lab_utils.forecast.timing import minutes, sweep_seconds
 from lab_utils.notebook import eta_inputs, forecasting
 from lab_utils.notebook.starts import start_estimate
 from lab_utils.notebook.timings import (
@@ -20,6 +20,7 @@ from lab_utils.notebook.timings import (
     notebook_eta,
     record_notebook,
     step_of,
+    sweep_eta,
 )
 from lab_utils.runner import _against, find_notebooks
 
@@ -177,3 +178,24 @@ def test_the_comparisons_front_door_starts_are_03s_measured_ones(test_cfg, tmp_p
     doors = 2 * sweep_seconds(inputs, architecture_of(test_cfg, "disaggregated", cores), low)
     assert notebook_eta(test_cfg, p04, series="s").parts["forecast"] == pytest.approx(
         doors + 3 * 1.5, abs=0.05)
+
+
+def test_a_sweeps_eta_adds_the_per_run_cost_01_measured(test_cfg, tmp_path):
+    write_01_02(test_cfg)
+    inputs, cores, _ = eta_inputs(test_cfg)
+    w = test_cfg.workload
+    arch = architecture_of(test_cfg, "replicated", cores)
+    plain = sweep_eta(test_cfg, "replicated", w)
+    assert plain.endswith("(forecast from 01's engine profile)")  # nothing recorded yet
+    (real01,) = find_notebooks(start="01", stop="01")
+    sweep = next(c["id"] for c in nbformat.read(real01, as_version=4).cells
+                 if c.cell_type == "code" and step_of(c.source) == "sweep")
+    base = architecture_of(test_cfg, "baseline", cores)
+    runs = len(loads_of(w)) * w.repeats
+    p01, nb01 = book(tmp_path, "01_x.ipynb", {sweep: ""},
+                     {sweep: sweep_seconds(inputs, base, w) + 0.5 * runs})
+    record_notebook(test_cfg, p01.name, nb01, wall_s=60.0, series="any")
+    said = sweep_eta(test_cfg, "replicated", w)
+    assert said == (f"about {minutes(sweep_seconds(inputs, arch, w) + 0.5 * runs)} (forecast "
+                    "from 01's engine profile, and 0.5 s per run outside the requests as "
+                    "01's sweep measured it)")
