@@ -4,9 +4,10 @@ after (`python -m lab_utils run` / `make lab` print both).
 A notebook's time is its kernel's start plus its code cells. Each cell is predicted from
 the best thing measured so far, in this order:
 
-1. **the same cell in the last run** on this profile with the same workload and engine
-   settings (`results/<profile>/timings.json`, written after every notebook the runner
-   executes: per cell its seconds, read from the executed copy's timestamps);
+1. **the same cell in the last runs** on this profile with the same workload and engine
+   settings: the median over the last `KEPT_RUNS` (`results/<profile>/timings.json`,
+   written after every notebook the runner executes: per cell its seconds, read from the
+   executed copy's timestamps);
 2. **the forecast**, for the cells that start a topology or measure one: a start's time
    from the calibration records (`starts.startup_seconds`; a node with no start
    measured yet takes the slowest first start measured on another), a sweep's, mixed
@@ -20,14 +21,14 @@ the best thing measured so far, in this order:
    NIXL probe, 01's engine profile) on a first run is visibly a guess.
 
 The kernel's start is the median over the notebooks of this series (notebook time less
-its cells), else over the last run's: one notebook's varies by seconds.
+its cells), else over the latest run's: one notebook's varies by seconds.
 
 On a fresh clone 00 has no ETA (nothing measured yet), nor 01 (its start and sweeps have
 nothing to be predicted from on the CPU rehearsal); 02 and 05 are this series' kernel and
 median cells (02's NIXL probe counted as one); 03 and 04 the forecast from 01's
 measurements (04's misses what nothing before it does: the first prefill/decode handshake
 in its start, vllm-router's start). From the second run on a machine (a facilitator's staging run, then
-the workshop), every cell is the last run's.
+the workshop), every cell is the last runs'.
 """
 
 from __future__ import annotations
@@ -93,16 +94,35 @@ def load_timings(cfg: LabConfig) -> dict[str, Any]:
 def record_notebook(cfg: LabConfig, name: str, executed: Any, wall_s: float,
                     series: str) -> dict[str, Any]:
     """Write what the notebook `name` measured into timings.json (under its `series`: the
-    runner's run id), replacing its last run's; return its entry."""
+    runner's run id), keeping the `KEPT_RUNS` - 1 runs before it; return its entry."""
     cells = cell_seconds(executed)
     entry = {"cells": cells, "s": round(wall_s, 1), "series": series,
              "kernel_s": round(max(wall_s - sum(cells.values()), 0.0), 2),
              "digest": settings_digest(cfg)}
     data = load_timings(cfg)
+    before = data["notebooks"].get(name)
+    if isinstance(before, dict):  # the runs before it, newest first, without their own
+        older = [before] + list(before.pop("earlier", []))
+        entry["earlier"] = older[:KEPT_RUNS - 1]
     data["notebooks"][name] = entry
     cfg.results_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(_file(cfg), json.dumps(data, indent=1, sort_keys=True) + "\n")
     return entry
+
+
+KEPT_RUNS = 3  # runs per notebook a cell's time is the median of
+
+
+def recent_cells(entry: dict[str, Any] | None, digest: str) -> dict[str, float]:
+    """Per cell, the median of its time over the notebook's kept runs with these settings
+    (one run disturbed by something else on the machine does not carry the ETA)."""
+    runs = [entry, *entry.get("earlier", [])] if isinstance(entry, dict) else []
+    seen: dict[str, list[float]] = {}
+    for run in runs:
+        if run.get("digest") == digest:
+            for cid, secs in run.get("cells", {}).items():
+                seen.setdefault(cid, []).append(secs)
+    return {cid: statistics.median(v) for cid, v in seen.items()}
 
 
 # what a cell does, by its source: (pattern, kind); the first match wins
@@ -283,30 +303,30 @@ def _swap_seconds(cfg: LabConfig, series_cells: dict[str, dict[str, float]],
 
 def notebook_eta(cfg: LabConfig, path: Path, series: str) -> NotebookEta | None:
     """The ETA of the notebook at `path` (see the module's docstring); None when nothing at
-    all was measured yet (no last run, no notebook of this series)."""
+    all was measured yet (no earlier run, no notebook of this series)."""
     nb = path.name[:2]
     data = load_timings(cfg)
     digest = settings_digest(cfg)
     books = data["notebooks"]
-    last = books.get(path.name) if books.get(path.name, {}).get("digest") == digest else None
+    last = recent_cells(books.get(path.name), digest)
     this = {name: e["cells"] for name, e in books.items() if e.get("series") == series}
     kernels = ([e["kernel_s"] for e in books.values() if e.get("series") == series]
                or [e["kernel_s"] for e in books.values() if e.get("digest") == digest])
     measured_cells = [s for cells in this.values() for s in cells.values()]
-    if last is None and not this:
+    if not last and not this:
         return None
     kernel = statistics.median(kernels) if kernels else 0.0
     median_cell = statistics.median(measured_cells) if measured_cells else 0.0
     overhead = _per_run_overhead(cfg, this) if nb in TOPOLOGY else 0.0
     swap = _swap_seconds(cfg, this, overhead) if nb in TOPOLOGY else 0.0
-    parts = {"kernel start": kernel, "last run": 0.0, "forecast": 0.0, "median cell": 0.0}
+    parts = {"kernel start": kernel, "last runs": 0.0, "forecast": 0.0, "median cell": 0.0}
     guessed: list[str] = []
     missing: list[str] = []
     for cid, source in _sources(nb, path).items():
         if not source.strip():
             continue
-        if last and cid in last["cells"]:
-            parts["last run"] += last["cells"][cid]
+        if cid in last:
+            parts["last runs"] += last[cid]
             continue
         kind = step_of(source)
         s = forecast_cell(cfg, nb, kind, overhead, swap) if kind else None
@@ -324,7 +344,7 @@ def notebook_eta(cfg: LabConfig, path: Path, series: str) -> NotebookEta | None:
 
 def whole_notebook_lines(cfg: LabConfig) -> list[str]:
     """Each notebook's whole ETA as `make lab` would print it now (`notebook_eta`: the last
-    run's cells on this profile, else the forecast), or why there is none."""
+    runs' cells on this profile, else the forecast), or why there is none."""
     said = [(p.name[:2], notebook_eta(cfg, p, series="")) for p in notebook_files()]
     if not any(e for _, e in said):
         return ["whole notebooks: no run recorded on this profile yet (`make lab` records "

@@ -1,4 +1,4 @@
-"""A whole notebook's ETA (`notebook.timings`): each cell from the last run on this
+"""A whole notebook's ETA (`notebook.timings`): each cell from the last runs on this
 profile when the workload and engine settings are unchanged, else the forecast for the
 cells that start or measure a topology, else this series' median cell, named; no ETA when a
 serving step has nothing to be predicted from. And the cells' kinds are read from the
@@ -57,8 +57,8 @@ def test_the_last_run_predicts_every_cell_until_the_workload_changes(test_cfg, t
     record_notebook(test_cfg, path.name, nb, wall_s=35.0, series="first")
     assert load_timings(test_cfg)["notebooks"][path.name]["kernel_s"] == 3.0
     eta = notebook_eta(test_cfg, path, series="second")
-    assert eta.seconds == 35.0 and eta.parts == {"kernel start": 3.0, "last run": 32.0}
-    assert eta.line() == "ETA about 35 s (kernel start 3 s, last run 32 s)"
+    assert eta.seconds == 35.0 and eta.parts == {"kernel start": 3.0, "last runs": 32.0}
+    assert eta.line() == "ETA about 35 s (kernel start 3 s, last runs 32 s)"
     # the kernel's start is the median over the last run's notebooks: one varies by seconds
     for name, kernel in (("01_x.ipynb", 1.0), ("02_x.ipynb", 1.2)):
         p, executed = book(tmp_path, name, {"a": "x = 1"}, {"a": 2.0})
@@ -67,6 +67,17 @@ def test_the_last_run_predicts_every_cell_until_the_workload_changes(test_cfg, t
     other = test_cfg.model_copy(update={"workload": test_cfg.workload.model_copy(
         update={"num_prompts": test_cfg.workload.num_prompts + 1})})
     assert notebook_eta(other, path, series="second") is None  # nothing measured applies
+
+
+def test_a_cell_is_its_median_over_the_last_three_runs(test_cfg, tmp_path):
+    path = tmp_path / "05_x.ipynb"
+    for series, secs in (("1", 9.0), ("2", 2.0), ("3", 3.0), ("4", 2.5)):
+        _, nb = book(tmp_path, path.name, {"a": "table()"}, {"a": secs})
+        record_notebook(test_cfg, path.name, nb, wall_s=secs + 1.0, series=series)
+    kept = load_timings(test_cfg)["notebooks"][path.name]
+    assert [kept["cells"]["a"]] + [e["cells"]["a"] for e in kept["earlier"]] == [2.5, 3.0, 2.0]
+    assert "earlier" not in kept["earlier"][0]  # one level: the runs before it
+    assert notebook_eta(test_cfg, path, series="5").parts["last runs"] == 2.5  # not 9 s
 
 
 def test_a_first_run_counts_cells_not_seen_as_this_series_median_cell(test_cfg, tmp_path):
