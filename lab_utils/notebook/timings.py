@@ -43,9 +43,19 @@ from pathlib import Path
 from typing import Any
 
 from lab_utils.config import LabConfig, checkout_path
+from lab_utils.forecast.model import loads_of
+from lab_utils.forecast.run import architecture_of
+from lab_utils.forecast.timing import SWITCH_RESTARTS, minutes, sweep_seconds, switches_seconds
+from lab_utils.notebook.forecasting import TOPOLOGY, eta_inputs
+from lab_utils.notebook.starts import start_estimate
 from lab_utils.util.atomic import atomic_write_text
 
-TOPOLOGY = {"01": "baseline", "03": "replicated", "04": "disaggregated"}  # what each starts
+Found = tuple | None  # what `forecasting.eta_inputs` returns: (inputs, cores, source) or None
+
+
+def _runs(w, mixed: bool = False) -> int:
+    """Measured runs of `w`'s sweep (or mixed run): a load point's repeats, every point."""
+    return len(loads_of(w, mixed=mixed)) * w.repeats
 
 
 def notebook_files(nb: str | None = None) -> list[Path]:
@@ -159,16 +169,12 @@ class NotebookEta:
         return text
 
 
-def _per_run_overhead(cfg: LabConfig, series_cells: dict[str, dict[str, float]]) -> float:
-    """Seconds per measured run (a repeat of a load point) that the forecast leaves out, as
-    01's sweep and mixed run of this series measured them: (measured - forecast) / runs."""
-    from lab_utils.forecast.model import loads_of
-    from lab_utils.forecast.run import architecture_of
-    from lab_utils.forecast.timing import sweep_seconds
-    from lab_utils.notebook.forecasting import eta_inputs
-
+def _per_run_overhead(cfg: LabConfig, series_cells: dict[str, dict[str, float]],
+                      found: Found) -> float:
+    """Seconds per measured run (a repeat of a load point) that the forecast (`found`: its
+    inputs) leaves out, as 01's sweep and mixed run measured them: (measured - forecast) /
+    runs."""
     nb01 = _notebook_cells(series_cells, "01")
-    found = eta_inputs(cfg)
     if not nb01 or found is None:
         return 0.0
     inputs, cores, _ = found
@@ -178,8 +184,8 @@ def _per_run_overhead(cfg: LabConfig, series_cells: dict[str, dict[str, float]])
         kind = step_of(source)
         if kind in ("sweep", "mixed") and cid in nb01:
             mixed = kind == "mixed"
-            runs = len(loads_of(w, mixed=mixed)) * w.repeats
-            extra.append((nb01[cid] - sweep_seconds(inputs, arch, w, mixed=mixed)) / runs)
+            extra.append((nb01[cid] - sweep_seconds(inputs, arch, w, mixed=mixed))
+                         / _runs(w, mixed))
     return max(statistics.median(extra), 0.0) if extra else 0.0
 
 
@@ -188,10 +194,6 @@ def sweep_eta(cfg: LabConfig, topology: str, w, mixed: bool = False) -> str | No
     started instances: the forecast model's time, plus the per-run cost it leaves out as
     01's sweep measured it (the last 01 in timings.json with these settings; none when
     the notebooks ran in Jupyter); None: nothing to forecast from yet."""
-    from lab_utils.forecast.model import loads_of
-    from lab_utils.forecast.run import architecture_of
-    from lab_utils.forecast.timing import minutes, sweep_seconds
-    from lab_utils.notebook.forecasting import eta_inputs
 
     found = eta_inputs(cfg)
     if found is None:
@@ -200,10 +202,9 @@ def sweep_eta(cfg: LabConfig, topology: str, w, mixed: bool = False) -> str | No
     digest = settings_digest(cfg)
     ran01 = {name: e["cells"] for name, e in load_timings(cfg)["notebooks"].items()
              if name.startswith("01") and e.get("digest") == digest}
-    extra = _per_run_overhead(cfg, ran01)
-    runs = len(loads_of(w, mixed=mixed)) * w.repeats
+    extra = _per_run_overhead(cfg, ran01, found)
     secs = sweep_seconds(inputs, architecture_of(cfg, topology, cores), w, mixed=mixed)
-    return (f"about {minutes(secs + runs * extra)} (forecast from {source}"
+    return (f"about {minutes(secs + _runs(w, mixed) * extra)} (forecast from {source}"
             + (f", and {extra:.1f} s per run outside the requests as 01's sweep measured it"
                if extra >= 0.05 else "") + ")")
 
@@ -229,23 +230,18 @@ def _sources(nb: str, path: Path | None = None) -> dict[str, str]:
     return _SOURCES[key]
 
 
-def forecast_cell(cfg: LabConfig, nb: str, kind: str, overhead: float,
+def forecast_cell(cfg: LabConfig, nb: str, kind: str, found: Found, overhead: float,
                   swap: float = 0.0) -> float | None:
-    """The forecast's seconds for a cell of `kind` in notebook `nb` (`overhead`: seconds per
-    run the forecast leaves out; `swap`: seconds to put a front door in place); None when
-    it cannot say (no engine profile yet, no start measured, a notebook that starts
-    nothing)."""
-    from lab_utils.forecast.model import loads_of
-    from lab_utils.forecast.run import architecture_of
-    from lab_utils.forecast.timing import SWITCH_RESTARTS, sweep_seconds, switches_seconds
-    from lab_utils.notebook.forecasting import eta_inputs
+    """The forecast's seconds for a cell of `kind` in notebook `nb` (`found`: the forecast's
+    inputs, `forecasting.eta_inputs`; `overhead`: seconds per run the forecast leaves out;
+    `swap`: seconds to put a front door in place); None when it cannot say (no engine
+    profile yet, no start measured, a notebook that starts nothing)."""
 
     topology = TOPOLOGY.get(nb)
     if topology is None:
         return None
     if kind == "start":
         return _start(cfg, topology)
-    found = eta_inputs(cfg)
     if found is None:
         return None
     inputs, cores, _ = found
@@ -253,8 +249,7 @@ def forecast_cell(cfg: LabConfig, nb: str, kind: str, overhead: float,
     one = w.model_copy(update={"repeats": 1})
     if kind in ("sweep", "mixed"):
         mixed = kind == "mixed"
-        return sweep_seconds(inputs, arch, w, mixed=mixed) + overhead * w.repeats * len(
-            loads_of(w, mixed=mixed))
+        return sweep_seconds(inputs, arch, w, mixed=mixed) + overhead * _runs(w, mixed)
     if kind == "policies":
         return 2 * (sweep_seconds(inputs, arch, one, mixed=True) + overhead) + SWAPS * swap
     if kind == "front doors":
@@ -276,21 +271,15 @@ def _lowest(w):
 
 
 def _start(cfg: LabConfig, topology: str) -> float | None:
-    from lab_utils.notebook.starts import start_estimate
-
     found = start_estimate(cfg, topology)
     return found[0] if found else None
 
 
-def _swap_seconds(cfg: LabConfig, series_cells: dict[str, dict[str, float]],
+def _swap_seconds(cfg: LabConfig, series_cells: dict[str, dict[str, float]], found: Found,
                   overhead: float) -> float:
     """Seconds to put a front door in place, as 03's policy comparison of this series
     measured it: the cell's time less its two runs' forecast, over its `SWAPS` starts."""
-    from lab_utils.forecast.run import architecture_of
-    from lab_utils.forecast.timing import sweep_seconds
-    from lab_utils.notebook.forecasting import eta_inputs
-
-    nb03, found = _notebook_cells(series_cells, "03"), eta_inputs(cfg)
+    nb03 = _notebook_cells(series_cells, "03")
     cid = next((c for c, src in _sources("03").items() if step_of(src) == "policies"), None)
     if found is None or cid not in nb03:
         return 0.0
@@ -317,8 +306,9 @@ def notebook_eta(cfg: LabConfig, path: Path, series: str) -> NotebookEta | None:
         return None
     kernel = statistics.median(kernels) if kernels else 0.0
     median_cell = statistics.median(measured_cells) if measured_cells else 0.0
-    overhead = _per_run_overhead(cfg, this) if nb in TOPOLOGY else 0.0
-    swap = _swap_seconds(cfg, this, overhead) if nb in TOPOLOGY else 0.0
+    found = eta_inputs(cfg) if nb in TOPOLOGY else None  # read once for every cell
+    overhead = _per_run_overhead(cfg, this, found) if nb in TOPOLOGY else 0.0
+    swap = _swap_seconds(cfg, this, found, overhead) if nb in TOPOLOGY else 0.0
     parts = {"kernel start": kernel, "last runs": 0.0, "forecast": 0.0, "median cell": 0.0}
     guessed: list[str] = []
     missing: list[str] = []
@@ -329,7 +319,7 @@ def notebook_eta(cfg: LabConfig, path: Path, series: str) -> NotebookEta | None:
             parts["last runs"] += last[cid]
             continue
         kind = step_of(source)
-        s = forecast_cell(cfg, nb, kind, overhead, swap) if kind else None
+        s = forecast_cell(cfg, nb, kind, found, overhead, swap) if kind else None
         if s is not None:
             parts["forecast"] += s
             continue
