@@ -478,13 +478,29 @@ def test_decode_killed_mid_stream(fcfg, pd, tmp_path):
         # threads were under SCHED_IDLE then, docs/REHEARSAL.md). The router's one stream
         # starts right before the kill: with NIXL's threads waiting instead of polling, a
         # stream started first once ran to its end while the two after it started (CI).
+        # On this 2-core box the router's stream has taken long enough to start that both
+        # proxy streams ran to their end before it (CI: 1324 and 1268 chunks, "length").
+        # So before the kill the decode must be running all three; if it is not, the
+        # streams are dropped and started again (the kill's outcome is not touched).
         def longest(ids: list[int]) -> dict:
             return completion(fcfg, ids, fcfg.vllm.max_model_len - len(ids))
-        streams = []
-        for i in range(2):
-            streams.append(Stream(client, proxy, longest(prompt_ids(300 + i, 20 + i))))
-            streams[-1].read(max_chunks=2)
-        via_router = Stream(client, router, longest(prompt_ids(320, 40))).read(max_chunks=2)
+        for attempt in range(3):
+            streams = []
+            for i in range(2):
+                streams.append(Stream(client, proxy, longest(prompt_ids(300 + 3 * attempt + i,
+                                                                        20 + i))))
+                streams[-1].read(max_chunks=2)
+            via_router = Stream(client, router, longest(prompt_ids(320 + attempt, 40)))
+            via_router.read(max_chunks=2)
+            if counters(pd["decode"].url).requests_running >= 3:
+                break
+            print(f"attempt {attempt + 1}: a stream ended before the last one started; again")
+            for s in [*streams, via_router]:
+                s.close()
+            wait_for(lambda: engine_idle([prefill.url, pd["decode"].url]), 60,
+                     "the dropped streams ended")
+        else:
+            pytest.fail("three times a stream ended before the last one started")
         mid_stream = [s for s in streams if s.status == 200 and s.chunks == 2 and not s.done]
         router_mid = via_router.status == 200 and via_router.chunks == 2 and not via_router.done
         os.killpg(pd["decode"].pgid, signal.SIGKILL)
