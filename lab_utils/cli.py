@@ -26,6 +26,13 @@ def _cmd_serve(args) -> int:
     from lab_utils.serve import serve
 
     cfg = load_config(args.config)
+    if args.model and not args.dry_run:
+        raise LabError("--model is for --dry-run (the plan of another model); to serve it, "
+                       "set model.name in the profile")
+    if args.model:
+        from lab_utils.config import with_model
+
+        cfg = with_model(cfg, args.model)
     if args.dry_run:
         from lab_utils.serve import make_plan
 
@@ -39,7 +46,8 @@ def _cmd_serve(args) -> int:
         records = serve(cluster, args.topology, with_proxy=not args.no_proxy,
                         kv_buffer_device=kv_buffer_device(cfg))
     for rec in records:
-        print(f"{rec.name:<12} {rec.node:<12} {rec.url}  pid {rec.pid}  log {rec.log_path}")
+        print(f"{rec.name:<12} {rec.node:<12} {rec.url or '(headless rank)'}  pid {rec.pid}  "
+              f"log {rec.log_path}")
     print(f"stop with: python -m lab_utils cleanup --config {cfg.source}")
     return 0
 
@@ -108,6 +116,10 @@ def _cmd_status(args) -> int:
     cfg = load_config(args.config)
     keys = {"proxy": api_key(cfg, "proxy"), "vllm": api_key(cfg, "vllm")}
     with Cluster(cfg) as cluster:
+        from lab_utils.serve import stop_lone_ranks
+
+        if said := stop_lone_ranks(cluster, cluster.running()):
+            print(said)
         recs = cluster.running()
         if not recs:
             print(f"nothing recorded for profile {cfg.profile}")
@@ -274,6 +286,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--mem-total-gib", type=float, help="with --dry-run: the nodes' MemTotal "
                     "in GiB instead of reading /proc/meminfo on them")
     sp.add_argument("--offline", action="store_true", help="with --dry-run: contact no node")
+    sp.add_argument("--model", help="with --dry-run: plan this Hugging Face model instead of the "
+                    "profile's (its config.json from this host's cache, else the published one "
+                    "the lab knows, e.g. Qwen/Qwen3-235B-A22B-GPTQ-Int4)")
     sp = cmd("proxy", _cmd_proxy, "run the front door in the foreground: the lab proxy, or "
              "vllm-router with proxy.kind \"vllm-router\" (serve starts it for you)")
     sp.add_argument("--mode", choices=TOPOLOGIES, required=True)

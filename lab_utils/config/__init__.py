@@ -27,6 +27,7 @@ from lab_utils.config.loading import (
     load_config,
     parse_config,
     secrets_in,
+    with_model,
     with_proxy,
 )
 from lab_utils.config.parts import InstanceSettings, NodeConfig, WorkloadConfig
@@ -46,5 +47,6 @@ __all__ = [
     "VLLM_DTYPES", "InstanceSettings", "InstanceSpec", "LabConfig", "NodeConfig",
     "WorkloadConfig", "api_key", "checkout_path", "find_config_path", "hf_token",
     "in_checkout", "is_system_dir", "known_secrets", "load_config", "loopback_problems",
-    "parse_config", "read_secret_file", "scrub", "secret_file_problem", "secrets_in", "with_proxy",
+    "parse_config", "read_secret_file", "scrub", "secret_file_problem", "secrets_in", "with_model",
+    "with_proxy",
 ]

@@ -13,6 +13,34 @@ from lab_utils.config.schema import LabConfig
 from lab_utils.config.topology import TOPOLOGIES, probe_nodes
 
 
+def _tensor_parallel_problems(cfg: LabConfig, node_ref) -> list[str]:
+    """The tensor-parallel topology and its ranks' settings come together; one rank per
+    distinct serving node; on a GPU profile each names its data-plane interface to NCCL."""
+    tp, out = cfg.topology.tensor_parallel, []
+    if (tp is None) != (cfg.vllm.tp is None):
+        have, need = (("topology.tensor_parallel", "vllm.tp") if tp else
+                      ("vllm.tp", "topology.tensor_parallel"))
+        out.append(f"{need}: missing; {have} is set and the tensor-parallel topology needs both "
+                   '(e.g. "tensor_parallel": {"nodes": ["spark-01", "spark-02"], '
+                   '"master_port": 29500} and vllm.tp {"port": 8500}), or drop ' + have)
+    if tp is None:
+        return out
+    for i, n in enumerate(tp.nodes):
+        node_ref(f"topology.tensor_parallel.nodes[{i}]", n, "serving")
+    if len(set(tp.nodes)) != len(tp.nodes):
+        out.append(f"topology.tensor_parallel.nodes: {tp.nodes} names a node twice; one rank "
+                   "per node (vLLM's multi-node launcher runs one rank per --node-rank)")
+    if cfg.vllm.device == "cuda":
+        for n in tp.nodes:
+            if n in cfg.nodes and not cfg.nodes[n].data_ifname:
+                out.append(
+                    f"nodes.{n}.data_ifname: missing; the tensor-parallel ranks give NCCL and "
+                    "Gloo the interface of the data-plane link (NCCL_SOCKET_IFNAME), else they "
+                    "may pick the LAN: name the interface that holds data_address, as "
+                    "`ibdev2netdev` shows it (e.g. \"enp1s0f1np1\")")
+    return out
+
+
 def cross_check(cfg: LabConfig) -> list[str]:
     """Every problem that spans fields, each naming the field, the value and the fix;
     [] when there is none."""
@@ -38,6 +66,7 @@ def cross_check(cfg: LabConfig) -> list[str]:
         for i, n in enumerate(getattr(t.disaggregated, side)):
             node_ref(f"topology.disaggregated.{side}[{i}]", n, "serving")
     node_ref("proxy.node", cfg.proxy.node, "controller")
+    problems += _tensor_parallel_problems(cfg, node_ref)
 
     for name, node in cfg.nodes.items():
         if node.connection == "ssh" and node.ssh is None:
@@ -114,10 +143,16 @@ def cross_check(cfg: LabConfig) -> list[str]:
         for spec in cfg.instances(topo):
             node = cfg.nodes[spec.node]
             where = f"{spec.name} on {spec.node}"
-            services.append((spec.node, node.lan_address, spec.port, f"HTTP port of {where}", False))
+            if not spec.headless:  # a rank other than 0 serves no HTTP
+                services.append((spec.node, node.lan_address, spec.port, f"HTTP port of {where}",
+                                 False))
             if spec.side_channel_port is not None:
                 services.append((spec.node, node.data_address, spec.side_channel_port,
                                  f"side-channel port of {where}", True))
+    if cfg.topology.tensor_parallel is not None:
+        rdv = cfg.topology.tensor_parallel.nodes[0]
+        services.append((rdv, cfg.nodes[rdv].data_address, cfg.topology.tensor_parallel.master_port,
+                         f"tensor-parallel rendezvous on {rdv}", True))
     for name in probe_nodes(cfg.topology):
         services.append((name, cfg.nodes[name].data_address, cfg.kv_transfer.probe_port,
                          f"NIXL probe on {name}", True))

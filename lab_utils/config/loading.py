@@ -273,3 +273,14 @@ def with_proxy(cfg: LabConfig, *, kind: str | None = None,
     changed = parse_config(data, str(cfg.source or "config"))
     changed._source = cfg.source
     return changed
+
+
+def with_model(cfg: LabConfig, name: str) -> LabConfig:
+    """This config serving the Hugging Face model `name` instead (for a plan: what another
+    model would need), checked as if the file said so."""
+    data = cfg.model_dump(mode="json", exclude_unset=True)
+    data["model"] = {**{k: v for k, v in data["model"].items() if k == "dtype"},
+                     "name": name, "source": "hub"}
+    changed = parse_config(data, str(cfg.source or "config"))
+    changed._source = cfg.source
+    return changed

@@ -43,6 +43,11 @@ class NodeConfig(_Strict):
     lan_address: str
     data_address: str
     data_netdev: str | None = None
+    # The network interface that holds data_address (`ibdev2netdev` shows it beside its
+    # RDMA device: rocep1s0f1 port 1 ==> enp1s0f1np1). The tensor-parallel ranks name it
+    # to NCCL and Gloo (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME) so that neither picks the
+    # LAN; None: they choose by themselves.
+    data_ifname: str | None = Field(None, pattern=r"^[A-Za-z0-9_.:-]{1,15}$")
     # The rate the data-plane link should run at per device, in Gb/s (200 on a Spark's
     # ConnectX-7); the checklist warns when ethtool reports less. None: not compared.
     data_link_gbps: float | None = Field(None, gt=0)
@@ -116,6 +121,8 @@ class VllmConfig(_Strict):
     replica: InstanceSettings
     prefill: InstanceSettings
     decode: InstanceSettings
+    # the ranks of the tensor-parallel topology (None: the profile has none)
+    tp: InstanceSettings | None = None
 
     _args = field_validator("extra_args")(values.check_args)
     _env = field_validator("extra_env")(values.check_env)
@@ -160,10 +167,20 @@ class DisaggregatedTopology(_Strict):
     decode: list[str] = Field(min_length=1)
 
 
+class TensorParallelTopology(_Strict):
+    """One model across `nodes`, one rank each (vLLM's own multi-node launcher, `mp`
+    backend): rank 0 on the first node serves the API and hosts the rendezvous at its
+    data_address:master_port; the others run headless."""
+
+    nodes: list[str] = Field(min_length=2)
+    master_port: Port = 29500
+
+
 class TopologyConfig(_Strict):
     baseline: BaselineTopology
     replicated: ReplicatedTopology
     disaggregated: DisaggregatedTopology
+    tensor_parallel: TensorParallelTopology | None = None
 
 
 class ProxyConfig(_Strict):

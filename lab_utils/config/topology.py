@@ -11,8 +11,8 @@ from typing import Literal
 from lab_utils.config.parts import InstanceSettings, NodeConfig, TopologyConfig, VllmConfig
 from lab_utils.errors import ConfigError
 
-Role = Literal["baseline", "replica", "prefill", "decode"]
-TOPOLOGIES = ("baseline", "replicated", "disaggregated")
+Role = Literal["baseline", "replica", "prefill", "decode", "tp"]
+TOPOLOGIES = ("baseline", "replicated", "disaggregated", "tensor-parallel")
 
 
 @dataclass(frozen=True)
@@ -27,6 +27,16 @@ class InstanceSpec:
     port: int
     side_channel_port: int | None
     settings: InstanceSettings
+    # a rank of one model across nodes (tensor-parallel): its rank, how many there are,
+    # and where rank 0 holds the rendezvous (its node, the port); None for a whole instance
+    rank: int | None = None
+    ranks: int = 1
+    master: tuple[str, int] | None = None
+
+    @property
+    def headless(self) -> bool:
+        """A rank other than 0: no API server, no HTTP port of its own."""
+        return bool(self.rank)
 
     @property
     def cpu_bind(self) -> str | None:
@@ -40,6 +50,8 @@ def instances(layout: TopologyConfig, vllm: VllmConfig, topology: str) -> list[I
     """The instances of one topology: one per node listed for each of its roles, with the
     role's ports plus one per instance already on that node."""
     placed: list[tuple[Role, list[str]]]
+    if topology == "tensor-parallel":
+        return _ranks(layout, vllm)
     if topology == "baseline":
         placed = [("baseline", [layout.baseline.node])]
     elif topology == "replicated":
@@ -70,6 +82,19 @@ def instances(layout: TopologyConfig, vllm: VllmConfig, topology: str) -> list[I
                 )
             )
     return specs
+
+
+def _ranks(layout: TopologyConfig, vllm: VllmConfig) -> list[InstanceSpec]:
+    """The tensor-parallel topology's ranks, one per node; none when the profile has no
+    such topology (`serve` says what to add)."""
+    tp, settings = layout.tensor_parallel, vllm.tp
+    if tp is None or settings is None:
+        return []
+    return [InstanceSpec(name=f"tp-{rank}", topology="tensor-parallel", role="tp", node=node,
+                         index=rank, port=settings.port, side_channel_port=None,
+                         settings=settings, rank=rank, ranks=len(tp.nodes),
+                         master=(tp.nodes[0], tp.master_port))
+            for rank, node in enumerate(tp.nodes)]
 
 
 def probe_pair(layout: TopologyConfig) -> tuple[str, str]:

@@ -131,7 +131,8 @@ _SECRET_FLAG = re.compile(r"^--?[A-Za-z0-9-]*(api-?key|token|secret|passw|creden
 LAB_OWNED_FLAGS = ("model", "served-model-name", "host", "port", "max-model-len", "dtype",
                    "seed", "revision", "block-size", "gpu-memory-utilization",
                    "enforce-eager", "kv-transfer-config", "middleware", "api-key", "uds",
-                   "hf-token")
+                   "hf-token", "nnodes", "node-rank", "master-addr", "master-port", "headless",
+                   "tensor-parallel-size", "distributed-executor-backend")
 
 
 def _flag_name(arg: str) -> str | None:

@@ -150,6 +150,21 @@ def model_config(cfg: LabConfig, hf_config: dict | None = None) -> tuple[dict, P
                    "model fetch`, or pass the model's config.json to the plan")
 
 
+def weight_bits(hf: dict) -> int | None:
+    """Bits per weight of the quantized linear layers, from config.json's
+    quantization_config (`bits`, a compressed-tensors group's `num_bits`, or FP8's 8);
+    None: not quantized."""
+    q = hf.get("quantization_config") or hf.get("text_config", {}).get("quantization_config")
+    if not q:
+        return None
+    if q.get("bits"):
+        return int(q["bits"])
+    for group in (q.get("config_groups") or {}).values():
+        if (group.get("weights") or {}).get("num_bits"):
+            return int(group["weights"]["num_bits"])
+    return 8 if "fp8" in str(q.get("quant_method", "")).lower() else None
+
+
 def weights(cfg: LabConfig, hf: dict, model_dir: Path | None) -> Item:
     files = weight_files_bytes(model_dir) if model_dir else None
     if files:
@@ -157,6 +172,14 @@ def weights(cfg: LabConfig, hf: dict, model_dir: Path | None) -> Item:
     dtype = str(cfg.model.dtype if cfg.model.dtype != "auto" else
                 hf.get("torch_dtype") or hf.get("dtype") or "bfloat16").removeprefix("torch.")
     n = param_count(hf)
+    bits = weight_bits(hf)
+    if bits:  # the embeddings and the LM head stay at the model's dtype
+        c = hf.get("text_config", hf)
+        embed = c["vocab_size"] * c["hidden_size"] * (1 if c.get("tie_word_embeddings") else 2)
+        total = (n - embed) * bits // 8 + embed * DTYPE_BYTES[dtype]
+        return Item("weights", total, True,
+                    f"estimate: {n / 1e9:.2f} B parameters, linear layers at {bits} bits "
+                    f"(quantization_config), embeddings at {dtype}; scales not counted")
     return Item("weights", n * DTYPE_BYTES[dtype], True,
                 f"estimate: {n / 1e9:.2f} B parameters x {DTYPE_BYTES[dtype]} B ({dtype}) from config.json")
 
@@ -164,13 +187,23 @@ def weights(cfg: LabConfig, hf: dict, model_dir: Path | None) -> Item:
 def instance_memory(cfg: LabConfig, hf: dict, weights_item: Item, mem_total: int, *,
                     utilization: float | None, kv_cache_bytes: int | None,
                     cpu_kvcache_gib: int | None, mirror: bool,
-                    measured: Measured = ESTIMATED) -> InstanceMemory:
+                    measured: Measured = ESTIMATED, ranks: int = 1) -> InstanceMemory:
     """One instance's budget on a node of `mem_total` bytes; `measured` replaces the
-    estimates it has."""
+    estimates it has. With `ranks` > 1 it is one rank of a model split that many ways by
+    tensor parallelism: 1/ranks of the weights, and per token of KV cache only the KV
+    heads of this rank (each rank holds every token; vLLM repeats a KV head on several
+    ranks when there are fewer KV heads than ranks)."""
     shape = kv_shape(hf, None if cfg.model.dtype == "auto" else cfg.model.dtype)
-    w = weights_item.bytes
-    items = [weights_item]
+    w = weights_item.bytes // ranks
+    items = [weights_item if ranks == 1 else
+             Item("weights (this rank's share)", w, True,
+                  f"1/{ranks} of {weights_item.bytes / GiB:.1f} GiB: {weights_item.note}")]
     notes: list[str] = []
+    per_token = shape.bytes_per_token
+    if ranks > 1 and not shape.mla:
+        per_token = per_token * max(1, shape.kv_heads // ranks) // shape.kv_heads
+        notes.append(f"tensor parallel over {ranks} ranks: {max(1, shape.kv_heads // ranks)} of "
+                     f"{shape.kv_heads} KV heads per rank, {per_token:,} B per token here")
     if cfg.vllm.device == "cpu":
         pool = None
         if kv_cache_bytes is None and cpu_kvcache_gib:
@@ -184,7 +217,7 @@ def instance_memory(cfg: LabConfig, hf: dict, weights_item: Item, mem_total: int
             kv = int(u * mem_total) - w - measured.process_bytes()
             items.append(Item("KV cache", kv, False, f"{u} x MemTotal less weights and process "
                               "(vLLM's CPU default without cpu_kvcache_space_gib)"))
-        items[0] = Item("weights", w, False, weights_item.note)
+        items[0] = Item(items[0].what, w, False, items[0].note)
         notes.append("CPU platform: NixlConnector uses the KV cache in place, no host mirror")
     else:
         u = utilization or DEFAULT_UTILIZATION
@@ -212,7 +245,7 @@ def instance_memory(cfg: LabConfig, hf: dict, weights_item: Item, mem_total: int
         notes.append(f"vLLM logged a {measured.kv_bytes[0] / GiB:.2f} GiB KV cache "
                      f"({measured.kv_bytes[1]})")
     return InstanceMemory(items=items, pool=pool, kv_bytes=kv,
-                          kv_tokens=max(kv, 0) // shape.bytes_per_token, mirror=mirror,
+                          kv_tokens=max(kv, 0) // per_token, mirror=mirror,
                           notes=notes)
 
 

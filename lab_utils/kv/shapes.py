@@ -36,6 +36,20 @@ PUBLISHED_CONFIGS = {
         "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
         "num_attention_heads": 64, "num_key_value_heads": 8, "vocab_size": 128256,
         "tie_word_embeddings": False, "torch_dtype": "bfloat16"},
+    # Models that need more than one Spark at 16 bits, for the tensor-parallel plan; their
+    # linear layers' weights are quantized (the rest stays 16-bit): FP8 (8 bits) and
+    # GPTQ-Int4 (4 bits), as their quantization_config says.
+    "RedHatAI/Meta-Llama-3.1-70B-Instruct-FP8": {
+        "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
+        "num_attention_heads": 64, "num_key_value_heads": 8, "vocab_size": 128256,
+        "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+        "quantization_config": {"quant_method": "fp8", "bits": 8}},
+    "Qwen/Qwen3-235B-A22B-GPTQ-Int4": {
+        "hidden_size": 4096, "intermediate_size": 12288, "moe_intermediate_size": 1536,
+        "num_experts": 128, "num_experts_per_tok": 8, "num_hidden_layers": 94,
+        "num_attention_heads": 64, "num_key_value_heads": 4, "head_dim": 128,
+        "vocab_size": 151936, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+        "quantization_config": {"quant_method": "gptq", "bits": 4}},
 }
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4,

@@ -10,8 +10,10 @@ prefill/decode by hand.
 - `startup`: what a start-up log says: the step reached, the figures vLLM measured.
 - `calibrate`: after a start, those figures and timings into the node's calibration record.
 - `topology`: the sets of instances notebooks 01, 03 and 04 stand up (baseline,
-  replicated, disaggregated), with the proxy; what is running; cleanup; `Served`, a
-  started topology as the notebooks hold it.
+  replicated, disaggregated, and 04's optional tensor-parallel), with the proxy; what is
+  running; cleanup; `Served`, a started topology as the notebooks hold it.
+- `tp`: the tensor-parallel ranks as one instance (a rank is never left alone), and the
+  check that the split model's output is 01's.
 - `proxy`: the lab's HTTP front door (replicated and P/D modes), one for every architecture.
 - `router`: vLLM's router (`vllm-router`) in the proxy's place, with `proxy.kind`.
 - `pd`: prefill then decode by hand, and the proof that the KV cache really moved.
@@ -24,8 +26,10 @@ The proxy's web stack (fastapi, aiohttp) is imported only by `serve.proxy`.
 from lab_utils.serve.launcher import healthy, start_instance, wait_ready
 from lab_utils.serve.plan import Plan, make_plan
 from lab_utils.serve.topology import PROXY, Served, cleanup, serve, topology_running, urls
+from lab_utils.serve.tp import stop_lone_ranks
 
 # `proxy`, `router` and `demo` are exported as modules but imported only when asked for,
 # so that starting an instance does not load the proxy's web stack.
 __all__ = ["PROXY", "Plan", "Served", "cleanup", "demo", "healthy", "make_plan", "proxy", "router",
-           "serve", "start_instance", "topology_running", "urls", "wait_ready"]
+           "serve", "start_instance", "stop_lone_ranks", "topology_running", "urls",
+           "wait_ready"]

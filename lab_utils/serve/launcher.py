@@ -40,6 +40,8 @@ from lab_utils.serve import startup
 from lab_utils.util.progress import progress_bar
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+# `vllm serve` for the ranks of one model across nodes (see the module)
+SERVE_MODULE = "lab_utils.on_node.vllm_serve"
 KV_ROLES = {"prefill": "kv_producer", "decode": "kv_consumer"}
 # vLLM wants the key only under /v1, /v2, /inference and /cohere; this wants it elsewhere too
 KEY_GUARD = "lab_utils.on_node.api_guard.RequireKey"
@@ -49,8 +51,21 @@ NIXL_DELAY_ENV = "LAB_NIXL_PROGRESS_DELAY_US"
 BASE_PATH = ["/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"]
 
 
-def instance_url(cfg: LabConfig, spec: InstanceSpec) -> str:
-    return f"http://{cfg.nodes[spec.node].lan_address}:{spec.port}"
+def instance_url(cfg: LabConfig, spec: InstanceSpec) -> str | None:
+    """Where its API answers; None for a headless rank (only rank 0 serves HTTP)."""
+    return None if spec.headless else f"http://{cfg.nodes[spec.node].lan_address}:{spec.port}"
+
+
+def rank_args(cfg: LabConfig, spec: InstanceSpec) -> list[str]:
+    """A tensor-parallel rank's part of `vllm serve`: the model split over `ranks` nodes
+    by vLLM's own launcher (`mp` backend, no Ray), rank 0 hosting the rendezvous on its
+    data-plane address; the other ranks are headless."""
+    assert spec.rank is not None and spec.master is not None  # a rank's spec
+    node, port = spec.master
+    args = ["--tensor-parallel-size", str(spec.ranks), "--distributed-executor-backend", "mp",
+            "--nnodes", str(spec.ranks), "--node-rank", str(spec.rank),
+            "--master-addr", cfg.nodes[node].data_address, "--master-port", str(port)]
+    return args + (["--headless"] if spec.headless else [])
 
 
 def kv_transfer_config(cfg: LabConfig, spec: InstanceSpec, *,
@@ -76,12 +91,15 @@ def server_command(cluster: Cluster, spec: InstanceSpec, *,
     cfg = cluster.cfg
     node = cfg.nodes[spec.node]
     s = spec.settings
-    argv = [
-        cluster.node(spec.node).python, "-m", API_SERVER_MODULE,
-        "--model", cfg.model_path_on(spec.node),
-        "--served-model-name", cfg.model.name,
-        "--host", node.lan_address,
-        "--port", str(spec.port),
+    python = cluster.node(spec.node).python
+    if spec.rank is None:
+        argv = [python, "-m", API_SERVER_MODULE, "--model", cfg.model_path_on(spec.node)]
+    else:  # `vllm serve MODEL`: the positional model, then the same flags
+        argv = [python, "-m", SERVE_MODULE, cfg.model_path_on(spec.node)]
+    argv += ["--served-model-name", cfg.model.name]
+    if not spec.headless:
+        argv += ["--host", node.lan_address, "--port", str(spec.port)]
+    argv += [
         "--max-model-len", str(s.max_model_len or cfg.vllm.max_model_len),
         "--dtype", cfg.model.dtype,
         "--seed", str(cfg.vllm.seed),
@@ -97,7 +115,9 @@ def server_command(cluster: Cluster, spec: InstanceSpec, *,
     kv = kv_transfer_config(cfg, spec, kv_buffer_device=kv_buffer_device)
     if kv:
         argv += ["--kv-transfer-config", json.dumps(kv, separators=(",", ":"))]
-    if api_key(cfg, "vllm"):  # the key on every route but /health and /metrics
+    if spec.rank is not None:
+        argv += rank_args(cfg, spec)
+    if api_key(cfg, "vllm") and not spec.headless:  # the key on every route but /health, /metrics
         argv += ["--middleware", KEY_GUARD]
     return argv + list(cfg.vllm.extra_args) + list(s.extra_args)
 
@@ -130,6 +150,8 @@ def server_env(cfg: LabConfig, spec: InstanceSpec) -> dict[str, str]:
             env["UCX_TLS"] = cfg.kv_transfer.ucx_tls
         if node.data_netdev:
             env["UCX_NET_DEVICES"] = node.data_netdev
+    if spec.rank is not None:
+        env.update(rank_env(cfg, spec))
     env.update(cfg.vllm.extra_env)
     env.update(s.extra_env)
     token = hf_token(cfg)
@@ -138,6 +160,8 @@ def server_env(cfg: LabConfig, spec: InstanceSpec) -> dict[str, str]:
     # the lab's code: the deployed copy on an SSH node
     lab = (node.workdir or "") if node.connection == "ssh" else str(PACKAGE_DIR.parent)
     first = []  # what goes before the node's PYTHONPATH
+    if spec.rank is not None:
+        first.append(lab)  # SERVE_MODULE is the lab's
     if spec.role in KV_ROLES and cfg.nixl_progress_delay_us() > 0:
         # its sitecustomize sets NIXL's progress-thread delay in every process of the
         # instance (lab_utils/on_node/nixl_site)
@@ -149,9 +173,30 @@ def server_env(cfg: LabConfig, spec: InstanceSpec) -> dict[str, str]:
     if key:
         env["VLLM_API_KEY"] = key
         first.append(lab)  # KEY_GUARD is imported from the lab's code
+    first = list(dict.fromkeys(first))
     if first:
         env["PYTHONPATH"] = ":".join(p for p in (*first, env.get("PYTHONPATH") or (
             os.environ.get("PYTHONPATH", "") if node.connection == "local" else "")) if p)
+    return env
+
+
+def rank_env(cfg: LabConfig, spec: InstanceSpec) -> dict[str, str]:
+    """What a tensor-parallel rank needs to find the others over the data-plane link:
+    VLLM_HOST_IP (the node's own address as vLLM reports it) and, where the profile names
+    the interface that holds data_address, GLOO_SOCKET_IFNAME (torch's CPU collectives,
+    the whole TP traffic on the CPU build) and on a CUDA profile NCCL_SOCKET_IFNAME
+    ("=" + name: exactly that interface, NCCL's bootstrap and its socket fallback) and
+    NCCL_IB_HCA ("=" + data_netdev: exactly those RDMA devices and ports, both halves of
+    a Spark's ConnectX-7 port, for the all-reduces over RoCE)."""
+    node = cfg.nodes[spec.node]
+    env = {"VLLM_HOST_IP": node.data_address}
+    if node.data_ifname:
+        env["GLOO_SOCKET_IFNAME"] = node.data_ifname
+    if cfg.vllm.device == "cuda":
+        if node.data_ifname:
+            env["NCCL_SOCKET_IFNAME"] = "=" + node.data_ifname
+        if node.data_netdev:
+            env["NCCL_IB_HCA"] = "=" + node.data_netdev
     return env
 
 
@@ -175,7 +220,11 @@ def start_instance(cluster: Cluster, spec: InstanceSpec, *,
     if existing is not None:
         return existing, False
     node_cfg = cfg.nodes[spec.node]
-    node.ensure_port_free(node_cfg.lan_address, spec.port, f"vLLM instance {spec.name}")
+    if not spec.headless:
+        node.ensure_port_free(node_cfg.lan_address, spec.port, f"vLLM instance {spec.name}")
+    if spec.rank == 0 and spec.master is not None:
+        node.ensure_port_free(node_cfg.data_address, spec.master[1],
+                              "the tensor-parallel rendezvous (topology.tensor_parallel.master_port)")
     if spec.side_channel_port is not None:
         node.ensure_port_free(node_cfg.data_address, spec.side_channel_port,
                               f"the NIXL side channel of {spec.name}")
@@ -185,10 +234,11 @@ def start_instance(cluster: Cluster, spec: InstanceSpec, *,
         rec = node.start_detached(
             spec.name, server_command(cluster, spec, kv_buffer_device=kv_buffer_device),
             env={"TMPDIR": tmp, **server_env(cfg, spec)},
-            log_path=_log_path(cfg, spec), kind="vllm", port=spec.port,
-            url=instance_url(cfg, spec),
+            log_path=_log_path(cfg, spec), kind="vllm",
+            port=None if spec.headless else spec.port, url=instance_url(cfg, spec),
             extra={"topology": spec.topology, "role": spec.role,
-                   "side_channel_port": spec.side_channel_port, "tmpdir": tmp},
+                   "side_channel_port": spec.side_channel_port, "tmpdir": tmp,
+                   **({"rank": spec.rank, "ranks": spec.ranks} if spec.rank is not None else {})},
         )
     except BaseException:
         node.remove_private_tmp(tmp)
@@ -210,7 +260,8 @@ def process_failure(node: Node, rec: ProcessRecord, why: str) -> ProcessFailedEr
 
 def wait_ready(cluster: Cluster, records: list[ProcessRecord], timeout: float | None = None,
                show_progress: bool = True) -> dict[str, float]:
-    """Poll every instance's /health until all answer; return seconds to ready per name."""
+    """Poll every instance's /health until all answer; return seconds to ready per name.
+    A headless rank (no URL) is watched for being alive, and is ready with the rest."""
     timeout = timeout or cluster.cfg.vllm.startup_timeout_s
     t0 = time.monotonic()
     pending = {r.name: r for r in records}
@@ -223,8 +274,13 @@ def wait_ready(cluster: Cluster, records: list[ProcessRecord], timeout: float | 
         while pending:
             for name, rec in list(pending.items()):
                 node = nodes[rec.node]
-                assert rec.url is not None  # an instance's or the proxy's record has its URL
-                if healthy(rec.url, api_key=keys["proxy" if rec.kind == "proxy" else "vllm"]):
+                served = [r for r in pending.values() if r.url]
+                if rec.url is None and not served and node.is_alive(rec):
+                    ready[name] = time.monotonic() - t0  # the ranks it serves with are up
+                    del pending[name]
+                    bar.update(1)
+                elif rec.url is not None and healthy(
+                        rec.url, api_key=keys["proxy" if rec.kind == "proxy" else "vllm"]):
                     ready[name] = time.monotonic() - t0
                     del pending[name]
                     bar.update(1)

@@ -43,7 +43,7 @@ class InstancePlan:
     node: str
     argv: list[str]
     env: dict[str, str]  # secrets already replaced by "<set>"
-    url: str
+    url: str | None
     side_channel: str | None
     kv_buffer_device: str | None
     memory: InstanceMemory
@@ -61,10 +61,11 @@ class NodeBudget:
     reserve: int
     fixes: list[str] = field(default_factory=list)
     reserve_source: str = "estimate"
+    no_kv: list[str] = field(default_factory=list)  # instances whose pool leaves no KV cache
 
     @property
     def fits(self) -> bool:
-        return self.mem_total is None or self.total <= self.mem_total
+        return not self.no_kv and (self.mem_total is None or self.total <= self.mem_total)
 
 
 @dataclass
@@ -88,6 +89,11 @@ class Plan:
             return
         lines = [f"the {self.topology} plan of profile {self.profile} does not fit in memory:"]
         for n in bad:
+            if n.no_kv:
+                lines.append(f"  {n.node}: {', '.join(n.no_kv)}: the weights and overhead fill "
+                             "vLLM's pool, leaving no KV cache; fix:")
+                lines += [f"    - {f}" for f in n.fixes]
+                continue
             lines.append(f"  {n.node}: needs {n.total / GiB:.1f} GiB of {(n.mem_total or 0) / GiB:.1f} "
                          f"GiB MemTotal ({n.mem_source}) for {', '.join(n.instances)}; fix:")
             lines += [f"    - {f}" for f in n.fixes]
@@ -166,6 +172,13 @@ def _fixes(cfg: LabConfig, budget: NodeBudget, plans: list[InstancePlan], weight
     u = memory.fitting_utilization(budget.mem_total, inst, found)
     kv = memory.fitting_kv_bytes(budget.mem_total, inst, found)
     roles = sorted({p.role for p in plans})
+    if budget.no_kv:
+        whole = max(p.memory.items[0].bytes for p in plans)
+        return [f"a gpu_memory_utilization whose pool holds the weights "
+                f"({whole / GiB:.1f} GiB here) with room for a KV cache, if the node has it",
+                "split the model over the nodes: the tensor-parallel topology "
+                "(python -m lab_utils serve --topology tensor-parallel --dry-run)",
+                "a smaller or more quantized model"]
     out = [f"gpu_memory_utilization {u:.2f} (or lower) for vllm.{'/'.join(roles)}"]
     if kv > 0:
         out.append(f'"--kv-cache-memory-bytes", "{kv // GiB}G" in vllm.<role>.extra_args '
@@ -252,7 +265,8 @@ def _budgets(cfg: LabConfig, plans: list[InstancePlan], totals: dict,
         label = ", ".join(names) + (f" ({machine})" if len(names) > 1 else "")
         b = NodeBudget(label, total, src, [p.name for p in mine],
                        sum(p.memory.total for p in mine) + reserve, reserve,
-                       reserve_source=found.os_reserve[1] if found.os_reserve else "estimate")
+                       reserve_source=found.os_reserve[1] if found.os_reserve else "estimate",
+                       no_kv=[p.name for p in mine if p.memory.kv_bytes <= 0])
         if not b.fits:
             b.fixes = _fixes(cfg, b, mine, weights, found)
         out[machine] = b
@@ -280,7 +294,7 @@ def _instance(cluster: Cluster, spec: InstanceSpec, kv_buffer_device: str | None
     mem = memory.instance_memory(
         cfg, hf, weights, mem_total or 0, utilization=spec.settings.gpu_memory_utilization,
         kv_cache_bytes=kv_cache_bytes_arg(argv), cpu_kvcache_gib=spec.settings.cpu_kvcache_space_gib,
-        mirror=cfg.vllm.device == "cuda" and device == "cpu", measured=found)
+        mirror=cfg.vllm.device == "cuda" and device == "cpu", measured=found, ranks=spec.ranks)
     side = (f"{cfg.nodes[spec.node].data_address}:{spec.side_channel_port}"
             if spec.side_channel_port is not None and device else None)
     return InstancePlan(spec.name, spec.role, spec.node, argv,

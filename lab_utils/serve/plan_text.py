@@ -30,7 +30,7 @@ def _argv(argv: list[str]) -> list[str]:
 def _instance(p) -> list[str]:  # a plan.InstancePlan
     m = p.memory
     out = [f"[{p.name}] on {p.node}  ({p.role})",
-           f"  HTTP          {p.url}"]
+           f"  HTTP          {p.url or 'none: a headless rank (rank 0 serves the API)'}"]
     if p.side_channel:
         out.append(f"  NIXL side ch. {p.side_channel}   kv_buffer_device {p.kv_buffer_device}")
     out.append("  command")
@@ -67,11 +67,12 @@ def render(plan) -> str:  # a plan.Plan
         if b.mem_total is None:
             out.append(f"{head}; MemTotal {b.mem_source}")
             continue
-        verdict = "FITS" if b.fits else "DOES NOT FIT"
+        verdict = ("FITS" if b.fits else "DOES NOT FIT" if not b.no_kv else
+                   f"DOES NOT FIT: no room for a KV cache in {', '.join(b.no_kv)}")
         spare = (b.mem_total - b.total) / GiB
         out.append(f"{head} of {b.mem_total / GiB:.1f} GiB MemTotal ({b.mem_source}):"
-                   f" {verdict}, " + (f"{spare:.1f} GiB to spare" if spare >= 0
-                                      else f"short by {-spare:.1f} GiB"))
+                   f" {verdict}" + ("" if b.no_kv else f", {spare:.1f} GiB to spare" if spare >= 0
+                                    else f", short by {-spare:.1f} GiB"))
         out += [f"    fix: {f}" for f in b.fixes]
     out += _start_order(plan.start_order)
     return "\n".join(out)

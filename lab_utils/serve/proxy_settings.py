@@ -37,13 +37,13 @@ def settings_from_config(cfg, mode: str) -> ProxySettings:
     from lab_utils.serve.launcher import instance_url
 
     def urls(topology: str, role: str) -> list[str]:
-        return [instance_url(cfg, s) for s in cfg.instances(topology) if s.role == role]
+        return [u for s in cfg.instances(topology) if s.role == role and (u := instance_url(cfg, s))]
 
     def key(service: Literal["proxy", "vllm"]) -> str | None:
         return os.environ.get(KEY_ENV[service]) or api_key(cfg, service)
 
     p = cfg.proxy
-    topology = {"replicated": "replicated", "baseline": "baseline"}.get(mode, "disaggregated")
+    topology = mode if mode in ("replicated", "baseline", "tensor-parallel") else "disaggregated"
     longest = max([cfg.vllm.max_model_len] + [s.settings.max_model_len for s in cfg.instances(topology)
                                               if s.settings.max_model_len])
     common = dict(connect_timeout_s=p.connect_timeout_s, request_timeout_s=p.request_timeout_s,
@@ -55,5 +55,9 @@ def settings_from_config(cfg, mode: str) -> ProxySettings:
                              policy=cfg.topology.replicated.policy, **common)
     if mode == "baseline":  # one backend, the same path as the other architectures
         return ProxySettings(mode="replicated", backends=urls("baseline", "baseline"), **common)
+    if mode == "tensor-parallel":  # one backend too: rank 0's API server
+        return ProxySettings(mode="replicated", backends=[u for s in cfg.instances(mode)
+                                                          if (u := instance_url(cfg, s))],
+                             **common)
     return ProxySettings(mode=mode, prefill=urls("disaggregated", "prefill"),
                          decode=urls("disaggregated", "decode"), **common)

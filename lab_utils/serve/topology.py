@@ -48,7 +48,7 @@ class Served:
         return [r for r in self.records if r.kind == "vllm"]
 
     def instance_urls(self) -> list[str]:
-        return [_url(r) for r in self.instance_records()]
+        return [_url(r) for r in self.instance_records() if r.url]  # not headless ranks
 
 
 def _url(rec: ProcessRecord) -> str:
@@ -66,12 +66,20 @@ def serve(cluster: Cluster, *topologies: str, show_progress: bool = True,
     if with_proxy and len(topologies) != 1:
         raise ValueError("the proxy fronts exactly one topology")
     cfg = cluster.cfg
+    if "tensor-parallel" in topologies and not cfg.instances("tensor-parallel"):
+        raise LabError(f"the profile {cfg.profile} has no tensor-parallel topology: add "
+                       "topology.tensor_parallel and vllm.tp (configs/local-cpu.json has both)")
     check_plans(cluster, topologies, kv_buffer_device)
     records: list[ProcessRecord] = []
     started: list[ProcessRecord] = []
     specs = [s for t in topologies for s in cfg.instances(t)]
     remote = {s.node for s in specs} | ({cfg.proxy.node} if with_proxy else set())
     deploy(cluster, sorted(n for n in remote if cfg.nodes[n].connection == "ssh"))
+    if "tensor-parallel" in topologies:  # never reuse part of a split model
+        from lab_utils.serve.tp import stop_lone_ranks
+
+        if said := stop_lone_ranks(cluster, cluster.running("tensor-parallel")):
+            print(f"warning: {said}; starting it again")
     try:
         before = calibrate.before_start(cluster, [s.node for s in specs])
         ready: dict[str, float] = {}

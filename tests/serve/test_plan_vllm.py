@@ -17,7 +17,7 @@ from lab_utils.cluster import Cluster
 from lab_utils.config import REPO_ROOT, TOPOLOGIES, parse_config
 from lab_utils.kv.memory import GiB
 from lab_utils.serve import make_plan
-from lab_utils.serve.launcher import API_SERVER_MODULE
+from lab_utils.serve.launcher import API_SERVER_MODULE, SERVE_MODULE
 
 PROFILES = ["environment_config.json.example", "configs/local-cpu.json", "configs/simcluster.json"]
 # UCX reads these; the lab sets them only from the config and vLLM has no say in them.
@@ -46,7 +46,27 @@ def vllm_judge():
             raise AssertionError(f"vLLM's parser refused {argv}: exit {e.code}") from None
         return args, AsyncEngineArgs.from_cli_args(args)
 
-    return {"parse": parse, "parser": parser, "kv": pydantic.TypeAdapter(KVTransferConfig),
+    def parse_serve(argv: list[str]):
+        """`vllm serve`'s parser (the tensor-parallel ranks), the positional model taken
+        as `vllm serve` takes it, and the ranks' ParallelConfig as vLLM validates it."""
+        from vllm.config import ParallelConfig
+
+        from lab_utils.on_node.vllm_serve import parser as serve_parser
+
+        top, _ = serve_parser()
+        try:
+            args = top.parse_args(["serve", *argv])
+        except SystemExit as e:
+            raise AssertionError(f"vLLM's serve parser refused {argv}: exit {e.code}") from None
+        args.model = args.model_tag
+        engine = AsyncEngineArgs.from_cli_args(args)
+        parallel = ParallelConfig(**{f: getattr(engine, f) for f in (
+            "tensor_parallel_size", "nnodes", "node_rank", "master_addr", "master_port",
+            "distributed_executor_backend")})
+        return args, engine, parallel
+
+    return {"parse": parse, "parse_serve": parse_serve, "parser": parser,
+            "kv": pydantic.TypeAdapter(KVTransferConfig),
             "env_names": set(vllm.envs.environment_variables), "nixl": _NIXL_SUPPORTED_DEVICE}
 
 
@@ -65,11 +85,17 @@ def test_vllm_accepts_every_instance_of_every_topology(vllm_judge, tmp_path, pro
         plan = make_plan(Cluster(cfg), topology, mem_total=120 * GiB, read_nodes=False)
         assert plan.fits, plan.text()
         for inst in plan.instances:
-            assert inst.argv[1:3] == ["-m", API_SERVER_MODULE]
-            args, engine = vllm_judge["parse"](inst.argv[3:])
+            if inst.role == "tp":
+                assert inst.argv[1:3] == ["-m", SERVE_MODULE]
+                args, engine, parallel = vllm_judge["parse_serve"](inst.argv[3:])
+                _check_rank(cfg, inst, args, parallel)
+            else:
+                assert inst.argv[1:3] == ["-m", API_SERVER_MODULE]
+                args, engine = vllm_judge["parse"](inst.argv[3:])
             assert engine.model == cfg.model_path_on(inst.node)
             assert engine.served_model_name in (cfg.model.name, [cfg.model.name])
-            assert args.port == int(inst.url.rsplit(":", 1)[1])
+            if inst.url:
+                assert args.port == int(inst.url.rsplit(":", 1)[1])
             if cfg.vllm.device == "cuda":
                 want = getattr(cfg.vllm, inst.role)
                 assert engine.gpu_memory_utilization == want.gpu_memory_utilization
@@ -93,6 +119,29 @@ def test_vllm_accepts_every_instance_of_every_topology(vllm_judge, tmp_path, pro
                     assert name in UCX_NAMES and name not in vllm_judge["env_names"]
 
 
+def _check_rank(cfg, inst, args, parallel) -> None:
+    """A tensor-parallel rank: one per node in the configured order, every rank pointed at
+    rank 0's data-plane address and the configured port, only rank 0 serving HTTP."""
+    tp = cfg.topology.tensor_parallel
+    rank = tp.nodes.index(inst.node)
+    assert parallel.world_size == parallel.tensor_parallel_size == parallel.nnodes == len(tp.nodes)
+    assert parallel.node_rank == rank and parallel.distributed_executor_backend == "mp"
+    assert (parallel.master_addr, parallel.master_port) == (
+        cfg.nodes[tp.nodes[0]].data_address, tp.master_port)
+    assert args.headless == (rank > 0) and (inst.url is None) == (rank > 0)
+    if cfg.vllm.device == "cuda":  # NCCL and Gloo named the data-plane link, exactly
+        node = cfg.nodes[inst.node]
+        assert inst.env["NCCL_SOCKET_IFNAME"] == "=" + node.data_ifname
+        assert inst.env["GLOO_SOCKET_IFNAME"] == node.data_ifname
+        assert inst.env["NCCL_IB_HCA"] == "=" + node.data_netdev
+
+
+def test_every_profile_has_the_tensor_parallel_ranks(tmp_path):
+    for profile in PROFILES:
+        cfg = _profile(tmp_path, profile)
+        assert [s.rank for s in cfg.instances("tensor-parallel")] == [0, 1], profile
+
+
 def test_vllm_refuses_what_the_judge_should_catch(vllm_judge):
     """The judge has teeth: an unknown flag, a bad value, a bad connector config."""
     with pytest.raises(AssertionError, match="refused"):
@@ -103,6 +152,11 @@ def test_vllm_refuses_what_the_judge_should_catch(vllm_judge):
         vllm_judge["parse"](["--model", "m", "--kv-transfer-config",
                              '{"kv_connector":"NixlConnector","kv_rolle":"kv_producer"}'])
     assert "auto" not in vllm_judge["nixl"]["cuda"]  # why "auto" is resolved before launch
+    with pytest.raises(AssertionError, match="refused"):
+        vllm_judge["parse_serve"](["m", "--nnodes", "two"])
+    with pytest.raises(ValueError, match="nnodes > 1"):  # Ray cannot take --nnodes
+        vllm_judge["parse_serve"](["m", "-tp", "2", "--nnodes", "2",
+                                   "--distributed-executor-backend", "ray"])
 
 
 def test_the_agreement_benchmarks_baseline_has_no_prefix_cache(vllm_judge, tmp_path):

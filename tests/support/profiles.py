@@ -25,11 +25,12 @@ def make_profile_data(results_root: str) -> dict:
     data = json.loads(DEFAULT_PROFILE.read_text())
     data["profile"] = "test-local-cpu"
     data["results_root"] = results_root
-    for role in ("baseline", "replica", "prefill", "decode"):
+    for role in ("baseline", "replica", "prefill", "decode", "tp"):
         s = data["vllm"][role]
         s["port"] += PORT_SHIFT
         if s.get("side_channel_port"):
             s["side_channel_port"] += PORT_SHIFT
+    data["topology"]["tensor_parallel"]["master_port"] += PORT_SHIFT
     data["proxy"]["port"] += PORT_SHIFT
     data["kv_transfer"]["probe_port"] += PORT_SHIFT
     return data
