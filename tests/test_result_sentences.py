@@ -47,6 +47,8 @@ ELSEWHERE = {
                                         "conclude_03"),
     "notebook/lessons.py:conclude_04": ("notebook/test_lessons.py::test_04_itl_tail_protected_or_not",
                                         "conclude_04"),
+    "notebook/lessons.py:conclude_tp": ("notebook/test_lessons.py::test_tp_output_and_cost_or_not",
+                                        "conclude_tp"),
     "notebook/switches.py:chunking_sentence": (
         "notebook/test_switches.py::test_chunking_sentence_follows_the_numbers",
         "chunking_sentence"),

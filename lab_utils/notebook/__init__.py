@@ -14,6 +14,8 @@ lab`), one call per step.
 - `compare`: the comparison tables (a sweep, two notebooks side by side, a reference run,
   the front doors, the routing policies).
 - `record`: each serving notebook's results, built and written.
+- `sharded`: 04's optional section, one model split across the nodes (tensor parallel):
+  started, its output checked against 01's, recorded.
 - `lessons`, `transfer_lesson`: what notebooks 01-04 conclude from their own results.
 - `kv_lesson`: notebook 02's explanation of the KV cache in the configured model's figures.
 - `time_split`: where 04's time went (CPU per process group during the sweep, ITL at
@@ -49,6 +51,13 @@ from lab_utils.notebook.hood import protocol_by_hand, watch_scheduler
 from lab_utils.notebook.kv_lesson import explain_kv
 from lab_utils.notebook.record import record_baseline, record_disaggregated, record_replicated
 from lab_utils.notebook.session import ServingSession, kv_buffer_device, tokenizer_of
+from lab_utils.notebook.sharded import (
+    prove_split,
+    record_tensor_parallel,
+    require_same_output,
+    same_output_frame,
+    start_tensor_parallel,
+)
 from lab_utils.notebook.steps import (
     cache_meter,
     check_alive,
@@ -81,5 +90,6 @@ __all__ = [
     "record_disaggregated", "record_environment", "record_replicated", "reference_outputs",
     "require_environment", "run_sweep", "single_request", "sweep_frame", "tokenizer_of",
     "time_instances", "transfer_lesson", "two_switches", "versus_reference", "watch_scheduler", "where_time_went",
-    "whole_notebook_lines",
+    "whole_notebook_lines", "prove_split", "record_tensor_parallel", "require_same_output",
+    "same_output_frame", "start_tensor_parallel",
 ]

@@ -11,7 +11,7 @@ apart), the same as the report's, the comparison tables' and the forecast gradin
 from __future__ import annotations
 
 from lab_utils.measure.benchmark import read_late
-from lab_utils.results import BaselinePayload, Proof
+from lab_utils.results import BaselinePayload, Proof, TensorParallelPayload
 from lab_utils.results.kv_transfer import KvTransferPayload
 from lab_utils.results.points import BY_KEY, Measured, Point, compare_points, differs
 from lab_utils.results.sweep import BenchmarkResult
@@ -306,10 +306,61 @@ def conclude_04(replicated: BenchmarkResult | None, disaggregated: BenchmarkResu
     return said
 
 
+# ---- 04, optional section: one model across the nodes ------------------------------------
+
+
+def conclude_tp(baseline: BenchmarkResult, tp: TensorParallelPayload,
+                others: dict[str, BenchmarkResult], device: str = "cpu") -> list[str]:
+    """Expectation: splitting leaves the output as it was, and makes every decode step wait
+    for the ranks' all-reduces over the link; whether reading half the weights per rank
+    pays for that is what the sweep decides. `others`: the other two-node architectures'
+    sweeps by name ("replicated", "disaggregated"), where they ran."""
+    rows = tp.same_output
+    equal = sum(r.tokens_equal for r in rows)
+    ties = [f"token {r.diverged_at}, {r.divergence_margin:.2f} nats" for r in rows
+            if r.tokens_ok and not r.tokens_equal and r.divergence_margin is not None]
+    if tp.output_ok:
+        said = [f"As expected, splitting the model over {tp.ranks} ranks left its output as it "
+                f"was: {equal} of {len(rows)} prompts gave 01's greedy tokens exactly"
+                + (f", the others parted from them at a near tie ({'; '.join(ties)}): the "
+                   "ranks add up their halves of each layer in another order than one "
+                   "instance adds the whole." if ties else ".")]
+    else:
+        said = [f"Not as expected: the split model's output is not 01's for "
+                f"{sum(not r.tokens_ok for r in rows)} of {len(rows)} prompts ("
+                + "; ".join(r.tokens_why for r in rows if not r.tokens_ok) + ")."]
+    a, b = _points(baseline), _points(tp.sweep)
+    common = sorted(set(a) & set(b))
+    if not common:
+        return said + ["No load point measured by both 01 and the split model: nothing to "
+                       "compare."]
+    one, top = common[0], common[-1]
+    won = better(a[one], b[one], "median_tpot_ms")
+    text = (f"at concurrency {one:g} a token took {_ms(b[one].median('median_tpot_ms'))} "
+            f"(TPOT p50) split over {tp.ranks} nodes against {_ms(a[one].median('median_tpot_ms'))} "
+            f"on 01's single instance ({_margin(a[one], b[one], 'median_tpot_ms', won)})")
+    if won == "b":
+        said.append(f"Reading 1/{tp.ranks} of the weights per rank paid for the all-reduces: {text}.")
+    else:
+        said.append(f"The all-reduces cost more than reading 1/{tp.ranks} of the weights saved: "
+                    f"{text}"
+                    + (". On the CPU rehearsal the ranks share the machine's two cores and "
+                       "exchange every layer's output through Gloo on loopback; what two GPUs "
+                       "over RoCE would show is not measured here." if device == "cpu" else "."))
+    for name, other in others.items():
+        o = _points(other)
+        if top in o:
+            w = better(o[top], b[top], "output_throughput")
+            said.append(f"Throughput at concurrency {top:g}: {_tps(o[top])} tok/s {name}, "
+                        f"{_tps(b[top])} split ({_margin(o[top], b[top], 'output_throughput', w)})"
+                        + (f": {name} wins on a model that fits one node." if w == "a" else "."))
+    return said
+
+
 def conclusions_of(rows: list[str]) -> str:
     """The sentences as the notebooks print them."""
     return "\n".join(f"- {s}" for s in rows)
 
 
 __all__ = ["better", "conclude_01", "conclude_02", "conclude_03", "conclude_04",
-           "conclusions_of"]
+           "conclude_tp", "conclusions_of"]

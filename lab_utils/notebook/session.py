@@ -57,7 +57,7 @@ class ServingSession:
         records = serve(self.cluster, topology, with_proxy=True, kv_buffer_device=device)
         self.started += [r for r in records if r.name not in before]
         for r in records:
-            print(f"  {r.name:<12} {r.node:<12} {r.url}")
+            print(f"  {r.name:<12} {r.node:<12} {r.url or '(headless rank: rank 0 serves)'}")
         return Served(topology, records, device)
 
     def swap_front_door(self, served: Served, kind: str, policy: str | None = None) -> None:

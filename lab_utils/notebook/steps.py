@@ -306,8 +306,14 @@ def conclude(cfg: LabConfig, notebook: str) -> list[str]:
                                    rep03.payload.mixed if rep03 else None, dis.mixed, dis.proof,
                                    device, load_results(cfg, "01").payload,
                                    nixl_thread_state(cfg))
+    elif notebook == "tp":
+        tp = load_results(cfg, "tp").payload
+        others = {name: env.payload.sweep for name, nb in (("replicated", "03"),
+                                                            ("disaggregated", "04"))
+                  if (env := load_optional(cfg, nb)) is not None}
+        said = lessons.conclude_tp(load_results(cfg, "01").payload.sweep, tp, others, device)
     else:
-        raise LabError(f"no conclusions for notebook {notebook!r} (01-04)")
+        raise LabError(f"no conclusions for notebook {notebook!r} (01-04, tp)")
     print(lessons.conclusions_of(said))
     return said
 

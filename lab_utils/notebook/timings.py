@@ -136,7 +136,9 @@ def recent_cells(entry: dict[str, Any] | None, digest: str) -> dict[str, float]:
 
 
 # what a cell does, by its source: (pattern, kind); the first match wins
-_STEPS = ((r"two_switches\(", "switches"), (r"compare_policies\(", "policies"),
+_STEPS = ((r"start_tensor_parallel\(", "tp start"), (r"run_sweep\(cfg, tp, mixed=True", "tp mixed"),
+          (r"run_sweep\(cfg, tp\b", "tp sweep"),
+          (r"two_switches\(", "switches"), (r"compare_policies\(", "policies"),
           (r"compare_front_doors\(", "front doors"),
           (r"run_sweep\([^)]*mixed=True", "mixed"), (r"run_sweep\(", "sweep"),
           (r"session\.start\(", "start"))
@@ -242,6 +244,8 @@ def forecast_cell(cfg: LabConfig, nb: str, kind: str, found: Found, overhead: fl
         return None
     if kind == "start":
         return _start(cfg, topology)
+    if kind == "tp start":  # 04's optional section (`notebook.sharded`)
+        return _start(cfg, "tensor-parallel") if cfg.instances("tensor-parallel") else 0.0
     if found is None:
         return None
     inputs, cores, _ = found

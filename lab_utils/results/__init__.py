@@ -31,7 +31,9 @@ from lab_utils.results.payloads import (
     Reference,
     ReplicatedPayload,
     Roofline,
+    SameOutputRow,
     ServingPayload,
+    TensorParallelPayload,
 )
 from lab_utils.results.points import COMPARED, METRICS, Measured, Point, compare, differs
 from lab_utils.results.store import (
@@ -56,7 +58,7 @@ __all__ = [
     "PAYLOADS", "RESULTS", "SCHEMA_VERSION", "BaselinePayload", "DisaggregatedPayload",
     "EnvironmentPayload", "FrontDoors", "Instance", "KvRecommendation", "KvTransferPayload",
     "Payload", "Proof", "ProofRow", "Reference", "ReplicatedPayload", "ResultsEnvelope",
-    "ResultsSpec", "Roofline", "ServingPayload", "hardware_facts", "load_envelope",
+    "ResultsSpec", "Roofline", "SameOutputRow", "ServingPayload", "TensorParallelPayload", "hardware_facts", "load_envelope",
     "load_optional", "load_reference", "load_reference_results", "load_results",
     "reference_note", "reference_origin", "results_spec", "software_versions",
     "write_envelope", "write_results",

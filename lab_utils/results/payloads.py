@@ -183,8 +183,32 @@ class DisaggregatedPayload(ServingPayload):
     forecast: Forecast | None = None  # made before the sweep, from 01 and 02 only
 
 
+class SameOutputRow(Record):
+    """One reference prompt through the split model: its greedy tokens against notebook
+    01's single instance, and the verdict (`serve.tp.prove_same_output`)."""
+
+    prompt_tokens: int
+    tokens_equal: bool
+    tokens_ok: bool
+    diverged_at: int | None = None
+    divergence_margin: float | None = None  # the split model's chosen minus 01's token, nats
+    tokens_why: str = ""
+
+
+class TensorParallelPayload(ServingPayload):
+    """Notebook 04's optional section (tensor_parallel_metrics.json): one model split over
+    `ranks` nodes, its output against 01's, measured as the other topologies are."""
+
+    ranks: int
+    same_output: list[SameOutputRow]
+
+    @property
+    def output_ok(self) -> bool:
+        return bool(self.same_output) and all(r.tokens_ok for r in self.same_output)
+
+
 Payload = (EnvironmentPayload | BaselinePayload | KvTransferPayload | ReplicatedPayload
-           | DisaggregatedPayload)
+           | DisaggregatedPayload | TensorParallelPayload)
 
 PAYLOADS: dict[str, type[BaseModel]] = {
     "00": EnvironmentPayload,
@@ -192,4 +216,5 @@ PAYLOADS: dict[str, type[BaseModel]] = {
     "02": KvTransferPayload,
     "03": ReplicatedPayload,
     "04": DisaggregatedPayload,
+    "tp": TensorParallelPayload,
 }

@@ -29,6 +29,7 @@ from lab_utils.results.payloads import (
     EnvironmentPayload,
     KvTransferPayload,
     ReplicatedPayload,
+    TensorParallelPayload,
 )
 from lab_utils.util.atomic import atomic_write_text
 
@@ -51,6 +52,8 @@ RESULTS: dict[str, ResultsSpec] = {
     "02": ResultsSpec("02", "kv_transfer_metrics.json", "02_KV_Cache_Transfer.ipynb"),
     "03": ResultsSpec("03", "replicated_metrics.json", "03_Replicated_Serving.ipynb"),
     "04": ResultsSpec("04", "disaggregated_metrics.json", "04_Disaggregated_Serving.ipynb"),
+    # 04's optional section: one model across the nodes
+    "tp": ResultsSpec("tp", "tensor_parallel_metrics.json", "04_Disaggregated_Serving.ipynb"),
 }
 
 
@@ -179,7 +182,7 @@ def write_envelope(
 def _rerun(spec: ResultsSpec | None) -> str:
     if spec is None:
         return "re-run the notebook that writes it"
-    n, file = spec.notebook, spec.notebook_file
+    n, file = spec.notebook_file[:2], spec.notebook_file
     return f"re-run notebooks/{file} (or `python -m lab_utils run --from {n} --to {n}`)"
 
 
@@ -250,6 +253,8 @@ def load_results(cfg: LabConfig, notebook: Literal["03"]) -> ResultsEnvelope[Rep
 @overload
 def load_results(cfg: LabConfig, notebook: Literal["04"]) -> ResultsEnvelope[DisaggregatedPayload]: ...
 @overload
+def load_results(cfg: LabConfig, notebook: Literal["tp"]) -> ResultsEnvelope[TensorParallelPayload]: ...
+@overload
 def load_results(cfg: LabConfig, notebook: str) -> ResultsEnvelope: ...
 
 
@@ -259,7 +264,7 @@ def load_results(cfg: LabConfig, notebook: str) -> ResultsEnvelope:
     spec = results_spec(notebook)
     path = cfg.results_dir / spec.file_name
     if not path.exists():
-        n, file = spec.notebook, spec.notebook_file
+        n, file = spec.notebook_file[:2], spec.notebook_file
         raise ResultsMissingError(
             f"results of notebook {n} not found at {path}: run notebooks/{file} first "
             f"(or `python -m lab_utils run --from {n} --to {n}`)"

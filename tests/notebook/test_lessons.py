@@ -166,3 +166,39 @@ def test_04_names_the_first_token_tail_when_there_is_one():
     assert said[-1].endswith("(19x; replicated 15 ms).")
     no_tail = conclude_04(rep, result({1: point(90, ttft=26), 4: point(200)}), None, None, None)
     assert not any("first-token tail" in s for s in no_tail)
+
+
+def tp_payload(sweep: BenchmarkResult, rows: list[dict]):
+    from lab_utils.results import TensorParallelPayload
+
+    return TensorParallelPayload(topology="tensor-parallel", instances=[], sweep=sweep,
+                                 ranks=2, same_output=rows)
+
+
+def same_row(equal: bool = True, ok: bool = True, at: int | None = None,
+             margin: float | None = None, why: str = "same tokens") -> dict:
+    return {"prompt_tokens": 40, "tokens_equal": equal, "tokens_ok": ok, "diverged_at": at,
+            "divergence_margin": margin, "tokens_why": why}
+
+
+def test_tp_output_and_cost_or_not():
+    from lab_utils.notebook.lessons import conclude_tp
+
+    base = result({1: point(100, tpot=10.0), 4: point(300)})
+    paid = tp_payload(result({1: point(150, tpot=6.0), 4: point(500)}),
+                      [same_row(), same_row(False, True, 29, 0.12, "near tie at token 29")])
+    said = conclude_tp(base, paid, {"replicated": result({4: point(400)})}, "cuda")
+    assert said[0].startswith("As expected") and "1 of 2 prompts" in said[0]
+    assert "(token 29, 0.12 nats)" in said[0]
+    assert said[1].startswith("Reading 1/2 of the weights per rank paid") and "6 ms" in said[1]
+    assert "400 tok/s replicated, 500 split (1.2x higher)" in said[2]
+    assert "wins on a model that fits one node" not in said[2]
+    lost = tp_payload(result({1: point(40, tpot=25.0), 4: point(120)}),
+                      [same_row(False, False, 0, 3.2, "differs at token 0 by 3.200 nats")])
+    said = conclude_tp(base, lost, {"replicated": result({4: point(400)}),
+                                    "disaggregated": result({4: point(300)})}, "cpu")
+    assert said[0].startswith("Not as expected") and "differs at token 0 by 3.200" in said[0]
+    assert said[1].startswith("The all-reduces cost more") and "2.5x higher" in said[1]
+    assert "Gloo on loopback" in said[1]
+    assert "replicated wins on a model that fits one node" in said[2]
+    assert "300 tok/s disaggregated, 120 split" in said[3]

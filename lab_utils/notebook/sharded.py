@@ -1,0 +1,70 @@
+"""Notebook 04's optional section: the third way to use two nodes, one model split across
+them (the tensor-parallel topology, `serve.tp`), started, checked against notebook 01's
+output and recorded like the other architectures (its sweeps are `steps.run_sweep`'s).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from lab_utils.config import LabConfig, api_key
+from lab_utils.errors import LabError
+from lab_utils.notebook.record import instances
+from lab_utils.notebook.session import ServingSession
+from lab_utils.results import Reference, SameOutputRow, TensorParallelPayload, write_results
+from lab_utils.results.sweep import BenchmarkResult
+from lab_utils.serve.topology import Served
+from lab_utils.serve.tp import TOPOLOGY, SameOutput, prove_same_output
+
+
+def start_tensor_parallel(cfg: LabConfig, session: ServingSession) -> Served | None:
+    """Start the ranks (and the lab proxy in front of rank 0); None, saying why, when the
+    profile has no tensor-parallel topology."""
+    if not cfg.instances(TOPOLOGY):
+        print("skipped: this profile has no tensor-parallel topology (topology.tensor_parallel "
+              "and vllm.tp; configs/local-cpu.json and environment_config.json.example have "
+              "both)")
+        return None
+    return session.start(TOPOLOGY)
+
+
+def prove_split(cfg: LabConfig, served: Served, reference: Reference) -> list[SameOutputRow]:
+    """Notebook 01's reference prompts through the split model, one at a time, each judged
+    against 01's greedy tokens (`serve.tp.prove_same_output`)."""
+    (url,) = served.urls("tp")
+    found = prove_same_output(url, cfg.model.name, reference.prompts, reference.tokens,
+                              api_key=api_key(cfg, "vllm"))
+    return [_row(s) for s in found]
+
+
+def _row(s: SameOutput) -> SameOutputRow:
+    v = s.verdict
+    return SameOutputRow(prompt_tokens=s.prompt_tokens, tokens_equal=s.tokens == s.baseline,
+                         tokens_ok=v.ok, diverged_at=v.diverged_at, divergence_margin=v.margin,
+                         tokens_why=v.why)
+
+
+def same_output_frame(rows: list[SameOutputRow]) -> pd.DataFrame:
+    return pd.DataFrame([{"prompt tokens": r.prompt_tokens, "same tokens as 01": r.tokens_equal,
+                          "diverged at": r.diverged_at, "margin (nats)": r.divergence_margin,
+                          "tokens": r.tokens_why, "ok": r.tokens_ok} for r in rows])
+
+
+def require_same_output(rows: list[SameOutputRow]) -> None:
+    """Raise, with each failing prompt's reason, unless every prompt passed."""
+    bad = [f"prompt {i} ({r.prompt_tokens} tokens): {r.tokens_why}"
+           for i, r in enumerate(rows) if not r.tokens_ok]
+    if not rows or bad:
+        raise LabError("the split model's output is not 01's: " + ("; ".join(bad) or "no prompt"))
+
+
+def record_tensor_parallel(cfg: LabConfig, served: Served, result: BenchmarkResult,
+                           mixed: BenchmarkResult | None, same: list[SameOutputRow]) -> Path:
+    """Write the section's results (tensor_parallel_metrics.json): the sweep, the mixed
+    run, how many ranks, and the output check."""
+    ranks = len([r for r in served.instance_records() if r.extra.get("role") == "tp"])
+    return write_results(cfg, "tp", TensorParallelPayload(
+        topology=served.topology, instances=instances(served), sweep=result, mixed=mixed,
+        ranks=ranks, same_output=same))
