@@ -46,10 +46,11 @@ def connections(cfg: LabConfig) -> list[Connection]:
             out.append(c)
 
     proxy = cfg.proxy.node
-    for topo in ("baseline", "replicated", "disaggregated"):
+    for topo in ("baseline", "replicated", "disaggregated", "tensor-parallel"):
         for spec in cfg.instances(topo):
-            add(Connection(proxy, spec.node, cfg.nodes[spec.node].lan_address, spec.port,
-                           f"HTTP of {topo} {spec.name}"))
+            if not spec.headless:  # a rank other than 0 serves no HTTP
+                add(Connection(proxy, spec.node, cfg.nodes[spec.node].lan_address, spec.port,
+                               f"HTTP of {topo} {spec.name}"))
     add(Connection(proxy, proxy, cfg.nodes[proxy].lan_address, cfg.proxy.port, "the proxy"))
     specs = cfg.instances("disaggregated")
     for d in (s for s in specs if s.role == "decode"):
@@ -57,6 +58,11 @@ def connections(cfg: LabConfig) -> list[Connection]:
             assert p.side_channel_port is not None  # the config requires it of P/D instances
             add(Connection(d.node, p.node, cfg.nodes[p.node].data_address, p.side_channel_port,
                            f"NIXL side channel of {p.name} (from {d.name})"))
+    for spec in cfg.instances("tensor-parallel"):  # every other rank to rank 0's rendezvous
+        if spec.headless and spec.master is not None:
+            first, port = spec.master
+            add(Connection(spec.node, first, cfg.nodes[first].data_address, port,
+                           f"tensor-parallel rendezvous (from {spec.name})"))
     target, initiator = cfg.probe_pair()
     add(Connection(initiator, target, cfg.nodes[target].data_address, cfg.kv_transfer.probe_port,
                    "NIXL transfer probe"))

@@ -46,6 +46,12 @@ steps. Its assumptions, each a simplification a workshop attendee can check:
    the transfer's notification, its scheduling) is added to every request's decode leg as
    a fixed cost, stretched by sharing like the others.
 
+9. **A model split over N ranks** (tensor parallel) is one instance whose every step
+   does 1/N of the single instance's work, then the ranks' all-reduces: a fixed cost per
+   step (their latency; what the split instance's own time per token, timed before its
+   sweep, has beyond 1/N of 01's step) plus, per token in the step, 2 per layer x hidden
+   size x element size bytes over the link at the rate notebook 00 measured.
+
 What it leaves out, knowingly: the CPU the proxy and the client use beyond the measured
 per-token cost, and NIXL's beyond the factor of 7 (or 8); how vLLM's handling of a P/D
 request grows with load beyond sharing the cores (8 measures it at one request); memory
@@ -137,11 +143,25 @@ class Inputs:
     # what a P/D request's decode leg pays beyond the terms above, from 04's instances timed
     # before its sweep (`forecast.timed`; assumption 8)
     pd_extra_ms: float = 0.0
+    # a model split over ranks (assumption 9): bytes each all-reduce step moves per token
+    # (2 per layer x hidden size x element size), the link's rate (00's measurement, bytes
+    # per ms; None: not measured), and the fixed cost of a step's all-reduces (the split
+    # instance timed before its sweep; 0 until then)
+    allreduce_bytes_per_token: int = 0
+    link_bytes_per_ms: float | None = None
+    tp_step_ms: float = 0.0
     sources: dict[str, str] = field(default_factory=dict)
 
     def kv_bytes(self, prompt_tokens: int) -> int:
         blocks = -(-prompt_tokens // self.block_size)
         return blocks * self.block_size * self.kv_bytes_per_token
+
+    def allreduce_ms(self, tokens: int) -> float:
+        """A split step's all-reduces for `tokens` tokens: the fixed cost plus the bytes over
+        the link (assumption 9)."""
+        moved = (tokens * self.allreduce_bytes_per_token / self.link_bytes_per_ms
+                 if self.link_bytes_per_ms else 0.0)
+        return self.tp_step_ms + moved
 
     def transfer_ms(self, prompt_tokens: int) -> float:
         if self.transfer is None:
@@ -160,6 +180,7 @@ class Architecture:
     decode: int = 0
     policy: str = "round_robin"
     shared_cores: int | None = None
+    ranks: int = 1  # one instance split over this many nodes (tensor parallel)
 
     @property
     def disaggregated(self) -> bool:
@@ -169,6 +190,8 @@ class Architecture:
     def name(self) -> str:
         if self.disaggregated:
             return f"{self.prefill}P{self.decode}D"
+        if self.ranks > 1:
+            return f"1 instance over {self.ranks} ranks"
         return "1 instance" if self.replicas == 1 else f"{self.replicas} replicas"
 
     @property
@@ -278,8 +301,11 @@ class _Engine:
             return
         context = (sum(r.prompt + r.generated for r in decoding) / len(decoding)
                    if decoding else 0.0)
+        ranks = self.sim.arch.ranks
         base = (self.costs.decode_step(max(len(decoding), 1), context) * self.beside
-                + self.costs.prefill_work(sum(n for _, n in chunks)))
+                + self.costs.prefill_work(sum(n for _, n in chunks))) / ranks
+        if ranks > 1:
+            base += self.sim.inputs.allreduce_ms(len(decoding) + sum(n for _, n in chunks))
         streamed = len(decoding) + sum(1 for r, n in chunks if n == r.prefill_left)
         self.demand = ((self.sim.inputs.active_cores or 0.0)
                        + streamed * self.sim.inputs.stream_cpu_ms / max(base, 1e-6))

@@ -51,6 +51,8 @@ def architecture_of(cfg: LabConfig, kind: str, host_cores: int | None = None) ->
     if kind == "disaggregated":
         return Architecture(prefill=len(t.disaggregated.prefill),
                             decode=len(t.disaggregated.decode), shared_cores=shared)
+    if kind == "tensor-parallel" and t.tensor_parallel is not None:
+        return Architecture(ranks=len(t.tensor_parallel.nodes), shared_cores=shared)
     return Architecture(shared_cores=shared)
 
 
@@ -101,17 +103,25 @@ def rank(p: Prediction) -> tuple[float, float]:
 def forecast_for(cfg: LabConfig, kind: str, profile: EngineProfile | None,
                  kv: KvTransferPayload | None, buffer_device: str,
                  earlier: dict[str, list[dict[str, Any]]] | None = None,
-                 timed: TimedProfile | None = None) -> Forecast:
+                 timed: TimedProfile | None = None,
+                 allreduce: tuple[int, float | None, str] | None = None) -> Forecast:
     """Forecast `kind` ("baseline", "replicated" or "disaggregated") for this config's
     workload from 01's profile and 02's results (`kv`, None if 02 has not run), and for 03
     and 04 their instances timed before the sweep (`timed`, `forecast.timed`), its interval
     widened by the error of the forecasts graded before it (`earlier`)."""
     inputs, edges_of = from_results(profile, kv, buffer_device), edges(profile, kv, buffer_device)
+    if allreduce is not None:  # a split model: its all-reduces over the link (assumption 9)
+        def split(i: Inputs) -> Inputs:
+            return replace(i, allreduce_bytes_per_token=allreduce[0],
+                           link_bytes_per_ms=allreduce[1],
+                           sources={**i.sources, "all-reduce": allreduce[2]})
+        inputs, base_edges = split(inputs), edges_of
+        edges_of = lambda edge: split(base_edges(edge))  # noqa: E731
     arch = architecture_of(cfg, kind, profile.host_cores if profile else None)
     w = cfg.workload
     sim, sim_edges, said = inputs, edges_of, None
     earlier = dict(earlier or {})
-    if timed is not None and kind in ("replicated", "disaggregated"):
+    if timed is not None and kind in ("replicated", "disaggregated", "tensor-parallel"):
         sim, said = calibrate(inputs, arch, timed, w.output_len, w.seed)
         sim_edges = calibrated_edges(edges_of, sim)
         earlier[f"this {kind} forecast at its timed point, before calibration"] = timed_errors(
@@ -123,12 +133,14 @@ def forecast_for(cfg: LabConfig, kind: str, profile: EngineProfile | None,
     rows = [widen(r, band) for r in rows]
     splits = (best_splits(inputs, loads_of(w, mixed=bool(w.mixed_long_len))[-1])
               if kind == "disaggregated" else [])
-    only = {"NIXL's threads": "disaggregated", "other replicas": "replicated"}
+    only = {"NIXL's threads": "disaggregated", "other replicas": "replicated",
+            "all-reduce": "tensor-parallel"}
     sources = {k: v for k, v in inputs.sources.items() if only.get(k, kind) == kind}
-    if said:
+    if said and kind != "tensor-parallel":
         stand_ins = "NIXL's threads" if kind == "disaggregated" else "other replicas"
         if timed is not None and timed.step_ms and stand_ins in sources:
             sources[stand_ins] += " (superseded by the timed instances' own time per token, below)"
+    if said:
         sources["timed before the sweep"] = said
     sources["interval"] = band_sentence(band)
     return Forecast(architecture=kind, made_at=datetime.now(UTC).isoformat(),

@@ -1,4 +1,4 @@
-"""Calibrate the replicated and the P/D forecast on the notebook's own instances, timed a
+"""Calibrate the replicated, the P/D and the split forecast on the notebook's own instances, timed a
 few fresh requests one at a time before its sweep, as 01 profiles its instance before its
 own sweep (`notebook.time_split.time_instances`).
 
@@ -19,6 +19,11 @@ beside vLLM's machinery for disaggregation:
   median TTFT for those requests equal theirs is added to every request's decode leg
   (`Inputs.pd_extra_ms`, never below 0; where instances share a machine the model
   stretches it like every fixed cost, so it is solved for, not subtracted).
+
+- **A split model** (tensor parallel): its time per token beyond 1/ranks of 01's step and
+  the all-reduces' bytes over the link is what every step's all-reduces cost besides
+  (`Inputs.tp_step_ms`: their latency, and on the rehearsal the two ranks' exchange
+  through Gloo on a shared machine).
 
 Only concurrency 1 is timed; every other load point, and the mixed workload, is still the
 model's prediction. The model's miss at the timed point before it is calibrated
@@ -57,6 +62,8 @@ def calibrate(inputs: Inputs, arch: Architecture, timed: TimedProfile, output_le
     """`inputs` with the timed figures in place, and the sentence that says so."""
     context = timed.prompt_tokens + (3 * output_len) // 4  # the settled tail's mean position
     alone = inputs.engine.decode_step(1, context)
+    if arch.ranks > 1:
+        return _calibrate_split(inputs, arch, timed, alone)
     kept = inputs.decode_beside if arch.disaggregated else inputs.replica_beside
     factor = timed.step_ms / alone if timed.step_ms and alone > 0 else kept
     stepped = (replace(inputs, decode_beside=factor, pd_extra_ms=0.0) if arch.disaggregated
@@ -89,8 +96,25 @@ def calibrate(inputs: Inputs, arch: Architecture, timed: TimedProfile, output_le
     return replace(stepped, pd_extra_ms=extra), said
 
 
+def _calibrate_split(inputs: Inputs, arch: Architecture, timed: TimedProfile,
+                     alone: float) -> tuple[Inputs, str]:
+    """A split model: what its time per token has beyond 1/ranks of 01's step and the
+    bytes over the link is the fixed cost of a step's all-reduces (`Inputs.tp_step_ms`)."""
+    head = (f"the split instance timed before the sweep: {timed.requests} fresh requests of "
+            f"{timed.prompt_tokens} tokens one at a time, TTFT median {timed.ttft_ms:.1f} ms")
+    if not timed.step_ms:
+        return inputs, f"{head}; no time per token measured: the all-reduces' latency is left out"
+    share = alone / arch.ranks + replace(inputs, tp_step_ms=0.0).allreduce_ms(1)
+    fixed = max(timed.step_ms - share, 0.0)
+    return replace(inputs, tp_step_ms=fixed), (
+        f"{head}; {timed.step_ms:.2f} ms per token against {share:.2f} ms for 1/{arch.ranks} "
+        f"of 01's step and the bytes over the link, so each step's all-reduces cost "
+        f"{fixed:.2f} ms more")
+
+
 def calibrated_edges(edges_of, calibrated: Inputs):
     """`edge -> Inputs` with the timed figures at every edge (they are one measurement)."""
     return lambda edge: replace(edges_of(edge), decode_beside=calibrated.decode_beside,
                                 replica_beside=calibrated.replica_beside,
-                                pd_extra_ms=calibrated.pd_extra_ms)
+                                pd_extra_ms=calibrated.pd_extra_ms,
+                                tp_step_ms=calibrated.tp_step_ms)

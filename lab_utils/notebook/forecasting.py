@@ -95,7 +95,10 @@ def eta_lines(cfg: LabConfig) -> list[str]:
 # what the series grades before each forecast: (notebook, what it forecast, in words)
 EARLIER = {"baseline": (), "replicated": (("01", "01's single-instance sweep"),),
            "disaggregated": (("01", "01's single-instance sweep"),
-                             ("03", "03's replicated serving"))}
+                             ("03", "03's replicated serving")),
+           "tensor-parallel": (("01", "01's single-instance sweep"),
+                               ("03", "03's replicated serving"),
+                               ("04", "04's disaggregated serving"))}
 
 
 def earlier_gradings(cfg: LabConfig, kind: str) -> dict[str, list[dict[str, Any]]]:
@@ -116,7 +119,7 @@ def earlier_gradings(cfg: LabConfig, kind: str) -> dict[str, list[dict[str, Any]
 
 def make_forecast(cfg: LabConfig, kind: str, profile: EngineProfile | None = None,
                   timed: TimedProfile | None = None) -> Forecast:
-    """Forecast `kind` ("baseline", "replicated" or "disaggregated") from 01's profile
+    """Forecast `kind` ("baseline", "replicated", "disaggregated" or "tensor-parallel") from 01's profile
     (`profile`: the one 01 just measured, before it records it) and 02's results, and for
     03 and 04 their instances timed before the sweep (`timed`), its interval widened by the
     error of the forecasts graded earlier in the series."""
@@ -124,7 +127,35 @@ def make_forecast(cfg: LabConfig, kind: str, profile: EngineProfile | None = Non
     if profile is None:
         profile = load_results(cfg, "01").payload.profile
     return forecast_for(cfg, kind, profile, kv.payload if kv else None, kv_buffer_device(cfg),
-                        earlier_gradings(cfg, kind), timed)
+                        earlier_gradings(cfg, kind), timed,
+                        allreduce_inputs(cfg) if kind == "tensor-parallel" else None)
+
+
+def allreduce_inputs(cfg: LabConfig) -> tuple[int, float | None, str]:
+    """What a split model's all-reduces move per token (2 per layer x hidden size x the
+    model's element size) and the link's rate as notebook 00 measured it (None: not
+    measured), with the sentence that says where they come from."""
+    from lab_utils.kv.memory import model_config
+    from lab_utils.kv.shapes import DTYPE_BYTES
+
+    hf, _, _ = model_config(cfg)
+    c = hf.get("text_config", hf)
+    dtype = cfg.model.dtype if cfg.model.dtype != "auto" else str(
+        c.get("torch_dtype") or "bfloat16").removeprefix("torch.")
+    per_token = 2 * c["num_hidden_layers"] * c["hidden_size"] * DTYPE_BYTES[dtype]
+    env = load_optional(cfg, "00")
+    link = next((c.data for c in (env.payload.checks if env else []) if c.check == "link"
+                 and (c.data or {}).get("measured_gbps")), None)
+    rate = link["measured_gbps"] * 1e9 / 8 / 1e3 if link else None
+    said = (f"2 all-reduces per layer x {c['num_hidden_layers']} layers x {c['hidden_size']} x "
+            f"{DTYPE_BYTES[dtype]} B = {per_token:,} B per token in a step, over the link at "
+            + (f"{link['measured_gbps']:.1f} Gb/s (00's link check)" if link else
+               "an unmeasured rate (00's link check did not run): the bytes are left out"))
+    return per_token, rate, said
+
+
+# the instances timed before each forecast in this kernel, for the sweeps' ETAs after it
+TIMED: dict[str, TimedProfile] = {}
 
 
 def predict(cfg: LabConfig, kind: str, profile: EngineProfile | None = None,
@@ -133,6 +164,8 @@ def predict(cfg: LabConfig, kind: str, profile: EngineProfile | None = None,
     the instances timed before the sweep (`time_instances`'s result or its `TimedProfile`)."""
     if isinstance(timed, dict):
         timed = timed.get("timed")
+    if timed is not None:
+        TIMED[kind] = timed
     fc = make_forecast(cfg, kind, profile, timed)
     show(fc)
     return fc

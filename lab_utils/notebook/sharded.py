@@ -14,6 +14,7 @@ from lab_utils.errors import LabError
 from lab_utils.notebook.record import instances
 from lab_utils.notebook.session import ServingSession
 from lab_utils.results import Reference, SameOutputRow, TensorParallelPayload, write_results
+from lab_utils.results.forecast import Forecast
 from lab_utils.results.sweep import BenchmarkResult
 from lab_utils.serve.topology import Served
 from lab_utils.serve.tp import TOPOLOGY, SameOutput, prove_same_output
@@ -61,10 +62,11 @@ def require_same_output(rows: list[SameOutputRow]) -> None:
 
 
 def record_tensor_parallel(cfg: LabConfig, served: Served, result: BenchmarkResult,
-                           mixed: BenchmarkResult | None, same: list[SameOutputRow]) -> Path:
+                           mixed: BenchmarkResult | None, same: list[SameOutputRow],
+                           forecast: Forecast | None = None) -> Path:
     """Write the section's results (tensor_parallel_metrics.json): the sweep, the mixed
-    run, how many ranks, and the output check."""
+    run, how many ranks, the output check and the forecast made before the sweep."""
     ranks = len([r for r in served.instance_records() if r.extra.get("role") == "tp"])
     return write_results(cfg, "tp", TensorParallelPayload(
         topology=served.topology, instances=instances(served), sweep=result, mixed=mixed,
-        ranks=ranks, same_output=same))
+        ranks=ranks, same_output=same, forecast=forecast))

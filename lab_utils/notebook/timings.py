@@ -37,7 +37,7 @@ import hashlib
 import json
 import re
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -45,9 +45,11 @@ from typing import Any
 from lab_utils.config import LabConfig, checkout_path
 from lab_utils.forecast.model import loads_of
 from lab_utils.forecast.run import architecture_of
+from lab_utils.forecast.timed import calibrate
 from lab_utils.forecast.timing import SWITCH_RESTARTS, minutes, sweep_seconds, switches_seconds
-from lab_utils.notebook.forecasting import TOPOLOGY, eta_inputs
+from lab_utils.notebook.forecasting import TIMED, TOPOLOGY, allreduce_inputs, eta_inputs
 from lab_utils.notebook.starts import start_estimate
+from lab_utils.results import load_optional
 from lab_utils.util.atomic import atomic_write_text
 
 Found = tuple | None  # what `forecasting.eta_inputs` returns: (inputs, cores, source) or None
@@ -205,7 +207,11 @@ def sweep_eta(cfg: LabConfig, topology: str, w, mixed: bool = False) -> str | No
     ran01 = {name: e["cells"] for name, e in load_timings(cfg)["notebooks"].items()
              if name.startswith("01") and e.get("digest") == digest}
     extra = _per_run_overhead(cfg, ran01, found)
-    secs = sweep_seconds(inputs, architecture_of(cfg, topology, cores), w, mixed=mixed)
+    if topology == "tensor-parallel":
+        split, arch = _split_inputs(cfg, inputs, cores)
+        secs = sweep_seconds(split, arch, w, mixed=mixed)
+    else:
+        secs = sweep_seconds(inputs, architecture_of(cfg, topology, cores), w, mixed=mixed)
     return (f"about {minutes(secs + _runs(w, mixed) * extra)} (forecast from {source}"
             + (f", and {extra:.1f} s per run outside the requests as 01's sweep measured it"
                if extra >= 0.05 else "") + ")")
@@ -246,6 +252,8 @@ def forecast_cell(cfg: LabConfig, nb: str, kind: str, found: Found, overhead: fl
         return _start(cfg, topology)
     if kind == "tp start":  # 04's optional section (`notebook.sharded`)
         return _start(cfg, "tensor-parallel") if cfg.instances("tensor-parallel") else 0.0
+    if kind in ("tp sweep", "tp mixed") and not cfg.instances("tensor-parallel"):
+        return 0.0
     if found is None:
         return None
     inputs, cores, _ = found
@@ -254,6 +262,10 @@ def forecast_cell(cfg: LabConfig, nb: str, kind: str, found: Found, overhead: fl
     if kind in ("sweep", "mixed"):
         mixed = kind == "mixed"
         return sweep_seconds(inputs, arch, w, mixed=mixed) + overhead * _runs(w, mixed)
+    if kind in ("tp sweep", "tp mixed"):
+        mixed = kind == "tp mixed"
+        split, tp_arch = _split_inputs(cfg, inputs, cores)
+        return sweep_seconds(split, tp_arch, w, mixed=mixed) + overhead * _runs(w, mixed)
     if kind == "policies":
         return 2 * (sweep_seconds(inputs, arch, one, mixed=True) + overhead) + SWAPS * swap
     if kind == "front doors":
@@ -268,6 +280,22 @@ def forecast_cell(cfg: LabConfig, nb: str, kind: str, found: Found, overhead: fl
 
 
 SWAPS = 3  # front doors started by each comparison: one per run, and the configured one back
+
+
+def _split_inputs(cfg: LabConfig, inputs, cores):
+    """The forecast's inputs for the split model (its all-reduces, `forecasting.
+    allreduce_inputs`), calibrated on the split instance's timed requests: this kernel's
+    (`forecasting.TIMED`), else an earlier run's recorded ones; else without the
+    all-reduces' latency, which only timing the split instance shows."""
+    per_token, rate, _ = allreduce_inputs(cfg)
+    split = replace(inputs, allreduce_bytes_per_token=per_token, link_bytes_per_ms=rate)
+    arch = architecture_of(cfg, "tensor-parallel", cores)
+    timed = TIMED.get("tensor-parallel")
+    if timed is None and (last := load_optional(cfg, "tp")) and last.payload.forecast:
+        timed = last.payload.forecast.timed
+    if timed is not None:
+        split, _ = calibrate(split, arch, timed, cfg.workload.output_len, cfg.workload.seed)
+    return split, arch
 
 
 def _lowest(w):

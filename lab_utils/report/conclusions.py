@@ -25,8 +25,10 @@ from lab_utils.results.sweep import BenchmarkResult
 WORKLOADS = {"standard": "", "mixed": "Mixed long/short workload, "}
 # Pairs compared in the conclusions: (subject, reference).
 PAIRS = (("disaggregated", "replicated"), ("disaggregated", "baseline"),
-         ("replicated", "baseline"))
+         ("replicated", "baseline"), ("tensor-parallel", "replicated"),
+         ("tensor-parallel", "disaggregated"), ("tensor-parallel", "baseline"))
 REFERENCE_NAMES = {"replicated": "replicated serving (the same two nodes)",
+                   "disaggregated": "disaggregated serving (the same two nodes)",
                    "baseline": "the single-instance baseline (half the hardware)"}
 THROUGHPUT_KEYS = ("request_throughput", "output_throughput")
 # Timed between tokens: not compared at a point where either side's load generator got

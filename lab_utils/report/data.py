@@ -30,9 +30,11 @@ from lab_utils.results.forecast import Forecast
 from lab_utils.results.kv_transfer import KvTransferPayload
 from lab_utils.results.sweep import BenchmarkResult
 
-ARCHITECTURES = ("baseline", "replicated", "disaggregated")
-ARCH_NOTEBOOK = {"baseline": "01", "replicated": "03", "disaggregated": "04"}
-OPTIONAL_NOTEBOOKS = ("00", "02", "03", "04")
+ARCHITECTURES = ("baseline", "replicated", "disaggregated", "tensor-parallel")
+# tensor-parallel: 04's optional section, its own results file ("tp")
+ARCH_NOTEBOOK = {"baseline": "01", "replicated": "03", "disaggregated": "04",
+                 "tensor-parallel": "tp"}
+OPTIONAL_NOTEBOOKS = ("00", "02", "03", "04", "tp")
 PER_STREAM = "decode_tokens_per_s_per_stream"
 
 
@@ -112,8 +114,9 @@ def load_report_data(cfg: LabConfig) -> ReportData:
 
 def run_hint(notebook: str) -> str:
     spec = RESULTS[notebook]
+    n = spec.notebook_file[:2]  # "tp" is a section of 04
     return (f"run notebooks/{spec.notebook_file} "
-            f"(or `python -m lab_utils run --from {notebook} --to {notebook}`)")
+            f"(or `python -m lab_utils run --from {n} --to {n}`)")
 
 
 def join_words(items: list[str]) -> str:
@@ -133,7 +136,8 @@ def num_or_nan(value: Any) -> float:
     return float(value) if is_number(value) else math.nan
 
 
-FORECAST_NB = {"baseline": "01", "replicated": "03", "disaggregated": "04"}
+FORECAST_NB = {"baseline": "01", "replicated": "03", "disaggregated": "04",
+               "tensor-parallel": "tp"}
 
 
 def recorded_forecasts(data: ReportData) -> dict[str, Forecast]:

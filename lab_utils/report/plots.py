@@ -25,7 +25,8 @@ from lab_utils.results.points import BY_KEY
 from lab_utils.util.atomic import atomic_write_bytes
 from lab_utils.util.numbers import fmt_num
 
-COLORS = {"baseline": "tab:blue", "replicated": "tab:orange", "disaggregated": "tab:green"}
+COLORS = {"baseline": "tab:blue", "replicated": "tab:orange", "disaggregated": "tab:green",
+          "tensor-parallel": "tab:purple"}
 PLOT_NAMES = ("throughput", "ttft", "itl", "kv_transfer", "roofline", "mixed_itl", "forecast")
 
 

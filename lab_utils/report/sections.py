@@ -54,6 +54,8 @@ FILE_MEANINGS = {
     "03": "one instance per node behind the proxy's router, the same sweep as 01",
     "04": "prefill and decode instances joined by NixlConnector, the same sweep, and the proof "
           "that the KV cache really moved (decode-side counters, greedy output equal to 01's)",
+    "tp": "04's optional section: one model split over the nodes (tensor parallel), its "
+          "greedy output against 01's, the same sweep and mixed run",
 }
 
 
@@ -352,6 +354,18 @@ def _nb04_blocks(data: ReportData) -> list[Block]:
     return blocks
 
 
+def _tp_blocks(data: ReportData) -> list[Block]:
+    p = data.payload("tp")
+    assert p is not None
+    rows = p.same_output
+    text = (f"Split over {p.ranks} ranks. Output against 01's: "
+            f"{'passed' if p.output_ok else 'FAILED'}; {sum(r.tokens_equal for r in rows)} of "
+            f"{len(rows)} prompts gave the same greedy tokens, "
+            f"{sum(r.tokens_ok and not r.tokens_equal for r in rows)} parted at a near tie. "
+            f"{_sweep_text(data.sweeps['tensor-parallel'])}")
+    return [P(text) if p.output_ok else W(text), T(scalar_table([r.model_dump() for r in rows]))]
+
+
 def _files_blocks(data: ReportData) -> list[Block]:
     rows = []
     for nb, spec in RESULTS.items():
@@ -397,9 +411,10 @@ def report_blocks(data: ReportData, table: pd.DataFrame, concl: Conclusions,
                 ("01", "single-instance baseline", _nb01_blocks),
                 ("02", "KV cache transfer", _nb02_blocks),
                 ("03", "replicated serving", _nb03_blocks),
-                ("04", "disaggregated serving", _nb04_blocks)]
+                ("04", "disaggregated serving", _nb04_blocks),
+                ("tp", "one model across the nodes (04's optional section)", _tp_blocks)]
     for nb, title, make in sections:
         found = nb in data.envelopes  # a broken sweep's envelope is dropped when loading
-        blocks += [H(f"Notebook {nb}: {title}"),
+        blocks += [H(f"Notebook {nb}: {title}" if nb != "tp" else f"Notebook 04: {title}"),
                    *(make(data) if found else [P(f"Not run: {run_hint(nb)}.")])]
     return blocks + _files_blocks(data) + _beyond_blocks()

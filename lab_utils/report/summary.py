@@ -15,13 +15,14 @@ import pandas as pd
 
 from lab_utils.report.conclusions import Conclusions, Finding
 from lab_utils.report.data import ARCH_NOTEBOOK, ReportData, join_words
+from lab_utils.results import RESULTS
 from lab_utils.results.points import BY_KEY
 
 # Which pair the sentence is about: the first of these both measured.
 PAIRS = (("disaggregated", "replicated"), ("replicated", "baseline"),
          ("disaggregated", "baseline"))
 NAMES = {"baseline": "the single instance", "replicated": "replicated serving",
-         "disaggregated": "disaggregated serving"}
+         "disaggregated": "disaggregated serving", "tensor-parallel": "the model split over the nodes"}
 
 REHEARSAL_BANNER = (
     "CPU REHEARSAL, NOT A DGX SPARK: every number here comes from vLLM's CPU build serving a "
@@ -142,7 +143,8 @@ def _role_flags(data: ReportData) -> list[tuple[str, str]]:
             seen.add(role)
             flags = _flags(inst.argv) if inst.argv else (
                 f"{NOT_RECORDED} (results written before the lab recorded command lines)")
-            rows.append((f"vLLM flags: {role} ({arch}, notebook {nb})", flags))
+            where = RESULTS[nb].notebook_file[:2]  # "tp" is a section of 04
+            rows.append((f"vLLM flags: {role} ({arch}, notebook {where})", flags))
     return rows
 
 

@@ -201,6 +201,7 @@ class TensorParallelPayload(ServingPayload):
 
     ranks: int
     same_output: list[SameOutputRow]
+    forecast: Forecast | None = None  # made before the sweep, from 00, 01 and its timed requests
 
     @property
     def output_ok(self) -> bool:

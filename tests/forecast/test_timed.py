@@ -108,3 +108,49 @@ def test_the_uncalibrated_miss_at_the_timed_point_widens_the_interval(test_cfg):
     # met it gets none wider than before
     assert fam(far, "per-token")["factor"] > 1.5 > fam(close, "per-token")["factor"]
     assert fam(far, "TTFT p50")["factor"] > fam(base, "TTFT p50")["factor"]
+
+
+SPLIT = Architecture(ranks=2)
+
+
+def split_inputs(fixed: float = 0.0):
+    """hand_inputs split over 2 ranks: 1,000 B per token over a link of 1,000 B per ms."""
+    from dataclasses import replace
+
+    return replace(hand_inputs(), allreduce_bytes_per_token=1000, link_bytes_per_ms=1000.0,
+                   tp_step_ms=fixed)
+
+
+def test_a_split_step_is_half_the_work_then_the_all_reduces_by_hand():
+    # prefill step: (5 + 0.1 x 100) / 2 = 7.5, + 100 tokens x 1 ms + 2 fixed -> 109.5, at 6
+    # -> first token at 115.5; each decode step: 5 / 2 + 1 token x 1 ms + 2 = 5.5
+    m = forecast(split_inputs(2.0), SPLIT, ONE).metrics
+    assert SPLIT.name == "1 instance over 2 ranks"
+    assert m["median_ttft_ms"] == pytest.approx(115.5)
+    assert m["median_tpot_ms"] == pytest.approx(5.5)
+    # without a link rate the bytes cost nothing the model can say: only the fixed cost
+    from dataclasses import replace
+
+    bare = forecast(replace(split_inputs(2.0), link_bytes_per_ms=None), SPLIT, ONE).metrics
+    assert bare["median_tpot_ms"] == pytest.approx(4.5)
+
+
+@pytest.mark.parametrize("measured_step", [9.0, 20.8])
+def test_the_split_instances_time_per_token_sets_the_all_reduces_fixed_cost(measured_step):
+    inputs, said = calibrate(split_inputs(), SPLIT, timed(120.0, measured_step), output_len=4)
+    # 1/2 of 01's 5 ms step and 1 ms of bytes: the rest is the all-reduces' latency
+    assert inputs.tp_step_ms == pytest.approx(measured_step - 3.5)
+    assert forecast(inputs, SPLIT, ONE).metrics["median_tpot_ms"] == pytest.approx(measured_step)
+    assert f"each step's all-reduces cost {measured_step - 3.5:.2f} ms more" in said
+    faster, said = calibrate(split_inputs(), SPLIT, timed(120.0, 2.0), output_len=4)
+    assert faster.tp_step_ms == 0.0 and "cost 0.00 ms more" in said
+
+
+def test_the_split_forecast_takes_00s_link_and_its_timed_instance(test_cfg):
+    fc, base, said = with_and_without(test_cfg, "tensor-parallel", 300.0, 20.0)
+    assert said.startswith("the split instance timed before the sweep")
+    assert "2 all-reduces per layer x 4 layers x 256 x 2 B = 4,096 B" in fc.sources["all-reduce"]
+    assert "00's link check did not run" in fc.sources["all-reduce"]  # none written here
+    one = lambda f: next(r for r in f.rows if r["workload"] == "standard" and r["value"] == 1.0)  # noqa: E731
+    assert one(fc)["median_tpot_ms"] == pytest.approx(20.0, rel=0.05)
+    assert one(base)["median_tpot_ms"] < 5.0  # untimed: half of 01's step, no latency

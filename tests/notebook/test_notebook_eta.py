@@ -141,12 +141,58 @@ def test_serving_cells_are_forecast_from_01_and_the_measured_starts(test_cfg, tm
 @pytest.mark.parametrize("nb, kinds", [
     ("01", {"start", "sweep", "mixed", "switches"}),
     ("03", {"start", "sweep", "mixed", "policies"}),
-    ("04", {"start", "sweep", "mixed", "front doors"})])
+    ("04", {"start", "sweep", "mixed", "front doors", "tp start", "tp sweep", "tp mixed"})])
 def test_the_notebooks_serving_cells_are_recognised(nb, kinds):
     (path,) = find_notebooks(start=nb, stop=nb)
     found = {step_of(c.source) for c in nbformat.read(path, as_version=4).cells
              if c.cell_type == "code"}
     assert found - {None} == kinds
+
+
+def test_the_split_models_cells_are_forecast_as_the_split_model(test_cfg, tmp_path):
+    """04's optional section: its start from the measured starts, its sweeps from the
+    model of the split instance (not the P/D pair's), calibrated on its timed requests
+    once a run recorded them; nothing at all on a profile without it."""
+    from dataclasses import replace
+
+    from lab_utils.forecast.timed import calibrate
+    from lab_utils.notebook.forecasting import allreduce_inputs
+    from lab_utils.notebook.timings import forecast_cell
+
+    write_01_02(test_cfg)
+    starts(test_cfg, "spark-01", ("replica", 20.0, True, "2026-11-27"))
+    starts(test_cfg, "spark-02", ("replica", 22.0, True, "2026-11-27"))
+    found = eta_inputs(test_cfg)
+    inputs, cores, _ = found
+    w = test_cfg.workload
+    arch = architecture_of(test_cfg, "tensor-parallel", cores)
+    per_token, rate, _ = allreduce_inputs(test_cfg)
+    split = replace(inputs, allreduce_bytes_per_token=per_token, link_bytes_per_ms=rate)
+    assert forecast_cell(test_cfg, "04", "tp start", found, 0.0) == 22.0
+    untimed = forecast_cell(test_cfg, "04", "tp sweep", found, 0.0)
+    assert untimed == pytest.approx(sweep_seconds(split, arch, w))
+    assert untimed != pytest.approx(forecast_cell(test_cfg, "04", "sweep", found, 0.0))
+    # a recorded run's timed split instance (20 ms per token) calibrates the next ETA
+    from lab_utils.notebook import make_forecast
+    from lab_utils.results import TensorParallelPayload, load_results, write_results
+    from lab_utils.results.forecast import TimedProfile
+
+    timed = TimedProfile(requests=6, prompt_tokens=w.input_len, ttft_ms=300.0, step_ms=20.0,
+                         parts={})
+    fc = make_forecast(test_cfg, "tensor-parallel", timed=timed)
+    sweep = load_results(test_cfg, "01").payload.sweep
+    write_results(test_cfg, "tp", TensorParallelPayload(
+        topology="tensor-parallel", instances=[], sweep=sweep, ranks=2, same_output=[],
+        forecast=fc), software={}, hardware={})
+    calibrated, _ = calibrate(split, arch, timed, w.output_len, w.seed)
+    timed_eta = forecast_cell(test_cfg, "04", "tp mixed", found, 0.5)
+    assert timed_eta == pytest.approx(sweep_seconds(calibrated, arch, w, mixed=True)
+                                      + 0.5 * w.repeats)
+    assert sweep_seconds(calibrated, arch, w, mixed=True) > sweep_seconds(split, arch, w,
+                                                                          mixed=True)
+    bare = test_cfg.model_copy(deep=True)
+    bare.topology.tensor_parallel = None
+    assert forecast_cell(bare, "04", "tp sweep", found, 0.0) == 0.0
 
 
 def test_the_runner_says_how_far_the_eta_was():

@@ -37,7 +37,9 @@ def test_the_checklist_passed_on_the_rehearsal(series):
     assert got[("python", "spark-01")].status == "pass"
     assert "Gb/s" in got[("link", "spark-02 -> spark-01")].summary
     ports = [c for c in env.checks if c.check == "ports"]
-    assert len(ports) == 8 and all(c.status == "pass" for c in ports)
+    # every instance's HTTP port (the split model's rank 0 only), the proxy, the side
+    # channel, the probe and the split model's rendezvous
+    assert len(ports) == 10 and all(c.status == "pass" for c in ports)
 
 
 def test_results_are_valid(series):
@@ -61,6 +63,21 @@ def test_proof_of_transfer(series):
         assert p.external_kv_transfer == p.prompt_tokens and p.local_compute == 0
         assert p.nixl_bytes == p.expected_bytes > 0
         assert p.tokens_equal is True
+
+
+def test_the_split_model_ran_and_kept_the_output(series):
+    """04's optional section: one rank per node, 01's reference output within a near tie,
+    no failed request, and in the report beside the other architectures."""
+    cfg, _ = series
+    tp = load_results(cfg, "tp").payload
+    ranks = {i.name: i.node for i in tp.instances if i.kind == "vllm"}
+    assert ranks == {"tp-0": "spark-01", "tp-1": "spark-02"} and tp.ranks == 2
+    assert tp.output_ok and len(tp.same_output) >= 3, [r.tokens_why for r in tp.same_output]
+    assert tp.forecast is not None and tp.forecast.timed is not None
+    for run in (tp.sweep, tp.mixed):
+        assert run is not None and all(p.summary["failed"] == 0 for p in run.points)
+    md = (cfg.results_dir / "report.md").read_text()
+    assert "tensor-parallel" in md and "one model across the nodes" in md
 
 
 def test_report_with_conclusions(series):

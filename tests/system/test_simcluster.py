@@ -5,7 +5,9 @@ lab to the sparks and notebook 00 runs the checklist over SSH; 01-03, whose step
 series (tests/support/series.py) already checks, come from that run through the lab's
 catch-up (`python -m lab_utils reference DIR`); then notebook 04 serves P/D across the
 namespaces (prefill on spark-01, decode on spark-02, the proxy on the controller) and
-proves the transfer against the local baseline's tokens. Zero failed requests; the
+proves the transfer against the local baseline's tokens, then, in its optional section,
+splits the model over both sparks (one rank each, their rendezvous over the data-plane
+link) and checks its output against the same tokens. Zero failed requests; the
 canary HF token and the canary API key never showed in a command line (sampled during
 the whole run), a log, a results file or an executed notebook. Then the disaggregated
 topology once more, asked from the LAN without the key: the proxy and every instance
@@ -146,6 +148,24 @@ for method, url, key in json.loads(sys.argv[1]):
     out.append(httpx.request(method, url, json=body, headers=headers, timeout=60).status_code)
 print(json.dumps(out))
 """
+
+
+def test_the_split_model_ran_across_the_namespaces(sim_series):
+    """04's optional section over SSH: rank 0 on spark-01, the headless rank on spark-02,
+    their rendezvous on spark-01's data-plane address (the other namespace, over data0),
+    01's output kept within a near tie, no failed request."""
+    cfg = sim_series.cfg
+    tp = load_results(cfg, "tp").payload
+    ranks = {i.name: i for i in tp.instances if i.kind == "vllm"}
+    assert {n: i.node for n, i in ranks.items()} == {"tp-0": "spark-01", "tp-1": "spark-02"}
+    rendezvous = cfg.nodes["spark-01"].data_address
+    for inst in ranks.values():
+        argv = inst.argv or []
+        assert argv[argv.index("--master-addr") + 1] == rendezvous, argv
+    assert "--headless" in (ranks["tp-1"].argv or []) and ranks["tp-1"].url is None
+    assert tp.output_ok, [r.tokens_why for r in tp.same_output]
+    for run in (tp.sweep, tp.mixed):
+        assert run is not None and all(p.summary["failed"] == 0 for p in run.points)
 
 
 def cmdline(pid: int) -> list[str]:
