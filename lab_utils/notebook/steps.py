@@ -50,6 +50,7 @@ from lab_utils.results.sweep import BenchmarkResult, RequestRecord
 from lab_utils.serve.metrics import fetch_metrics, read_counters
 from lab_utils.serve.pd import complete, prove_via_proxy
 from lab_utils.serve.topology import Served
+from lab_utils.serve.tp import stop_lone_ranks
 
 REFERENCE_LENGTHS = (48, 96, 160, 224)  # the prompts whose greedy output 01 records
 REFERENCE_TOKENS = 16
@@ -193,16 +194,21 @@ def check_alive(cfg: LabConfig, served: Served, lines: int = 8) -> None:
     """Raise, naming the process and its log's last lines, if one of `served`'s processes
     has died (a sweep whose requests failed asks this before anything else)."""
     with Cluster(cfg) as cluster:
-        for rec in served.records:
-            if cluster.knows(rec.node) and not cluster.node(rec.node).is_alive(rec):
-                tail = cluster.node(rec.node).log_tail(rec, lines).rstrip()
-                left = cluster.node(rec.node).stop(rec, 5.0)  # its engine, workers: orphans
-                raise ProcessFailedError(
-                    f"{rec.name} on {rec.node} stopped during the sweep"
-                    + (" (the processes it left running were stopped)" if left else "")
-                    + ", so its requests "
-                    f"failed; its log {rec.log_path} ends with:\n{tail}\nRe-run the cell "
-                    "that starts the topology, then the sweep.")
+        dead = [rec for rec in served.records
+                if cluster.knows(rec.node) and not cluster.node(rec.node).is_alive(rec)]
+        if not dead:
+            return
+        said = []
+        for rec in dead:  # every one: a split model's rank takes the others down with it
+            tail = cluster.node(rec.node).log_tail(rec, lines).rstrip()
+            left = cluster.node(rec.node).stop(rec, 5.0)  # its engine, workers: orphans
+            said.append(f"{rec.name} on {rec.node} stopped during the sweep"
+                        + (" (the processes it left running were stopped)" if left else "")
+                        + f"; its log {rec.log_path} ends with:\n{tail}")
+        lone = stop_lone_ranks(cluster, served.records)
+        raise ProcessFailedError("\n".join(said) + (f"\n{lone}" if lone else "")
+                                 + "\nSo its requests failed. Re-run the cell that starts the "
+                                 "topology, then the sweep.")
 
 
 def reference_outputs(cfg: LabConfig, served: Served) -> Reference:

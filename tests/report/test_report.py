@@ -174,7 +174,7 @@ def test_disaggregation_loses_throughput_wins_itl_p99(test_cfg):
     assert "beyond the 10% margin; one repeat, spread unknown" in f.basis
     f = finding(paths.findings, "p99_itl_ms", 2)
     assert (f.winner, round(f.difference_pct, 1)) == ("disaggregated", 40.0)
-    assert "unknown spread" in text and paths.missing == ["00"]
+    assert "unknown spread" in text and paths.missing == ["00", "tp"]
     names = sorted(p.name for p in paths.plots)  # no forecast recorded: no forecast plot
     assert names == sorted(f"{n}.png" for n in report.PLOT_NAMES if n != "forecast")
     assert all(p.read_bytes().startswith(b"\x89PNG") for p in paths.plots)
@@ -244,7 +244,7 @@ def test_one_repeat_is_judged_by_the_margin_alone(test_cfg):
 def test_missing_notebooks_are_named(test_cfg):
     write_baseline(test_cfg)
     paths = report.build_report(test_cfg)
-    assert paths.missing == ["00", "02", "03", "04"]
+    assert paths.missing == ["00", "02", "03", "04", "tp"]
     for page in (paths.html.read_text(), paths.md.read_text()):
         for nb in ("02_KV_Cache_Transfer", "03_Replicated_Serving", "04_Disaggregated_Serving"):
             assert f"run notebooks/{nb}.ipynb" in page

@@ -58,6 +58,7 @@ def test_registry():
         "02": ("kv_transfer_metrics.json", "02_KV_Cache_Transfer.ipynb"),
         "03": ("replicated_metrics.json", "03_Replicated_Serving.ipynb"),
         "04": ("disaggregated_metrics.json", "04_Disaggregated_Serving.ipynb"),
+        "tp": ("tensor_parallel_metrics.json", "04_Disaggregated_Serving.ipynb"),
     }
     assert results.results_spec(4).file_name == "disaggregated_metrics.json"
     with pytest.raises(LabError, match="unknown notebook"):
