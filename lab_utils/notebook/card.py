@@ -50,7 +50,9 @@ def card_lines(cfg: LabConfig) -> list[str]:
     for topology in TOPOLOGIES:
         found = cfg.instances(topology)
         if found:
-            spots = ", ".join(f"{s.name} {cfg.nodes[s.node].lan_address}:{s.port}" for s in found)
+            spots = ", ".join(f"{s.name} {cfg.nodes[s.node].lan_address}:{s.port}"
+                              if not s.headless else f"{s.name} on {s.node} (no HTTP)"
+                              for s in found)
             lines.append(f"  {topology}: {spots}")
     lines += ["  " + _where_secret(cfg, cfg.proxy.api_key_file, "front door's API key"),
               "  " + _where_secret(cfg, cfg.vllm.api_key_file, "instances' API key")
