@@ -61,6 +61,30 @@ def umask():
 
 
 @pytest.fixture
+def no_node_reached(monkeypatch):
+    """Fail the test if anything would start a process, open SSH or dial a socket; the
+    calls refused, by name."""
+    import socket
+    import subprocess
+
+    import paramiko
+
+    calls: list[str] = []
+
+    def refuse(what):
+        def _refuse(*args, **kwargs):
+            calls.append(what)
+            raise AssertionError(f"{what} was called where nothing may be reached")
+        return _refuse
+
+    monkeypatch.setattr(subprocess, "Popen", refuse("subprocess.Popen"))
+    monkeypatch.setattr(paramiko.SSHClient, "connect", refuse("paramiko connect"))
+    monkeypatch.setattr(socket, "create_connection", refuse("socket.create_connection"))
+    monkeypatch.setattr(socket.socket, "connect", refuse("socket.connect"))
+    return calls
+
+
+@pytest.fixture
 def test_cfg(tmp_path) -> LabConfig:
     """The rehearsal profile with results (and the state file) under tmp_path."""
     return write_profile(tmp_path, make_profile_data(str(tmp_path / "results")))
