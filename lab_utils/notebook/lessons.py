@@ -322,7 +322,8 @@ def conclude_tp(baseline: BenchmarkResult, tp: TensorParallelPayload,
     if tp.output_ok:
         said = [f"As expected, splitting the model over {tp.ranks} ranks left its output as it "
                 f"was: {equal} of {len(rows)} prompts gave 01's greedy tokens exactly"
-                + (f", the others parted from them at a near tie ({'; '.join(ties)}): the "
+                + (f", {'the other' if len(ties) == 1 else 'the others'} parted from them "
+                   f"at a near tie ({'; '.join(ties)}): the "
                    "ranks add up their halves of each layer in another order than one "
                    "instance adds the whole." if ties else ".")]
     else:

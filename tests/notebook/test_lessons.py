@@ -189,7 +189,7 @@ def test_tp_output_and_cost_or_not():
                       [same_row(), same_row(False, True, 29, 0.12, "near tie at token 29")])
     said = conclude_tp(base, paid, {"replicated": result({4: point(400)})}, "cuda")
     assert said[0].startswith("As expected") and "1 of 2 prompts" in said[0]
-    assert "(token 29, 0.12 nats)" in said[0]
+    assert "the other parted from them at a near tie (token 29, 0.12 nats)" in said[0]
     assert said[1].startswith("Reading 1/2 of the weights per rank paid") and "6 ms" in said[1]
     assert "400 tok/s replicated, 500 split (1.2x higher)" in said[2]
     assert "wins on a model that fits one node" not in said[2]
