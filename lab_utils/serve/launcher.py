@@ -8,7 +8,11 @@ has HF_HUB_OFFLINE=1 (the model is put on the node before start) and, on a CUDA 
 CUDA_HOME with its bin on PATH (run-time kernel compilation). Secrets (the HF token, the
 instances' API key as VLLM_API_KEY) reach the process through its environment, never its
 command line. With a key, every route but /health and /metrics wants it
-(`lab_utils.on_node.api_guard`, loaded with --middleware). `start_instance` refuses a
+(`lab_utils.on_node.api_guard`, loaded with --middleware). A rank of the tensor-parallel
+topology runs `vllm serve` as a module instead (`lab_utils.on_node.vllm_serve`: vLLM's
+multi-node launcher), with the rendezvous on rank 0's data-plane address (`rank_args`)
+and the data-plane interface named to NCCL and Gloo (`rank_env`); only rank 0 serves
+HTTP, the others run headless, with no URL. `start_instance` refuses a
 port already taken (naming the holder) and reuses an instance that is already running;
 each instance gets its own TMPDIR (its ZMQ sockets and rendezvous files), removed when it
 is stopped;
