@@ -99,7 +99,7 @@ def test_forecast_made_before_the_sweeps_and_graded(request, series):
     cfg, _ = series
     profile = load_results(cfg, "01").payload.profile
     assert profile is not None and profile.prefill and profile.decode
-    for nb, arch in (("03", "replicated"), ("04", "disaggregated")):
+    for nb, arch in (("03", "replicated"), ("04", "disaggregated"), ("tp", "tensor-parallel")):
         env = load_results(cfg, nb)
         fc = env.payload.forecast
         assert fc is not None and fc.architecture == arch and fc.rows
@@ -108,13 +108,16 @@ def test_forecast_made_before_the_sweeps_and_graded(request, series):
         ahead = (datetime.fromisoformat(env.timestamp.replace("Z", "+00:00"))
                  - datetime.fromisoformat(fc.made_at)).total_seconds()
         assert ahead >= measured_s, (nb, ahead, measured_s)
-    for nb in ("03", "04"):
+    for nb, who in (("03", "03's instances"), ("04", "04's instances"),
+                    ("tp", "the split instance")):
         # each timed its instances before it forecast, and its forecast says what it took
         fc = load_results(cfg, nb).payload.forecast
         assert fc.timed is not None and fc.timed.requests > 0 and fc.timed.ttft_ms > 0
-        assert f"{nb}'s instances timed before the sweep" in fc.sources["timed before the sweep"]
+        assert f"{who} timed before the sweep" in fc.sources["timed before the sweep"]
+    assert "00's link check" in load_results(cfg, "tp").payload.forecast.sources["all-reduce"]
     by_arch = graded(load_report_data(cfg))
-    assert set(by_arch) == {"baseline", "replicated", "disaggregated"}  # 01 grades its own
+    # 01 grades its own
+    assert set(by_arch) == {"baseline", "replicated", "disaggregated", "tensor-parallel"}
     for arch, rows in by_arch.items():
         assert g.summary(rows)["points"] > 0, arch
         show(request, "[forecast] " + " ".join(g.sentences(arch, rows)))
