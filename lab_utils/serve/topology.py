@@ -80,6 +80,7 @@ def serve(cluster: Cluster, *topologies: str, show_progress: bool = True,
 
         if said := stop_lone_ranks(cluster, cluster.running("tensor-parallel")):
             print(f"warning: {said}; starting it again")
+    found = {r.name for r in cluster.running()}  # what ran before this call
     try:
         before = calibrate.before_start(cluster, [s.node for s in specs])
         ready: dict[str, float] = {}
@@ -104,7 +105,10 @@ def serve(cluster: Cluster, *topologies: str, show_progress: bool = True,
                 started.append(rec)
                 wait_ready(cluster, [rec], timeout=60, show_progress=False)
     except BaseException:
-        cluster.stop(started)
+        # what this call started, and what it recorded but had not yet counted: an
+        # interrupt can land between a process's record being saved and its start returning
+        cluster.stop(started + [r for r in cluster.running()
+                                if r.name not in found and r not in started])
         raise
     return records
 
