@@ -56,6 +56,15 @@ def architecture_of(cfg: LabConfig, kind: str, host_cores: int | None = None) ->
     return Architecture(shared_cores=shared)
 
 
+def with_allreduce(inputs: Inputs, allreduce: tuple[int, float | None, str]) -> Inputs:
+    """`inputs` for a split model: its all-reduces' bytes per token and the link's rate
+    (bytes per ms; None: not measured), and where they come from (`allreduce`, as
+    `notebook.forecasting.allreduce_inputs` gives it)."""
+    per_token, rate, said = allreduce
+    return replace(inputs, allreduce_bytes_per_token=per_token, link_bytes_per_ms=rate,
+                   sources={**inputs.sources, "all-reduce": said})
+
+
 def predict_rows(inputs: Inputs, edges_of, arch: Architecture, loads: list[Load],
                  workload: str) -> list[dict[str, Any]]:
     rows = []
@@ -111,12 +120,8 @@ def forecast_for(cfg: LabConfig, kind: str, profile: EngineProfile | None,
     widened by the error of the forecasts graded before it (`earlier`)."""
     inputs, edges_of = from_results(profile, kv, buffer_device), edges(profile, kv, buffer_device)
     if allreduce is not None:  # a split model: its all-reduces over the link (assumption 9)
-        def split(i: Inputs) -> Inputs:
-            return replace(i, allreduce_bytes_per_token=allreduce[0],
-                           link_bytes_per_ms=allreduce[1],
-                           sources={**i.sources, "all-reduce": allreduce[2]})
-        inputs, base_edges = split(inputs), edges_of
-        edges_of = lambda edge: split(base_edges(edge))  # noqa: E731
+        inputs, base_edges = with_allreduce(inputs, allreduce), edges_of
+        edges_of = lambda edge: with_allreduce(base_edges(edge), allreduce)  # noqa: E731
     arch = architecture_of(cfg, kind, profile.host_cores if profile else None)
     w = cfg.workload
     sim, sim_edges, said = inputs, edges_of, None

@@ -37,14 +37,14 @@ import hashlib
 import json
 import re
 import statistics
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from lab_utils.config import LabConfig, checkout_path
 from lab_utils.forecast.model import loads_of
-from lab_utils.forecast.run import architecture_of
+from lab_utils.forecast.run import architecture_of, with_allreduce
 from lab_utils.forecast.timed import calibrate
 from lab_utils.forecast.timing import SWITCH_RESTARTS, minutes, sweep_seconds, switches_seconds
 from lab_utils.notebook.forecasting import TIMED, TOPOLOGY, allreduce_inputs, eta_inputs
@@ -287,8 +287,7 @@ def _split_inputs(cfg: LabConfig, inputs, cores):
     allreduce_inputs`), calibrated on the split instance's timed requests: this kernel's
     (`forecasting.TIMED`), else an earlier run's recorded ones; else without the
     all-reduces' latency, which only timing the split instance shows."""
-    per_token, rate, _ = allreduce_inputs(cfg)
-    split = replace(inputs, allreduce_bytes_per_token=per_token, link_bytes_per_ms=rate)
+    split = with_allreduce(inputs, allreduce_inputs(cfg))
     arch = architecture_of(cfg, "tensor-parallel", cores)
     timed = TIMED.get("tensor-parallel")
     if timed is None and (last := load_optional(cfg, "tp")) and last.payload.forecast:
