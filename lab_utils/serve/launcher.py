@@ -41,6 +41,7 @@ from lab_utils.errors import ProcessFailedError
 from lab_utils.kv.budget import choose_buffer_device
 from lab_utils.measure.loadgen import auth_headers
 from lab_utils.serve import startup
+from lab_utils.util import interrupts
 from lab_utils.util.progress import progress_bar
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
@@ -276,6 +277,7 @@ def wait_ready(cluster: Cluster, records: list[ProcessRecord], timeout: float | 
     with progress_bar(total=len(records), desc="waiting for vLLM /health", unit="instance",
                       disable=not show_progress) as bar:
         while pending:
+            interrupts.check()
             for name, rec in list(pending.items()):
                 node = nodes[rec.node]
                 served = [r for r in pending.values() if r.url]

@@ -27,6 +27,7 @@ from lab_utils.errors import LabError
 from lab_utils.serve import calibrate
 from lab_utils.serve.launcher import healthy, process_failure, start_instance, wait_ready
 from lab_utils.serve.plan import make_plan, merge_plans, start_waves
+from lab_utils.util import interrupts
 
 PROXY = "proxy"
 
@@ -65,6 +66,12 @@ def serve(cluster: Cluster, *topologies: str, show_progress: bool = True,
     e.g. `notebook.kv_buffer_device`; None: the configured one)."""
     if with_proxy and len(topologies) != 1:
         raise ValueError("the proxy fronts exactly one topology")
+    with interrupts.watched():  # a Ctrl-C that a __del__ swallowed still stops serve
+        return _serve(cluster, topologies, show_progress, with_proxy, kv_buffer_device)
+
+
+def _serve(cluster: Cluster, topologies: tuple[str, ...], show_progress: bool,
+           with_proxy: bool, kv_buffer_device: str | None) -> list[ProcessRecord]:
     cfg = cluster.cfg
     if "tensor-parallel" in topologies and not cfg.instances("tensor-parallel"):
         raise LabError(f"the profile {cfg.profile} has no tensor-parallel topology: add "
@@ -104,6 +111,7 @@ def serve(cluster: Cluster, *topologies: str, show_progress: bool = True,
             if new:
                 started.append(rec)
                 wait_ready(cluster, [rec], timeout=60, show_progress=False)
+        interrupts.check()
     except BaseException:
         # what this call started, and what it recorded but had not yet counted: an
         # interrupt can land between a process's record being saved and its start returning

@@ -194,3 +194,38 @@ def test_a_warm_up_that_fails_twice_raises_with_the_log(tmp_path, monkeypatch):
     # once restarted, then refused: the message carries the log's lines and the known failure
     assert "RPC call to execute_model timed out" in str(e.value)
     assert "Known failure: engine_step_timeout" in str(e.value)
+
+
+def test_an_interrupt_lost_in_a_del_while_waiting_still_stops_what_serve_started(tmp_path, monkeypatch):
+    """Seen over SSH: Ctrl-C landed in a paramiko channel's `__del__`, Python swallowed it,
+    and serve went on to report everything started. Now it stops what it started."""
+    cfg, _ = two_prefill_one_decode(tmp_path)
+
+    class Swallows:
+        def __del__(self):
+            raise KeyboardInterrupt  # what a SIGINT landing here does
+
+    def start(cluster, spec, kv_buffer_device=None):
+        return ProcessRecord(name=spec.name, node=spec.node, pid=1, pgid=1, start_ticks=0, log_path="",
+                             argv=[], kind="vllm", url=f"http://x:{spec.port}",
+                             extra={"role": spec.role}), True
+
+    def wait(cluster, records, **kw):
+        Swallows()  # dropped at once: the interrupt is raised and swallowed in its __del__
+        return {r.name: 1.0 for r in records}
+
+    for name, fake in [("check_plans", lambda *a: None), ("deploy", lambda *a: None),
+                       ("_warm_up_pairs", lambda *a: None), ("start_instance", start),
+                       ("wait_ready", wait)]:
+        monkeypatch.setattr(topology, name, fake)
+    monkeypatch.setattr(topology.calibrate, "before_start", lambda cluster, nodes: {})
+    monkeypatch.setattr(topology.calibrate, "record", lambda *a: None)
+    cluster = Cluster(cfg)
+    stopped: list[str] = []
+    monkeypatch.setattr(cluster, "stop", lambda records, grace_s=None: stopped.extend(
+        r.name for r in records))
+    with pytest.raises(KeyboardInterrupt):
+        topology.serve(cluster, "disaggregated", show_progress=False)
+    # this fake wait does not check as the real one does each second, so the loss is
+    # found by serve's own check once the last wave is up: all three were started
+    assert stopped == ["prefill-0", "decode-0", "prefill-1"]
