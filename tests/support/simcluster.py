@@ -31,6 +31,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: `python tests/support/simcluster.py up`
@@ -109,6 +110,37 @@ def join_cgroup(pid: int) -> bool:
         return False
     (cg / "cgroup.procs").write_text(f"{pid}\n")
     return True
+
+
+@contextlib.contextmanager
+def cpu_limited(pids: list[tuple[int, int]], percent: int) -> Iterator[None]:
+    """Processes given as (PID, start ticks) get `percent` of one CPU between them, by a
+    cgroup of their own beside the cluster's (a kernel quota, whatever else runs), and go
+    back to the cluster's cgroup afterwards. Fails, saying why, where there is no CPU cgroup."""
+    cg = cgroup_dir()
+    if cg is None or not cg.is_dir():
+        raise SimClusterError("limiting a process's CPU needs a CPU cgroup (cgroup v1 `cpu`, or "
+                              "cgroup v2 with the cpu controller enabled for the root's children)")
+    limited = cg.with_name(f"{CGROUP_NAME}-limited")
+    limited.mkdir(exist_ok=True)
+    period = 100_000
+    if (limited / "cpu.max").exists():  # cgroup v2
+        (limited / "cpu.max").write_text(f"{period * percent // 100} {period}\n")
+    else:
+        (limited / "cpu.cfs_period_us").write_text(f"{period}\n")
+        (limited / "cpu.cfs_quota_us").write_text(f"{period * percent // 100}\n")
+    try:
+        for pid, ticks in pids:
+            if is_alive(pid, ticks):
+                with contextlib.suppress(ProcessLookupError):
+                    (limited / "cgroup.procs").write_text(f"{pid}\n")
+        yield
+    finally:
+        for pid, ticks in pids:
+            if is_alive(pid, ticks):
+                with contextlib.suppress(ProcessLookupError, OSError):
+                    join_cgroup(pid)
+        _remove_cgroup(limited)
 
 
 def client_key() -> Path:
@@ -239,6 +271,8 @@ def down() -> None:
     for ns in existing_namespaces():
         _ip("netns", "del", ns, check=False)
     cg = cgroup_dir()
+    if cg is not None and cg.with_name(f"{CGROUP_NAME}-limited").is_dir():
+        _remove_cgroup(cg.with_name(f"{CGROUP_NAME}-limited"))  # left by a test that crashed
     if cg is not None and cg.is_dir():
         _remove_cgroup(cg)
     _ip("link", "del", BRIDGE, check=False)
