@@ -59,6 +59,7 @@ SSH_PORT = 22
 # (docs/REHEARSAL.md, "What the rehearsal can and cannot show"). Real nodes have CPUs of their own;
 # here three "nodes" share two, so they share them as one machine's processes would.
 CGROUP_NAME = "spark-disagg-simcluster"
+LIMITED_CGROUP_NAME = f"{CGROUP_NAME}-limited"  # beside it: `cpu_limited`
 
 
 class SimClusterError(RuntimeError):
@@ -121,7 +122,7 @@ def cpu_limited(pids: list[tuple[int, int]], percent: int) -> Iterator[None]:
     if cg is None or not cg.is_dir():
         raise SimClusterError("limiting a process's CPU needs a CPU cgroup (cgroup v1 `cpu`, or "
                               "cgroup v2 with the cpu controller enabled for the root's children)")
-    limited = cg.with_name(f"{CGROUP_NAME}-limited")
+    limited = cg.with_name(LIMITED_CGROUP_NAME)
     limited.mkdir(exist_ok=True)
     period = 100_000
     if (limited / "cpu.max").exists():  # cgroup v2
@@ -138,7 +139,7 @@ def cpu_limited(pids: list[tuple[int, int]], percent: int) -> Iterator[None]:
     finally:
         for pid, ticks in pids:
             if is_alive(pid, ticks):
-                with contextlib.suppress(ProcessLookupError, OSError):
+                with contextlib.suppress(OSError):  # it may exit meanwhile
                     join_cgroup(pid)
         _remove_cgroup(limited)
 
@@ -271,10 +272,10 @@ def down() -> None:
     for ns in existing_namespaces():
         _ip("netns", "del", ns, check=False)
     cg = cgroup_dir()
-    if cg is not None and cg.with_name(f"{CGROUP_NAME}-limited").is_dir():
-        _remove_cgroup(cg.with_name(f"{CGROUP_NAME}-limited"))  # left by a test that crashed
-    if cg is not None and cg.is_dir():
-        _remove_cgroup(cg)
+    # the limited one first: left there by a test that crashed in `cpu_limited`
+    for d in [cg.with_name(LIMITED_CGROUP_NAME), cg] if cg is not None else []:
+        if d.is_dir():
+            _remove_cgroup(d)
     _ip("link", "del", BRIDGE, check=False)
     for veth in HOST_VETH.values():
         _ip("link", "del", veth, check=False)

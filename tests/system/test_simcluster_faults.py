@@ -31,7 +31,14 @@ import pytest
 from lab_utils.cluster import Cluster
 from lab_utils.config import LabConfig
 from lab_utils.measure.stalls import Deadline
-from lab_utils.on_node.proctools import all_pids, children, comm, is_alive, proc_stat
+from lab_utils.on_node.proctools import (
+    children,
+    comm,
+    group_members,
+    is_alive,
+    proc_stat,
+    start_ticks,
+)
 from lab_utils.serve.metrics import fetch_metrics, read_counters
 
 from support.leaks import cmdline_hits
@@ -219,8 +226,7 @@ def engine_core(rec) -> int:
 def slowed(rec, percent: int = SLOWED_PERCENT):
     """The instance's model (its processes but the API server) gets `percent` of one CPU;
     the API server answers as before."""
-    members = [(pid, st.start_ticks) for pid in all_pids()
-               if (st := proc_stat(pid)) and st.pgid == rec.pgid and pid != rec.pid]
+    members = [(pid, start_ticks(pid)) for pid in group_members(rec.pgid) if pid != rec.pid]
     assert members, f"{rec.name} runs no process beside its API server"
     return cpu_limited(members, percent)
 
