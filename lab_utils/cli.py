@@ -213,6 +213,20 @@ def _cmd_run(args) -> int:
     return 0
 
 
+def audit_false(results_dir) -> bool:
+    from lab_utils.report.audit import audit
+
+    return bool(audit(results_dir).false)
+
+
+def _cmd_audit(args) -> int:
+    from lab_utils.report.audit import audit
+
+    found = audit(args.results_dir or load_config(args.config).results_dir)
+    print("\n".join(found.lines()))
+    return 0 if found.ok else 1
+
+
 def _cmd_eta(args) -> int:
     from lab_utils.notebook import eta_lines, whole_notebook_lines
 
@@ -260,7 +274,13 @@ def _cmd_lab(args) -> int:
     from lab_utils.runner import find_notebooks
 
     if find_notebooks(args.notebooks_dir):
-        return _cmd_run(args)
+        ran = _cmd_run(args)
+        if ran == 0 and args.start is None and args.stop is None:
+            print("audit: every result sentence of the run against its results files")
+            args.results_dir = None
+            _cmd_audit(args)  # an unbacked sentence is reported; a false claim fails the run
+            return 1 if audit_false(load_config(args.config).results_dir) else 0
+        return ran
     print("no notebooks yet: running the prefill/decode proof of transfer instead")
     return _cmd_demo(args)
 
@@ -301,6 +321,10 @@ def build_parser() -> argparse.ArgumentParser:
              "pass/warn/fail/n/a with evidence and the fix; exit 1 on any fail")
     sp.add_argument("--json", action="store_true", help="print the results as JSON")
     cmd("status", _cmd_status, "list the processes recorded for the profile")
+    sp = cmd("audit", _cmd_audit, "check every claim the notebooks and the report saved "
+             "(claims.json) against the results files, and list the result sentences of the "
+             "executed notebooks and the report that no claim backs; exit 1 on any")
+    sp.add_argument("results_dir", nargs="?", help="a results directory (default: the profile's)")
     sp = cmd("bench", _cmd_bench, "measure a serving endpoint (streaming completions): sweep "
              "concurrency levels and/or Poisson request rates; defaults from the config's workload")
     sp.add_argument("--url", required=True, help="base URL, e.g. http://127.0.0.4:8000")

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import random
+import time
 from collections import Counter
 
 import httpx
@@ -45,7 +47,9 @@ from lab_utils.results import (
     load_optional,
     load_results,
 )
+from lab_utils.results.claims import save_claims
 from lab_utils.results.forecast import EngineProfile
+from lab_utils.results.payloads import SweepCpu
 from lab_utils.results.sweep import BenchmarkResult, RequestRecord
 from lab_utils.serve.metrics import fetch_metrics, read_counters
 from lab_utils.serve.pd import complete, prove_via_proxy
@@ -126,7 +130,7 @@ def run_sweep(cfg: LabConfig, served: Served, *, mixed: bool = False,
     if mixed:
         w = w.model_copy(update={"concurrency": [max(w.concurrency or [1])], "request_rates": []})
     nixl_threads(cfg, served)  # threads that appeared since the start are set too
-    cpu_before = cpu_now(cfg, served)
+    cpu_before, started = cpu_now(cfg, served), time.monotonic()
     result = sweep(served.proxy_url, cfg.model.name,
                    lambda n, seed: build_requests(w, n, tokenize, detokenize, mixed=mixed,
                                                   seed=seed),
@@ -136,8 +140,9 @@ def run_sweep(cfg: LabConfig, served: Served, *, mixed: bool = False,
                    # the workload's own, recorded but not a reason to reject the run
                    hits_expected=w.chat)
     if cpu_before is not None and (cpu_after := cpu_now(cfg, served)) is not None:
-        SWEEP_CPU[(served.topology, mixed)] = {k: cpu_after[k] - cpu_before.get(k, 0.0)
-                                               for k in cpu_after}
+        SWEEP_CPU[(served.topology, mixed)] = SweepCpu(
+            wall_s=time.monotonic() - started, host_cores=os.cpu_count() or 1,
+            by_process={k: cpu_after[k] - cpu_before.get(k, 0.0) for k in cpu_after})
     if any(p.summary.get("failed") for p in result.points):
         check_alive(cfg, served)
     return result
@@ -296,7 +301,8 @@ def proof_frame(proofs: list):
 
 def conclude(cfg: LabConfig, notebook: str) -> list[str]:
     """Notebook `notebook`'s conclusions from its recorded results (and the ones it compares
-    with), printed and returned (`lab_utils.notebook.lessons`)."""
+    with), printed, saved as claims beside the results (`claims.json`, checked by `audit`)
+    and returned (`lab_utils.notebook.lessons`)."""
     device = cfg.vllm.device
     if notebook == "01":
         said = lessons.conclude_01(load_results(cfg, "01").payload, device)
@@ -305,13 +311,13 @@ def conclude(cfg: LabConfig, notebook: str) -> list[str]:
     elif notebook == "03":
         rep = load_results(cfg, "03").payload
         said = lessons.conclude_03(load_results(cfg, "01").payload.sweep, rep.sweep, rep.mixed,
-                                   device)
+                                   device, rep.forecast)
     elif notebook == "04":
         dis, rep03 = load_results(cfg, "04").payload, load_optional(cfg, "03")
         said = lessons.conclude_04(rep03.payload.sweep if rep03 else None, dis.sweep,
                                    rep03.payload.mixed if rep03 else None, dis.mixed, dis.proof,
                                    device, load_results(cfg, "01").payload,
-                                   nixl_thread_state(cfg))
+                                   nixl_thread_state(cfg), dis.forecast)
     elif notebook == "tp":
         tp = load_results(cfg, "tp").payload
         others = {name: env.payload.sweep for name, nb in (("replicated", "03"),
@@ -320,8 +326,9 @@ def conclude(cfg: LabConfig, notebook: str) -> list[str]:
         said = lessons.conclude_tp(load_results(cfg, "01").payload.sweep, tp, others, device)
     else:
         raise LabError(f"no conclusions for notebook {notebook!r} (01-04, tp)")
+    save_claims(cfg.results_dir, notebook, said)
     print(lessons.conclusions_of(said))
-    return said
+    return [c.text for c in said]
 
 
 def conclude_transfer(cfg: LabConfig, proof: Proof, kv: ResultsEnvelope,

@@ -16,7 +16,7 @@
 - `render`: `build_report(cfg)` writes report.html, report.md, plots/*.png and export/.
 """
 
-from lab_utils.report.conclusions import Conclusions, Finding, compare, conclusions
+from lab_utils.report.conclusions import Conclusions, compare, conclusions
 from lab_utils.report.data import ReportData, load_report_data, run_hint
 from lab_utils.report.expected import EXPECTED_TWO_SPARK, expected_figures
 from lab_utils.report.export import fields_table, runs_frame, write_exports
@@ -33,7 +33,7 @@ from lab_utils.util.numbers import fmt_num
 
 __all__ = [
     "EXPECTED_TWO_SPARK", "MARGIN", "METRICS", "PLOT_NAMES", "REHEARSAL_BANNER", "Block", "Conclusions",
-    "Finding", "Plot", "ReportData", "ReportPaths", "build_report", "compare", "conclusions",
+    "Plot", "ReportData", "ReportPaths", "build_report", "compare", "conclusions",
     "display_table", "expected_figures", "fields_table", "fmt_num", "forecast_grades", "headline_table", "kv_table",
     "load_report_data", "plot_values", "points_table", "render_html", "render_markdown",
     "render_plots", "report_blocks", "run_hint", "runs_frame", "spark_forecast", "system_under_test",

@@ -10,16 +10,17 @@ proof of transfer, workloads that differ) and the invalid points left out.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import pandas as pd
 
-from lab_utils.measure.benchmark import READ_TOGETHER_NOTE, read_together_share
-from lab_utils.report.data import ARCHITECTURES, ReportData, join_words, run_hint
+from lab_utils.measure.benchmark import READ_TOGETHER_NOTE, read_late, read_together_share
+from lab_utils.report.data import ARCH_NOTEBOOK, ARCHITECTURES, ReportData, join_words, run_hint
 from lab_utils.report.tables import points_table
-from lab_utils.results.points import BY_KEY, COMPARED, MARGIN, Measured, Metric, with_caches
-from lab_utils.results.points import compare as judge
+from lab_utils.results.claims import WORKLOAD_OF, Claim, Comparison, Located, claim, comparison
+from lab_utils.results.points import BY_KEY, COMPARED, MARGIN
 from lab_utils.results.sweep import BenchmarkResult
 
 WORKLOADS = {"standard": "", "mixed": "Mixed long/short workload, "}
@@ -27,102 +28,50 @@ WORKLOADS = {"standard": "", "mixed": "Mixed long/short workload, "}
 PAIRS = (("disaggregated", "replicated"), ("disaggregated", "baseline"),
          ("replicated", "baseline"), ("tensor-parallel", "replicated"),
          ("tensor-parallel", "disaggregated"), ("tensor-parallel", "baseline"))
-REFERENCE_NAMES = {"replicated": "replicated serving (the same two nodes)",
-                   "disaggregated": "disaggregated serving (the same two nodes)",
-                   "baseline": "the single-instance baseline (half the hardware)"}
 THROUGHPUT_KEYS = ("request_throughput", "output_throughput")
 # Timed between tokens: not compared at a point where either side's load generator got
 # many tokens in one read (their gaps are 0 ms there; benchmark.read_together_share).
 PER_TOKEN_KEYS = ("median_itl_ms", "p99_itl_ms", "median_tpot_ms")
 
 
-@dataclass(frozen=True)
-class Finding:
-    """One comparison of two architectures on one metric at one load point."""
-
-    workload: str
-    metric: str
-    label: str
-    mode: str
-    value: float
-    load: str
-    subject: str
-    reference: str
-    subject_value: float
-    reference_value: float
-    winner: str | None  # None: no difference by the lab's rule (points.compare)
-    difference_pct: float  # the better one's advantage, in % of the worse one's value
-    beyond_spread: bool  # the two differ by the lab's rule
-    basis: str
-    sentence: str
-
-    @property
-    def ratio(self) -> float:
-        """The larger value over the smaller (inf when one is 0): the margin, symmetric."""
-        big = max(abs(self.subject_value), abs(self.reference_value))
-        small = min(abs(self.subject_value), abs(self.reference_value))
-        return big / small if small else (1.0 if big == small else math.inf)
-
-    @property
-    def margin(self) -> str:
-        """The margin in words: the winner's value against the loser's as a ratio ("1.7x
-        lower"); without a winner, how far apart they are ("1.05x apart")."""
-        m = BY_KEY[self.metric]
-        if self.winner is None:
-            return f"{times(self.ratio)} apart"
-        win, lose = ((self.subject_value, self.reference_value) if self.winner == self.subject
-                     else (self.reference_value, self.subject_value))
-        return m.times(win, lose)
-
-
 @dataclass
 class Conclusions:
     """`headline`: verdicts, warnings, exclusions and the spread rule; `by_metric`: one
-    sentence per pair of architectures and metric; `findings`: every comparison."""
+    sentence per pair of architectures and metric; `findings`: every comparison, as the
+    one engine (`claims.comparison`) made it; `claims`: every sentence shown with the
+    comparisons that make it true (saved beside the results, checked by `audit`)."""
 
     headline: list[str]
     by_metric: list[str]
-    findings: list[Finding]
+    findings: list[Comparison]
     excluded: list[str]
+    claims: list[Claim] = field(default_factory=list)
 
     @property
     def sentences(self) -> list[str]:
         return self.headline + self.by_metric
 
     def table(self) -> pd.DataFrame:
-        cols = ["workload", "load", "label", "subject", "reference", "subject_value",
-                "reference_value", "winner", "difference_pct", "beyond_spread", "basis"]
-        rows = [{c: getattr(f, c) for c in cols} for f in self.findings]
-        return pd.DataFrame(rows, columns=cols)
+        rows = [{"workload": f.workload, "load": f.load, "label": BY_KEY[f.metric].label,
+                 "subject": f.subject.name, "reference": f.reference.name,
+                 "subject_value": f.subject.value.median,
+                 "reference_value": f.reference.value.median, "winner": f.winner,
+                 "margin": margin(f), "differs": f.better is not None, "basis": f.basis}
+                for f in self.findings]
+        return pd.DataFrame(rows, columns=["workload", "load", "label", "subject", "reference",
+                                           "subject_value", "reference_value", "winner",
+                                           "margin", "differs", "basis"])
 
 
-def measured(row: pd.Series, m: Metric) -> Measured:
-    """A points-table row's `m` (median and min-max over the row's repeats), as the rule
-    reads it; a missing min or max counts as the median."""
-    v = float(row[m.key])
-    lo, hi = float(row[f"{m.key}_min"]), float(row[f"{m.key}_max"])
-    return Measured(median=v, min=lo if math.isfinite(lo) else v,
-                    max=hi if math.isfinite(hi) else v, n=int(row["repeats"]))
-
-
-def _hits(row: pd.Series) -> float | None:
-    """A points-table row's prefix-cache hit share (%), None when not recorded."""
-    v = row.get("prefix_cache_hit_pct")
-    return float(v) if v is not None and math.isfinite(float(v)) else None
-
-
-def _finding(workload: str, m: Metric, a: pd.Series, b: pd.Series) -> Finding:
-    av, bv = float(a[m.key]), float(b[m.key])
-    a_better = m.better(av, bv)
-    win, lose = (av, bv) if a_better else (bv, av)
-    pct = abs(win - lose) / abs(lose) * 100 if lose else (0.0 if win == lose else math.inf)
-    verdict = with_caches(judge(measured(a, m), measured(b, m), m), _hits(a), _hits(b))
-    beyond, basis = verdict.differs, verdict.basis
-    names = (a["architecture"], b["architecture"])
-    winner = {"a": names[0], "b": names[1]}.get(verdict.better or "")
-    sentence = _finding_sentence(workload, m, a["load"], names, (av, bv), winner, basis)
-    return Finding(workload, m.key, m.label, a["mode"], float(a["value"]), a["load"],
-                   names[0], names[1], av, bv, winner, pct, beyond, basis, sentence)
+def margin(f: Comparison) -> str:
+    """The margin in words: the winner's value against the loser's as a ratio ("1.7x
+    lower"); without a winner, how far apart they are ("1.05x apart")."""
+    m = BY_KEY[f.metric]
+    if f.winner is None:
+        return f"{times(f.ratio)} apart"
+    win, lose = ((f.subject.value.median, f.reference.value.median) if f.better == "subject"
+                 else (f.reference.value.median, f.subject.value.median))
+    return m.times(win, lose)
 
 
 def times(r: float) -> str:
@@ -130,58 +79,49 @@ def times(r: float) -> str:
     return "∞" if not math.isfinite(r) else (f"{r:.1f}x" if r < 10 else f"{r:.0f}x")
 
 
-def _finding_sentence(workload: str, m: Metric, load: str, names: tuple[str, str],
-                      values: tuple[float, float], winner: str | None, basis: str) -> str:
-    head = f"{WORKLOADS[workload]}{load}, {m.label}"
-    head = head[0].upper() + head[1:]
-    shown = {n: m.text(v) for n, v in zip(names, values, strict=True)}
-    if winner is None:
-        return (f"{head}: no difference between {names[0]} ({shown[names[0]]}) and "
-                f"{names[1]} ({shown[names[1]]}) ({basis}).")
-    loser = names[1] if winner == names[0] else names[0]
-    win, lose = values if winner == names[0] else values[::-1]
-    return (f"{head}: {winner} wins, {m.times(win, lose)} than {loser} ({shown[winner]} vs "
-            f"{shown[loser]}; {basis}).")
+def located(data: ReportData) -> dict[tuple[str, str, float], dict[str, Located]]:
+    """Every valid combined point of every architecture, by (workload, mode, load)."""
+    out: dict[tuple[str, str, float], dict[str, Located]] = {}
+    for run, by_arch in (("sweep", data.sweeps), ("mixed", data.mixed)):
+        for arch, result in by_arch.items():
+            for p in result.combined:
+                if p.valid:
+                    out.setdefault((WORKLOAD_OF[run], p.mode, float(p.value)), {})[arch] = (
+                        arch, ARCH_NOTEBOOK[arch], run, p)
+    return out
 
 
-def _pairs(table: pd.DataFrame):
-    """(workload, subject row, reference row) for every pair in PAIRS at every valid load
-    point both measured."""
-    if table.empty:
-        return
-    ok = table[table["valid"]]
-    for (workload, _mode, _value), group in ok.groupby(["workload", "mode", "value"],
-                                                       sort=False):
-        rows = {r["architecture"]: r for _, r in group.iterrows()}
-        for subject, reference in PAIRS:
-            if subject in rows and reference in rows:
-                yield str(workload), rows[subject], rows[reference]
+def _read_late(data: ReportData, arch: str, run: str, mode: str, value: float) -> bool:
+    result = (data.sweeps if run == "sweep" else data.mixed).get(arch)
+    return result is not None and read_late(result, mode, value)
 
 
-def _read_together(row: pd.Series) -> bool:
-    return bool(row.get("read_together", False))
-
-
-def compare(table: pd.DataFrame) -> list[Finding]:
+def compare(data: ReportData) -> list[Comparison]:
     """Every pair in PAIRS, on every metric, at every valid load point both measured;
     the per-token metrics only where neither side's tokens were read together."""
     findings = []
-    for workload, a, b in _pairs(table):
-        for m in COMPARED:
-            if m.key in PER_TOKEN_KEYS and (_read_together(a) or _read_together(b)):
+    for (_workload, mode, value), at in located(data).items():
+        for subject, reference in PAIRS:
+            if subject not in at or reference not in at:
                 continue
-            if math.isfinite(a[m.key]) and math.isfinite(b[m.key]):
-                findings.append(_finding(workload, m, a, b))
+            a, b = at[subject], at[reference]
+            late = any(_read_late(data, x[0], x[2], mode, value) for x in (a, b))
+            for m in COMPARED:
+                if m.key in PER_TOKEN_KEYS and late:
+                    continue
+                if a[3].median(m) is not None and b[3].median(m) is not None:
+                    findings.append(comparison(m.key, a, b))
     return findings
 
 
-def _not_compared_per_token(table: pd.DataFrame) -> list[str]:
+def _not_compared_per_token(data: ReportData) -> list[str]:
     """The pairs left out of the ITL and TPOT comparisons by `compare`, in one sentence."""
     left: dict[tuple[str, str, str], list[_Load]] = {}
-    for workload, a, b in _pairs(table):
-        if _read_together(a) or _read_together(b):
-            key = (workload, a["architecture"], b["architecture"])
-            left.setdefault(key, []).append(_Load(a["mode"], float(a["value"])))
+    for (workload, mode, value), at in located(data).items():
+        for subject, reference in PAIRS:
+            if subject in at and reference in at and any(
+                    _read_late(data, x[0], x[2], mode, value) for x in (at[subject], at[reference])):
+                left.setdefault((workload, subject, reference), []).append(_Load(mode, value))
     if not left:
         return []
     where = "; ".join(f"{WORKLOADS[w].lower()}{subject} vs {reference} at {_loads(loads)}"
@@ -196,72 +136,94 @@ class _Load(NamedTuple):
     value: float
 
 
-def _loads(fs: list[Finding] | list[_Load]) -> str:
-    """"concurrency 1, 2 and 4" (and "rate 2 and 4 req/s" for rate points)."""
+def _loads(fs: Sequence[Comparison | _Load]) -> str:
+    """"concurrency 1, 2 and 4" (and "rate 2 and 4 req/s" for rate points); "concurrency 4
+    (one load point)" when there is one."""
     parts = []
     for mode, unit in (("concurrency", ""), ("rate", " req/s")):
-        values = [f"{f.value:g}" for f in fs if f.mode == mode]
+        values = list(dict.fromkeys(f"{f.value:g}" for f in fs if f.mode == mode))
         if values:
             parts.append(f"{mode} {join_words(values)}{unit}")
-    return " and at ".join(parts)
+    one = len({(f.mode, f.value) for f in fs}) == 1
+    return " and at ".join(parts) + (" (one load point)" if one else "")
 
 
-def _ratio_range(fs: list[Finding]) -> str:
+def _ratio_range(fs: list[Comparison]) -> str:
     """"1.4x" or "1.4-1.7x": the margins of `fs` as ratios."""
     lo, hi = times(min(f.ratio for f in fs)), times(max(f.ratio for f in fs))
     return hi if lo == hi else f"{lo.removesuffix('x')}-{hi}"
 
 
-def _summary_sentence(fs: list[Finding]) -> str:
+def _summary_claim(fs: list[Comparison]) -> Claim:
     f0 = fs[0]
     m = BY_KEY[f0.metric]
     parts = []
-    for who in (f0.subject, f0.reference):
-        wins = [f for f in fs if f.winner == who]
+    for who in ("subject", "reference"):
+        wins = [f for f in fs if f.better == who]
         if wins:
-            parts.append(f"{who} better at {_loads(wins)} ({_ratio_range(wins)} {m.way})")
-    ties = [f for f in fs if f.winner is None]
+            parts.append(f"{getattr(f0, who).name} better at {_loads(wins)} "
+                         f"({_ratio_range(wins)} {m.way})")
+    ties = [f for f in fs if f.better is None]
     if ties:
         parts.append(f"no difference at {_loads(ties)}")
-    head = f"{WORKLOADS[f0.workload]}{m.label} ({m.way} is better), {f0.subject} vs {f0.reference}"
-    return head[0].upper() + head[1:] + ": " + "; ".join(parts) + "."
+    head = (f"{WORKLOADS[f0.workload]}{m.label} ({m.way} is better), {f0.subject.name} vs "
+            f"{f0.reference.name}")
+    return claim("report", head[0].upper() + head[1:] + ": " + "; ".join(parts) + ".", *fs)
 
 
-def _summaries(findings: list[Finding]) -> list[str]:
-    groups: dict[tuple, list[Finding]] = {}
+def _summaries(findings: list[Comparison]) -> list[Claim]:
+    groups: dict[tuple, list[Comparison]] = {}
     for f in findings:
-        groups.setdefault((f.workload, f.subject, f.reference, f.metric), []).append(f)
-    return [_summary_sentence(fs) for fs in groups.values()]
+        groups.setdefault((f.workload, f.subject.name, f.reference.name, f.metric), []).append(f)
+    return [_summary_claim(fs) for fs in groups.values()]
 
 
-THROUGHPUT_NOTE = ("That throughput loss is what vLLM's documentation leads one to expect: "
-                   "disaggregated prefill does not raise throughput; its value is tuning TTFT "
-                   "and ITL separately and protecting decode from long prefills.")
+def documentation_claim(findings: list[Comparison], where: str = "report") -> Claim | None:
+    """What vLLM's documentation says of disaggregation and throughput, beside what this
+    run measured against replicated serving, and whether the two agree."""
+    fs = [f for f in findings if (f.subject.name, f.reference.name) == ("disaggregated", "replicated")
+          and f.metric == "output_throughput" and f.workload == "standard"]
+    if not fs:
+        return None
+    lost, won = ([f for f in fs if f.better == w] for w in ("reference", "subject"))
+    ties = [f for f in fs if f.better is None]
+    run = "; ".join(p for p in (
+        f"lower at {_loads(lost)} (replicated up to {times(max(f.ratio for f in lost))} higher)"
+        if lost else "", f"higher at {_loads(won)}" if won else "",
+        f"no different at {_loads(ties)}" if ties else "") if p)
+    agree = ("agrees" if won == [] else "disagrees at the loads where disaggregation was higher")
+    return claim(where, "vLLM's documentation says disaggregated prefill does not raise "
+                 "throughput (its value is tuning TTFT and ITL separately); in this run "
+                 f"disaggregated serving's output throughput against replicated serving was {run}: "
+                 f"the run {agree}.", *fs)
 
 
-def _verdicts(findings: list[Finding], workload: str, reference: str) -> list[str]:
+def _verdicts(findings: list[Comparison], workload: str, reference: str,
+              ref_name: str) -> list[Claim]:
     """Plain statements on disaggregation against one reference architecture."""
-    fs = [f for f in findings if f.workload == workload and f.subject == "disaggregated"
-          and f.reference == reference]
+    fs = [f for f in findings if f.workload == workload and f.subject.name == "disaggregated"
+          and f.reference.name == reference]
     if not fs:
         return []
-    pre, ref = WORKLOADS[workload], REFERENCE_NAMES[reference]
-    out, won_any = [], False
+    pre = WORKLOADS[workload]
+    out = []
     for m in COMPARED:
-        way = m.way
-        lost = [f for f in fs if f.metric == m.key and f.winner == reference]
-        won = [f for f in fs if f.metric == m.key and f.winner == "disaggregated"]
+        lost = [f for f in fs if f.metric == m.key and f.better == "reference"]
+        won = [f for f in fs if f.metric == m.key and f.better == "subject"]
         if lost:
-            out.append(f"{pre}disaggregation lost on {m.label} to {ref} at {_loads(lost)} "
-                       f"({reference} up to {times(max(f.ratio for f in lost))} {way}).")
+            out.append(claim("report", f"{pre}disaggregation lost on {m.label} to {ref_name} at "
+                             f"{_loads(lost)} ({reference} up to "
+                             f"{times(max(f.ratio for f in lost))} {m.way}).", *lost))
         if won:
-            won_any = True
-            out.append(f"{pre}disaggregation won on {m.label} against {ref} at {_loads(won)} "
-                       f"(up to {times(max(f.ratio for f in won))} {way}).")
-    if not won_any:
-        out.append(f"{pre}disaggregation won on no metric against {ref} at any valid load "
-                   "point of this run.")
-    return [s[0].upper() + s[1:] for s in out]
+            out.append(claim("report", f"{pre}disaggregation won on {m.label} against "
+                             f"{ref_name} at {_loads(won)} (up to "
+                             f"{times(max(f.ratio for f in won))} {m.way}).", *won))
+    if not any(f.better == "subject" for f in fs):
+        out.append(claim("report", f"{pre}disaggregation won on no metric against {ref_name} "
+                         "at any valid load point of this run.", *fs))
+    for c in out:
+        c.text = c.text[0].upper() + c.text[1:]
+    return out
 
 
 def _spread_sentence(table: pd.DataFrame) -> str:
@@ -269,13 +231,17 @@ def _spread_sentence(table: pd.DataFrame) -> str:
     once = [a for a in ARCHITECTURES
             if not ok.empty and ((ok["architecture"] == a) & (ok["repeats"] < 2)).any()]
     reps = sorted({int(r) for r in ok["repeats"] if r > 1}) if not ok.empty else []
+    spreads = ([float(v) for v in ok.loc[ok["repeats"] > 1, "spread_pct"] if math.isfinite(v)]
+               if reps else [])
+    seen = (f" (in this run the repeats of one point were up to {max(spreads):.0f}% apart on "
+            f"the metric that varied most, {sorted(spreads)[len(spreads) // 2]:.0f}% at the median"
+            " point)" if spreads else "")
     parts = [f"a difference counts only when it is larger than {MARGIN:.0%} of the smaller "
-             "value (the run-to-run variation of the CPU rehearsal is several percent, and "
-             f"{MARGIN:.0%} is the margin at which the lab's load generator agrees with "
-             "vllm bench serve)."]
+             f"value{seen}; {MARGIN:.0%} is also the margin at which the lab's load generator "
+             "agrees with vllm bench serve."]
     if reps:
-        times = join_words([str(r) for r in reps])
-        parts.append(f"where both sides were measured {times} times, it must also be outside "
+        n = join_words([str(r) for r in reps])
+        parts.append(f"where both sides were measured {n} times, it must also be outside "
                      "the run-to-run spread: their min-max ranges over the repeats must not "
                      "overlap.")
     if once or not reps:
@@ -375,24 +341,47 @@ def _stall_warning(data: ReportData) -> list[str]:
 
 
 def conclusions(data: ReportData, table: pd.DataFrame | None = None) -> Conclusions:
-    """Plain sentences and structured findings computed from the numbers; invalid points
-    are excluded and named."""
+    """Plain sentences and the comparisons behind them, computed from the numbers; invalid
+    points are excluded and named. `table`: the points table, when already built (for the
+    exclusions and the spread rule; the comparisons are made from the points)."""
     table = points_table(data) if table is None else table
-    findings = compare(table)
+    findings = compare(data)
     excluded = _excluded(table)
-    sentences = _warnings(data) + _absent(data)
+    plain = _warnings(data) + _absent(data)
+    verdicts: list[Claim] = []
     for workload in WORKLOADS:
-        ref = "replicated" if any(f.workload == workload and f.subject == "disaggregated"
-                                  and f.reference == "replicated" for f in findings) else "baseline"
-        sentences += _verdicts(findings, workload, ref)
-    if any(f.subject == "disaggregated" and f.metric in THROUGHPUT_KEYS
-           and f.winner == f.reference for f in findings):
-        sentences.append(THROUGHPUT_NOTE)
+        ref = "replicated" if any(f.workload == workload and f.subject.name == "disaggregated"
+                                  and f.reference.name == "replicated" for f in findings) else "baseline"
+        verdicts += _verdicts(findings, workload, ref, reference_name(data, ref))
+    doc = documentation_claim(findings)
+    verdicts += [doc] if doc else []
+    tail = []
     if excluded:
-        sentences.append("Excluded from the conclusions as invalid: " + "; ".join(excluded) + ".")
-    sentences += _not_compared_per_token(table)
-    sentences.append(_spread_sentence(table))
-    return Conclusions(sentences, _summaries(findings), findings, excluded)
+        tail.append("Excluded from the conclusions as invalid: " + "; ".join(excluded) + ".")
+    tail += _not_compared_per_token(data)
+    tail.append(_spread_sentence(table))
+    summaries = _summaries(findings)
+    claims = ([claim("report", t) for t in plain] + verdicts
+              + [claim("report", t) for t in tail] + summaries)
+    return Conclusions(plain + [c.text for c in verdicts] + tail, [c.text for c in summaries],
+                       findings, excluded, claims)
+
+
+def shared_machine(data: ReportData) -> bool:
+    """Whether every node of the profile is this one machine (the rehearsal: loopback
+    addresses of one host), by 01's config snapshot."""
+    nodes = (data.envelopes["01"].config.get("nodes") or {}) if "01" in data.envelopes else {}
+    return bool(nodes) and all((n or {}).get("connection", "local") == "local"
+                               for n in nodes.values())
+
+
+def reference_name(data: ReportData, arch: str) -> str:
+    """How the verdicts name the reference: with the hardware it had."""
+    if shared_machine(data):
+        return {"baseline": "the single instance (the same machine's cores, to itself)"}.get(
+            arch, f"{arch} serving (the same machine)")
+    return {"baseline": "the single-instance baseline (one of the two nodes)"}.get(
+        arch, f"{arch} serving (the same two nodes)")
 
 
 def _absent(data: ReportData) -> list[str]:

@@ -16,12 +16,14 @@ from typing import Any
 import pandas as pd
 
 from lab_utils.config import LabConfig
-from lab_utils.report.conclusions import Finding, conclusions
+from lab_utils.report.conclusions import conclusions
 from lab_utils.report.data import load_report_data
 from lab_utils.report.export import write_exports
 from lab_utils.report.plots import render_plots, write_plots
 from lab_utils.report.sections import Block, report_blocks
+from lab_utils.report.summary import report_claims
 from lab_utils.report.tables import points_table
+from lab_utils.results.claims import Comparison, save_claims
 from lab_utils.util.atomic import atomic_write_text
 
 
@@ -31,7 +33,7 @@ class ReportPaths:
     md: Path
     plots: list[Path]
     conclusions: list[str]
-    findings: list[Finding] = field(default_factory=list)
+    findings: list[Comparison] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)  # notebooks whose results are absent
     # export/runs.csv and each run in `vllm bench serve --save-result`'s layout
     exports: list[Path] = field(default_factory=list)
@@ -130,6 +132,7 @@ def build_report(cfg: LabConfig) -> ReportPaths:
     atomic_write_text(out / "report.md", render_markdown(blocks))
     atomic_write_text(out / "report.html",
                       render_html(blocks, f"Benchmark report: {cfg.profile}"))
+    save_claims(out, "report", report_claims(data, concl))
     return ReportPaths(html=out / "report.html", md=out / "report.md", plots=plot_paths,
                        conclusions=concl.sentences, findings=concl.findings,
                        missing=sorted(data.missing), exports=exports)

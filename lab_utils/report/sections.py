@@ -21,13 +21,18 @@ from datetime import UTC, datetime
 import pandas as pd
 
 from lab_utils.report.blocks import UL, Block, H, P, T, W, fold
-from lab_utils.report.conclusions import Conclusions, Finding, times
+from lab_utils.report.conclusions import Conclusions, times
 from lab_utils.report.data import ARCHITECTURES, ReportData, join_words, run_hint
 from lab_utils.report.expected import EXPECTED_TWO_SPARK, expected_figures
 from lab_utils.report.export import fields_table
 from lab_utils.report.forecast_sections import forecast_blocks, spark_forecast_blocks
 from lab_utils.report.plots import Plot, roofline_text
-from lab_utils.report.summary import REHEARSAL_BANNER, system_under_test, verdict_sentence
+from lab_utils.report.summary import (
+    REHEARSAL_BANNER,
+    machine_claim,
+    system_under_test,
+    verdict_sentence,
+)
 from lab_utils.report.tables import (
     calibration_table,
     checks_table,
@@ -39,6 +44,7 @@ from lab_utils.report.tables import (
     workload_rows,
 )
 from lab_utils.results import RESULTS, reference_origin
+from lab_utils.results.claims import Comparison
 from lab_utils.results.points import BY_KEY, RULE
 from lab_utils.results.sweep import BenchmarkResult
 from lab_utils.util.numbers import fmt_num
@@ -62,6 +68,8 @@ FILE_MEANINGS = {
 def _first_screen(data: ReportData, concl: Conclusions) -> list[Block]:
     """The verdict in one sentence, the rehearsal's banner, the system under test."""
     blocks = [P(f"Verdict: {verdict_sentence(concl)}")]
+    if (machine := machine_claim(data)) is not None:
+        blocks.append(P(machine.text))
     if data.device == "cpu":
         blocks.append(W(REHEARSAL_BANNER))
     return blocks + [T(system_under_test(data))]
@@ -73,10 +81,23 @@ def _intro(data: ReportData, concl: Conclusions) -> list[Block]:
     return [H(f"Benchmark report: profile {data.profile}", 1), *_first_screen(data, concl),
             P(f"Written {now} from the results in {data.results_dir}. Model: {model}. "
               f"Engine device: {data.device}."),
-            P("Architectures: baseline (one vLLM instance, notebook 01), replicated (one "
-              "instance per node behind the proxy's router, 03) and disaggregated (prefill and "
-              "decode instances joined by NIXL, 04). All three are measured by the same load "
-              "generator through the same proxy, with vLLM bench serve's metric names.")]
+            P(_architectures_text(data))]
+
+
+ARCH_TEXT = {"baseline": "baseline (one vLLM instance, notebook 01)",
+             "replicated": "replicated (one instance per node behind the proxy's router, 03)",
+             "disaggregated": "disaggregated (prefill and decode instances joined by NIXL, 04)",
+             "tensor-parallel": "tensor-parallel (one model split over the nodes, 04's last "
+                                "section)"}
+COUNT = {1: "The one", 2: "Both", 3: "All three", 4: "All four"}
+
+
+def _architectures_text(data: ReportData) -> str:
+    """The architectures this run measured, counted from its results."""
+    archs = [a for a in ARCHITECTURES if a in data.sweeps]
+    return (f"Architectures measured: {join_words([ARCH_TEXT[a] for a in archs])}. "
+            f"{COUNT.get(len(archs), f'All {len(archs)}')} measured by the same load generator "
+            "through the same proxy, with vLLM bench serve's metric names.")
 
 
 def _missing_blocks(data: ReportData) -> list[Block]:
@@ -97,7 +118,7 @@ def _missing_only(data: ReportData) -> list[Block]:
             UL(items)]
 
 
-def _ranking(fs: list[Finding]) -> str:
+def _ranking(fs: list[Comparison]) -> str:
     """The architectures compared at one load point on one metric, best first by their
     values, each joined to the next by ">" with the margin where the lab's rule says they
     differ and by "=" where not: "replicated > disaggregated (1.4x) = baseline"."""
@@ -105,8 +126,9 @@ def _ranking(fs: list[Finding]) -> str:
     m = BY_KEY[f0.metric]
     values: dict[str, float] = {}
     for f in fs:
-        values[f.subject], values[f.reference] = f.subject_value, f.reference_value
-    by_pair = {frozenset((f.subject, f.reference)): f for f in fs}
+        values[f.subject.name] = f.subject.value.median
+        values[f.reference.name] = f.reference.value.median
+    by_pair = {frozenset((f.subject.name, f.reference.name)): f for f in fs}
     order = sorted(values, key=lambda a: values[a], reverse=m.higher_is_better)
     out = order[0]
     for left, right in zip(order, order[1:], strict=False):
@@ -125,7 +147,7 @@ def verdict_table(concl: Conclusions) -> tuple[pd.DataFrame, str]:
     if not concl.findings:
         return pd.DataFrame(), ""
     loads = list(dict.fromkeys(f.load for f in concl.findings))
-    cells: dict[tuple[str, str], dict[str, list[Finding]]] = {}
+    cells: dict[tuple[str, str], dict[str, list[Comparison]]] = {}
     for f in concl.findings:
         cells.setdefault((f.workload, f.metric), {}).setdefault(f.load, []).append(f)
     rows: dict[tuple[str, str], dict[str, str]] = {}
@@ -139,7 +161,8 @@ def verdict_table(concl: Conclusions) -> tuple[pd.DataFrame, str]:
                 k: v for k, v in out.items() if k != "metric"}:
             del rows[(workload, "request_throughput")]
             out["metric"] = "output throughput (higher is better; request throughput ranks the same)"
-    archs = [a for a in ARCHITECTURES if any(a in (f.subject, f.reference) for f in concl.findings)]
+    archs = [a for a in ARCHITECTURES
+             if any(a in (f.subject.name, f.reference.name) for f in concl.findings)]
     df = pd.DataFrame(list(rows.values())).reindex(columns=["workload", "metric", *loads])
     return df.fillna("–"), join_words(archs)
 
@@ -220,14 +243,12 @@ def _comparison_blocks(concl: Conclusions) -> list[Block]:
         return [H("Comparison at every load point"),
                 P("No two architectures share a valid load point yet.")]
     df = concl.table()
-    df["difference_pct"] = [f.margin for f in concl.findings]
     for col in ("subject_value", "reference_value"):
         df[col] = df[col].map(fmt_num)
     df["winner"] = df["winner"].fillna("no difference")
-    df["beyond_spread"] = df["beyond_spread"].map({True: "yes", False: "no"})
+    df["differs"] = df["differs"].map({True: "yes", False: "no"})
     df = df.rename(columns={"label": "metric", "subject_value": "subject value",
-                            "reference_value": "reference value", "difference_pct": "margin",
-                            "beyond_spread": "differs"})
+                            "reference_value": "reference value"})
     return [H("Comparison at every load point"),
             fold(f"{len(df)} comparisons", [
                 P("Margin: the larger value over the smaller, with the winner's direction in "

@@ -13,14 +13,13 @@ from typing import Any
 
 import pandas as pd
 
-from lab_utils.report.conclusions import Conclusions, Finding
+from lab_utils.report.conclusions import Conclusions, shared_machine
 from lab_utils.report.data import ARCH_NOTEBOOK, ReportData, join_words
 from lab_utils.results import RESULTS
+from lab_utils.results.claims import Claim, Comparison, claim
 from lab_utils.results.points import BY_KEY
 
-# Which pair the sentence is about: the first of these both measured.
-PAIRS = (("disaggregated", "replicated"), ("replicated", "baseline"),
-         ("disaggregated", "baseline"))
+HEADLINE = ("output_throughput", "median_ttft_ms", "p99_itl_ms")  # the first sentence's metrics
 NAMES = {"baseline": "the single instance", "replicated": "replicated serving",
          "disaggregated": "disaggregated serving", "tensor-parallel": "the model split over the nodes"}
 
@@ -36,67 +35,103 @@ NOT_RECORDED = "not recorded"
 _PER_NODE = {"--model", "--served-model-name", "--host", "--port"}
 
 
-def _ratio(f: Finding) -> float:
-    big = max(abs(f.subject_value), abs(f.reference_value))
-    small = min(abs(f.subject_value), abs(f.reference_value))
-    return big / small if small else float("inf")
+def _best(fs: list[Comparison]) -> tuple[str | None, list[Comparison]]:
+    """At one load point on one metric: the architecture that beats every other measured
+    there by the lab's rule, and the comparisons that show it; else None and all of them."""
+    archs = {n for f in fs for n in (f.subject.name, f.reference.name)}
+    for a in archs:
+        mine = [f for f in fs if a in (f.subject.name, f.reference.name)]
+        if len(mine) == len(archs) - 1 and all(f.winner == a for f in mine):
+            return a, mine
+    return None, fs
 
 
-def _won(f: Finding, who: str = "") -> str:
-    """"ITL p99 at concurrency 4 (2.6x lower: 12 ms vs 31 ms)", `who` before the ratio."""
-    m = BY_KEY[f.metric]
-    win, lose = ((f.subject_value, f.reference_value) if f.winner == f.subject
-                 else (f.reference_value, f.subject_value))
-    where = f.load if f.workload == "standard" else f"{f.load} under the {f.workload} workload"
-    return f"{m.label} at {where} ({who}{m.times(win, lose)}: {m.text(win)} vs {m.text(lose)})"
+def _join_loads(loads: list[str]) -> str:
+    """"concurrency 1, 2 and 4" from "concurrency 1", "concurrency 2", "concurrency 4"."""
+    by_mode: dict[str, list[str]] = {}
+    for load in loads:
+        mode, _, value = load.partition(" ")
+        by_mode.setdefault(mode, []).append(value)
+    return " and ".join(f"{mode} {join_words(v)}" for mode, v in by_mode.items())
 
 
-def _loads(fs: list[Finding]) -> str:
-    """"concurrency 1, 2 and 4" (and "rate 2 and 4 req/s")."""
-    parts = []
-    for mode, unit in (("concurrency", ""), ("rate", " req/s")):
-        values = list(dict.fromkeys(f"{f.value:g}" for f in fs if f.mode == mode))
-        if values:
-            parts.append(f"{mode} {join_words(values)}{unit}")
-    return " and ".join(parts)
+def _next_ratio(best: str, fs: list[Comparison]) -> float:
+    """How far the best is ahead of the closest other: the smallest of its margins."""
+    return min(f.ratio for f in fs)
+
+
+def verdict_claim(concl: Conclusions) -> Claim:
+    """The report's first sentence: for each headline metric (`HEADLINE`) and workload, the
+    architecture that was best at each load point by the lab's rule against every other one
+    measured there (the single instance included), or that none was, with the margin over the
+    closest; each load named, a single load point said to be one."""
+    if not concl.findings:
+        return claim("report", "No verdict: no two architectures were measured at a common "
+                     "valid load point (run notebooks 01, 03 and 04).")
+    parts, used = [], []
+    for workload in dict.fromkeys(f.workload for f in concl.findings):
+        per_metric = []
+        for key in HEADLINE:
+            m = BY_KEY[key]
+            cells: dict[str, list[Comparison]] = {}
+            for f in concl.findings:
+                if f.workload == workload and f.metric == key:
+                    cells.setdefault(f.load, []).append(f)
+            if not cells:
+                continue
+            said: dict[str, list[tuple[str, float]]] = {}
+            for load, fs in cells.items():
+                best, why = _best(fs)
+                used += why
+                said.setdefault(best or "", []).append((load, _next_ratio(best, why) if best else 0))
+            bits = []
+            for best, where in said.items():
+                loads = _join_loads([w for w, _ in where]) + (" (one load point)"
+                                                             if len(cells) == 1 else "")
+                if best:
+                    lead = max(r for _, r in where)
+                    ahead = m.times(lead, 1) if m.higher_is_better else m.times(1, lead)
+                    bits.append(f"{NAMES[best]} at {loads} (up to {ahead} than the next)")
+                else:
+                    bits.append(f"no single best at {loads}")
+            per_metric.append(f"{m.label}, {'; '.join(bits)}")
+        head = "On the standard workload" if workload == "standard" else f"Under the {workload} workload"
+        parts.append(f"{head}: " + "; ".join(per_metric))
+    archs = join_words([NAMES[a] for a in dict.fromkeys(
+        n for f in concl.findings for n in (f.subject.name, f.reference.name))])
+    text = (f"Best of {archs} by the lab's rule (beats every other one measured at that "
+            f"load). {'. '.join(parts)}.")
+    return claim("report", text[0].upper() + text[1:], *used)
 
 
 def verdict_sentence(concl: Conclusions) -> str:
-    """The verdict in one sentence, computed from the findings of every workload for the
-    first pair measured (disaggregated vs replicated, else replicated vs baseline, else
-    disaggregated vs baseline): the subject's largest win (as a ratio), its largest loss
-    (what the win cost), the hardware each used, and how many comparisons showed no
-    difference by the lab's rule."""
-    for subject, reference in PAIRS:
-        found = [f for f in concl.findings if (f.subject, f.reference) == (subject, reference)]
-        if found:
-            break
-    else:
-        return ("No verdict: no two architectures were measured at a common valid load point "
-                "(run notebooks 01, 03 and 04).")
-    a, b = NAMES[subject], NAMES[reference]
-    wins = sorted((f for f in found if f.winner == subject), key=_ratio, reverse=True)
-    losses = sorted((f for f in found if f.winner == reference), key=_ratio, reverse=True)
-    ties = len(found) - len(wins) - len(losses)
-    workloads = list(dict.fromkeys(f.workload for f in found))
-    every = ("every metric at every load" if len(workloads) == 1
-             else f"every metric at every load of the {join_words(workloads)} workloads")
-    tally = (f"{len(wins)} won, {len(losses)} lost and {ties} without a difference of the "
-             f"{len(found)} comparisons ({every})")
-    where = f"; {tally}, measured at {_loads(found)}{HARDWARE[reference]}."
-    head = a[0].upper() + a[1:]
-    if wins and losses:
-        return f"{head} beat {b} on {_won(wins[0])}, at a cost in {_won(losses[0], f'{b} ')}{where}"
-    if wins:
-        return f"{head} beat {b} on {_won(wins[0])} and lost on nothing{where}"
-    if losses:
-        return (f"{head} did not beat {b} on any metric at any load; {b} won most on "
-                f"{_won(losses[0])}{where}")
-    return f"{head} and {b} did not differ on any metric by the lab's rule{where}"
+    """`verdict_claim`'s sentence."""
+    return verdict_claim(concl).text
 
 
-HARDWARE = {"replicated": ", both on the same two nodes",
-            "baseline": ", on two nodes against the single instance's one"}
+def machine_claim(data: ReportData) -> Claim | None:
+    """Where the profile's nodes are one machine: says so, with the cores each
+    architecture's sweep used on average (CPU seconds over wall seconds, recorded by the
+    notebooks), so that "two nodes" is read as what it was."""
+    if not shared_machine(data):
+        return None
+    used = {arch: p.cpu for arch, nb in ARCH_NOTEBOOK.items()
+            if (p := data.payload(nb)) is not None and getattr(p, "cpu", None) is not None}
+    cores = data.envelopes["01"].hardware.get("cpu_count")
+    head = (f"Every node of this profile is the same machine{f' ({cores} cores)' if cores else ''}"
+            ": the two-node architectures did not get more hardware than the single instance")
+    if not used:
+        return claim("report", head + " (the CPU each sweep used was not recorded).")
+    shown = "; ".join(f"{NAMES[a]} {c.cores:.1f} of {c.host_cores}" for a, c in used.items())
+    return claim("report", f"{head}. Cores in use on average during each standard sweep "
+                 f"(CPU seconds of its processes and the load generator over its wall time): "
+                 f"{shown}.", **{f"{a} cores": c.cores for a, c in used.items()})
+
+
+def report_claims(data: ReportData, concl: Conclusions) -> list[Claim]:
+    """Every sentence of the report's that states a result, as claims."""
+    machine = machine_claim(data)
+    return [verdict_claim(concl), *([machine] if machine else []), *concl.claims]
 
 
 # ---- the system under test ---------------------------------------------------------------

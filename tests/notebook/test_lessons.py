@@ -6,10 +6,26 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from lab_utils.notebook.lessons import conclude_01, conclude_02, conclude_03, conclude_04
+from lab_utils.notebook import lessons
 from lab_utils.results.sweep import BenchmarkResult
 
 from support.payloads import kv_dict, model
+
+
+def texts(claims) -> list[str]:
+    """The sentences of the claims a builder returned; every comparison behind them names
+    where its two sides were measured."""
+    for c in claims:
+        for cmp in c.comparisons:
+            assert cmp.subject.notebook and cmp.reference.notebook
+    return [c.text for c in claims]
+
+
+def conclude_01(*a, **k): return texts(lessons.conclude_01(*a, **k))  # noqa: E704
+def conclude_02(*a, **k): return texts(lessons.conclude_02(*a, **k))  # noqa: E704
+def conclude_03(*a, **k): return texts(lessons.conclude_03(*a, **k))  # noqa: E704
+def conclude_04(*a, **k): return texts(lessons.conclude_04(*a, **k))  # noqa: E704
+def conclude_tp(*a, **k): return texts(lessons.conclude_tp(*a, **k))  # noqa: E704
 
 
 def result(per_load: dict[int, dict[str, float]]) -> BenchmarkResult:
@@ -28,18 +44,19 @@ def test_01_batching_paid_or_not():
     paid = SimpleNamespace(sweep=result({1: point(15, tpot=60), 4: point(55, tpot=70)}),
                            roofline=roof, profile=None)
     (first, second) = conclude_01(paid, "cuda")
-    assert first.startswith("As expected") and "3.7x" in first and "TPOT was 1.2x higher" in first
+    assert first.startswith("Batching paid") and "3.7x" in first and "TPOT p50 was 1.2x higher" in first
+    assert "expected" not in first  # no forecast recorded: no expectation claimed
     assert "98% of the memory roofline" in second and "memory bandwidth is what limits" in second
     flat = SimpleNamespace(sweep=result({1: point(600), 4: point(610)}), roofline=None,
                            profile=None)
     said = conclude_01(flat, "cpu")
-    assert said[0].startswith("Not as expected") and "600 tok/s at 1" in said[0]
+    assert said[0].startswith("Batching did not pay") and "600 tok/s at 1" in said[0]
     assert "two cores" in said[0]
     # from nothing at the lowest load: no ratio to quote, still a sentence
     from_zero = SimpleNamespace(sweep=result({1: point(0), 4: point(50)}), roofline=None,
                                 profile=None)
     said = conclude_01(from_zero, "cpu")
-    assert said[0].startswith("As expected") and "rose from concurrency 1" in said[0]
+    assert said[0].startswith("Batching paid") and "rose ∞ from concurrency 1" in said[0]
 
 
 def probe_rows(gbps: dict[int, float]) -> list[dict]:
@@ -59,14 +76,14 @@ def kv(measured: list[float], gbps: dict[int, float] | None = None) -> object:
 
 def test_02_fixed_cost_seen_or_not():
     said = conclude_02(kv([0.3, 0.5, 1.6]), input_len=128)
-    assert said[0].startswith("As expected") and "3.00x" in said[0] and "1.00x" in said[0]
+    assert said[0].startswith("The shortest prompt paid a fixed cost") and "3.00x" in said[0] and "1.00x" in said[0]
     assert "0.25 MiB" in said[1]
     said = conclude_02(kv([0.1, 0.4, 1.7]))
-    assert said[0].startswith("Not as expected") and "1.00x" in said[0]
+    assert said[0].startswith("The shortest prompt's transfer took") and "1.00x" in said[0]
     assert "too small to see" in said[0]
     # the bandwidth collapsed at the largest size: said so, not read as "no fixed cost"
     said = conclude_02(kv([0.1, 0.4, 5.1]))
-    assert said[0].startswith("Not as expected") and "3.19x" in said[0]
+    assert said[0].startswith("The longest prompt's transfer took") and "3.19x" in said[0]
     assert "bandwidth fell at the larger sizes" in said[0] and "too small" not in said[0]
 
 
@@ -83,11 +100,12 @@ def test_02_says_where_the_best_bandwidth_came_from():
 def test_03_capacity_added_or_not():
     base = result({1: point(100), 4: point(300)})
     said = conclude_03(base, result({1: point(100), 4: point(560)}), device="cuda")
-    assert said[0].startswith("As expected") and "rose 1.9x" in said[0]
-    assert "the same, as expected" in said[1]
+    assert said[0].startswith("Two replicas added capacity") and "1.9x higher" in said[0]
+    assert "saw the single instance's latency" in said[1]
     said = conclude_03(base, result({1: point(70, ttft=14), 4: point(180, ttft=20)}),
                        device="cpu")
-    assert said[0].startswith("Not as expected") and "1: 1.4x lower, 4: 1.7x lower" in said[0]
+    assert said[0].startswith("Two replicas did not add capacity")
+    assert "1: 1.4x lower, 4: 1.7x lower" in said[0]
     assert "two cores" in said[0] and "(1.4x higher)" in said[1] and "not the same" in said[1]
 
 
@@ -97,24 +115,27 @@ def test_04_itl_tail_protected_or_not():
     proof = SimpleNamespace(ok=True, prompts=[1, 2, 3], tokens_equal=3)
     said = conclude_04(rep, dis, result({4: point(250, itl_p99=40)}),
                        result({4: point(180, itl_p99=12)}), proof, "cuda")
-    assert said[0].startswith("As expected") and "40 ms on replicas, 12 ms" in said[0]
+    assert said[0].startswith("Disaggregation protected the ITL tail") and "40 ms on replicas, 12 ms" in said[0]
     assert "(3.3x lower)" in said[0] and "proved for 3 prompts" in said[1]
+    assert "(one load point)" in said[0]
+    assert "what it cost there, TTFT p50: 10 ms on replicas, 10 ms disaggregated" in said[0]
     assert said[2] == ("Throughput at concurrency 4: 300 tok/s replicated, 200 disaggregated "
-                       "(1.5x lower); one node only prefills, as vLLM's documentation warns.")
+                       "(1.5x lower): lower, which agrees with vLLM's documentation "
+                       "(disaggregated prefill does not raise throughput).")
     said = conclude_04(rep, dis, result({4: point(250, itl_p99=15)}),
                        result({4: point(180, itl_p99=19)}), proof, "cpu")
-    assert said[0].startswith("Not as expected: disaggregation did not protect the ITL tail: ")
+    assert said[0].startswith("Disaggregation did not protect the ITL tail: ")
     assert "(1.3x higher)" in said[0] and "NIXL" in said[0]
     # within the lab's margin: no difference, said so, and no number that reads as a win
     said = conclude_04(rep, result({1: point(90), 4: point(320)}),
                        result({4: point(250, itl_p99=15)}), result({4: point(180, itl_p99=14)}),
                        proof, "cuda")
-    assert said[0].startswith("Not as expected: disaggregation did not protect the ITL tail "
+    assert said[0].startswith("Disaggregation did not protect the ITL tail "
                               "measurably: ") and "(no difference by the lab's rule)" in said[0]
     assert said[2] == ("Throughput at concurrency 4: 300 tok/s replicated, 320 disaggregated "
                        "(no difference by the lab's rule).")
     said = conclude_04(rep, dis, None, None, None)
-    assert "not tested" in said[0]
+    assert "not compared" in said[0]
 
 
 def test_04_names_what_01_measured_beside_nixls_threads():
@@ -144,11 +165,11 @@ def test_04_names_what_01_measured_beside_nixls_threads():
                                   profile=SimpleNamespace(beside_busy=None))
     said = conclude_04(rep, dis, result({4: point(250, itl_p99=15)}),
                        result({4: point(180, itl_p99=19)}), None, "cpu", with_single)
-    assert "19 ms disaggregated (1.3x higher); 25 ms on 01's single instance." in said[0], said[0]
+    assert "19 ms disaggregated (1.3x higher); 25 ms on 01's single instance;" in said[0], said[0]
     waiting = conclude_04(rep, dis, result({4: point(250, itl_p99=15)}),
                           result({4: point(180, itl_p99=19)}), None, "cpu", without, "waiting")
     assert "polls without pause" not in waiting[0]
-    assert waiting[0].endswith("the proxy and the load generator.")
+    assert "the proxy and the load generator." in waiting[0]
 
 
 def test_04_names_the_first_token_tail_when_there_is_one():
@@ -182,14 +203,13 @@ def same_row(equal: bool = True, ok: bool = True, at: int | None = None,
 
 
 def test_tp_output_and_cost_or_not():
-    from lab_utils.notebook.lessons import conclude_tp
-
     base = result({1: point(100, tpot=10.0), 4: point(300)})
     paid = tp_payload(result({1: point(150, tpot=6.0), 4: point(500)}),
                       [same_row(), same_row(False, True, 29, 0.12, "near tie at token 29")])
     said = conclude_tp(base, paid, {"replicated": result({4: point(400)})}, "cuda")
-    assert said[0].startswith("As expected") and "1 of 2 prompts" in said[0]
-    assert "the other parted from them at a near tie (token 29, 0.12 nats)" in said[0]
+    assert said[0].startswith("The split model's output passed its check") and "1 of 2 prompts" in said[0]
+    assert "1 parted from them at a near tie (token 29, 0.12 nats)" in said[0]
+    assert "04's proof allows a near tie after the first token only" in said[0]
     assert said[1].startswith("Reading 1/2 of the weights per rank paid") and "6 ms" in said[1]
     assert "400 tok/s replicated, 500 split (1.2x higher)" in said[2]
     assert "wins on a model that fits one node" not in said[2]
@@ -197,7 +217,8 @@ def test_tp_output_and_cost_or_not():
                       [same_row(False, False, 0, 3.2, "differs at token 0 by 3.200 nats")])
     said = conclude_tp(base, lost, {"replicated": result({4: point(400)}),
                                     "disaggregated": result({4: point(300)})}, "cpu")
-    assert said[0].startswith("Not as expected") and "differs at token 0 by 3.200" in said[0]
+    assert said[0].startswith("The split model's output failed its check for 1 of 1")
+    assert "differs at token 0 by 3.200" in said[0] and "exact equality on the CPU" in said[0]
     assert said[1].startswith("The all-reduces cost more") and "2.5x higher" in said[1]
     assert "Gloo on loopback" in said[1]
     assert "replicated wins on a model that fits one node" in said[2]

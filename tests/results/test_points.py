@@ -90,20 +90,22 @@ def notebook_conclusions(key, a, b) -> str | None:
     base, rep = _pair(key, a, b)
     said = lessons.conclude_03(base, rep, device="cuda")
     if key == "output_throughput":
-        won = said[0].startswith("As expected")
-        assert won == (lessons.better(base.combined[1], rep.combined[1], key) == "b")
-        return "b" if won else lessons.better(base.combined[1], rep.combined[1], key)
-    same = "the same, as expected" in said[1]
-    return None if same else lessons.better(base.combined[0], rep.combined[0], key)
+        won = said[0].text.startswith("Two replicas added capacity")
+        (c,) = [c for c in said[0].comparisons if c.value == TOP]
+        assert won == (c.better == "subject")
+        return {"subject": "b", "reference": "a", None: None}[c.better]
+    same = "saw the single instance's latency" in said[1].text
+    (c,) = said[1].comparisons
+    assert same == (c.better is None)
+    return {"subject": "b", "reference": "a", None: None}[c.better]
 
 
 def report_verdict(key, a, b) -> str | None:
     """The report's finding for replicated (b) against baseline (a) at the top load."""
     base, rep = _pair(key, a, b)
     data = ReportData("p", "cpu", Path("."), {}, {}, {"baseline": base, "replicated": rep}, {})
-    (f,) = [f for f in report_compare(points_table(data)) if f.metric == key and f.value == TOP]
-    assert (f.subject, f.reference) == ("replicated", "baseline")
-    assert f.beyond_spread == (f.winner is not None)
+    (f,) = [f for f in report_compare(data) if f.metric == key and f.value == TOP]
+    assert (f.subject.name, f.reference.name) == ("replicated", "baseline")
     return {"replicated": "b", "baseline": "a", None: None}[f.winner]
 
 
@@ -173,7 +175,7 @@ def test_not_measured_is_no_difference_everywhere():
     base = _sweep({TOP: {"output_throughput": [100.0]}})
     rep = _sweep({TOP: {"output_throughput": [200.0], "median_ttft_ms": [10.0]}})
     data = ReportData("p", "cpu", Path("."), {}, {}, {"baseline": base, "replicated": rep}, {})
-    assert {f.metric for f in report_compare(points_table(data))} == {"output_throughput"}
+    assert {f.metric for f in report_compare(data)} == {"output_throughput"}
     frame = compare_frame(SimpleNamespace(notebook="01", payload=SimpleNamespace(sweep=base)),
                           rep, ("one", "two"))
     assert frame.set_index("metric")["better"].to_dict()[BY_KEY["median_ttft_ms"].heading] == "="
