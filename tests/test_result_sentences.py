@@ -68,12 +68,6 @@ ELSEWHERE = {
         "notebook/test_kv_lesson.py::test_mla_and_plain_multi_head_layouts", "explain_kv"),
     "report/conclusions.py:conclusions": (
         "report/test_report.py::test_differences_inside_spread_are_no_difference", "conclusions"),
-    "report/conclusions.py:_finding_sentence": (
-        "report/test_report.py::test_disaggregation_loses_throughput_wins_itl_p99",
-        "conclusions"),
-    "report/conclusions.py:_summary_sentence": (
-        "report/test_report.py::test_disaggregation_loses_throughput_wins_itl_p99",
-        "conclusions"),
     "report/conclusions.py:_verdicts": (
         "report/test_report.py::test_disaggregation_loses_throughput_wins_itl_p99",
         "conclusions"),
@@ -84,10 +78,17 @@ ELSEWHERE = {
         "conclusions"),
     "report/conclusions.py:_stall_warning": (
         "report/test_report.py::test_runs_the_machine_stalled_in_are_named", "conclusions"),
+    "report/summary.py:verdict_claim": (
+        "report/test_report.py::test_the_first_screen_has_the_verdict_sentence_the_banner_and_"
+        "the_system report/test_report.py::test_the_verdict_sentence_when_nothing_differs_and_"
+        "on_a_gpu", "build_report"),
     "report/summary.py:verdict_sentence": (
         "report/test_report.py::test_the_first_screen_has_the_verdict_sentence_the_banner_and_"
         "the_system report/test_report.py::test_the_verdict_sentence_when_nothing_differs_and_"
         "on_a_gpu", "build_report"),
+    "report/audit.py:result_sentences": (
+        "report/test_audit.py::test_a_planted_false_claim_and_an_unbacked_sentence_are_caught",
+        "audit"),
     "report/when_pd.py:sentences": ("report/test_when_pd.py::test_sentences_follow_the_table",
                                     "sentences"),
 }

@@ -5,7 +5,7 @@ looked up among the claims.
 A claim is false when a comparison behind it gives another verdict by the lab's rule
 today, or when its numbers are not the results' (`claims.check`). A result sentence is a
 line of a notebook's printed output or of report.md that quotes a number beside a word of
-comparison (`RESULT`); it is unbacked when no saved claim's sentence holds it (or it one).
+comparison (`RESULT`), other than a statement of the rule itself (`METHOD`); it is unbacked when no saved claim's sentence holds it (or it one).
 `python -m lab_utils audit [RESULTS_DIR]` prints both lists and the tally; `make lab` runs
 it last.
 """
@@ -28,6 +28,8 @@ RESULT = re.compile(r"\d.*\b(won|wins|lost|beat|better|worse|higher|lower|faster
                     r"\d+(\.\d+)?x)\b|\b(won|wins|lost|beat|better|worse|higher|lower|faster|"
                     r"slower|rose|fell|protected|paid|expected|best)\b.*\d", re.IGNORECASE)
 BULLET = re.compile(r"^\s*(?:[-*]|\d+\.)\s+")
+# how the lab judges, not what it found: the paragraphs that state the rule
+METHOD = "a difference counts only when"
 
 
 @dataclass
@@ -78,7 +80,7 @@ def _norm(text: str) -> str:
     return " ".join(BULLET.sub("", text).replace("Verdict: ", "").split()).strip(" .")
 
 
-def _notebook_lines(path: Path) -> list[str]:
+def _notebook_output(path: Path) -> list[str]:
     """What a notebook printed as text: its streams and plain displays (not tables)."""
     nb = json.loads(path.read_text())
     out = []
@@ -94,7 +96,7 @@ def _notebook_lines(path: Path) -> list[str]:
     return out
 
 
-def _report_lines(path: Path) -> list[str]:
+def _report_prose(path: Path) -> list[str]:
     """report.md's prose lines (not its tables, headings or images)."""
     return [line for line in path.read_text().splitlines()
             if line.strip() and not line.lstrip().startswith(("|", "#", "![", "*"))]
@@ -105,10 +107,11 @@ def result_sentences(results_dir: Path) -> list[tuple[str, str]]:
     notebooks and report.md."""
     found = []
     for path in sorted((results_dir / "executed").glob("*.ipynb")):
-        found += [(path.stem, line) for line in _notebook_lines(path)]
+        found += [(path.stem, line) for line in _notebook_output(path)]
     if (report := results_dir / "report.md").is_file():
-        found += [("report", line) for line in _report_lines(report)]
-    return [(w, line.strip()) for w, line in found if RESULT.search(line)]
+        found += [("report", line) for line in _report_prose(report)]
+    return [(w, line.strip()) for w, line in found
+            if RESULT.search(line) and METHOD not in line]
 
 
 def audit(results_dir: str | Path) -> Audit:

@@ -81,7 +81,7 @@ def _intro(data: ReportData, concl: Conclusions) -> list[Block]:
     return [H(f"Benchmark report: profile {data.profile}", 1), *_first_screen(data, concl),
             P(f"Written {now} from the results in {data.results_dir}. Model: {model}. "
               f"Engine device: {data.device}."),
-            P(_architectures_text(data))]
+            P(_architectures_measured(data))]
 
 
 ARCH_TEXT = {"baseline": "baseline (one vLLM instance, notebook 01)",
@@ -92,7 +92,7 @@ ARCH_TEXT = {"baseline": "baseline (one vLLM instance, notebook 01)",
 COUNT = {1: "The one", 2: "Both", 3: "All three", 4: "All four"}
 
 
-def _architectures_text(data: ReportData) -> str:
+def _architectures_measured(data: ReportData) -> str:
     """The architectures this run measured, counted from its results."""
     archs = [a for a in ARCHITECTURES if a in data.sweeps]
     return (f"Architectures measured: {join_words([ARCH_TEXT[a] for a in archs])}. "

@@ -40,6 +40,8 @@ class Side(BaseModel):
     name: str
     notebook: str  # "01", "03", "04", "tp": results.store.RESULTS
     run: Run = "sweep"
+    mode: str = "concurrency"  # the side's own load: a comparison may set two loads apart
+    load: float = 0.0
     value: Measured
     hits_pct: float | None = None  # prefix-cache hit share of the point (%)
 
@@ -99,10 +101,12 @@ def comparison(metric: str, subject: Located, reference: Located) -> Comparison:
         raise ValueError(f"{metric} not measured on both sides ({sn} {srun}, {rn} {rrun})")
     v = compare_points(sp, rp, metric)
     return Comparison(metric=metric, mode=sp.mode, value=float(sp.value),
-                      subject=Side.model_validate(dict(name=sn, notebook=snb, run=srun, value=sv,
-                                                       hits_pct=sp.prefix_cache_hit_pct)),
-                      reference=Side.model_validate(dict(name=rn, notebook=rnb, run=rrun, value=rv,
-                                                         hits_pct=rp.prefix_cache_hit_pct)),
+                      subject=Side.model_validate(dict(
+                          name=sn, notebook=snb, run=srun, mode=sp.mode, load=float(sp.value),
+                          value=sv, hits_pct=sp.prefix_cache_hit_pct)),
+                      reference=Side.model_validate(dict(
+                          name=rn, notebook=rnb, run=rrun, mode=rp.mode, load=float(rp.value),
+                          value=rv, hits_pct=rp.prefix_cache_hit_pct)),
                       better={"a": "subject", "b": "reference"}.get(v.better or ""),
                       gap_pct=v.gap_pct, basis=v.basis)
 
@@ -174,7 +178,7 @@ def check(c: Claim, points: dict[tuple[str, str, str, float], Point]) -> list[st
     whose verdict by the rule is not the one the sentence was written from."""
     out = []
     for cmp in c.comparisons:
-        sides = [(s, points.get((s.notebook, s.run, cmp.mode, cmp.value)))
+        sides = [(s, points.get((s.notebook, s.run, s.mode, s.load)))
                  for s in (cmp.subject, cmp.reference)]
         wrong = [p for s, pt in sides for p in _problems_of_side(s, pt, cmp.metric)]
         if wrong:
