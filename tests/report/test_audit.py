@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import json
 
+from report.test_report import write_loses_throughput_wins_itl
+
 from lab_utils import report
 from lab_utils.cli import main
 from lab_utils.notebook import steps
 from lab_utils.report.audit import audit, result_sentences
 from lab_utils.results.claims import CLAIMS_FILE, load_claims, save_claims
-
-from report.test_report import write_loses_throughput_wins_itl
 
 
 def _run(cfg):

@@ -21,7 +21,6 @@ from lab_utils.notebook import lessons
 from lab_utils.notebook.compare import compare_frame
 from lab_utils.report.conclusions import compare as report_compare
 from lab_utils.report.data import ReportData
-from lab_utils.report.tables import points_table
 from lab_utils.results import load_envelope, points
 from lab_utils.results.forecast import Forecast
 from lab_utils.results.points import BY_KEY, COMPARED, METRICS, Measured, Point, compare, differs
