@@ -33,7 +33,7 @@ conclusions = importlib.import_module("lab_utils.report.conclusions")  # the pac
 REPO = Path(__file__).resolve().parents[1]
 SEARCHED = ["lab_utils/notebook", "lab_utils/report", "lab_utils/forecast"]
 BUILDER_NAME = re.compile(r"(sentence|conclu|verdict|_note$|caption|_text$|warning|^describe$"
-                          r"|^explain|lines$|^summary$)")
+                          r"|^explain|lines$|^summary$|_claims?$)")
 
 # builder -> (its tests "path::function", space-separated: together they give it a result
 # where its claim holds and one where it does not; the name each must call: the builder, or
@@ -49,14 +49,6 @@ ELSEWHERE = {
                                         "conclude_04"),
     "notebook/lessons.py:conclude_tp": ("notebook/test_lessons.py::test_tp_output_and_cost_or_not",
                                         "conclude_tp"),
-    "notebook/switches.py:chunking_sentence": (
-        "notebook/test_switches.py::test_chunking_sentence_follows_the_numbers",
-        "chunking_sentence"),
-    "notebook/switches.py:others_sentence": (
-        "notebook/test_switches.py::test_the_short_prompts_sentence_quotes_each_setting",
-        "others_sentence"),
-    "notebook/switches.py:prefix_sentence": (
-        "notebook/test_switches.py::test_prefix_sentence_follows_the_numbers", "prefix_sentence"),
     "notebook/time_split.py:split_sentence": (
         "notebook/test_time_split.py::test_the_sentence_changes_with_the_data", "split_sentence"),
     "notebook/transfer_lesson.py:conclusions": (
@@ -89,6 +81,22 @@ ELSEWHERE = {
     "report/audit.py:result_sentences": (
         "report/test_audit.py::test_a_planted_false_claim_and_an_unbacked_sentence_are_caught",
         "audit"),
+    "notebook/switches.py:chunking_claim": (
+        "notebook/test_switches.py::test_chunking_sentence_follows_the_numbers", "chunking_claim"),
+    "notebook/switches.py:others_claim": (
+        "notebook/test_switches.py::test_the_short_prompts_sentence_quotes_each_setting",
+        "others_claim"),
+    "notebook/switches.py:prefix_claim": (
+        "notebook/test_switches.py::test_prefix_sentence_follows_the_numbers", "prefix_claim"),
+    "report/conclusions.py:_summary_claim": (
+        "report/test_report.py::test_disaggregation_loses_throughput_wins_itl_p99",
+        "conclusions"),
+    "report/conclusions.py:documentation_claim": (
+        "report/test_report_claims.py::test_the_documentation_sentence_says_whether_the_run_"
+        "agrees", "documentation_claim"),
+    "report/summary.py:machine_claim": (
+        "report/test_report_claims.py::test_one_machine_is_said_with_the_cores_each_sweep_used",
+        "machine_claim"),
     "report/when_pd.py:sentences": ("report/test_when_pd.py::test_sentences_follow_the_table",
                                     "sentences"),
 }
@@ -109,6 +117,10 @@ NOT_RESULTS = {
     "report/sections.py:_sweep_text": "the configured sweep (loads, repeats) in words",
     "report/sections.py:_workload_text": "the configured workload in words",
     "forecast/grade.py:summary": "the grading's figures; grade.sentences says them (below)",
+    "forecast/grade.py:grade_claims": "grade.sentences' sentences (flipped below) as claims",
+    "notebook/switches.py:switch_claims": "lists the three switch builders' claims",
+    "report/summary.py:report_claims": "lists the report's claims, each built and flipped above",
+    "report/summary.py:together_claim": "coverage_sentence (flipped below) in a claim",
 }
 
 

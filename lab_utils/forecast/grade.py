@@ -18,6 +18,7 @@ from typing import Any
 
 from lab_utils.forecast.band import coverage, coverage_sentence
 from lab_utils.measure.benchmark import read_late
+from lab_utils.results.claims import Claim, Graded, claim
 from lab_utils.results.forecast import Forecast
 from lab_utils.results.points import BY_KEY, FORECAST, Measured, compare
 from lab_utils.results.sweep import BenchmarkResult
@@ -87,6 +88,18 @@ def summary(rows: list[dict[str, Any]], metrics=HEADLINE_GRADE) -> dict[str, Any
             "points": len(errs), "in_interval": sum(inside), "differ": sum(differ),
             "within_goal": bool(errs) and statistics.median(errs) <= GOAL_PCT,
             "ungraded": sum(1 for r in rows if not r["graded"] and r["metric"] in metrics)}
+
+
+TALLY = ("median_abs_error_pct", "points", "in_interval", "differ")
+
+
+def grade_claims(where: str, notebook: str, arch: str, rows: list[dict[str, Any]]) -> list[Claim]:
+    """`sentences` as claims: the first carries the tally the audit re-derives from
+    `notebook`'s results file (its forecast against its sweep and mixed run)."""
+    said = sentences(arch, rows)
+    s = summary(rows)
+    tally = [Graded(notebook=notebook, tally={k: s[k] for k in TALLY})] if s["points"] else []
+    return [claim(where, said[0], graded=tally)] + [claim(where, t) for t in said[1:]]
 
 
 def grade_frame(rows: list[dict[str, Any]]):

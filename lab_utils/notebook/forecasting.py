@@ -20,7 +20,7 @@ from typing import Any
 
 from lab_utils.config import LabConfig
 from lab_utils.errors import LabError
-from lab_utils.forecast.grade import grade_frame, grade_rows, sentences
+from lab_utils.forecast.grade import grade_claims, grade_frame, grade_rows
 from lab_utils.forecast.inputs import from_results, spark_inputs_for
 from lab_utils.forecast.run import forecast_for, show
 from lab_utils.forecast.timing import (
@@ -29,6 +29,7 @@ from lab_utils.forecast.timing import (
     notebook_seconds,
     switches_seconds,
 )
+from lab_utils.notebook.record import say
 from lab_utils.notebook.session import kv_buffer_device
 from lab_utils.notebook.starts import startup_seconds
 from lab_utils.results import calibration, load_optional, load_results
@@ -171,8 +172,15 @@ def predict(cfg: LabConfig, kind: str, profile: EngineProfile | None = None,
     return fc
 
 
-def grade_forecast(fc: Forecast, result: BenchmarkResult, mixed: BenchmarkResult | None = None):
-    """The forecast against this notebook's measurements: what it says, and the table."""
+FORECAST_NOTEBOOK = {"baseline": "01", "replicated": "03", "disaggregated": "04",
+                     "tensor-parallel": "tp"}
+
+
+def grade_forecast(cfg: LabConfig, fc: Forecast, result: BenchmarkResult,
+                   mixed: BenchmarkResult | None = None):
+    """The forecast against this notebook's measurements: what it says (printed, and saved
+    as claims the audit re-grades from the notebook's results file), and the table."""
     rows = grade_rows(fc, {"standard": result, "mixed": mixed})
-    print("\n".join(sentences(fc.architecture, rows)))
+    nb = FORECAST_NOTEBOOK[fc.architecture]
+    say(cfg, f"{nb}:forecast", grade_claims(nb, nb, fc.architecture, rows))
     return grade_frame(rows)

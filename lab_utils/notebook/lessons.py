@@ -14,7 +14,7 @@ from __future__ import annotations
 from lab_utils.forecast.grade import grade_rows
 from lab_utils.measure.benchmark import read_late
 from lab_utils.results import BaselinePayload, Proof, TensorParallelPayload
-from lab_utils.results.claims import Claim, Comparison, Located, claim, comparison
+from lab_utils.results.claims import Claim, Comparison, Graded, Located, claim, comparison
 from lab_utils.results.forecast import Forecast
 from lab_utils.results.kv_transfer import KvTransferPayload
 from lab_utils.results.points import BY_KEY, Measured, Point, differs
@@ -51,25 +51,28 @@ def _margin(c: Comparison) -> str:
 
 
 def forecast_said(fc: Forecast | None, runs: dict[str, BenchmarkResult | None], key: str,
-                  workload: str, value: float) -> str:
-    """Whether the forecast the notebook made before measuring held for `key` at one load:
-    "as its forecast expected (predicted 794, interval 640-980, measured 739)" or "not as
-    its forecast expected (... outside its interval)"; "" without a graded forecast."""
+                  workload: str, value: float, notebook: str) -> tuple[str, list[Graded]]:
+    """Whether the forecast the notebook made before measuring held for `key` at one load
+    ("as the forecast made before the sweep expected (predicted 794 tok/s, interval
+    640-980 tok/s, measured 739 tok/s)", or "not as ...: outside its interval"), and the
+    grade that makes it true; ("", []) without a graded forecast there."""
     load = None if fc is None else next(
         (r["load"] for r in fc.rows if r["workload"] == workload and r["mode"] == "concurrency"
          and float(r["value"]) == value), None)
     if fc is None or load is None:
-        return ""
+        return "", []
     row = next((r for r in grade_rows(fc, runs) if r["metric"] == key
                 and r["workload"] == workload and r["load"] == load and r["graded"]), None)
     if row is None or row["lo"] is None:
-        return ""
+        return "", []
     m = BY_KEY[key]
     figures = (f"predicted {m.text(row['predicted'])}, interval {m.text(row['lo'], False)}-"
                f"{m.text(row['hi'])}, measured {m.text(row['measured'])}")
-    return (f"as the forecast made before the sweep expected ({figures})" if row["in interval"]
-            else f"not as the forecast made before the sweep expected ({figures}: outside its "
-                 "interval)")
+    grade = [Graded(notebook=notebook, workload=workload, load=load, metric=key,
+                    inside=row["in interval"])]
+    return ((f"as the forecast made before the sweep expected ({figures})" if row["in interval"]
+             else f"not as the forecast made before the sweep expected ({figures}: outside its "
+                  "interval)"), grade)
 
 
 def _ms(v: float | None) -> str:
@@ -101,8 +104,8 @@ def conclude_01(payload: BaselinePayload, device: str = "cpu") -> list[Claim]:
     at = lambda p: ("single instance", "01", "sweep", p)  # noqa: E731
     tps = versus("output_throughput", at(hi), at(lo))
     tpot = versus("median_tpot_ms", at(hi), at(lo))
-    fc = forecast_said(getattr(payload, "forecast", None), {"standard": payload.sweep},
-                       "output_throughput", "standard", max(pts))
+    fc, grade = forecast_said(getattr(payload, "forecast", None), {"standard": payload.sweep},
+                              "output_throughput", "standard", max(pts), "01")
     fc = f" Output throughput at {max(pts):g} came out {fc}." if fc else ""
     said = []
     if tps.better == "subject":
@@ -111,13 +114,14 @@ def conclude_01(payload: BaselinePayload, device: str = "cpu") -> list[Claim]:
                           f"{_tps(hi)} tok/s) while TPOT p50 was {_margin(tpot)} "
                           f"({_ms(lo.median('median_tpot_ms'))} -> "
                           f"{_ms(hi.median('median_tpot_ms'))}): {max(pts):g} requests shared "
-                          f"each step.{fc}", tps, tpot))
+                          f"each step.{fc}", tps, tpot, graded=grade))
     else:
         said.append(claim("01", f"Batching did not pay: output throughput at concurrency "
                           f"{max(pts):g} was {_margin(tps)} against {min(pts):g} ({_tps(lo)} "
                           f"tok/s at {min(pts):g}, {_tps(hi)} at {max(pts):g}): the instance was "
                           "already saturated with one request"
-                          + (f"; {CPU_NOTE}." if device == "cpu" else ".") + fc, tps))
+                          + (f"; {CPU_NOTE}." if device == "cpu" else ".") + fc, tps,
+                          graded=grade))
     roof = payload.roofline
     if roof and roof.max_tokens_per_s_per_stream and (lo_tpot := lo.median("median_tpot_ms")):
         per_stream = 1000 / lo_tpot
@@ -235,14 +239,14 @@ def conclude_03(baseline: BenchmarkResult, replicated: BenchmarkResult,
     single = lambda p: ("single instance", "01", "sweep", p)  # noqa: E731
     reps = lambda p: ("replicated", "03", "sweep", p)  # noqa: E731
     tps = versus("output_throughput", reps(b[top]), single(a[top]))
-    fc = forecast_said(forecast, {"standard": replicated, "mixed": mixed}, "output_throughput",
-                       "standard", top)
+    fc, grade = forecast_said(forecast, {"standard": replicated, "mixed": mixed},
+                              "output_throughput", "standard", top, "03")
     fc = f" This came out {fc}." if fc else ""
     said = []
     if tps.better == "subject":
         said.append(claim("03", f"Two replicas added capacity: at concurrency {top:g} output "
                           f"throughput was {tps.margin()} than one instance's ({_tps(a[top])} -> "
-                          f"{_tps(b[top])} tok/s).{fc}", tps))
+                          f"{_tps(b[top])} tok/s).{fc}", tps, graded=grade))
     else:
         cmps = [versus("output_throughput", reps(b[c]), single(a[c])) for c in common]
         lost = [f"{c.value:g}: {_margin(c)}" for c in cmps]
@@ -250,7 +254,8 @@ def conclude_03(baseline: BenchmarkResult, replicated: BenchmarkResult,
                           f"against one instance at concurrency {', '.join(lost)})"
                           + (f": {CPU_NOTE}, so two busy replicas share what one had alone; on "
                              "two Sparks each has its own GPU." if device == "cpu"
-                             else "; check that both nodes serve (status).") + fc, *cmps))
+                             else "; check that both nodes serve (status).") + fc, *cmps,
+                          graded=grade))
     for key in ("median_ttft_ms", "p99_ttft_ms"):
         if a[one].median(key) is None or b[one].median(key) is None:
             continue
@@ -326,12 +331,12 @@ def conclude_04(replicated: BenchmarkResult | None, disaggregated: BenchmarkResu
                 + (f"; {_ms(alone.median('p99_itl_ms'))} on 01's single instance" if alone else ""))
         paid = (f"; what it cost there, TTFT p50: {_ms(mr[c].median('median_ttft_ms'))} on "
                 f"replicas, {_ms(md[c].median('median_ttft_ms'))} disaggregated ({_margin(cost)})")
-        fc = forecast_said(forecast, {"standard": disaggregated, "mixed": mixed_dis},
-                           "p99_itl_ms", "mixed", c)
+        fc, grade = forecast_said(forecast, {"standard": disaggregated, "mixed": mixed_dis},
+                                  "p99_itl_ms", "mixed", c, "04")
         fc = f". The disaggregated ITL p99 came out {fc}" if fc else ""
         if itl.better == "subject":
             said.insert(0, claim("04", f"Disaggregation protected the ITL tail: {text}{paid}{fc}.",
-                                 itl, cost))
+                                 itl, cost, graded=grade))
         else:
             said.insert(0, claim(
                 "04", "Disaggregation did not protect the ITL tail"
@@ -341,7 +346,7 @@ def conclude_04(replicated: BenchmarkResult | None, disaggregated: BenchmarkResu
                       "without pause." if nixl != "waiting" else ".") if device == "cpu" else ".")
                 + _nixl_cause(baseline, disaggregated)
                 + (" The load generator read tokens late there: ITL is partly the client's."
-                   if late else ""), itl, cost))
+                   if late else ""), itl, cost, graded=grade))
     else:
         said.insert(0, claim("04", "No mixed workload measured by both 03 and 04: the ITL "
                              "tail under long prompts is not compared."))

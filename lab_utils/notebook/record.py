@@ -1,6 +1,7 @@
 """Writing the serving notebooks' results: `record_baseline`, `record_replicated` and
 `record_disaggregated` build each notebook's results (`lab_utils.results.payloads`) from what it
-measured and write them (`lab_utils.results`).
+measured and write them (`lab_utils.results`); `say` prints what a cell concludes and saves
+it as claims beside them.
 """
 
 from __future__ import annotations
@@ -21,9 +22,19 @@ from lab_utils.results import (
     Roofline,
     write_results,
 )
+from lab_utils.results.claims import Claim, save_claims
 from lab_utils.results.forecast import EngineProfile, Forecast
 from lab_utils.results.sweep import BenchmarkResult, RequestRecord
 from lab_utils.serve.topology import Served
+
+
+def say(cfg: LabConfig, section: str, claims: list[Claim], bullet: str = "") -> list[str]:
+    """Print the claims' sentences and save the claims beside the results (`claims.json`,
+    section `section`, replaced when the cell runs again), where `audit` checks them."""
+    save_claims(cfg.results_dir, section, claims)
+    for c in claims:
+        print(f"{bullet}{c.text}")
+    return [c.text for c in claims]
 
 
 def instances(served: Served) -> list[Instance]:

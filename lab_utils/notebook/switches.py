@@ -16,13 +16,12 @@ Each variant is the baseline instance with a name of its own and its setting's f
 as served), on the baseline's port, behind the lab proxy (started fresh for the topology), so it is
 measured exactly as 01's runs are. One variant runs at a time; each stops before the next
 starts, and everything stops at the end (or when a cell fails: the session's records).
-Results go to `results/<profile>/switches.json`.
+Results go into notebook 01's results file (`switches`), what they show into its claims.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import random
 import re
 import statistics
@@ -34,16 +33,19 @@ from lab_utils.measure.benchmark import cache_hits
 from lab_utils.measure.loadgen import RequestSpec, run_point, run_sync
 from lab_utils.measure.prompts import exact_prompt
 from lab_utils.measure.workload import build_requests
+from lab_utils.notebook.record import say
 from lab_utils.notebook.session import ServingSession, tokenizer_of
 from lab_utils.notebook.steps import cache_meter, run_sweep
+from lab_utils.results import load_results, write_results
+from lab_utils.results.claims import Claim, Located, claim, comparison
+from lab_utils.results.payloads import PrefixTwice, Switches, SwitchRun
+from lab_utils.results.points import BY_KEY
 from lab_utils.results.sweep import BenchmarkResult
 from lab_utils.serve.launcher import start_instance, wait_ready
 from lab_utils.serve.topology import Served, start_proxy
-from lab_utils.util.atomic import atomic_write_text
 from lab_utils.util.numbers import fmt_num
 
 SMALL_BUDGET = 256  # tokens per step: a long prompt takes many steps
-FILE = "switches.json"
 PREFIX_OUTPUT = 8  # output tokens of each prefix-caching request
 
 
@@ -108,106 +110,116 @@ def _stop_instance(session: ServingSession, served: Served) -> None:
     session.started = [r for r in session.started if r not in inst]
 
 
-def mixed_row(label: str, budget: int | None, result: BenchmarkResult, long: int) -> dict:
-    """One row of the chunked-prefill table from a mixed run: ITL at the highest concurrency,
-    the first token of the long prompts and of the others, the prefix-cache hit share."""
+def switch_run(suffix: str, label: str, budget: int | None, result: BenchmarkResult,
+               long: int) -> SwitchRun:
+    """One setting's record from its mixed run: the point at the highest concurrency, the
+    first token of the long prompts and of the others."""
     point = max((p for p in result.combined if p.mode == "concurrency"), key=lambda p: p.value)
     reqs = [r for p in result.points if p.value == point.value for r in p.requests
             if not r.get("error") and r.get("ttft_ms") is not None]
     ttft = {k: [r["ttft_ms"] for r in reqs if (r["prompt_len"] >= long) == k]
             for k in (True, False)}
-    return {"engine": label, "step budget (tokens)": budget,
-            "concurrency": int(point.value),
-            "ITL p50 ms": point.median("median_itl_ms"),
-            "ITL p99 ms": point.median("p99_itl_ms"),
-            "long prompts' TTFT p50 ms": statistics.median(ttft[True]) if ttft[True] else None,
-            "other prompts' TTFT p50 ms": statistics.median(ttft[False]) if ttft[False] else None,
-            "prefix-cache hits %": point.prefix_cache_hit_pct}
+    return SwitchRun(suffix=suffix, label=label, budget=budget, point=point,
+                     long_ttft_ms=statistics.median(ttft[True]) if ttft[True] else None,
+                     other_ttft_ms=statistics.median(ttft[False]) if ttft[False] else None)
 
 
-def prefix_twice(cfg: LabConfig, served: Served) -> dict:
+def switches_frame(sw: Switches) -> pd.DataFrame:
+    """The chunked-prefill table, one row per setting."""
+    return pd.DataFrame([{
+        "engine": r.label, "step budget (tokens)": r.budget, "concurrency": int(r.point.value),
+        "ITL p50 ms": r.point.median("median_itl_ms"), "ITL p99 ms": r.point.median("p99_itl_ms"),
+        "long prompts' TTFT p50 ms": r.long_ttft_ms, "other prompts' TTFT p50 ms": r.other_ttft_ms,
+        "prefix-cache hits %": r.point.prefix_cache_hit_pct} for r in sw.chunked_prefill
+    ]).set_index("engine").map(fmt_num)
+
+
+def prefix_twice(cfg: LabConfig, served: Served) -> PrefixTwice:
     """One fresh prompt of the mixed workload's long length, sent twice, one at a time:
     TTFT and the share of its prompt tokens the prefix cache served, each time."""
     tokenize, _ = tokenizer_of(served, cfg)
-    w = cfg.workload
-    length = w.long_len
+    length = cfg.workload.long_len
     spec = RequestSpec(exact_prompt(tokenize, length, random.Random(random.SystemRandom().random())),
                        PREFIX_OUTPUT)
     meter = cache_meter(served)
-    out: dict[str, float | None] = {"prompt tokens": length}
+    got: dict[str, float | None] = {}
     for which in ("first", "second"):
         before = meter()
         records, _ = run_sync(run_point(served.proxy_url, cfg.model.name, [spec], concurrency=1,
                                         show_progress=False, api_key=api_key(cfg, "proxy")))
         pct, _ = cache_hits(before, meter())
-        out[f"{which} TTFT ms"] = records[0].ttft_ms
-        out[f"{which} hits %"] = pct
-    return out
+        got[f"{which}_ttft_ms"], got[f"{which}_hits_pct"] = records[0].ttft_ms, pct
+    return PrefixTwice(prompt_tokens=length, **got)
 
 
-def chunking_sentence(rows: list[dict]) -> str:
-    """What the chunked-prefill runs showed, from their numbers."""
-    by = {r["engine"]: r for r in rows}
-    small = next((r for r in rows if r["step budget (tokens)"] == SMALL_BUDGET), None)
-    off = by.get("chunked prefill off")
-    if not small or not off or not small["ITL p99 ms"] or not off["ITL p99 ms"]:
-        return "The chunked-prefill runs did not both measure ITL p99: nothing to compare."
-    ratio = off["ITL p99 ms"] / small["ITL p99 ms"]
-    if ratio >= 1:
-        itl = (f"ITL p99 was {fmt_num(off['ITL p99 ms'])} ms with chunking off and "
-               f"{fmt_num(small['ITL p99 ms'])} ms with {SMALL_BUDGET}-token steps: the small "
-               f"steps cut the streams' tail {ratio:.1f}x")
-    else:
-        itl = (f"ITL p99 was {fmt_num(small['ITL p99 ms'])} ms with {SMALL_BUDGET}-token steps "
-               f"against {fmt_num(off['ITL p99 ms'])} ms with chunking off: here the small steps "
-               f"did not shorten the tail ({1 / ratio:.1f}x longer)")
-    t_small, t_off = small["long prompts' TTFT p50 ms"], off["long prompts' TTFT p50 ms"]
+def _at(r: SwitchRun) -> Located:
+    return (r.label, "01", f"switch {r.suffix}", r.point)
+
+
+def chunking_claim(sw: Switches) -> Claim:
+    """What the chunked-prefill runs showed: ITL p99 with small steps against chunking off
+    (the lab's rule), and what the small steps cost the long prompts' first token."""
+    small = next((r for r in sw.chunked_prefill if r.budget == SMALL_BUDGET), None)
+    off = next((r for r in sw.chunked_prefill if r.suffix == "unchunked"), None)
+    if (not small or not off or small.point.median("p99_itl_ms") is None
+            or off.point.median("p99_itl_ms") is None):
+        return claim("01", "The chunked-prefill runs did not both measure ITL p99: nothing to "
+                     "compare.")
+    c = comparison("p99_itl_ms", _at(small), _at(off))
+    itl = (f"ITL p99 was {fmt_num(c.subject.value.median)} ms with {SMALL_BUDGET}-token steps "
+           f"against {fmt_num(c.reference.value.median)} ms with chunking off (one load point, "
+           f"concurrency {small.point.value:g}): "
+           + {"subject": f"the small steps cut the streams' tail ({c.margin()})",
+              "reference": f"the small steps did not shorten the tail ({c.margin()})",
+              None: "no difference by the lab's rule"}[c.better])
+    t_small, t_off = small.long_ttft_ms, off.long_ttft_ms
     if t_small and t_off:
-        cost = t_small / t_off
-        ttft = (f"; the long prompts' first token took {fmt_num(t_small)} ms against "
-                f"{fmt_num(t_off)} ms ("
-                + (f"{cost:.1f}x longer with the small steps" if cost >= 1.05
-                   else "within 5% of each other" if cost > 0.95
-                   else f"{1 / cost:.1f}x shorter with the small steps") + ")")
-    else:
-        ttft = ""
-    return itl + ttft + "."
+        cost = BY_KEY["median_ttft_ms"].times(t_small, t_off)
+        itl += (f"; the long prompts' first token took {fmt_num(t_small)} ms against "
+                f"{fmt_num(t_off)} ms ({cost} with the small steps)")
+    return claim("01", itl + ".", c, figures={"long_ttft_small_ms": t_small,
+                                              "long_ttft_off_ms": t_off})
 
 
-def others_sentence(rows: list[dict]) -> str:
+def others_claim(sw: Switches) -> Claim | None:
     """The short prompts' first token under each setting, as measured (no direction claimed:
     it depends on how often they arrive while a long prompt is being prefilled)."""
-    key = "other prompts' TTFT p50 ms"
-    said = [f"{r['engine']} {fmt_num(r[key])} ms" for r in rows if r.get(key) is not None]
-    return ("The short prompts' median first token: " + "; ".join(said) + "."
-            if said else "")
+    said = [f"{r.label} {fmt_num(r.other_ttft_ms)} ms" for r in sw.chunked_prefill
+            if r.other_ttft_ms is not None]
+    return claim("01", "The short prompts' median first token: " + "; ".join(said) + ".",
+                 figures={r.suffix: r.other_ttft_ms for r in sw.chunked_prefill}) if said else None
 
 
-def prefix_sentence(p: dict) -> str:
-    first, second = p.get("first TTFT ms"), p.get("second TTFT ms")
-    hits = p.get("second hits %")
-    if first is None or second is None:
-        return "The prefix-caching requests did not both complete."
+def prefix_claim(p: PrefixTwice | None) -> Claim:
+    if p is None or p.first_ttft_ms is None or p.second_ttft_ms is None:
+        return claim("01", "The prefix-caching requests did not both complete.")
+    first, second, hits = p.first_ttft_ms, p.second_ttft_ms, p.second_hits_pct
+    figures = {"first_ttft_ms": first, "second_ttft_ms": second, "second_hits_pct": hits or 0.0}
     if not hits:
-        return (f"Sent a second time, none of the {p['prompt tokens']:,}-token prompt came from "
-                f"the prefix cache (is prefix caching off?): TTFT {fmt_num(first)} ms, then "
-                f"{fmt_num(second)} ms.")
-    speed = first / second if second else float("inf")
-    before = p.get("first hits %") or 0
-    return (f"Sent a second time, {hits:.0f}% of the {p['prompt tokens']:,}-token prompt came "
-            f"from the prefix cache and its TTFT went from {fmt_num(first)} ms to "
-            f"{fmt_num(second)} ms ({speed:.1f}x "
-            + ("faster" if speed >= 1 else "slower") + "). The first time, "
-            + ("0% hit: the prompt was fresh." if not before else
-               f"{before:.0f}% already hit: the instance had seen part of it."))
+        return claim("01", f"Sent a second time, none of the {p.prompt_tokens:,}-token prompt came "
+                     "from the prefix cache (is prefix caching off?): TTFT "
+                     f"{fmt_num(first)} ms, then {fmt_num(second)} ms.", figures=figures)
+    before = p.first_hits_pct or 0
+    return claim("01", f"Sent a second time, {hits:.0f}% of the {p.prompt_tokens:,}-token prompt "
+                 f"came from the prefix cache and its TTFT went from {fmt_num(first)} ms to "
+                 f"{fmt_num(second)} ms ({BY_KEY['median_ttft_ms'].times(second, first)}; one "
+                 "request each time). The first time, "
+                 + ("0% hit: the prompt was fresh." if not before else
+                    f"{before:.0f}% already hit: the instance had seen part of it."), figures=figures)
+
+
+def switch_claims(sw: Switches) -> list[Claim]:
+    """Every sentence the switches' section says, as claims."""
+    others = others_claim(sw)
+    return [chunking_claim(sw), *([others] if others else []), prefix_claim(sw.prefix_caching)]
 
 
 def two_switches(cfg: LabConfig, session: ServingSession) -> pd.DataFrame:
-    """Measure both switches (module docstring); print the computed conclusions; return the
-    chunked-prefill table. 01's instance, if still running, is stopped first: the variants
-    take its port."""
+    """Measure both switches (module docstring); add them to 01's results; print the
+    computed conclusions (saved as claims); return the chunked-prefill table. 01's
+    instance, if still running, is stopped first: the variants take its port."""
     long = cfg.workload.long_len
-    rows, prefix = [], {}
+    runs, prefix = [], None
     session.stop(quiet=True)
     try:
         for suffix, label, flags in variants(cfg):
@@ -219,15 +231,13 @@ def two_switches(cfg: LabConfig, session: ServingSession) -> pd.DataFrame:
             else:  # vLLM's own choice, and the configuration every comparison uses
                 inst = served.instance_records()[0]
                 budget = budget_as_served(cfg, session.cluster.node(inst.node).log_tail(inst, 5000))
-                prefix = prefix_twice(cfg, served)
-                prefix["instance"] = inst.name
-            rows.append(mixed_row(label, budget, result, long))
+                prefix = prefix_twice(cfg, served).model_copy(update={"instance": inst.name})
+            runs.append(switch_run(suffix, label, budget, result, long))
             _stop_instance(session, served)
     finally:
         session.stop(quiet=True)
-    atomic_write_text(cfg.results_dir / FILE,
-                      json.dumps({"chunked_prefill": rows, "prefix_caching": prefix}, indent=1))
-    for sentence in (chunking_sentence(rows), others_sentence(rows), prefix_sentence(prefix)):
-        if sentence:
-            print(sentence)
-    return pd.DataFrame(rows).set_index("engine").map(fmt_num)
+    sw = Switches(chunked_prefill=runs, prefix_caching=prefix)
+    baseline = load_results(cfg, "01").payload
+    write_results(cfg, "01", baseline.model_copy(update={"switches": sw}))
+    say(cfg, "01:switches", switch_claims(sw))
+    return switches_frame(sw)

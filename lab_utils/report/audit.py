@@ -13,13 +13,16 @@ it last.
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from lab_utils.errors import LabError
+from lab_utils.forecast.grade import grade_rows, summary
 from lab_utils.results import RESULTS, load_envelope
-from lab_utils.results.claims import CLAIMS_FILE, Claim, check, load_claims
+from lab_utils.results.claims import CLAIMS_FILE, Claim, Graded, check, load_claims
 from lab_utils.results.points import Point
 
 # a number beside a word that compares or judges
@@ -60,20 +63,50 @@ class Audit:
         return out + [self.tally]
 
 
-def _points(results_dir: Path) -> dict[tuple[str, str, str, float], Point]:
-    """Every valid combined point of every serving notebook's results file."""
+def _payloads(results_dir: Path) -> dict[str, Any]:
+    """Every notebook's payload found in `results_dir`."""
+    return {nb: load_envelope(results_dir / spec.file_name).payload
+            for nb, spec in RESULTS.items() if (results_dir / spec.file_name).is_file()}
+
+
+def _points(payloads: dict[str, Any]) -> dict[tuple[str, str, str, float], Point]:
+    """Every valid combined point of every serving notebook's results."""
     out: dict[tuple[str, str, str, float], Point] = {}
-    for nb, spec in RESULTS.items():
-        path = results_dir / spec.file_name
-        if not path.is_file():
-            continue
-        payload = load_envelope(path).payload
+    for nb, payload in payloads.items():
         for run in ("sweep", "mixed"):
             result = getattr(payload, run, None)
             for p in getattr(result, "combined", None) or []:
                 if p.valid:
                     out[(nb, run, p.mode, float(p.value))] = p
+        switches = getattr(payload, "switches", None)
+        for r in switches.chunked_prefill if switches else []:
+            out[(nb, f"switch {r.suffix}", r.point.mode, float(r.point.value))] = r.point
     return out
+
+
+def check_graded(g: Graded, payloads: dict[str, Any]) -> list[str]:
+    """What is wrong with a stated forecast grade against the notebook's results: the
+    forecast graded again against its sweep and mixed run."""
+    payload = payloads.get(g.notebook)
+    fc = getattr(payload, "forecast", None)
+    if payload is None or fc is None:
+        return [f"no forecast in notebook {g.notebook}'s results"]
+    rows = grade_rows(fc, {"standard": payload.sweep, "mixed": payload.mixed})
+    if g.tally is not None:
+        now = summary(rows)
+        return [f"forecast of {g.notebook}, {k}: the claim says {v}, the results give {now[k]}"
+                for k, v in g.tally.items()
+                if not (v == now[k] or (isinstance(v, float) and isinstance(now[k], float)
+                                        and math.isclose(v, now[k], rel_tol=1e-6)))]
+    row = next((r for r in rows if (r["workload"], r["load"], r["metric"])
+                == (g.workload, g.load, g.metric)), None)
+    if row is None or not row["graded"]:
+        return [f"forecast of {g.notebook}: {g.metric} at {g.load} ({g.workload}) not graded"]
+    if row["in interval"] != g.inside:
+        return [f"forecast of {g.notebook}: {g.metric} at {g.load} ({g.workload}) is "
+                f"{'inside' if row['in interval'] else 'outside'} its interval, the claim "
+                f"says {'inside' if g.inside else 'outside'}"]
+    return []
 
 
 def _norm(text: str) -> str:
@@ -122,7 +155,8 @@ def audit(results_dir: str | Path) -> Audit:
         raise LabError(f"no {CLAIMS_FILE} in {results_dir}: run the notebooks (make lab) or "
                        "name the profile's results directory")
     book = load_claims(results_dir)
-    points = _points(results_dir)
+    payloads = _payloads(results_dir)
+    points = _points(payloads)
     found = Audit()
     texts = []
     for claims in book.values():
@@ -132,7 +166,8 @@ def audit(results_dir: str | Path) -> Audit:
                 found.backed += 1
                 continue
             found.checked += 1
-            if why := check(c, points):
+            why = check(c, points) + [w for g in c.graded for w in check_graded(g, payloads)]
+            if why:
                 found.false.append((c, why))
     for where, line in result_sentences(results_dir):
         n = _norm(line)

@@ -11,9 +11,10 @@ from lab_utils.results.points import RULE
 
 def forecast_blocks(data: ReportData, plots: list[Plot]) -> list[Block]:
     from lab_utils.forecast import grade as g
-    from lab_utils.forecast.band import band_sentence, coverage, coverage_sentence
+    from lab_utils.forecast.band import band_sentence
     from lab_utils.report import forecast as fc
     from lab_utils.report.data import recorded_forecasts
+    from lab_utils.report.summary import together_claim
 
     by_arch = fc.graded(data)
     blocks = [H("Predicted, then measured"),
@@ -48,10 +49,8 @@ def forecast_blocks(data: ReportData, plots: list[Plot]) -> list[Block]:
         return blocks + [P("No forecast was recorded: notebooks 03 and 04 record one when 01 "
                            "has an engine profile (re-run 01, then 03 and 04).")]
     recorded = recorded_forecasts(data)
-    later = [r for arch, rows in by_arch.items() if arch != "baseline" for r in rows]
-    if later:
-        blocks.append(P("The forecasts of 03 and 04 together: "
-                        + coverage_sentence(coverage(later)) + "."))
+    if (together := together_claim(data)) is not None:
+        blocks.append(P(together.text))
     for arch, rows in by_arch.items():
         blocks += [H(arch, 3), UL(g.sentences(arch, rows)
                                   + ["interval: " + band_sentence(recorded[arch].error_band)]),

@@ -13,8 +13,10 @@ from typing import Any
 
 import pandas as pd
 
+from lab_utils.forecast.band import coverage, coverage_sentence
+from lab_utils.forecast.grade import grade_claims
 from lab_utils.report.conclusions import Conclusions, shared_machine
-from lab_utils.report.data import ARCH_NOTEBOOK, ReportData, join_words
+from lab_utils.report.data import ARCH_NOTEBOOK, FORECAST_NB, ReportData, graded, join_words
 from lab_utils.results import RESULTS
 from lab_utils.results.claims import Claim, Comparison, claim
 from lab_utils.results.points import BY_KEY
@@ -125,13 +127,26 @@ def machine_claim(data: ReportData) -> Claim | None:
     shown = "; ".join(f"{NAMES[a]} {c.cores:.1f} of {c.host_cores}" for a, c in used.items())
     return claim("report", f"{head}. Cores in use on average during each standard sweep "
                  f"(CPU seconds of its processes and the load generator over its wall time): "
-                 f"{shown}.", **{f"{a} cores": c.cores for a, c in used.items()})
+                 f"{shown}.", figures={f"{a} cores": c.cores for a, c in used.items()})
 
 
 def report_claims(data: ReportData, concl: Conclusions) -> list[Claim]:
-    """Every sentence of the report's that states a result, as claims."""
+    """Every sentence of the report's that states a result, as claims: the verdict, the
+    machine the nodes shared, the conclusions, each forecast's grade."""
     machine = machine_claim(data)
-    return [verdict_claim(concl), *([machine] if machine else []), *concl.claims]
+    graded_claims = [c for arch, rows in graded(data).items()
+                     for c in grade_claims("report", FORECAST_NB[arch], arch, rows)]
+    return [verdict_claim(concl), *([machine] if machine else []), *concl.claims,
+            *graded_claims, *([together] if (together := together_claim(data)) else [])]
+
+
+def together_claim(data: ReportData) -> Claim | None:
+    """How often the measurements of 03 and 04 fell inside their forecasts' intervals."""
+    later = [r for arch, rows in graded(data).items() if arch != "baseline" for r in rows]
+    if not later:
+        return None
+    return claim("report", "The forecasts of 03 and 04 together: "
+                 + coverage_sentence(coverage(later)) + ".")
 
 
 # ---- the system under test ---------------------------------------------------------------

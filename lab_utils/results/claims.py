@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -27,10 +28,15 @@ from pydantic import BaseModel
 from lab_utils.results.points import BY_KEY, Measured, Point, compare_points
 from lab_utils.util.atomic import atomic_write_text
 
-Run = Literal["sweep", "mixed"]
+Run = str  # "sweep", "mixed", or a notebook's other run ("switch steps256", "policy round_robin")
 Better = Literal["subject", "reference"]
 CLAIMS_FILE = "claims.json"
 WORKLOAD_OF: dict[str, str] = {"sweep": "standard", "mixed": "mixed"}
+
+
+def workload_of(run: str) -> str:
+    """The workload a run measured: the standard one for the sweep, mixed for the rest."""
+    return WORKLOAD_OF.get(run, "mixed")
 
 
 class Side(BaseModel):
@@ -60,7 +66,7 @@ class Comparison(BaseModel):
 
     @property
     def workload(self) -> str:
-        return WORKLOAD_OF[self.subject.run]
+        return workload_of(self.subject.run)
 
     @property
     def load(self) -> str:
@@ -111,25 +117,46 @@ def comparison(metric: str, subject: Located, reference: Located) -> Comparison:
                       gap_pct=v.gap_pct, basis=v.basis)
 
 
+class Graded(BaseModel):
+    """What a sentence says of a forecast's grade (`forecast.grade`), re-derived by the
+    audit from the forecast and the measurements the notebook's results file holds: one
+    value (`metric` at `load` of `workload`: inside its interval or not), or the tally of
+    the headline metrics (`tally`: median absolute error %, graded values, inside, differ)."""
+
+    notebook: str
+    workload: str | None = None
+    load: str | None = None
+    metric: str | None = None
+    inside: bool | None = None
+    tally: dict[str, float | int | None] | None = None
+
+
 class Claim(BaseModel):
-    """A sentence about this run's results and what makes it true."""
+    """A sentence about this run's results and what makes it true: the comparisons behind
+    it (each verdict by the lab's rule), the forecast grades it states, and other figures
+    it quotes that no results file lets the audit re-derive."""
 
     where: str  # "01" ... "04", "tp", "report"
     text: str
     comparisons: list[Comparison] = []
-    figures: dict[str, float] = {}  # quoted figures the audit cannot re-derive
+    graded: list[Graded] = []
+    figures: dict[str, float] = {}
 
     @property
     def checkable(self) -> bool:
-        return bool(self.comparisons)
+        return bool(self.comparisons or self.graded)
 
     def __str__(self) -> str:
         return self.text
 
 
-def claim(where: str, text: str, *comparisons: Comparison, **figures: float) -> Claim:
-    return Claim(where=where, text=text, comparisons=list(comparisons),
-                 figures={k: float(v) for k, v in figures.items()})
+def claim(where: str, text: str, *comparisons: Comparison, graded: Sequence[Graded] = (),
+          figures: Mapping[str, float | None] | None = None, **named: float) -> Claim:
+    """A claim: its sentence, the comparisons and grades that make it true, and the other
+    figures it quotes (`figures`, or by name)."""
+    quoted = {**(figures or {}), **named}
+    return Claim(where=where, text=text, comparisons=list(comparisons), graded=list(graded),
+                 figures={k: float(v) for k, v in quoted.items() if v is not None})
 
 
 # ---- saved beside the results, and checked again ------------------------------------------
@@ -197,5 +224,5 @@ def check(c: Claim, points: dict[tuple[str, str, str, float], Point]) -> list[st
     return out
 
 
-__all__ = ["CLAIMS_FILE", "Claim", "Comparison", "Located", "Side", "check", "claim", "comparison",
+__all__ = ["CLAIMS_FILE", "Claim", "Comparison", "Graded", "Located", "Side", "check", "claim", "comparison",
            "load_claims", "save_claims"]

@@ -26,13 +26,13 @@ from pydantic import BaseModel, ConfigDict, model_validator
 from lab_utils.results.checklist import CheckResult
 from lab_utils.results.forecast import EngineProfile, Forecast
 from lab_utils.results.kv_transfer import KvRecommendation, KvTransferPayload
-from lab_utils.results.points import metric_rows
+from lab_utils.results.points import Point, metric_rows
 from lab_utils.results.proof import ProofRow
 from lab_utils.results.sweep import BenchmarkResult, RequestRecord
 
 __all__ = ["PAYLOADS", "BaselinePayload", "DisaggregatedPayload", "EnvironmentPayload",
            "FrontDoors", "Instance", "KvRecommendation", "KvTransferPayload", "Payload", "Proof", "ProofRow",
-           "Reference", "ReplicatedPayload", "Roofline", "ServingPayload", "SweepCpu"]
+           "Reference", "ReplicatedPayload", "Roofline", "PrefixTwice", "ServingPayload", "SweepCpu", "SwitchRun", "Switches"]
 
 
 class Record(BaseModel):
@@ -146,6 +146,37 @@ class ServingPayload(Record):
     cpu: SweepCpu | None = None
 
 
+class SwitchRun(Record):
+    """One setting of the chunked-prefill switch: the mixed run's highest-concurrency point
+    on the baseline instance restarted with it, and the median first token of the long
+    prompts and of the others."""
+
+    suffix: str  # the restarted instance's name suffix, and the run's name in claims
+    label: str
+    budget: int | None  # tokens one step may carry (None: not known)
+    point: Point
+    long_ttft_ms: float | None
+    other_ttft_ms: float | None
+
+
+class PrefixTwice(Record):
+    """One fresh long prompt sent twice, one at a time: TTFT and prefix-cache hits each time."""
+
+    prompt_tokens: int
+    first_ttft_ms: float | None
+    second_ttft_ms: float | None
+    first_hits_pct: float | None
+    second_hits_pct: float | None
+    instance: str | None = None
+
+
+class Switches(Record):
+    """Notebook 01's two switches (`notebook.switches`)."""
+
+    chunked_prefill: list[SwitchRun]
+    prefix_caching: PrefixTwice | None = None
+
+
 class BaselinePayload(ServingPayload):
     """Notebook 01 (baseline_metrics.json)."""
 
@@ -154,6 +185,7 @@ class BaselinePayload(ServingPayload):
     reference: Reference | None
     profile: EngineProfile | None = None  # the curves 03's and 04's forecasts are made from
     forecast: Forecast | None = None  # of its own sweep from its profile: the model's error
+    switches: Switches | None = None  # the two switches, when their section ran
 
 
 class ReplicatedPayload(ServingPayload):

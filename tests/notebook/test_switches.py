@@ -9,12 +9,15 @@ from lab_utils.notebook.switches import (
     CPU_DEFAULT_BUDGET,
     SMALL_BUDGET,
     budget_as_served,
-    chunking_sentence,
-    mixed_row,
-    prefix_sentence,
+    chunking_claim,
+    others_claim,
+    prefix_claim,
+    switch_run,
+    switches_frame,
     variants,
 )
-from lab_utils.results.points import Point
+from lab_utils.results.payloads import PrefixTwice, Switches, SwitchRun
+from lab_utils.results.points import Measured, Point
 from lab_utils.results.sweep import BenchmarkPoint, BenchmarkResult
 
 
@@ -36,11 +39,12 @@ def _result(itl_p99: float) -> BenchmarkResult:
 
 
 def test_row_reads_the_highest_concurrency_and_splits_long_from_short():
-    row = mixed_row("as served", 2048, _result(40.0), long=3000)
-    assert row["ITL p99 ms"] == 40.0 and row["concurrency"] == 4
-    assert row["long prompts' TTFT p50 ms"] == 100.0  # the failed request is left out
-    assert row["other prompts' TTFT p50 ms"] == 11.0
-    assert row["prefix-cache hits %"] == 0.0
+    run = switch_run("served", "as served", 2048, _result(40.0), long=3000)
+    assert run.point.median("p99_itl_ms") == 40.0 and run.point.value == 4
+    assert run.long_ttft_ms == 100.0  # the failed request is left out
+    assert run.other_ttft_ms == 11.0
+    row = switches_frame(Switches(chunked_prefill=[run])).loc["as served"]
+    assert row["ITL p99 ms"] == "40" and row["prefix-cache hits %"] == "0"
 
 
 def test_budget_is_read_from_vllms_start_line_or_is_the_cpu_default(test_cfg):
@@ -60,35 +64,46 @@ def test_variants_hold_the_longest_prompt_when_chunking_is_off(test_cfg):
     assert int(off[-1]) >= test_cfg.vllm.max_model_len
 
 
-def _rows(small_p99, off_p99, small_ttft, off_ttft):
-    return [{"engine": "as served", "step budget (tokens)": 2048, "ITL p99 ms": 30.0,
-             "long prompts' TTFT p50 ms": 80.0},
-            {"engine": "small", "step budget (tokens)": SMALL_BUDGET, "ITL p99 ms": small_p99,
-             "long prompts' TTFT p50 ms": small_ttft},
-            {"engine": "chunked prefill off", "step budget (tokens)": 4096,
-             "ITL p99 ms": off_p99, "long prompts' TTFT p50 ms": off_ttft}]
+def _run(suffix: str, budget: int, p99: float | None, long_ttft: float | None = 80.0,
+         other: float | None = None) -> SwitchRun:
+    point = Point(mode="concurrency", value=4.0, repeats=1,
+                  p99_itl_ms=Measured.one(p99))
+    return SwitchRun(suffix=suffix, label=suffix, budget=budget, point=point,
+                     long_ttft_ms=long_ttft, other_ttft_ms=other)
+
+
+def _sw(small_p99, off_p99, small_ttft, off_ttft) -> Switches:
+    return Switches(chunked_prefill=[_run("served", 2048, 30.0),
+                                     _run("steps256", SMALL_BUDGET, small_p99, small_ttft),
+                                     _run("unchunked", 4096, off_p99, off_ttft)])
 
 
 def test_chunking_sentence_follows_the_numbers():
-    won = chunking_sentence(_rows(8.0, 90.0, 120.0, 90.0))
-    assert "cut the streams' tail 11.2x" in won and "1.3x longer" in won
-    lost = chunking_sentence(_rows(50.0, 25.0, 90.0, 90.0))
-    assert "did not shorten the tail (2.0x longer)" in lost and "within 5% of each other" in lost
-    assert "cut" not in lost
-    assert "nothing to compare" in chunking_sentence(_rows(None, 25.0, 90.0, 90.0))
+    won = chunking_claim(_sw(8.0, 90.0, 120.0, 90.0))
+    assert "cut the streams' tail (11x lower)" in won.text and "1.3x higher" in won.text
+    assert "(one load point, concurrency 4)" in won.text
+    (c,) = won.comparisons
+    assert (c.better, c.subject.run, c.reference.run) == ("subject", "switch steps256",
+                                                          "switch unchunked")
+    lost = chunking_claim(_sw(50.0, 25.0, 90.0, 90.0))
+    assert "did not shorten the tail (2.0x higher)" in lost.text and "(the same with" in lost.text
+    assert "cut" not in lost.text
+    even = chunking_claim(_sw(26.0, 25.0, 90.0, 90.0))
+    assert "no difference by the lab's rule" in even.text
+    assert "nothing to compare" in chunking_claim(_sw(None, 25.0, 90.0, 90.0)).text
 
 
 def test_prefix_sentence_follows_the_numbers():
-    hit = prefix_sentence({"prompt tokens": 3000, "first TTFT ms": 90.0, "first hits %": 0.0,
-                           "second TTFT ms": 9.0, "second hits %": 98.9})
-    assert "99% of the 3,000-token prompt" in hit and "10.0x faster" in hit
-    assert "the prompt was fresh" in hit
-    seen = prefix_sentence({"prompt tokens": 3000, "first TTFT ms": 50.0, "first hits %": 40.0,
-                            "second TTFT ms": 9.0, "second hits %": 98.9})
+    hit = prefix_claim(PrefixTwice(prompt_tokens=3000, first_ttft_ms=90.0, first_hits_pct=0.0,
+                                   second_ttft_ms=9.0, second_hits_pct=98.9)).text
+    assert "99% of the 3,000-token prompt" in hit and "10x lower" in hit
+    assert "the prompt was fresh" in hit and "one request each time" in hit
+    seen = prefix_claim(PrefixTwice(prompt_tokens=3000, first_ttft_ms=50.0, first_hits_pct=40.0,
+                                    second_ttft_ms=9.0, second_hits_pct=98.9)).text
     assert "40% already hit" in seen and "fresh" not in seen
-    miss = prefix_sentence({"prompt tokens": 3000, "first TTFT ms": 90.0, "first hits %": 0.0,
-                            "second TTFT ms": 91.0, "second hits %": 0.0})
-    assert "none of the 3,000-token prompt" in miss and "faster" not in miss
+    miss = prefix_claim(PrefixTwice(prompt_tokens=3000, first_ttft_ms=90.0, first_hits_pct=0.0,
+                                    second_ttft_ms=91.0, second_hits_pct=0.0)).text
+    assert "none of the 3,000-token prompt" in miss and "lower" not in miss
 
 
 def test_cpu_default_budget_is_the_installed_vllms():
@@ -106,11 +121,9 @@ def test_the_eta_counts_every_restart(test_cfg):
 
 
 def test_the_short_prompts_sentence_quotes_each_setting():
-    from lab_utils.notebook.switches import others_sentence
-
-    rows = [{"engine": "as served", "other prompts' TTFT p50 ms": 18.0},
-            {"engine": "chunked prefill off", "other prompts' TTFT p50 ms": 160.5},
-            {"engine": "x", "other prompts' TTFT p50 ms": None}]
-    assert others_sentence(rows) == ("The short prompts' median first token: as served 18 ms; "
-                                      "chunked prefill off 160.5 ms.")
-    assert others_sentence([]) == ""
+    sw = Switches(chunked_prefill=[_run("as served", 2048, 30.0, other=18.0),
+                                   _run("chunked prefill off", 4096, 30.0, other=160.5),
+                                   _run("x", 256, 30.0, other=None)])
+    assert others_claim(sw).text == ("The short prompts' median first token: as served 18 ms; "
+                                     "chunked prefill off 160.5 ms.")
+    assert others_claim(Switches(chunked_prefill=[])) is None

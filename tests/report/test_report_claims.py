@@ -1,0 +1,59 @@
+"""The report's claims that compare with documentation or describe the hardware: each
+follows the run (it changes when the numbers say the opposite)."""
+
+from __future__ import annotations
+
+from lab_utils import report
+from lab_utils.report.conclusions import documentation_claim
+from lab_utils.report.summary import machine_claim, verdict_claim
+from lab_utils.results import load_results, write_results
+from lab_utils.results.payloads import SweepCpu
+
+from report.test_report import LOADS, metrics, write_baseline, write_disaggregated, write_replicated
+
+
+def _data(cfg, pd_tps: float):
+    write_baseline(cfg)
+    write_replicated(cfg, {c: metrics(200 * c, 40, 10, 50) for c in LOADS})
+    write_disaggregated(cfg, {c: metrics(pd_tps * c, 60, 9, 30) for c in LOADS})
+    return report.load_report_data(cfg)
+
+
+def test_the_documentation_sentence_says_whether_the_run_agrees(test_cfg):
+    lower = documentation_claim(report.conclusions(_data(test_cfg, 140)).findings)
+    assert "was lower at concurrency 1, 2 and 4" in lower.text and "the run agrees" in lower.text
+    assert {c.better for c in lower.comparisons} == {"reference"}
+    higher = documentation_claim(report.conclusions(_data(test_cfg, 300)).findings)
+    assert "higher at concurrency 1, 2 and 4" in higher.text and "disagrees" in higher.text
+    even = documentation_claim(report.conclusions(_data(test_cfg, 205)).findings)
+    assert "no different at concurrency 1, 2 and 4" in even.text and "agrees" in even.text
+
+
+def test_one_machine_is_said_with_the_cores_each_sweep_used(test_cfg, spark_cfg):
+    data = _data(test_cfg, 140)
+    said = machine_claim(data)
+    assert said is not None and "the same machine" in said.text
+    assert "was not recorded" in said.text
+    env = load_results(test_cfg, "03")
+    cpu = SweepCpu(wall_s=10.0, host_cores=2, by_process={"replica-0": 9.0, "replica-1": 8.0})
+    write_results(test_cfg, "03", env.payload.model_copy(update={"cpu": cpu}))
+    said = machine_claim(report.load_report_data(test_cfg))
+    assert "replicated serving 1.7 of 2" in said.text and said.figures["replicated cores"] == 1.7
+    # on a cluster the nodes are machines of their own: nothing to say
+    assert machine_claim(_data(spark_cfg, 140)) is None
+
+
+def test_the_verdict_names_the_best_of_every_architecture(test_cfg):
+    # the single instance is best on TTFT p50 here (20 ms against 40 and 60)
+    write_disaggregated(test_cfg, {c: metrics(140 * c, 60, 9, 30) for c in LOADS})
+    write_replicated(test_cfg, {c: metrics(200 * c, 40, 10, 50) for c in LOADS})
+    from report.test_report import baseline_dict, roofline_dict, sweep, write
+
+    write(test_cfg, "01", baseline_dict(sweep("baseline", {c: metrics(100 * c, 20, 10, 30)
+                                                           for c in LOADS}),
+                                        roofline=roofline_dict()))
+    said = verdict_claim(report.conclusions(report.load_report_data(test_cfg)))
+    assert ("TTFT p50, the single instance at concurrency 1, 2 and 4 (up to 2.0x lower than "
+            "the next)") in said.text
+    assert "output throughput, replicated serving at concurrency 1, 2 and 4" in said.text
+    assert all(c.winner for c in said.comparisons if c.metric == "median_ttft_ms")
