@@ -214,13 +214,13 @@ def _cmd_run(args) -> int:
 
 
 def audit_false(results_dir) -> bool:
-    from lab_utils.report.audit import audit
+    from lab_utils.report import audit
 
     return bool(audit(results_dir).false)
 
 
 def _cmd_audit(args) -> int:
-    from lab_utils.report.audit import audit
+    from lab_utils.report import audit
 
     found = audit(args.results_dir or load_config(args.config).results_dir)
     print("\n".join(found.lines()))

@@ -31,7 +31,8 @@ conclusions = importlib.import_module("lab_utils.report.conclusions")  # the pac
 # `conclusions` is the function of that name
 
 REPO = Path(__file__).resolve().parents[1]
-SEARCHED = ["lab_utils/notebook", "lab_utils/report", "lab_utils/forecast"]
+SEARCHED = ["lab_utils/notebook", "lab_utils/report", "lab_utils/forecast",
+            "lab_utils/results"]
 BUILDER_NAME = re.compile(r"(sentence|conclu|verdict|_note$|caption|_text$|warning|^describe$"
                           r"|^explain|lines$|^summary$|_claims?$)")
 
@@ -81,12 +82,12 @@ ELSEWHERE = {
     "report/audit.py:result_sentences": (
         "report/test_audit.py::test_a_planted_false_claim_and_an_unbacked_sentence_are_caught",
         "audit"),
-    "notebook/switches.py:chunking_claim": (
+    "results/experiments.py:chunking_claim": (
         "notebook/test_switches.py::test_chunking_sentence_follows_the_numbers", "chunking_claim"),
-    "notebook/switches.py:others_claim": (
+    "results/experiments.py:others_claim": (
         "notebook/test_switches.py::test_the_short_prompts_sentence_quotes_each_setting",
         "others_claim"),
-    "notebook/switches.py:prefix_claim": (
+    "results/experiments.py:prefix_claim": (
         "notebook/test_switches.py::test_prefix_sentence_follows_the_numbers", "prefix_claim"),
     "report/conclusions.py:_summary_claim": (
         "report/test_report.py::test_disaggregation_loses_throughput_wins_itl_p99",
@@ -94,6 +95,9 @@ ELSEWHERE = {
     "report/conclusions.py:documentation_claim": (
         "report/test_report_claims.py::test_the_documentation_sentence_says_whether_the_run_"
         "agrees", "documentation_claim"),
+    "results/experiments.py:policy_claims": (
+        "report/test_report_claims.py::test_the_policy_sentence_names_the_win_and_its_cost",
+        "policy_claims"),
     "report/summary.py:machine_claim": (
         "report/test_report_claims.py::test_one_machine_is_said_with_the_cores_each_sweep_used",
         "machine_claim"),
@@ -118,9 +122,13 @@ NOT_RESULTS = {
     "report/sections.py:_workload_text": "the configured workload in words",
     "forecast/grade.py:summary": "the grading's figures; grade.sentences says them (below)",
     "forecast/grade.py:grade_claims": "grade.sentences' sentences (flipped below) as claims",
-    "notebook/switches.py:switch_claims": "lists the three switch builders' claims",
+    "results/experiments.py:switch_claims": "lists the three switch builders' claims",
     "report/summary.py:report_claims": "lists the report's claims, each built and flipped above",
     "report/summary.py:together_claim": "coverage_sentence (flipped below) in a claim",
+    "report/summary.py:experiment_claims": "lists the side experiments' claims, flipped above",
+    "results/claims.py:load_claims": "reads claims.json",
+    "results/claims.py:save_claims": "writes claims.json",
+    "results/store.py:reference_note": "names where a reference run's results came from",
 }
 
 
@@ -189,9 +197,9 @@ FLIPS = {
         lessons.best_transfer_sentence(probe({1 << 20: 2.0, 4 << 20: 3.0})),
         lessons.best_transfer_sentence(probe({1 << 19: 3.5, 4 << 20: 1.0})),
         "its largest transfer: there the two agree by construction"),
-    "notebook/time_split.py:itl_sentence": lambda: (
-        time_split.itl_sentence(c1(2.0), c1(3.0)), time_split.itl_sentence(c1(3.0), c1(1.5)),
-        "(1.5x)"),
+    "notebook/time_split.py:itl_claim": lambda: (
+        time_split.itl_claim(c1(2.0), c1(3.0)).text, time_split.itl_claim(c1(3.0), c1(1.5)).text,
+        "(1.5x higher)"),
     "notebook/steps.py:describe": lambda: (
         steps.describe(record(1, 40.0)), steps.describe(record(0, 90.0)),
         "1 of them 0 ms: tokens the client read together"),

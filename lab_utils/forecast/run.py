@@ -170,6 +170,11 @@ def forecast_frame(rows: list[dict[str, Any]]):
                           "bottleneck": r["bottleneck"]} for r in rows])
 
 
+SPLITS_HEAD = ("Predicted best prefill/decode split for 2, 4 and 8 nodes, each instance on a "
+               "machine of its own running at 01's speed, at the mixed workload's load scaled "
+               "with the nodes (best by goodput under the SLO, then TTFT):")
+
+
 def show(fc: Forecast) -> None:
     """Print a forecast the way 03 and 04 show it before they measure."""
     from IPython.display import display
@@ -182,7 +187,5 @@ def show(fc: Forecast) -> None:
     if fc.splits:
         import pandas as pd
 
-        print("Predicted best prefill/decode split for 2, 4 and 8 nodes, each instance on a "
-              "machine of its own running at 01's speed, at the mixed workload's load scaled "
-              "with the nodes (best by goodput under the SLO, then TTFT):")
+        print(SPLITS_HEAD)
         display(pd.DataFrame(fc.splits).round(2))

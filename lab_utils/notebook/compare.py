@@ -9,12 +9,16 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError, version
 
 import pandas as pd
+from IPython.display import display
 
 from lab_utils.config import LabConfig
 from lab_utils.errors import LabError
+from lab_utils.notebook.record import say
 from lab_utils.notebook.session import ServingSession
 from lab_utils.notebook.steps import run_sweep
 from lab_utils.results import FrontDoors, ResultsEnvelope, load_reference_results, reference_origin
+from lab_utils.results.experiments import policy_claims
+from lab_utils.results.payloads import Policies
 from lab_utils.results.points import (
     COMPARED,
     Point,
@@ -73,10 +77,10 @@ def compare_front_doors(cfg: LabConfig, session: ServingSession, served: Served,
                       router_version=got)
 
 
-def compare_policies(cfg: LabConfig, session: ServingSession, served: Served):
+def compare_policies(cfg: LabConfig, session: ServingSession, served: Served) -> Policies | None:
     """03's look at routing: the mixed workload once at its highest concurrency through the
     lab proxy with each routing policy in turn (the configured one is put back after),
-    side by side."""
+    shown side by side with what it says (claims); returned for 03's results."""
     w = cfg.workload
     if not w.mixed_long_len:
         print("skipped: workload.mixed_long_len is not set (the policies differ only when "
@@ -92,7 +96,9 @@ def compare_policies(cfg: LabConfig, session: ServingSession, served: Served):
                                        run=f"policy {policy}").combined[0]
     finally:
         session.swap_front_door(served, "lab", policy=cfg.topology.replicated.policy)
-    return side_by_side(points)
+    display(side_by_side(points))
+    say(cfg, "03:policies", policy_claims(points))
+    return Policies(runs=points)
 
 
 def side_by_side(points: dict[str, Point]):

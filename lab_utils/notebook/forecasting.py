@@ -22,7 +22,7 @@ from lab_utils.config import LabConfig
 from lab_utils.errors import LabError
 from lab_utils.forecast.grade import grade_claims, grade_frame, grade_rows
 from lab_utils.forecast.inputs import from_results, spark_inputs_for
-from lab_utils.forecast.run import forecast_for, show
+from lab_utils.forecast.run import SPLITS_HEAD, forecast_for, show
 from lab_utils.forecast.timing import (
     SWITCH_RESTARTS,
     minutes,
@@ -33,6 +33,7 @@ from lab_utils.notebook.record import say
 from lab_utils.notebook.session import kv_buffer_device
 from lab_utils.notebook.starts import startup_seconds
 from lab_utils.results import calibration, load_optional, load_results
+from lab_utils.results.claims import claim, save_claims
 from lab_utils.results.forecast import EngineProfile, Forecast, TimedProfile
 from lab_utils.results.sweep import BenchmarkResult
 
@@ -169,6 +170,10 @@ def predict(cfg: LabConfig, kind: str, profile: EngineProfile | None = None,
         TIMED[kind] = timed
     fc = make_forecast(cfg, kind, profile, timed)
     show(fc)
+    nb = FORECAST_NOTEBOOK[fc.architecture]
+    save_claims(cfg.results_dir, f"{nb}:forecast-inputs",
+                [claim(nb, f"{k}: {v}") for k, v in fc.sources.items()]
+                + ([claim(nb, SPLITS_HEAD)] if fc.splits else []))
     return fc
 
 

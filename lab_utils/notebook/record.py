@@ -24,6 +24,7 @@ from lab_utils.results import (
 )
 from lab_utils.results.claims import Claim, save_claims
 from lab_utils.results.forecast import EngineProfile, Forecast
+from lab_utils.results.payloads import Policies
 from lab_utils.results.sweep import BenchmarkResult, RequestRecord
 from lab_utils.serve.topology import Served
 
@@ -61,13 +62,14 @@ def record_baseline(cfg: LabConfig, served: Served, result: BenchmarkResult, *,
 
 
 def record_replicated(cfg: LabConfig, served: Served, result: BenchmarkResult,
-                      mixed: BenchmarkResult | None, forecast: Forecast | None = None) -> Path:
-    """Write notebook 03's results: the sweep, the mixed run, the routing policy and the
-    forecast made before them."""
+                      mixed: BenchmarkResult | None, forecast: Forecast | None = None,
+                      policies: Policies | None = None) -> Path:
+    """Write notebook 03's results: the sweep, the mixed run, the routing policy, the
+    forecast made before them and the policies compared."""
     return write_results(cfg, "03", ReplicatedPayload(
         topology=served.topology, instances=instances(served), sweep=result, mixed=mixed,
         cpu=SWEEP_CPU.get((served.topology, False)),
-        policy=cfg.topology.replicated.policy, forecast=forecast))
+        policy=cfg.topology.replicated.policy, forecast=forecast, policies=policies))
 
 
 def record_disaggregated(cfg: LabConfig, served: Served, result: BenchmarkResult,

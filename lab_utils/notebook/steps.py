@@ -34,6 +34,7 @@ from lab_utils.measure.prompts import exact_prompt
 from lab_utils.measure.workload import build_requests
 from lab_utils.notebook import lessons
 from lab_utils.notebook import transfer_lesson as lesson
+from lab_utils.notebook.record import say
 from lab_utils.notebook.session import kv_buffer_device, tokenizer_of
 from lab_utils.notebook.time_split import SWEEP_CPU, cpu_now
 from lab_utils.notebook.timings import sweep_eta
@@ -47,7 +48,7 @@ from lab_utils.results import (
     load_optional,
     load_results,
 )
-from lab_utils.results.claims import save_claims
+from lab_utils.results.claims import claim, save_claims
 from lab_utils.results.forecast import EngineProfile
 from lab_utils.results.payloads import SweepCpu
 from lab_utils.results.sweep import BenchmarkResult, RequestRecord
@@ -260,8 +261,13 @@ def decode_roofline(cfg: LabConfig, gpu_name: str | None) -> Roofline:
     (`gpu_name`: notebook 00's, `require_environment(cfg).gpu_name`)."""
     bw, source = hardware.memory_bandwidth(cfg, gpu_name)
     weights = hardware.weight_bytes(cfg)
-    return Roofline(memory_bandwidth_GBps=bw, bandwidth_source=source, weight_bytes=weights,
+    roof = Roofline(memory_bandwidth_GBps=bw, bandwidth_source=source, weight_bytes=weights,
                     max_tokens_per_s_per_stream=bw * 1e9 / weights if bw and weights else None)
+    say(cfg, "01:roofline", [claim(
+        "01", f"{bw or 0:.1f} GB/s ({source}) over {weights / 1e9:.3g} GB of {cfg.model.name}'s "
+        f"weights read per step: at most {roof.max_tokens_per_s_per_stream or 0:,.0f} tokens/s "
+        "per stream", figures={"GBps": bw, "weight_bytes": weights})])
+    return roof
 
 
 def plot_decode_roofline(result: BenchmarkResult, roof: Roofline):
@@ -344,5 +350,6 @@ def conclude_transfer(cfg: LabConfig, proof: Proof, kv: ResultsEnvelope,
                               split)
     if note := lesson.stall_note(*results):
         said += ["", note]
+    save_claims(cfg.results_dir, "04:transfer", [claim("04", t) for t in said if t])
     # the probe's time at the same size exists only where 02 probed that exact size
     return pd.DataFrame(rows).dropna(axis=1, how="all").round(3), said

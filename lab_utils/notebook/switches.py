@@ -37,15 +37,13 @@ from lab_utils.notebook.record import say
 from lab_utils.notebook.session import ServingSession, tokenizer_of
 from lab_utils.notebook.steps import cache_meter, run_sweep
 from lab_utils.results import load_results, write_results
-from lab_utils.results.claims import Claim, Located, claim, comparison
+from lab_utils.results.experiments import SMALL_BUDGET, switch_claims
 from lab_utils.results.payloads import PrefixTwice, Switches, SwitchRun
-from lab_utils.results.points import BY_KEY
 from lab_utils.results.sweep import BenchmarkResult
 from lab_utils.serve.launcher import start_instance, wait_ready
 from lab_utils.serve.topology import Served, start_proxy
 from lab_utils.util.numbers import fmt_num
 
-SMALL_BUDGET = 256  # tokens per step: a long prompt takes many steps
 PREFIX_OUTPUT = 8  # output tokens of each prefix-caching request
 
 
@@ -150,68 +148,6 @@ def prefix_twice(cfg: LabConfig, served: Served) -> PrefixTwice:
         pct, _ = cache_hits(before, meter())
         got[f"{which}_ttft_ms"], got[f"{which}_hits_pct"] = records[0].ttft_ms, pct
     return PrefixTwice(prompt_tokens=length, **got)
-
-
-def _at(r: SwitchRun) -> Located:
-    return (r.label, "01", f"switch {r.suffix}", r.point)
-
-
-def chunking_claim(sw: Switches) -> Claim:
-    """What the chunked-prefill runs showed: ITL p99 with small steps against chunking off
-    (the lab's rule), and what the small steps cost the long prompts' first token."""
-    small = next((r for r in sw.chunked_prefill if r.budget == SMALL_BUDGET), None)
-    off = next((r for r in sw.chunked_prefill if r.suffix == "unchunked"), None)
-    if (not small or not off or small.point.median("p99_itl_ms") is None
-            or off.point.median("p99_itl_ms") is None):
-        return claim("01", "The chunked-prefill runs did not both measure ITL p99: nothing to "
-                     "compare.")
-    c = comparison("p99_itl_ms", _at(small), _at(off))
-    itl = (f"ITL p99 was {fmt_num(c.subject.value.median)} ms with {SMALL_BUDGET}-token steps "
-           f"against {fmt_num(c.reference.value.median)} ms with chunking off (one load point, "
-           f"concurrency {small.point.value:g}): "
-           + {"subject": f"the small steps cut the streams' tail ({c.margin()})",
-              "reference": f"the small steps did not shorten the tail ({c.margin()})",
-              None: "no difference by the lab's rule"}[c.better])
-    t_small, t_off = small.long_ttft_ms, off.long_ttft_ms
-    if t_small and t_off:
-        cost = BY_KEY["median_ttft_ms"].times(t_small, t_off)
-        itl += (f"; the long prompts' first token took {fmt_num(t_small)} ms against "
-                f"{fmt_num(t_off)} ms ({cost} with the small steps)")
-    return claim("01", itl + ".", c, figures={"long_ttft_small_ms": t_small,
-                                              "long_ttft_off_ms": t_off})
-
-
-def others_claim(sw: Switches) -> Claim | None:
-    """The short prompts' first token under each setting, as measured (no direction claimed:
-    it depends on how often they arrive while a long prompt is being prefilled)."""
-    said = [f"{r.label} {fmt_num(r.other_ttft_ms)} ms" for r in sw.chunked_prefill
-            if r.other_ttft_ms is not None]
-    return claim("01", "The short prompts' median first token: " + "; ".join(said) + ".",
-                 figures={r.suffix: r.other_ttft_ms for r in sw.chunked_prefill}) if said else None
-
-
-def prefix_claim(p: PrefixTwice | None) -> Claim:
-    if p is None or p.first_ttft_ms is None or p.second_ttft_ms is None:
-        return claim("01", "The prefix-caching requests did not both complete.")
-    first, second, hits = p.first_ttft_ms, p.second_ttft_ms, p.second_hits_pct
-    figures = {"first_ttft_ms": first, "second_ttft_ms": second, "second_hits_pct": hits or 0.0}
-    if not hits:
-        return claim("01", f"Sent a second time, none of the {p.prompt_tokens:,}-token prompt came "
-                     "from the prefix cache (is prefix caching off?): TTFT "
-                     f"{fmt_num(first)} ms, then {fmt_num(second)} ms.", figures=figures)
-    before = p.first_hits_pct or 0
-    return claim("01", f"Sent a second time, {hits:.0f}% of the {p.prompt_tokens:,}-token prompt "
-                 f"came from the prefix cache and its TTFT went from {fmt_num(first)} ms to "
-                 f"{fmt_num(second)} ms ({BY_KEY['median_ttft_ms'].times(second, first)}; one "
-                 "request each time). The first time, "
-                 + ("0% hit: the prompt was fresh." if not before else
-                    f"{before:.0f}% already hit: the instance had seen part of it."), figures=figures)
-
-
-def switch_claims(sw: Switches) -> list[Claim]:
-    """Every sentence the switches' section says, as claims."""
-    others = others_claim(sw)
-    return [chunking_claim(sw), *([others] if others else []), prefix_claim(sw.prefix_caching)]
 
 
 def two_switches(cfg: LabConfig, session: ServingSession) -> pd.DataFrame:

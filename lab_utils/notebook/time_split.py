@@ -31,6 +31,7 @@ from lab_utils.measure.workload import build_requests
 from lab_utils.notebook.session import tokenizer_of
 from lab_utils.on_node import nixl_threads
 from lab_utils.on_node.proctools import group_cpu_seconds, thread_cpu_seconds
+from lab_utils.results.claims import Claim, claim, comparison, save_claims
 from lab_utils.results.forecast import TimedProfile
 from lab_utils.results.payloads import SweepCpu
 from lab_utils.results.sweep import BenchmarkResult
@@ -158,12 +159,21 @@ def _c1(result: BenchmarkResult, key: str) -> float | None:
     return p.median(key) if p is not None else None
 
 
-def itl_sentence(baseline: BenchmarkResult, disaggregated: BenchmarkResult) -> str:
-    one, two = _c1(baseline, "median_itl_ms"), _c1(disaggregated, "median_itl_ms")
+def itl_claim(baseline: BenchmarkResult, disaggregated: BenchmarkResult) -> Claim:
+    """ITL p50 at concurrency 1 through the pair against 01's single instance, by the rule."""
+    at = {r: next((p for p in res.combined if p.mode == "concurrency" and p.value == 1
+                   and p.valid and p.median("median_itl_ms") is not None), None)
+          for r, res in (("01", baseline), ("04", disaggregated))}
+    one, two = at["01"], at["04"]
     if one is None or two is None:
-        return "ITL at one request at a time: not compared (01 or 04 has no concurrency-1 point)."
-    return (f"ITL at one request at a time: {two:.1f} ms through the pair against {one:.1f} ms "
-            f"on 01's single instance ({two / one:.1f}x).")
+        return claim("04", "ITL at one request at a time: not compared (01 or 04 has no "
+                     "concurrency-1 point).")
+    c = comparison("median_itl_ms", ("disaggregated", "04", "sweep", two),
+                   ("single instance", "01", "sweep", one))
+    return claim("04", f"ITL p50 at one request at a time: {c.subject.value.median:.1f} ms "
+                 f"through the pair against {c.reference.value.median:.1f} ms on 01's single "
+                 f"instance (" + ("no difference by the lab's rule" if c.better is None
+                                  else c.margin()) + ").", c)
 
 
 def cpu_frame(cpu_s: dict[str, float] | None) -> pd.DataFrame:
@@ -203,16 +213,17 @@ def where_time_went(cfg: LabConfig, served: Served, baseline: BenchmarkResult,
     single = _c1(baseline, "median_ttft_ms")
     sweep_cpu = SWEEP_CPU.get((served.topology, False))
     cpu = None if sweep_cpu is None else sweep_cpu.by_process
-    said = [itl_sentence(baseline, result),
-            split_sentence(split["parts"], split["client_ttft_ms"], single, split["requests"],
-                           _c1(result, "median_ttft_ms"), when)]
+    said = [itl_claim(baseline, result),
+            claim("04", split_sentence(split["parts"], split["client_ttft_ms"], single,
+                                       split["requests"], _c1(result, "median_ttft_ms"), when))]
     if cpu is None:
-        said.append("CPU seconds per process: not read (an instance is on a node reached "
-                    "over SSH, or no sweep ran in this kernel).")
+        said.append(claim("04", "CPU seconds per process: not read (an instance is on a node "
+                          "reached over SSH, or no sweep ran in this kernel)."))
     else:
         top = max(cpu, key=lambda k: cpu[k])
-        said.append(f"CPU during the sweep: {sum(cpu.values()):.1f} s in all; {top} used the "
-                    f"most, {cpu[top]:.1f} s.")
+        said.append(claim("04", f"CPU during the sweep: {sum(cpu.values()):.1f} s in all; {top} "
+                          f"used the most, {cpu[top]:.1f} s.", figures=cpu))
+    save_claims(cfg.results_dir, "04:time", said)
     return {"cpu": cpu_frame(cpu) if cpu is not None else None, "split": split,
             "parts": pd.DataFrame([{"part": k, "ms": round(split["parts"][k], 1)} for k in PARTS]),
-            "said": said}
+            "said": [c.text for c in said]}

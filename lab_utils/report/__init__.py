@@ -3,7 +3,7 @@
 - `data`: loading the results into one `ReportData` (only 01 is required).
 - `tables`: the pandas tables; `points_table` is the one everything is computed from.
 - `conclusions`: who wins what, only where the lab's one rule says the two differ
-  (`lab_utils.results.points.compare`).
+  (`lab_utils.results.points.compare`), as claims (`lab_utils.results.claims`).
 - `expected`: this run's figures beside those expected on two DGX Sparks.
 - `forecast`: 03's and 04's forecasts graded, the forecast for two Sparks, the what-if.
 - `when_pd`: when prefill/decode pays on two and on four Sparks, by prompt/output ratio, ITL
@@ -13,9 +13,13 @@
   the system under test.
 - `sections`: the report as a list of blocks, in reading order.
 - `export`: every run as a CSV row and as a `vllm bench serve --save-result` JSON file.
-- `render`: `build_report(cfg)` writes report.html, report.md, plots/*.png and export/.
+- `render`: `build_report(cfg)` writes report.html, report.md, plots/*.png and export/,
+  and the report's claims into claims.json.
+- `audit`: every saved claim checked against the results files, every result sentence of
+  the executed notebooks and the report looked up among them (`python -m lab_utils audit`).
 """
 
+from lab_utils.report.audit import Audit, audit
 from lab_utils.report.conclusions import Conclusions, compare, conclusions
 from lab_utils.report.data import ReportData, load_report_data, run_hint
 from lab_utils.report.expected import EXPECTED_TWO_SPARK, expected_figures
@@ -32,6 +36,7 @@ from lab_utils.results.points import MARGIN
 from lab_utils.util.numbers import fmt_num
 
 __all__ = [
+    "Audit", "audit",
     "EXPECTED_TWO_SPARK", "MARGIN", "METRICS", "PLOT_NAMES", "REHEARSAL_BANNER", "Block", "Conclusions",
     "Plot", "ReportData", "ReportPaths", "build_report", "compare", "conclusions",
     "display_table", "expected_figures", "fields_table", "fmt_num", "forecast_grades", "headline_table", "kv_table",

@@ -78,6 +78,9 @@ def _points(payloads: dict[str, Any]) -> dict[tuple[str, str, str, float], Point
             for p in getattr(result, "combined", None) or []:
                 if p.valid:
                     out[(nb, run, p.mode, float(p.value))] = p
+        policies = getattr(payload, "policies", None)
+        for name, p in (policies.runs.items() if policies else ()):
+            out[(nb, f"policy {name}", p.mode, float(p.value))] = p
         switches = getattr(payload, "switches", None)
         for r in switches.chunked_prefill if switches else []:
             out[(nb, f"switch {r.suffix}", r.point.mode, float(r.point.value))] = r.point

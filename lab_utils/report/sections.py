@@ -29,6 +29,7 @@ from lab_utils.report.forecast_sections import forecast_blocks, spark_forecast_b
 from lab_utils.report.plots import Plot, roofline_text
 from lab_utils.report.summary import (
     REHEARSAL_BANNER,
+    experiment_claims,
     machine_claim,
     system_under_test,
     verdict_sentence,
@@ -309,6 +310,11 @@ def _nb01_blocks(data: ReportData) -> list[Block]:
         blocks += [H("Single request", 3), T(key_value_table(asdict(p.single_request)))]
     blocks += [H("Roofline", 3), P(roofline_text(data)),
                T(key_value_table(p.roofline.model_dump() if p.roofline else {}))]
+    if (said := experiment_claims(data).get("01")) is not None:
+        blocks += [H("Two switches", 3),
+                   P("The mixed workload on the instance restarted as served, with small "
+                     "prefill steps and with chunked prefill off, and one long prompt sent "
+                     "twice:"), UL([c.text for c in said])]
     return blocks
 
 
@@ -348,8 +354,12 @@ def _nb03_blocks(data: ReportData) -> list[Block]:
     assert data.replicated is not None
     policy = data.replicated.policy
     mixed = "measured" if "replicated" in data.mixed else "not measured"
-    return [P(f"Routing policy: {policy}. {_sweep_text(data.sweeps['replicated'])} Mixed "
-              f"workload: {mixed}.")]
+    blocks = [P(f"Routing policy: {policy}. {_sweep_text(data.sweeps['replicated'])} Mixed "
+                f"workload: {mixed}.")]
+    if (said := experiment_claims(data).get("03")) is not None:
+        blocks += [P("Both routing policies, the mixed workload once each at the highest "
+                     "concurrency:"), UL([c.text for c in said])]
+    return blocks
 
 
 def _nb04_blocks(data: ReportData) -> list[Block]:

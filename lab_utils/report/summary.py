@@ -19,6 +19,7 @@ from lab_utils.report.conclusions import Conclusions, shared_machine
 from lab_utils.report.data import ARCH_NOTEBOOK, FORECAST_NB, ReportData, graded, join_words
 from lab_utils.results import RESULTS
 from lab_utils.results.claims import Claim, Comparison, claim
+from lab_utils.results.experiments import policy_claims, switch_claims
 from lab_utils.results.points import BY_KEY
 
 HEADLINE = ("output_throughput", "median_ttft_ms", "p99_itl_ms")  # the first sentence's metrics
@@ -137,7 +138,19 @@ def report_claims(data: ReportData, concl: Conclusions) -> list[Claim]:
     graded_claims = [c for arch, rows in graded(data).items()
                      for c in grade_claims("report", FORECAST_NB[arch], arch, rows)]
     return [verdict_claim(concl), *([machine] if machine else []), *concl.claims,
-            *graded_claims, *([together] if (together := together_claim(data)) else [])]
+            *graded_claims, *([together] if (together := together_claim(data)) else []),
+            *(c for said in experiment_claims(data).values() for c in said)]
+
+
+def experiment_claims(data: ReportData) -> dict[str, list[Claim]]:
+    """What each notebook's side experiments said, by notebook: 01's switches, 03's
+    routing policies."""
+    out: dict[str, list[Claim]] = {}
+    if data.baseline is not None and data.baseline.switches is not None:
+        out["01"] = switch_claims(data.baseline.switches, "report")
+    if data.replicated is not None and data.replicated.policies is not None:
+        out["03"] = policy_claims(data.replicated.policies.runs, "report")
+    return out
 
 
 def together_claim(data: ReportData) -> Claim | None:

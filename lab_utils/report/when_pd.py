@@ -25,6 +25,7 @@ from lab_utils.forecast.inputs import spark_inputs_for
 from lab_utils.forecast.model import Architecture, forecast, loads_of
 from lab_utils.report.data import ReportData
 from lab_utils.report.forecast import spark_hop, spark_workload
+from lab_utils.results.claims import claim, save_claims
 from lab_utils.util.numbers import fmt_num
 
 # (short prompt, output) tokens: prompt/output ratios from 1 to 64
@@ -131,4 +132,5 @@ def show_when_pd_pays(data: ReportData, nodes: int = 2) -> pd.DataFrame:
     """Notebooks 04 and 05: print what the forecast says, return its table for people."""
     frame, said = when_pd_pays(data, nodes)
     print("\n".join(said))
+    save_claims(data.results_dir, f"when-pd:{nodes}", [claim("report", t) for t in said])
     return when_frame(frame)

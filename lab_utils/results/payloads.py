@@ -32,7 +32,7 @@ from lab_utils.results.sweep import BenchmarkResult, RequestRecord
 
 __all__ = ["PAYLOADS", "BaselinePayload", "DisaggregatedPayload", "EnvironmentPayload",
            "FrontDoors", "Instance", "KvRecommendation", "KvTransferPayload", "Payload", "Proof", "ProofRow",
-           "Reference", "ReplicatedPayload", "Roofline", "PrefixTwice", "ServingPayload", "SweepCpu", "SwitchRun", "Switches"]
+           "Reference", "ReplicatedPayload", "Roofline", "Policies", "PrefixTwice", "ServingPayload", "SweepCpu", "SwitchRun", "Switches"]
 
 
 class Record(BaseModel):
@@ -188,10 +188,18 @@ class BaselinePayload(ServingPayload):
     switches: Switches | None = None  # the two switches, when their section ran
 
 
+class Policies(Record):
+    """03's routing policies side by side: the mixed workload once at its highest
+    concurrency through the lab proxy with each policy (`notebook.compare.compare_policies`)."""
+
+    runs: dict[str, Point]  # policy -> its point
+
+
 class ReplicatedPayload(ServingPayload):
     """Notebook 03 (replicated_metrics.json)."""
 
     policy: str
+    policies: Policies | None = None  # the routing policies compared, when that cell ran
     forecast: Forecast | None = None  # made before the sweep, from 01 and 02 only
 
 

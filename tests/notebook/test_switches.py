@@ -7,15 +7,12 @@ import pytest
 
 from lab_utils.notebook.switches import (
     CPU_DEFAULT_BUDGET,
-    SMALL_BUDGET,
     budget_as_served,
-    chunking_claim,
-    others_claim,
-    prefix_claim,
     switch_run,
     switches_frame,
     variants,
 )
+from lab_utils.results.experiments import SMALL_BUDGET, chunking_claim, others_claim, prefix_claim
 from lab_utils.results.payloads import PrefixTwice, Switches, SwitchRun
 from lab_utils.results.points import Measured, Point
 from lab_utils.results.sweep import BenchmarkPoint, BenchmarkResult

@@ -3,13 +3,13 @@ follows the run (it changes when the numbers say the opposite)."""
 
 from __future__ import annotations
 
+from report.test_report import LOADS, metrics, write_baseline, write_disaggregated, write_replicated
+
 from lab_utils import report
 from lab_utils.report.conclusions import documentation_claim
 from lab_utils.report.summary import machine_claim, verdict_claim
 from lab_utils.results import load_results, write_results
 from lab_utils.results.payloads import SweepCpu
-
-from report.test_report import LOADS, metrics, write_baseline, write_disaggregated, write_replicated
 
 
 def _data(cfg, pd_tps: float):
@@ -57,3 +57,24 @@ def test_the_verdict_names_the_best_of_every_architecture(test_cfg):
             "the next)") in said.text
     assert "output throughput, replicated serving at concurrency 1, 2 and 4" in said.text
     assert all(c.winner for c in said.comparisons if c.metric == "median_ttft_ms")
+
+
+def test_the_policy_sentence_names_the_win_and_its_cost():
+    from lab_utils.results.experiments import policy_claims
+    from lab_utils.results.points import Point
+
+    def pt(itl_p99: float, ttft: float) -> Point:
+        return Point.model_validate({"mode": "concurrency", "value": 4.0, "repeats": 1,
+                                     "mixed": True, "p99_itl_ms": itl_p99,
+                                     "median_ttft_ms": ttft, "p99_ttft_ms": 3 * ttft,
+                                     "output_throughput": 300.0})
+
+    (won,) = policy_claims({"round_robin": pt(91.5, 24.6), "least_outstanding": pt(12.8, 60.0)})
+    assert "ITL p99 12.80 ms against 91.50 ms (7.1x lower, better)" in won.text
+    assert "(one load point)" in won.text
+    assert won.text.endswith("Least-outstanding won on ITL p99 and cost TTFT p50, TTFT p99.")
+    (lost,) = policy_claims({"round_robin": pt(12.8, 24.6), "least_outstanding": pt(91.5, 24.0)})
+    assert lost.text.endswith("Least-outstanding won on nothing and cost ITL p99.")
+    (even,) = policy_claims({"round_robin": pt(12.8, 24.6), "least_outstanding": pt(12.5, 24.0)})
+    assert even.text.endswith("Least-outstanding won on nothing.")
+    assert policy_claims({"round_robin": pt(1, 1)}) == []

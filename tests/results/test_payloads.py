@@ -36,9 +36,9 @@ def test_old_format_loads_typed_and_rewrites_the_same_keys(cfg, notebook):
 # Keys the payload models added since the old format (with defaults, so old files load).
 NEW_KEYS = {
     "00": {"gpu_name"},
-    "01": {"profile", "forecast", "instances[].argv", "cpu"},
+    "01": {"profile", "forecast", "instances[].argv", "cpu", "switches"},
     "02": {"probe.plan", "probe.cut_short"},
-    "03": {"forecast", "instances[].argv", "cpu"},
+    "03": {"forecast", "instances[].argv", "cpu", "policies"},
     "04": {f"proof.prompts[].{k}" for k in ("strict", "tokens_ok", "diverged_at",
                                             "divergence_margin", "tokens_why")}
     | {"front_doors", "forecast", "instances[].argv", "cpu"},
