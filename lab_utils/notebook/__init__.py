@@ -46,7 +46,6 @@ from lab_utils.notebook.forecasting import (
     make_forecast,
     predict,
 )
-from lab_utils.notebook.guesses import guess, guesses_frame
 from lab_utils.notebook.hood import protocol_by_hand, watch_scheduler
 from lab_utils.notebook.kv_lesson import explain_kv
 from lab_utils.notebook.record import record_baseline, record_disaggregated, record_replicated
@@ -79,6 +78,7 @@ from lab_utils.notebook.switches import two_switches
 from lab_utils.notebook.time_split import time_instances, where_time_went
 from lab_utils.notebook.timings import whole_notebook_lines
 from lab_utils.notebook.triage import triage_text
+from lab_utils.results.guesses import guess, guesses_frame
 
 __all__ = [
     "ServingSession", "cache_meter", "check_alive", "compare_frame", "compare_front_doors", "compare_policies",

@@ -24,6 +24,7 @@ from lab_utils.report.sections import Block, report_blocks
 from lab_utils.report.summary import report_claims
 from lab_utils.report.tables import points_table
 from lab_utils.results.claims import Comparison, save_claims
+from lab_utils.results.guesses import guesses_frame
 from lab_utils.util.atomic import atomic_write_text
 
 
@@ -128,7 +129,7 @@ def build_report(cfg: LabConfig) -> ReportPaths:
     out = cfg.results_dir
     plot_paths = write_plots(out / "plots", plots)
     exports = write_exports(data, out / "export")
-    blocks = report_blocks(data, table, concl, plots)
+    blocks = report_blocks(data, table, concl, plots, guesses=guesses_frame(cfg, quiet=True))
     atomic_write_text(out / "report.md", render_markdown(blocks))
     atomic_write_text(out / "report.html",
                       render_html(blocks, f"Benchmark report: {cfg.profile}"))

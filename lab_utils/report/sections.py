@@ -432,11 +432,18 @@ def _beyond_blocks() -> list[Block]:
 
 
 def report_blocks(data: ReportData, table: pd.DataFrame, concl: Conclusions,
-                  plots: list[Plot]) -> list[Block]:
-    """The whole report as a list of blocks."""
+                  plots: list[Plot], guesses: pd.DataFrame | None = None) -> list[Block]:
+    """The whole report as a list of blocks (`guesses`: the attendee's, beside the
+    forecast and the measurement, when any was entered)."""
     blocks = _intro(data, concl) + _missing_blocks(data) + _verdict_blocks(concl)
     blocks += _plot_blocks(plots) + _table_blocks(table, data) + _conclusion_blocks(concl)
-    blocks += _comparison_blocks(concl) + forecast_blocks(data, plots) + _expected_blocks(data, table)
+    blocks += _comparison_blocks(concl) + forecast_blocks(data, plots)
+    if guesses is not None:
+        blocks += [H("Your guesses, the forecast and the measurement", 3),
+                   P("What was written down before each notebook forecast and measured, beside "
+                     "the lab's forecast and the measurement; 'closer' is whichever was nearer "
+                     "the measurement."), T(guesses)]
+    blocks += _expected_blocks(data, table)
     blocks += _calibration_blocks(data)
     sections = [("00", "environment checklist", _nb00_blocks),
                 ("01", "single-instance baseline", _nb01_blocks),

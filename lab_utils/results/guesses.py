@@ -1,6 +1,6 @@
 """Predict first: before 01, 03 and 04 forecast and measure, the attendee writes down their
-own numbers (`guess`); notebook 05 shows them beside the lab's forecast and the
-measurement (`guesses_frame`).
+own numbers (`guess`); notebook 05 and the report show them beside the lab's forecast and
+the measurement (`guesses_frame`).
 
 The guesses are kept in `results/<profile>/guesses.json`, one entry per notebook, written
 again each time the cell runs; a value left at None is no guess. They are the attendee's,
@@ -17,8 +17,8 @@ import pandas as pd
 
 from lab_utils.config import LabConfig
 from lab_utils.errors import LabError
-from lab_utils.results import load_optional
 from lab_utils.results.points import BY_KEY
+from lab_utils.results.store import load_optional
 from lab_utils.util.atomic import atomic_write_text
 from lab_utils.util.numbers import fmt_num
 
@@ -101,9 +101,9 @@ def _forecast_and_measured(cfg: LabConfig, notebook: str, what: tuple[str, str, 
     return (row.get(key) if row else None), (point.median(key) if point is not None else None)
 
 
-def guesses_frame(cfg: LabConfig) -> pd.DataFrame | None:
-    """05: each guess beside the lab's forecast and the measurement (None: no guess was
-    entered in this series, said in one line)."""
+def guesses_frame(cfg: LabConfig, quiet: bool = False) -> pd.DataFrame | None:
+    """05 and the report: each guess beside the lab's forecast and the measurement (None: no
+    guess was entered in this series, said in one line unless `quiet`)."""
     every = read_guesses(cfg)
     rows = []
     for nb, asked in ASKED.items():
@@ -117,7 +117,9 @@ def guesses_frame(cfg: LabConfig) -> pd.DataFrame | None:
                          "measured": fmt_num(measured),
                          "closer": _closer(mine, forecast, measured)})
     if not rows:
-        print("no guesses were entered in this series (01, 03 and 04 ask before they forecast)")
+        if not quiet:
+            print("no guesses were entered in this series (01, 03 and 04 ask before they "
+                  "forecast)")
         return None
     return pd.DataFrame(rows)
 

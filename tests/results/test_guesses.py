@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from lab_utils.errors import LabError
-from lab_utils.notebook.guesses import ASKED, guess, guesses_frame, read_guesses
 from lab_utils.results import write_results
 from lab_utils.results.forecast import Forecast
+from lab_utils.results.guesses import ASKED, guess, guesses_frame, read_guesses
 
 from support.payloads import baseline_dict, model, sweep_dict
 
