@@ -28,6 +28,7 @@ from lab_utils.results.kv_transfer import (
     PredictedTransfer,
     ProbeResult,
 )
+from lab_utils.util.numbers import titled
 
 FALLBACK_BUFFER_DEVICE = "cpu"  # kv_buffer_device "auto" before notebook 02 has measured
 
@@ -150,8 +151,9 @@ def best_bandwidth(rows: list[dict], seg_type: str) -> float | None:
     return max(found) if found else None
 
 
-def plot_predicted_vs_measured(rows: list[dict], title: str):
-    """Predicted vs measured transfer time per prompt length (log-log)."""
+def plot_predicted_vs_measured(rows: list[dict], title: str, device: str | None = None):
+    """Predicted vs measured transfer time per prompt length (log-log; `device`: the
+    profile's, named in the title on the CPU rehearsal)."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(7, 4))
@@ -160,7 +162,7 @@ def plot_predicted_vs_measured(rows: list[dict], title: str):
     ax.plot(x, [r["predicted_ms"] for r in rows], "--", label="predicted (size / best bandwidth)")
     ax.plot(x, [r["measured_ms"] for r in rows], "o-", label="measured (probe median)")
     ax.set(xscale="log", yscale="log", xlabel="prompt tokens", ylabel="transfer time (ms)",
-           title=title)
+           title=titled(title, device))
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     return fig

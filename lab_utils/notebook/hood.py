@@ -47,6 +47,7 @@ from lab_utils.serve.metrics import fetch_metrics
 from lab_utils.serve.plan import make_plan
 from lab_utils.serve.topology import Served
 from lab_utils.util.background import Background
+from lab_utils.util.numbers import titled
 
 GAUGES = {"running": "vllm:num_requests_running", "waiting": "vllm:num_requests_waiting",
           "KV cache used": "vllm:kv_cache_usage_perc"}
@@ -86,11 +87,13 @@ def sample_scheduler(cfg: LabConfig, served: Served, tokenize, detokenize,
                                         warmup=w.warmup, timeout_s=w.request_timeout_s,
                                         show_progress=False, api_key=api_key(cfg, "proxy")))
     frame = pd.DataFrame(sampler.rows)
-    return frame, records, _figure(frame, records, long, c)
+    return frame, records, _figure(frame, records, long, c, cfg.vllm.device)
 
 
-def _figure(frame, records: list[RequestRecord], long: int, concurrency: int):
+def _figure(frame, records: list[RequestRecord], long: int, concurrency: int,
+            device: str | None = None):
     fig = Figure(figsize=(10, 6))
+    fig.suptitle(titled("The engine's scheduler under the mixed workload", device))
     top, bottom = fig.subplots(2, 1, sharex=False, height_ratios=(1, 2))
     if not frame.empty:
         top.step(frame["t (s)"], frame["running"], where="post", label="running")

@@ -56,6 +56,7 @@ from lab_utils.serve.metrics import fetch_metrics, read_counters
 from lab_utils.serve.pd import complete, prove_via_proxy
 from lab_utils.serve.topology import Served
 from lab_utils.serve.tp import stop_lone_ranks
+from lab_utils.util.numbers import titled
 
 REFERENCE_LENGTHS = (48, 96, 160, 224)  # the prompts whose greedy output 01 records
 REFERENCE_TOKENS = 16
@@ -270,8 +271,9 @@ def decode_roofline(cfg: LabConfig, gpu_name: str | None) -> Roofline:
     return roof
 
 
-def plot_decode_roofline(result: BenchmarkResult, roof: Roofline):
-    """Decode tokens/s per stream (1000 / median TPOT) against the memory roofline."""
+def plot_decode_roofline(result: BenchmarkResult, roof: Roofline, device: str | None = None):
+    """Decode tokens/s per stream (1000 / median TPOT) against the memory roofline
+    (`device`: the profile's, named in the title on the CPU rehearsal)."""
     points = [(c.value, tpot) for c in result.combined
               if c.mode == "concurrency" and (tpot := c.median("median_tpot_ms"))]
     fig = Figure(figsize=(7, 4))
@@ -284,7 +286,7 @@ def plot_decode_roofline(result: BenchmarkResult, roof: Roofline):
                          f"{roof.weight_bytes / 1e9:.3g} GB of weights")
         ax.set_yscale("log")
     ax.set(xlabel="concurrent requests", ylabel="decode tokens/s per stream",
-           title="Decode speed per stream vs the memory-bandwidth bound")
+           title=titled("Decode speed per stream vs the memory-bandwidth bound", device))
     ax.grid(True, alpha=0.3)
     ax.legend()
     return fig

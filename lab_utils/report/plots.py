@@ -23,10 +23,12 @@ from lab_utils.report.tables import kv_table, workload_rows
 from lab_utils.results.kv_transfer import KvTransferPayload
 from lab_utils.results.points import BY_KEY
 from lab_utils.util.atomic import atomic_write_bytes
-from lab_utils.util.numbers import fmt_num
+from lab_utils.util.numbers import fmt_num, titled
 
+# one colour and one marker per architecture, the same in every plot
 COLORS = {"baseline": "tab:blue", "replicated": "tab:orange", "disaggregated": "tab:green",
           "tensor-parallel": "tab:purple"}
+MARKERS = {"baseline": "o", "replicated": "s", "disaggregated": "^", "tensor-parallel": "D"}
 PLOT_NAMES = ("throughput", "ttft", "itl", "kv_transfer", "roofline", "mixed_itl", "forecast")
 
 
@@ -44,11 +46,11 @@ def _png(fig: Figure) -> bytes:
     return buf.getvalue()
 
 
-def _figure(nrows: int, ncols: int, title: str) -> tuple[Figure, np.ndarray]:
+def _figure(nrows: int, ncols: int, title: str, device: str | None) -> tuple[Figure, np.ndarray]:
     fig = Figure(figsize=(7.6 * ncols, 3.6 * nrows + 0.4), layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(nrows, ncols, squeeze=False)
-    fig.suptitle(title)
+    fig.suptitle(titled(title, device))
     return fig, axes
 
 
@@ -81,9 +83,11 @@ def plot_values(rows: pd.DataFrame, key: str) -> tuple[np.ndarray, np.ndarray, n
 
 
 def _draw_arch(ax, rows: pd.DataFrame, arch: str, series: list[tuple[str, str, str]]) -> None:
-    for key, style, suffix in series:
+    """One architecture's series as lines in its colour and marker (`series`: metric key,
+    line style, label suffix)."""
+    for key, line, suffix in series:
         x, y, err = plot_values(rows, key)
-        ax.errorbar(x, y, yerr=err, fmt=style, color=COLORS[arch], capsize=3,
+        ax.errorbar(x, y, yerr=err, fmt=line + MARKERS[arch], color=COLORS[arch], capsize=3,
                     label=f"{arch}{suffix}")
     bad = rows.loc[~rows["valid"], "value"].to_numpy(float)
     if len(bad):
@@ -92,22 +96,47 @@ def _draw_arch(ax, rows: pd.DataFrame, arch: str, series: list[tuple[str, str, s
                    clip_on=False, label=f"{arch}: invalid, no value")
 
 
+def _bars(ax, part: pd.DataFrame, archs: list[str], series: list[tuple[str, str, str]]) -> None:
+    """One load point: a bar per architecture (and per series, the second hatched), in
+    its colour, min-max over repeats as error bars; an invalid point has no bar, a cross."""
+    width = 0.8 / len(series)
+    for i, arch in enumerate(archs):
+        rows = part[part["architecture"] == arch]
+        for j, (key, line, suffix) in enumerate(series):
+            _, y, err = plot_values(rows, key)
+            x = i - 0.4 + width * (j + 0.5)
+            if np.isnan(y[0]):
+                ax.scatter([x], [0], marker="x", s=90, color=COLORS[arch], zorder=5,
+                           label=f"{arch}: invalid, no value")
+                continue
+            ax.bar([x], y, width, yerr=err, capsize=3, color=COLORS[arch],
+                   hatch="//" if line == "--" else None, edgecolor="black", linewidth=0.5,
+                   label=f"{arch}{suffix}")
+    ax.set_xticks(range(len(archs)), archs, rotation=15, ha="right")
+    ax.grid(True, axis="y", alpha=0.3)
+
+
 def _metric_plot(table: pd.DataFrame, name: str, title: str, panels: list[tuple[str, list]],
-                 archs: tuple[str, ...] = ARCHITECTURES) -> Plot | None:
-    table = table[table["architecture"].isin(archs)] if not table.empty else table
+                 device: str | None = None) -> Plot | None:
+    """Each panel a metric against load, every architecture measured; a mode measured at
+    one load only is drawn as bars, one per architecture, not as lines of one point."""
     if table.empty:
         return None
     modes = [m for m in ("concurrency", "rate") if (table["mode"] == m).any()]
-    fig, axes = _figure(len(panels), len(modes), title)
+    fig, axes = _figure(len(panels), len(modes), title, device)
     for c, mode in enumerate(modes):
         part = table[table["mode"] == mode]
+        archs = [a for a in ARCHITECTURES if (part["architecture"] == a).any()]
+        loads = sorted(set(part["value"]))
         for r, (ylabel, series) in enumerate(panels):
             ax = axes[r][c]
-            for arch in archs:
-                rows = part[part["architecture"] == arch]
-                if not rows.empty:
-                    _draw_arch(ax, rows, arch, series)
-            _setup_x(ax, mode, list(part["value"]))
+            if len(loads) == 1:
+                _bars(ax, part, archs, series)
+                ax.set_xlabel(f"at {mode} {loads[0]:g} (one load point)")
+            else:
+                for arch in archs:
+                    _draw_arch(ax, part[part["architecture"] == arch], arch, series)
+                _setup_x(ax, mode, loads)
             ax.set_ylabel(ylabel)
             ax.set_ylim(bottom=0)
             _legend(ax)
@@ -128,12 +157,12 @@ def _roofline_plot(data: ReportData, table: pd.DataFrame) -> Plot | None:
     rows = table[(table["workload"] == "standard") & (table["mode"] == "concurrency")]
     if rows.empty:
         return None
-    fig, axes = _figure(1, 1, "Decode tokens/s per stream vs concurrency")
+    fig, axes = _figure(1, 1, "Decode tokens/s per stream vs concurrency", data.device)
     ax = axes[0][0]
     for arch in ARCHITECTURES:
         part = rows[rows["architecture"] == arch]
         if not part.empty:
-            _draw_arch(ax, part, arch, [(PER_STREAM, "-o", "")])
+            _draw_arch(ax, part, arch, [(PER_STREAM, "-", "")])
     roof = roofline_limit(data)
     if roof is not None:
         ax.axhline(roof, color="black", linestyle=":",
@@ -166,11 +195,11 @@ def roofline_text(data: ReportData) -> str:
             "grows.")
 
 
-def _kv_plot(payload02: KvTransferPayload | None) -> Plot | None:
+def _kv_plot(payload02: KvTransferPayload | None, device: str | None) -> Plot | None:
     kv = kv_table(payload02)
     if kv.empty:
         return None
-    fig, axes = _figure(1, 1, "KV transfer time vs prompt length")
+    fig, axes = _figure(1, 1, "KV transfer time vs prompt length", device)
     ax = axes[0][0]
     ax.plot(kv["prompt_tokens"], kv["predicted_ms"], "-o", label="predicted")
     meas = kv.dropna(subset=["measured_ms"])
@@ -193,49 +222,48 @@ def render_plots(data: ReportData, table: pd.DataFrame) -> list[Plot]:
     if table.empty:
         return []
     std, mixed = workload_rows(table, "standard"), workload_rows(table, "mixed")
+    dev = data.device
     plots = [
         _metric_plot(std, "throughput", "Throughput vs load",
-                     [(BY_KEY["output_throughput"].heading, [("output_throughput", "-o", "")]),
-                      (BY_KEY["request_throughput"].heading, [("request_throughput", "-o", "")])]),
+                     [(BY_KEY["output_throughput"].heading, [("output_throughput", "-", "")]),
+                      (BY_KEY["request_throughput"].heading, [("request_throughput", "-", "")])],
+                     dev),
         _metric_plot(std, "ttft", "TTFT p50 (solid) and p99 (dashed) vs load",
-                     [("TTFT (ms)", [("median_ttft_ms", "-o", " p50"),
-                                     ("p99_ttft_ms", "--s", " p99")])]),
+                     [("TTFT (ms)", [("median_ttft_ms", "-", " p50"),
+                                     ("p99_ttft_ms", "--", " p99")])], dev),
         _metric_plot(std, "itl", "ITL p50 (solid) and p99 (dashed) vs load",
-                     [("ITL (ms)", [("median_itl_ms", "-o", " p50"),
-                                    ("p99_itl_ms", "--s", " p99")])]),
-        _kv_plot(data.kv_transfer),
+                     [("ITL (ms)", [("median_itl_ms", "-", " p50"),
+                                    ("p99_itl_ms", "--", " p99")])], dev),
+        _kv_plot(data.kv_transfer, dev),
         _roofline_plot(data, table),
-        _metric_plot(mixed, "mixed_itl", "Mixed long/short workload: ITL p99 vs load",
-                     [(BY_KEY["p99_itl_ms"].heading, [("p99_itl_ms", "-o", "")])],
-                     archs=("replicated", "disaggregated")),
+        _metric_plot(mixed, "mixed_itl", "Mixed long/short workload: ITL p99",
+                     [(BY_KEY["p99_itl_ms"].heading, [("p99_itl_ms", "-", "")])], dev),
     ]
-    plots.append(grade_plot(graded(data)))
+    plots.append(grade_plot(graded(data), dev))
     return [p for p in plots if p is not None]
 
 
-def grade_plot(by_arch: dict[str, list[dict[str, Any]]]) -> Plot | None:
-    """Predicted against measured TTFT p50/p99 and ITL p50/p99, per architecture (log-log,
-    the diagonal is a perfect forecast; hollow markers were not graded)."""
+def grade_plot(by_arch: dict[str, list[dict[str, Any]]], device: str | None = None) -> Plot | None:
+    """Predicted against measured TTFT p50/p99 and ITL p50/p99, a panel each, every
+    architecture in its colour and marker (log-log, the diagonal is a perfect forecast;
+    hollow markers were not graded)."""
     if not any(by_arch.values()):
         return None
-    fig, axes = _figure(1, 2, "Forecast vs measurement")
-    markers = {"replicated": "o", "disaggregated": "s"}
-    for ax, (title, keys) in zip(axes.flat, (("TTFT (ms)", ("median_ttft_ms", "p99_ttft_ms")),
-                                             ("ITL (ms)", ("median_itl_ms", "p99_itl_ms"))),
-                                 strict=True):
+    fig, axes = _figure(2, 2, "Forecast vs measurement", device)
+    for ax, k in zip(axes.flat, ("median_ttft_ms", "p99_ttft_ms", "median_itl_ms", "p99_itl_ms"),
+                     strict=True):
+        title = BY_KEY[k].heading
         vals = []
         for arch, rows in by_arch.items():
-            for k, color in zip(keys, ("tab:blue", "tab:red"), strict=True):
-                pts = [r for r in rows if r["metric"] == k and r["predicted"] and r["measured"]]
-                for graded_only in (True, False):
-                    sel = [r for r in pts if r["graded"] == graded_only]
-                    if sel:
-                        ax.scatter([r["measured"] for r in sel], [r["predicted"] for r in sel],
-                                   marker=markers.get(arch, "o"), edgecolors=color,
-                                   facecolors=color if graded_only else "none",
-                                   label=f"{arch} {BY_KEY[k].label}"
-                                   + ("" if graded_only else " (not graded)"))
-                vals += [v for r in pts for v in (r["measured"], r["predicted"])]
+            pts = [r for r in rows if r["metric"] == k and r["predicted"] and r["measured"]]
+            for graded_only in (True, False):
+                sel = [r for r in pts if r["graded"] == graded_only]
+                if sel:
+                    ax.scatter([r["measured"] for r in sel], [r["predicted"] for r in sel],
+                               marker=MARKERS[arch], edgecolors=COLORS[arch],
+                               facecolors=COLORS[arch] if graded_only else "none",
+                               label=arch + ("" if graded_only else " (not graded)"))
+            vals += [v for r in pts for v in (r["measured"], r["predicted"])]
         if vals:
             lo, hi = min(vals) * 0.7, max(vals) * 1.4
             ax.plot([lo, hi], [lo, hi], "--", color="grey", label="predicted = measured")

@@ -1,4 +1,5 @@
-"""Numbers as people read them, in every table the lab shows."""
+"""Numbers as people read them, in every table the lab shows, and plot titles that say
+when the numbers come from the CPU rehearsal (`titled`)."""
 
 from __future__ import annotations
 
@@ -23,3 +24,9 @@ def fmt_num(value: Any) -> str:
         return f"{v:,.1f}"
     return f"{v:.2f}" if abs(v) >= 1 else f"{v:.3g}"
 
+
+
+def titled(title: str, device: str | None) -> str:
+    """A plot's title; on the CPU rehearsal it says so, so that no image of its numbers is
+    taken for a GPU's."""
+    return f"{title} (CPU rehearsal)" if device == "cpu" else title
