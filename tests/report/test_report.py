@@ -593,11 +593,14 @@ def test_the_first_screen_has_the_verdict_sentence_the_banner_and_the_system(tes
     # computed: the largest win as a ratio, what it cost, where, on which hardware
     print(lines[2])
     assert lines[2].startswith(
-        "Verdict: Best of disaggregated serving, replicated serving and the single instance by "
-        "the lab's rule (beats every other one measured at that load). On the standard "
-        "workload: output throughput, replicated serving at concurrency 1, 2 and 4 (up to 1.4x "
-        "higher than the next)")
-    assert "Under the mixed workload: " in lines[2]
+        "Verdict: Best of disaggregated serving, replicated serving and the single instance, "
+        "each against every other measured at the same load by the lab's rule. Standard "
+        "workload (concurrency 1, 2 and 4): output throughput: replicated serving at "
+        "concurrency 1, 2 and 4 (up to 1.4x higher than the next); TTFT p50: replicated "
+        "serving at concurrency 1, 2 and 4 (up to 1.2x lower than the next); ITL p99: no single "
+        "best at concurrency 1, 2 and 4 (disaggregated serving and the single instance tie at "
+        "the top). Mixed workload (concurrency 1, 2 and 4): ")
+    assert "ITL p99: disaggregated serving at concurrency 1, 2 and 4 (up to 10x lower" in lines[2]
     assert lines[4].startswith("Every node of this profile is the same machine")
     assert "> **Warning:** CPU REHEARSAL, NOT A DGX SPARK" in first
     box = dict(re.findall(r"^\| ([^|]+?) \| (.+?) \|$", first, re.M))
@@ -626,10 +629,13 @@ def test_the_verdict_sentence_when_nothing_differs_and_on_a_gpu(tmp_path):
     write(cfg, "01", baseline_dict(sweep("baseline", same), roofline=roofline_dict()))
     write_replicated(cfg, {c: metrics(104 * c, 52, 10, 31) for c in LOADS})
     md = report.build_report(cfg).md.read_text()
-    assert ("Verdict: Best of replicated serving and the single instance by the lab's rule "
-            "(beats every other one measured at that load). On the standard workload: output "
-            "throughput, no single best at concurrency 1, 2 and 4; TTFT p50, no single best at "
-            "concurrency 1, 2 and 4; ITL p99, no single best at concurrency 1, 2 and 4.") in md
+    assert ("Verdict: Best of replicated serving and the single instance, each against every "
+            "other measured at the same load by the lab's rule. Standard workload (concurrency "
+            "1, 2 and 4): output throughput: no single best at concurrency 1, 2 and 4 "
+            "(replicated serving and the single instance tie at the top); TTFT p50: no single "
+            "best at concurrency 1, 2 and 4 (replicated serving and the single instance tie at "
+            "the top); ITL p99: no single best at concurrency 1, 2 and 4 (replicated serving and "
+            "the single instance tie at the top).") in md
     assert "CPU REHEARSAL" not in md
 
 

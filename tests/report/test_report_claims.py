@@ -53,9 +53,10 @@ def test_the_verdict_names_the_best_of_every_architecture(test_cfg):
                                                            for c in LOADS}),
                                         roofline=roofline_dict()))
     said = verdict_claim(report.conclusions(report.load_report_data(test_cfg)))
-    assert ("TTFT p50, the single instance at concurrency 1, 2 and 4 (up to 2.0x lower than "
+    assert ("TTFT p50: the single instance at concurrency 1, 2 and 4 (up to 2.0x lower than "
             "the next)") in said.text
-    assert "output throughput, replicated serving at concurrency 1, 2 and 4" in said.text
+    assert "output throughput: replicated serving at concurrency 1, 2 and 4" in said.text
+    assert "(disaggregated serving and the single instance tie at the top)" in said.text
     assert all(c.winner for c in said.comparisons if c.metric == "median_ttft_ms")
 
 
