@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from lab_utils.report.data import ARCHITECTURES, PER_STREAM, ReportData, graded
 from lab_utils.report.tables import kv_table, workload_rows
@@ -268,6 +269,9 @@ def grade_plot(by_arch: dict[str, list[dict[str, Any]]], device: str | None = No
             lo, hi = min(vals) * 0.7, max(vals) * 1.4
             ax.plot([lo, hi], [lo, hi], "--", color="grey", label="predicted = measured")
             ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi))
+            for axis in (ax.xaxis, ax.yaxis):  # plain numbers, no crowded minor labels
+                axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+                axis.set_minor_formatter(NullFormatter())
         ax.set(xlabel=f"measured {title}", ylabel=f"predicted {title}", title=title)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
