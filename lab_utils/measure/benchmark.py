@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
@@ -193,7 +194,8 @@ def sweep(url: str, model: str, make_requests, w: WorkloadConfig, *, mixed: bool
                     show_progress=show_progress, desc=f"{label} #{rep + 1}", api_key=api_key))
             s = summarize(records, wall, w)
             s.update(mode=mode, value=value, repeat=rep, mixed=mixed, run=run, seed=seed,
-                     held_up_s=round(watch.held_up_s, 2), stalls=len(watch.stalls))
+                     held_up_s=round(watch.held_up_s, 2), stalls=len(watch.stalls),
+                     date=datetime.now(UTC).isoformat(timespec="seconds"))
             if cache_meter is not None and before is not None:
                 mark_cache_hits(s, *cache_hits(before, cache_meter()), hits_expected)
             if watch.stalls:

@@ -120,7 +120,9 @@ def _lab_export(url: str, engine_cfg, w, tmp_path) -> tuple[dict, pd.DataFrame, 
     write_results(cfg, "01", model("01", baseline_dict(result.model_dump())))
     paths = report.write_exports(report.load_report_data(cfg), tmp_path / "export")
     names = sorted(p.name for p in paths)
-    assert names == ["baseline-standard-concurrency2-repeat1.json", "runs.csv"], names
+    assert len(names) == 2 and names[1] == "runs.csv", names
+    assert re.fullmatch(r"baseline-standard-infqps-concurrency2-.+-repeat1-\d{8}-\d{6}\.json",
+                        names[0]), names
     lab = json.loads((tmp_path / "export" / names[0]).read_text())
     return lab, pd.read_csv(tmp_path / "export" / "runs.csv"), took
 

@@ -658,20 +658,26 @@ def test_every_run_is_exported_as_vllm_bench_serve_json_and_as_csv(test_cfg):
     write_loses_throughput_wins_itl(test_cfg)
     paths = report.build_report(test_cfg)
     names = sorted(p.name for p in paths.exports)
-    assert "runs.csv" in names and "replicated-standard-concurrency4-repeat1.json" in names
+    # vLLM's pattern, {label}-{rate}qps-concurrency{n}-{model}-{date}.json, the repeat before
+    # the date
+    (rep4,) = [n for n in names if re.fullmatch(
+        r"replicated-standard-infqps-concurrency4-tiny-llama-repeat1-\d{8}-\d{6}\.json", n)]
+    assert "runs.csv" in names
     runs = (2 * 3 + 2 * 3) + 3  # standard and mixed of 03 and 04, standard of 01
     assert len(names) == runs + 1
-    got = json.loads((paths.exports[0].parent / "replicated-standard-concurrency4-repeat1.json")
-                     .read_text())
+    got = json.loads((paths.exports[0].parent / rep4).read_text())
     assert set(got) >= VLLM_SAVE_RESULT_KEYS, VLLM_SAVE_RESULT_KEYS - set(got)
     # the same meaning: the run's numbers, in vLLM's units
     assert got["max_concurrency"] == 4 and got["request_rate"] == "inf"
     assert got["output_throughput"] == 800.0 and got["median_ttft_ms"] == 40.0
     assert got["model_id"] == "tiny-llama" and re.fullmatch(r"\d{8}-\d{6}", got["date"])
+    assert got["label"] == "replicated-standard" and "goodput" not in got  # no SLO set
     csv = pd.read_csv(paths.exports[0])
-    assert len(csv) == runs and {"architecture", "workload", "repeat", "mean_e2el_ms",
-                                 "prefix_cache_hit_pct",
+    assert len(csv) == runs and {"label", "model", "date", "architecture", "workload", "repeat",
+                                 "mean_e2el_ms", "prefix_cache_hit_pct",
                                  "completed", "failed", "duration"} <= set(csv.columns)
+    assert sorted(set(csv["repeat"])) == [1]  # numbered from 1, as in the file names
+    assert (csv["date"].str.fullmatch(r"\d{8}-\d{6}")).all()
     row = csv[(csv["architecture"] == "disaggregated") & (csv["workload"] == "standard")
               & (csv["value"] == 2)]
     assert row["output_throughput"].item() == 280.0
