@@ -98,6 +98,9 @@ ELSEWHERE = {
     "results/experiments.py:policy_claims": (
         "report/test_report_claims.py::test_the_policy_sentence_names_the_win_and_its_cost",
         "policy_claims"),
+    "report/summary.py:_metric_verdict": (
+        "report/test_report_claims.py::test_the_verdict_names_the_best_of_every_architecture",
+        "verdict_claim"),
     "report/summary.py:machine_claim": (
         "report/test_report_claims.py::test_one_machine_is_said_with_the_cores_each_sweep_used",
         "machine_claim"),

@@ -390,7 +390,7 @@ def _absent(data: ReportData) -> list[str]:
         out.append("No disaggregated results, so nothing can be said about disaggregation yet: "
                    f"{run_hint('04')}.")
     if "replicated" not in data.sweeps:
-        out.append("No replicated results, so nothing is compared with the same two nodes "
+        out.append("No replicated results, so nothing is compared with the nodes "
                    f"serving as replicas: {run_hint('03')}.")
     return out
 

@@ -146,7 +146,7 @@ ARGS = {
     "proxy": [["--mode", "disaggregated"]],
     "report": [[]], "check": [[]], "status": [[]], "cleanup": [[]], "deploy": [[]],
     "model": [["fetch"]], "demo": [[]], "run": [[]], "eta": [[]], "jupyter": [[]],
-    "lab": [[]], "card": [[]], "triage": [[]],
+    "lab": [[]], "card": [[]], "triage": [[]], "audit": [["{tmp}"]],
     "bench": [["--url", "http://127.0.0.1:9", "--out", "{tmp}/bench.json"]],
     "reference": [["{tmp}/no-such-run"]],
     "tiny-model": [["{tmp}/tiny"]],
