@@ -4,7 +4,8 @@
   (`python -m lab_utils.bench.proxy`).
 - `loadgen`: the load generator's own ceiling, and its agreement with `vllm bench serve`
   (`python -m lab_utils.bench.loadgen`).
-- `pd_stall`: the rehearsal's disaggregated topology under one config change at a time,
-  and the KV hold that once stood the machine still (`python -m lab_utils.bench.pd_stall`).
 - `stub_server`: a deterministic stand-in for a vLLM server, for these benchmarks and tests.
+
+Investigations that answered one question about the rehearsal live in `tools/`, outside
+the package.
 """

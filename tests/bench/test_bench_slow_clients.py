@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from lab_utils.bench.slow_clients import measure
+from tools.slow_clients import measure
 
 from support.fakes import free_port
 from support.profiles import make_profile_data

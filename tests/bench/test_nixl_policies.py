@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 
-from lab_utils.bench.nixl_policies import HEADER, POLICIES, markdown_row
 from lab_utils.on_node import nixl_threads
+from tools.nixl_policies import HEADER, POLICIES, markdown_row
 
 
 def test_a_row_fits_the_header_and_says_what_was_measured():

@@ -1,7 +1,7 @@
 """The stall experiment's config changes and its table row (the runs need vLLM and NIXL;
 they are measurements, recorded in docs/REHEARSAL.md, not tests)."""
 
-from lab_utils.bench.pd_stall import HEADER, _apply, markdown
+from tools.pd_stall import HEADER, _apply, markdown
 
 
 def test_a_setting_changes_one_key_and_keeps_its_neighbours():
@@ -31,9 +31,9 @@ def _run(topology, variant, tpot, p99, held=0.0):
 
 
 def test_compare_verdicts_follow_the_figures():
-    from lab_utils.bench.pd_compare import HEADER as CMP_HEADER
-    from lab_utils.bench.pd_compare import VARIANTS, verdicts
-    from lab_utils.bench.pd_compare import markdown as cmp_markdown
+    from tools.pd_compare import HEADER as CMP_HEADER
+    from tools.pd_compare import VARIANTS, verdicts
+    from tools.pd_compare import markdown as cmp_markdown
 
     as_is, lowered, lab = VARIANTS
     rows = [_run("baseline", None, 2.0, 100.0), _run("replicated", None, 2.0, 40.0),

@@ -150,7 +150,7 @@ def test_a_held_prefill_does_not_hold_up_the_labs_processes(rehearsal, engine_cf
     start before), a process outside those sessions got no CPU for most of the lease
     (11-12 s of a 12 s lease here). The lab now starts them in the caller's session, where
     a watcher must not be held up; the other watchers' figures are printed, not judged."""
-    from lab_utils.bench.pd_stall import hold
+    from tools.pd_stall import hold
 
     urls = rehearsal.up()
     lease = float(engine_cfg.kv_transfer.extra_config["kv_lease_duration"])

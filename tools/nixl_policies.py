@@ -1,10 +1,10 @@
 """How the scheduling policy of NIXL's progress threads trades time per token against the
 first-token tail, on the rehearsal's disaggregated topology.
 
-`python -m lab_utils.bench.nixl_policies` serves the disaggregated topology of a local
+`python -m tools.nixl_policies` serves the disaggregated topology of a local
 profile once (with `kv_transfer.lower_nixl_threads` off, so nothing but this run touches
 the threads, and no progress delay, so they poll without pause as vLLM gets them: the
-lab's delay, `kv_transfer.nixl_progress_delay_us`, is compared in `bench.pd_compare`),
+lab's delay, `kv_transfer.nixl_progress_delay_us`, is compared in `tools.pd_compare`),
 finds the two progress threads (`on_node.nixl_threads.spinning`), and for
 each policy in turn, for `--rounds` rounds, measures through the proxy with the lab's
 load generator and fresh prompts:
@@ -142,7 +142,7 @@ def markdown_row(r: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m lab_utils.bench.nixl_policies",
+    ap = argparse.ArgumentParser(prog="python -m tools.nixl_policies",
                                  description=__doc__.split("\n")[0])
     ap.add_argument("--config", type=Path, default=Path("configs/local-cpu.json"))
     ap.add_argument("--rounds", type=int, default=2)

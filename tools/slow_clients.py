@@ -10,7 +10,7 @@ counts at each of `--at` seconds how many the proxy has not closed yet. The prox
 limits (`proxy.header_timeout_s`, `proxy.body_timeout_s`) are the profile's; `--set
 proxy.header_timeout_s=3` changes one for the run.
 
-    python -m lab_utils.bench.slow_clients [--config F] [--connections 50] [--at 20,40]
+    python -m tools.slow_clients [--config F] [--connections 50] [--at 20,40]
         [--set proxy.FIELD=VALUE ...]
 """
 

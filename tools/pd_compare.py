@@ -1,7 +1,7 @@
 """P/D against one instance and the replicated pair, as vLLM leaves it and with the lab's
 settings for NIXL's progress threads, measured in one run with the lab's own ruler.
 
-`python -m lab_utils.bench.pd_stall --compare` starts, one after another, the baseline,
+`python -m tools.pd_stall --compare` starts, one after another, the baseline,
 the replicated and the disaggregated topology of a local profile, the last three times
 (`VARIANTS`): as vLLM leaves it (NIXL's threads poll without pause at normal priority, both
 workers' model threads on the last core); with those threads lowered to nice 19 with a 0.1

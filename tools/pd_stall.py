@@ -1,6 +1,6 @@
 """Reproduce the rehearsal's disaggregated stall and vary one setting at a time.
 
-`python -m lab_utils.bench.pd_stall --set kv_transfer.ucx_tls=tcp --set ...` starts the
+`python -m tools.pd_stall --set kv_transfer.ucx_tls=tcp --set ...` starts the
 disaggregated topology of a local profile with the given config changes, then measures:
 
 - **idle spin**: for 10 s with no request, the threads of the instances' processes that
@@ -16,7 +16,7 @@ NIXL's progress threads are lowered (nice 19, 0.1 ms slice) as the profile says
 normal priority; `--set kv_transfer.nixl_progress_delay_us=0` for NIXL's busy polling as
 vLLM gets it). `--compare` instead measures P/D as vLLM leaves it, lowered, and with the
 lab's progress delay against the single instance and the replicated pair
-(`bench.pd_compare`).
+(`tools.pd_compare`).
 
 With `--hold`, also:
 
@@ -45,13 +45,13 @@ from pathlib import Path
 from typing import Any
 
 from lab_utils import config as labconfig
-from lab_utils.bench import pd_compare
-from lab_utils.bench.pd_compare import measure_point
 from lab_utils.cluster import Cluster
 from lab_utils.measure import stalls
 from lab_utils.measure.loadgen import auth_headers
 from lab_utils.measure.workload import server_tokenizer
 from lab_utils.serve.topology import Served
+from tools import pd_compare
+from tools.pd_compare import measure_point
 
 IDLE_S = 10.0
 BUSY_SHARE = 0.5
@@ -246,14 +246,14 @@ HEADER = ("| run | idle: busy threads | one at a time: TTFT ms | TPOT ms | stood
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m lab_utils.bench.pd_stall", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m tools.pd_stall", description=__doc__.split("\n")[0])
     ap.add_argument("--config", type=Path, default=Path("configs/local-cpu.json"))
     ap.add_argument("--set", dest="settings", action="append", default=[],
                     help="a config change, e.g. kv_transfer.ucx_tls=tcp (repeatable)")
     ap.add_argument("--label", default=None)
     ap.add_argument("--compare", action="store_true",
                     help="instead: the single instance, the replicated pair and P/D with NIXL's "
-                         "threads as vLLM leaves them, lowered, and waiting (bench.pd_compare)")
+                         "threads as vLLM leaves them, lowered, and waiting (tools.pd_compare)")
     ap.add_argument("--prompts", type=int, default=12,
                     help="with --compare: requests at concurrency 1 (default 12)")
     ap.add_argument("--single", type=int, default=6, help="requests sent one at a time (default 6)")
