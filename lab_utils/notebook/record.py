@@ -10,7 +10,6 @@ from pathlib import Path
 
 from lab_utils.config import LabConfig
 from lab_utils.notebook.session import kv_buffer_device
-from lab_utils.notebook.time_split import SWEEP_CPU
 from lab_utils.results import (
     BaselinePayload,
     DisaggregatedPayload,
@@ -56,7 +55,6 @@ def record_baseline(cfg: LabConfig, served: Served, result: BenchmarkResult, *,
     made from it."""
     return write_results(cfg, "01", BaselinePayload(
         topology=served.topology, instances=instances(served), sweep=result, mixed=mixed,
-        cpu=SWEEP_CPU.get((served.topology, False)),
         single_request=single, roofline=roofline, reference=reference, profile=profile,
         forecast=forecast))
 
@@ -68,7 +66,6 @@ def record_replicated(cfg: LabConfig, served: Served, result: BenchmarkResult,
     forecast made before them and the policies compared."""
     return write_results(cfg, "03", ReplicatedPayload(
         topology=served.topology, instances=instances(served), sweep=result, mixed=mixed,
-        cpu=SWEEP_CPU.get((served.topology, False)),
         policy=cfg.topology.replicated.policy, forecast=forecast, policies=policies))
 
 
@@ -81,5 +78,4 @@ def record_disaggregated(cfg: LabConfig, served: Served, result: BenchmarkResult
     device = served.kv_buffer_device or kv_buffer_device(cfg)
     return write_results(cfg, "04", DisaggregatedPayload(
         topology=served.topology, instances=instances(served), sweep=result, mixed=mixed,
-        cpu=SWEEP_CPU.get((served.topology, False)),
         kv_buffer_device=device, proof=proof, front_doors=front_doors, forecast=forecast))

@@ -11,6 +11,7 @@ recommendation unless the config says), `tokenizer_of` the served model's tokeni
 from __future__ import annotations
 
 import atexit
+from collections import Counter
 
 from lab_utils.cluster import Cluster
 from lab_utils.cluster.state import ProcessRecord
@@ -39,6 +40,7 @@ class ServingSession:
         self.cfg = cfg
         self.cluster = Cluster(cfg)
         self.started: list[ProcessRecord] = []
+        self.runs: Counter[str] = Counter()  # runs per name this session made (`steps.run_name`)
         self._hooked = False
         atexit.register(self.stop, quiet=True)
 
@@ -58,7 +60,7 @@ class ServingSession:
         self.started += [r for r in records if r.name not in before]
         for r in records:
             print(f"  {r.name:<12} {r.node:<12} {r.url or '(headless rank: rank 0 serves)'}")
-        return Served(topology, records, device)
+        return Served(topology, records, device, runs=self.runs)
 
     def swap_front_door(self, served: Served, kind: str, policy: str | None = None) -> None:
         """Put the front door of `kind` ("lab" or "vllm-router"; `policy`: the replicated

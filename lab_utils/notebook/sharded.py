@@ -13,7 +13,6 @@ from lab_utils.config import LabConfig, api_key
 from lab_utils.errors import LabError
 from lab_utils.notebook.record import instances
 from lab_utils.notebook.session import ServingSession
-from lab_utils.notebook.time_split import SWEEP_CPU
 from lab_utils.results import Reference, SameOutputRow, TensorParallelPayload, write_results
 from lab_utils.results.forecast import Forecast
 from lab_utils.results.sweep import BenchmarkResult
@@ -70,4 +69,4 @@ def record_tensor_parallel(cfg: LabConfig, served: Served, result: BenchmarkResu
     ranks = len([r for r in served.instance_records() if r.extra.get("role") == "tp"])
     return write_results(cfg, "tp", TensorParallelPayload(
         topology=served.topology, instances=instances(served), sweep=result, mixed=mixed,
-        cpu=SWEEP_CPU.get((served.topology, False)), ranks=ranks, same_output=same, forecast=forecast))
+        ranks=ranks, same_output=same, forecast=forecast))

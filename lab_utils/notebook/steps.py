@@ -15,7 +15,6 @@ import math
 import os
 import random
 import time
-from collections import Counter
 
 import httpx
 import pandas as pd
@@ -36,7 +35,7 @@ from lab_utils.notebook import lessons
 from lab_utils.notebook import transfer_lesson as lesson
 from lab_utils.notebook.record import say
 from lab_utils.notebook.session import kv_buffer_device, tokenizer_of
-from lab_utils.notebook.time_split import SWEEP_CPU, cpu_now
+from lab_utils.notebook.time_split import cpu_now
 from lab_utils.notebook.timings import sweep_eta
 from lab_utils.on_node import nixl_threads as nixl_threads_mod
 from lab_utils.results import (
@@ -50,8 +49,7 @@ from lab_utils.results import (
 )
 from lab_utils.results.claims import claim, save_claims
 from lab_utils.results.forecast import EngineProfile
-from lab_utils.results.payloads import SweepCpu
-from lab_utils.results.sweep import BenchmarkResult, RequestRecord
+from lab_utils.results.sweep import BenchmarkResult, RequestRecord, SweepCpu
 from lab_utils.serve.metrics import fetch_metrics, read_counters
 from lab_utils.serve.pd import complete, prove_via_proxy
 from lab_utils.serve.topology import Served
@@ -103,18 +101,14 @@ def cache_meter(served: Served):
     return read
 
 
-# How many runs of each name this kernel has made: a run made again (a cell re-run on the
-# same instances) gets a name, and so prompts, of its own.
-_RUNS: Counter[str] = Counter()
-
-
 def run_name(served: Served, run: str) -> str:
     """The seed namespace of a run: the topology (so the notebook), the run's kind
-    ("sweep", "policy round_robin", ...) and, from the second time in one kernel, its
-    number."""
+    ("sweep", "policy round_robin", ...) and, from the second time on the instances of one
+    session, its number (`Served.runs`, the session's count): a run made again gets
+    prompts of its own."""
     name = f"{served.topology}/{run}"
-    _RUNS[name] += 1
-    return name if _RUNS[name] == 1 else f"{name}#{_RUNS[name]}"
+    served.runs[name] += 1
+    return name if served.runs[name] == 1 else f"{name}#{served.runs[name]}"
 
 
 def run_sweep(cfg: LabConfig, served: Served, *, mixed: bool = False,
@@ -142,7 +136,7 @@ def run_sweep(cfg: LabConfig, served: Served, *, mixed: bool = False,
                    # the workload's own, recorded but not a reason to reject the run
                    hits_expected=w.chat)
     if cpu_before is not None and (cpu_after := cpu_now(cfg, served)) is not None:
-        SWEEP_CPU[(served.topology, mixed)] = SweepCpu(
+        result.cpu = SweepCpu(
             wall_s=time.monotonic() - started, host_cores=os.cpu_count() or 1,
             by_process={k: cpu_after[k] - cpu_before.get(k, 0.0) for k in cpu_after})
     if any(p.summary.get("failed") for p in result.points):

@@ -33,7 +33,6 @@ from lab_utils.on_node import nixl_threads
 from lab_utils.on_node.proctools import group_cpu_seconds, thread_cpu_seconds
 from lab_utils.results.claims import Claim, claim, comparison, save_claims
 from lab_utils.results.forecast import TimedProfile
-from lab_utils.results.payloads import SweepCpu
 from lab_utils.results.sweep import BenchmarkResult
 from lab_utils.serve.metrics import MetricsSnapshot, fetch_metrics
 from lab_utils.serve.topology import Served
@@ -47,8 +46,6 @@ _TTFT = "vllm:time_to_first_token_seconds"
 _XFER = "vllm:nixl_xfer_time_seconds"
 
 
-# CPU seconds per process group during the last sweep of each (topology, mixed)
-SWEEP_CPU: dict[tuple[str, bool], SweepCpu] = {}
 
 
 def cpu_now(cfg: LabConfig, served: Served) -> dict[str, float] | None:
@@ -211,8 +208,7 @@ def where_time_went(cfg: LabConfig, served: Served, baseline: BenchmarkResult,
     when = "before" if split is not None else "after"
     split = split if split is not None else measure_split(cfg, served)
     single = _c1(baseline, "median_ttft_ms")
-    sweep_cpu = SWEEP_CPU.get((served.topology, False))
-    cpu = None if sweep_cpu is None else sweep_cpu.by_process
+    cpu = None if result.cpu is None else result.cpu.by_process
     said = [itl_claim(baseline, result),
             claim("04", split_sentence(split["parts"], split["client_ttft_ms"], single,
                                        split["requests"], _c1(result, "median_ttft_ms"), when))]

@@ -131,8 +131,7 @@ def machine_claim(data: ReportData) -> Claim | None:
     notebooks), so that "two nodes" is read as what it was."""
     if not shared_machine(data):
         return None
-    used = {arch: p.cpu for arch, nb in ARCH_NOTEBOOK.items()
-            if (p := data.payload(nb)) is not None and getattr(p, "cpu", None) is not None}
+    used = {arch: r.cpu for arch, r in data.sweeps.items() if r.cpu is not None}
     cores = data.envelopes["01"].hardware.get("cpu_count")
     head = (f"Every node of this profile is the same machine{f' ({cores} cores)' if cores else ''}"
             ": the two-node architectures did not get more hardware than the single instance")

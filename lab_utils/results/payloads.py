@@ -32,7 +32,7 @@ from lab_utils.results.sweep import BenchmarkResult, RequestRecord
 
 __all__ = ["PAYLOADS", "BaselinePayload", "DisaggregatedPayload", "EnvironmentPayload",
            "FrontDoors", "Instance", "KvRecommendation", "KvTransferPayload", "Payload", "Proof", "ProofRow",
-           "Reference", "ReplicatedPayload", "Roofline", "Policies", "PrefixTwice", "ServingPayload", "SweepCpu", "SwitchRun", "Switches"]
+           "Reference", "ReplicatedPayload", "Roofline", "Policies", "PrefixTwice", "ServingPayload", "SwitchRun", "Switches"]
 
 
 class Record(BaseModel):
@@ -120,30 +120,14 @@ class Proof(Record):
         return sum(1 for r in self.prompts if r.tokens_equal)
 
 
-class SweepCpu(Record):
-    """CPU seconds the processes used during a standard sweep, over its wall time, on a
-    machine of `host_cores` cores: read from /proc where every instance is local."""
-
-    wall_s: float
-    host_cores: int
-    by_process: dict[str, float]
-
-    @property
-    def cores(self) -> float:
-        """Cores in use on average: CPU seconds over wall seconds."""
-        return sum(self.by_process.values()) / self.wall_s if self.wall_s else 0.0
-
-
 class ServingPayload(Record):
-    """What every serving notebook records: the topology, its processes, the sweep, the
-    mixed long/short run (None where it was not measured), and the CPU the sweep used
-    (None on nodes reached over SSH, or in results from before it was recorded)."""
+    """What every serving notebook records: the topology, its processes, the sweep, and
+    the mixed long/short run (None where it was not measured)."""
 
     topology: str
     instances: list[Instance]
     sweep: BenchmarkResult
     mixed: BenchmarkResult | None = None
-    cpu: SweepCpu | None = None
 
 
 class SwitchRun(Record):

@@ -52,6 +52,20 @@ class BenchmarkPoint(BaseModel):
     requests: list[dict[str, Any]]
 
 
+class SweepCpu(BaseModel):
+    """CPU seconds the processes used during a standard sweep, over its wall time, on a
+    machine of `host_cores` cores: read from /proc where every instance is local."""
+
+    wall_s: float
+    host_cores: int
+    by_process: dict[str, float]
+
+    @property
+    def cores(self) -> float:
+        """Cores in use on average: CPU seconds over wall seconds."""
+        return sum(self.by_process.values()) / self.wall_s if self.wall_s else 0.0
+
+
 class BenchmarkResult(BaseModel):
     """A sweep: the workload, every point, and the per-point combination of repeats."""
 
@@ -60,3 +74,5 @@ class BenchmarkResult(BaseModel):
     workload: dict[str, Any]
     points: list[BenchmarkPoint]
     combined: list[Point]
+    # the CPU its processes used (None: on nodes reached over SSH, or not recorded)
+    cpu: SweepCpu | None = None

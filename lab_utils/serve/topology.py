@@ -16,8 +16,9 @@ hold it once started: its records, the proxy's URL, its instances' URLs by role.
 from __future__ import annotations
 
 import contextlib
+from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from lab_utils.cluster import Cluster, as_cluster
 from lab_utils.cluster.provision import deploy
@@ -37,6 +38,8 @@ class Served:
     topology: str
     records: list[ProcessRecord]
     kv_buffer_device: str | None = None  # what prefill and decode instances were given
+    # runs made per name on these instances (shared by every Served of one notebook session)
+    runs: Counter[str] = field(default_factory=Counter)
 
     @property
     def proxy_url(self) -> str:

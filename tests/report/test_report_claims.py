@@ -9,7 +9,7 @@ from lab_utils import report
 from lab_utils.report.conclusions import documentation_claim
 from lab_utils.report.summary import machine_claim, verdict_claim
 from lab_utils.results import load_results, write_results
-from lab_utils.results.payloads import SweepCpu
+from lab_utils.results.sweep import SweepCpu
 
 
 def _data(cfg, pd_tps: float):
@@ -36,7 +36,8 @@ def test_one_machine_is_said_with_the_cores_each_sweep_used(test_cfg, spark_cfg)
     assert "was not recorded" in said.text
     env = load_results(test_cfg, "03")
     cpu = SweepCpu(wall_s=10.0, host_cores=2, by_process={"replica-0": 9.0, "replica-1": 8.0})
-    write_results(test_cfg, "03", env.payload.model_copy(update={"cpu": cpu}))
+    sweep = env.payload.sweep.model_copy(update={"cpu": cpu})
+    write_results(test_cfg, "03", env.payload.model_copy(update={"sweep": sweep}))
     said = machine_claim(report.load_report_data(test_cfg))
     assert "replicated serving 1.7 of 2" in said.text and said.figures["replicated cores"] == 1.7
     # on a cluster the nodes are machines of their own: nothing to say

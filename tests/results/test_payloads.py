@@ -36,12 +36,12 @@ def test_old_format_loads_typed_and_rewrites_the_same_keys(cfg, notebook):
 # Keys the payload models added since the old format (with defaults, so old files load).
 NEW_KEYS = {
     "00": {"gpu_name"},
-    "01": {"profile", "forecast", "instances[].argv", "cpu", "switches"},
+    "01": {"profile", "forecast", "instances[].argv", "switches"},
     "02": {"probe.plan", "probe.cut_short"},
-    "03": {"forecast", "instances[].argv", "cpu", "policies"},
+    "03": {"forecast", "instances[].argv", "policies"},
     "04": {f"proof.prompts[].{k}" for k in ("strict", "tokens_ok", "diverged_at",
                                             "divergence_margin", "tokens_why")}
-    | {"front_doors", "forecast", "instances[].argv", "cpu"},
+    | {"front_doors", "forecast", "instances[].argv"},
 }
 
 
