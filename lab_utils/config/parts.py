@@ -80,7 +80,7 @@ class ModelConfig(_Strict):
     path: str | None = None
     node_path: str | None = None
     revision: str | None = None
-    dtype: Literal[values.VLLM_DTYPES] = "bfloat16"  # type: ignore[valid-type]
+    dtype: Literal[values.VLLM_DTYPES] = "bfloat16"  # type: ignore[valid-type]  # a tuple unpacked into Literal at run time
     tiny_seed: int = 0
 
     _path = field_validator("path")(values.check_path)

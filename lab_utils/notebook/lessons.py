@@ -4,6 +4,9 @@ held (its interval), with the numbers quoted. Each `conclude_NN` returns claims
 (`results.claims`): the sentence and the comparisons that make it true. "As expected"
 is said only of a graded forecast, never of a belief.
 
+Over 400 lines on purpose: each notebook's conclusions side by side, built the same way,
+so that one can be read against the others.
+
 Whether a difference counts is decided by the lab's one rule (`points.compare`: more
 than `points.MARGIN` of the smaller value and, with repeats on both sides, min-max ranges
 apart), the same as the report's, the comparison tables' and the forecast grading's.

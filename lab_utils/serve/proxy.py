@@ -26,6 +26,9 @@ request vLLM would refuse is refused before any backend is called (`serve.valida
 a bad field no longer costs a prefill; errors have vLLM's shape and, with a key set, do
 not name the backends.
 The instances' key goes with every request to a backend.
+
+Over 400 lines on purpose: one request's whole life through the front door (read, refuse,
+route, forward, stream back, count) reads top to bottom in one place.
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ class _HeaderGuard:
         raise NotImplementedError
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        super().connection_made(transport)  # type: ignore[misc]
+        super().connection_made(transport)  # type: ignore[misc]  # uvicorn's protocol class is untyped
         self._header_bytes = 0
         self._header_timer: asyncio.TimerHandle | None = None
         self._arm()
@@ -63,7 +63,7 @@ class _HeaderGuard:
         self._header_bytes = 0
 
     def data_received(self, data: bytes) -> None:
-        super().data_received(data)  # type: ignore[misc]
+        super().data_received(data)  # type: ignore[misc]  # uvicorn's protocol class is untyped
         if self.transport.is_closing():
             self._disarm()
         elif self._awaiting_headers():
@@ -77,7 +77,7 @@ class _HeaderGuard:
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
-        super().connection_lost(exc)  # type: ignore[misc]
+        super().connection_lost(exc)  # type: ignore[misc]  # uvicorn's protocol class is untyped
 
     def _too_slow(self) -> None:
         self._header_timer = None
@@ -104,11 +104,11 @@ class _GuardedHttpTools(_HeaderGuard):  # a base is added in guarded_protocol
 
     def on_message_begin(self) -> None:
         self._headers_done = False
-        super().on_message_begin()  # type: ignore[misc]
+        super().on_message_begin()  # type: ignore[misc]  # uvicorn's protocol class is untyped
 
     def on_headers_complete(self) -> None:
         self._headers_done = True
-        super().on_headers_complete()  # type: ignore[misc]
+        super().on_headers_complete()  # type: ignore[misc]  # uvicorn's protocol class is untyped
 
 
 def guarded_protocol(header_timeout_s: float, max_header_bytes: int,

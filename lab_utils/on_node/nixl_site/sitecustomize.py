@@ -42,7 +42,7 @@ def patch(bindings, delay: int) -> None:
     if getattr(base, "_lab_delay_us", None) is not None:
         return
 
-    class AgentConfig(base):  # type: ignore[misc, valid-type]
+    class AgentConfig(base):  # type: ignore[misc, valid-type]  # a base class found at run time
         _lab_delay_us = delay
 
         def __init__(self, *args, **kwargs):
