@@ -20,7 +20,7 @@ from lab_utils.results import BaselinePayload, Proof, TensorParallelPayload
 from lab_utils.results.claims import Claim, Comparison, Graded, Located, claim, comparison
 from lab_utils.results.forecast import Forecast
 from lab_utils.results.kv_transfer import KvTransferPayload
-from lab_utils.results.points import BY_KEY, Measured, Point, differs
+from lab_utils.results.points import BY_KEY, Measured, MetricKey, Point, differs
 from lab_utils.results.sweep import BenchmarkResult
 
 # what NIXL's progress threads did in a run: as vLLM gets them, busy and lowered by the lab
@@ -42,7 +42,7 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
-def versus(key: str, subject: Located, reference: Located) -> Comparison:
+def versus(key: MetricKey, subject: Located, reference: Located) -> Comparison:
     """The comparison engine (`claims.comparison`) on two located points."""
     return comparison(key, subject, reference)
 
@@ -53,7 +53,7 @@ def _margin(c: Comparison) -> str:
     return "no difference by the lab's rule" if c.better is None else c.margin()
 
 
-def forecast_said(fc: Forecast | None, runs: dict[str, BenchmarkResult | None], key: str,
+def forecast_said(fc: Forecast | None, runs: dict[str, BenchmarkResult | None], key: MetricKey,
                   workload: str, value: float, notebook: str) -> tuple[str, list[Graded]]:
     """Whether the forecast the notebook made before measuring held for `key` at one load
     ("as the forecast made before the sweep expected (predicted 794 tok/s, interval
@@ -88,7 +88,7 @@ def _tps(p: Point) -> str:
     return "–" if tps is None else f"{tps:.0f}"
 
 
-def _times(key: str, x: Point, y: Point) -> str:
+def _times(key: MetricKey, x: Point, y: Point) -> str:
     """x against y on `key` as a ratio with the direction in words ("1.4x higher")."""
     vx, vy = x.median(key), y.median(key)
     return "–" if vx is None or vy is None else BY_KEY[key].times(vx, vy)

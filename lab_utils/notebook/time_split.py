@@ -33,6 +33,7 @@ from lab_utils.on_node import nixl_threads
 from lab_utils.on_node.proctools import group_cpu_seconds, thread_cpu_seconds
 from lab_utils.results.claims import Claim, claim, comparison, save_claims
 from lab_utils.results.forecast import TimedProfile
+from lab_utils.results.points import MetricKey
 from lab_utils.results.sweep import BenchmarkResult
 from lab_utils.serve.metrics import MetricsSnapshot, fetch_metrics
 from lab_utils.serve.topology import Served
@@ -150,7 +151,7 @@ def measure_split(cfg: LabConfig, served: Served, n: int = SPLIT_REQUESTS) -> di
             "timed": _timed(cfg, ok, parts)}
 
 
-def _c1(result: BenchmarkResult, key: str) -> float | None:
+def _c1(result: BenchmarkResult, key: MetricKey) -> float | None:
     p = next((q for q in result.combined if q.mode == "concurrency" and q.value == 1
               and not q.mixed), None)
     return p.median(key) if p is not None else None

@@ -20,7 +20,7 @@ from lab_utils.measure.benchmark import READ_TOGETHER_NOTE, read_late, read_toge
 from lab_utils.report.data import ARCH_NOTEBOOK, ARCHITECTURES, ReportData, join_words, run_hint
 from lab_utils.report.tables import points_table
 from lab_utils.results.claims import WORKLOAD_OF, Claim, Comparison, Located, claim, comparison
-from lab_utils.results.points import BY_KEY, COMPARED, MARGIN
+from lab_utils.results.points import BY_KEY, COMPARED, MARGIN, MetricKey
 from lab_utils.results.sweep import BenchmarkResult
 
 WORKLOADS = {"standard": "", "mixed": "Mixed long/short workload, "}
@@ -28,10 +28,10 @@ WORKLOADS = {"standard": "", "mixed": "Mixed long/short workload, "}
 PAIRS = (("disaggregated", "replicated"), ("disaggregated", "baseline"),
          ("replicated", "baseline"), ("tensor-parallel", "replicated"),
          ("tensor-parallel", "disaggregated"), ("tensor-parallel", "baseline"))
-THROUGHPUT_KEYS = ("request_throughput", "output_throughput")
+THROUGHPUT_KEYS: tuple[MetricKey, ...] = ("request_throughput", "output_throughput")
 # Timed between tokens: not compared at a point where either side's load generator got
 # many tokens in one read (their gaps are 0 ms there; benchmark.read_together_share).
-PER_TOKEN_KEYS = ("median_itl_ms", "p99_itl_ms", "median_tpot_ms")
+PER_TOKEN_KEYS: tuple[MetricKey, ...] = ("median_itl_ms", "p99_itl_ms", "median_tpot_ms")
 
 
 @dataclass

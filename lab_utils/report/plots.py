@@ -22,7 +22,7 @@ from matplotlib.ticker import FuncFormatter, NullFormatter
 from lab_utils.report.data import ARCHITECTURES, PER_STREAM, ReportData, graded
 from lab_utils.report.tables import kv_table, workload_rows
 from lab_utils.results.kv_transfer import KvTransferPayload
-from lab_utils.results.points import BY_KEY
+from lab_utils.results.points import BY_KEY, MetricKey
 from lab_utils.util.atomic import atomic_write_bytes
 from lab_utils.util.numbers import fmt_num, titled
 
@@ -251,8 +251,8 @@ def grade_plot(by_arch: dict[str, list[dict[str, Any]]], device: str | None = No
     if not any(by_arch.values()):
         return None
     fig, axes = _figure(2, 2, "Forecast vs measurement", device)
-    for ax, k in zip(axes.flat, ("median_ttft_ms", "p99_ttft_ms", "median_itl_ms", "p99_itl_ms"),
-                     strict=True):
+    keys: tuple[MetricKey, ...] = ("median_ttft_ms", "p99_ttft_ms", "median_itl_ms", "p99_itl_ms")
+    for ax, k in zip(axes.flat, keys, strict=True):
         title = BY_KEY[k].heading
         vals = []
         for arch, rows in by_arch.items():

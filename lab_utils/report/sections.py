@@ -46,7 +46,7 @@ from lab_utils.report.tables import (
 )
 from lab_utils.results import RESULTS, reference_origin
 from lab_utils.results.claims import Comparison
-from lab_utils.results.points import BY_KEY, RULE
+from lab_utils.results.points import BY_KEY, RULE, MetricKey
 from lab_utils.results.sweep import BenchmarkResult
 from lab_utils.util.numbers import fmt_num
 
@@ -148,10 +148,10 @@ def verdict_table(concl: Conclusions) -> tuple[pd.DataFrame, str]:
     if not concl.findings:
         return pd.DataFrame(), ""
     loads = list(dict.fromkeys(f.load for f in concl.findings))
-    cells: dict[tuple[str, str], dict[str, list[Comparison]]] = {}
+    cells: dict[tuple[str, MetricKey], dict[str, list[Comparison]]] = {}
     for f in concl.findings:
         cells.setdefault((f.workload, f.metric), {}).setdefault(f.load, []).append(f)
-    rows: dict[tuple[str, str], dict[str, str]] = {}
+    rows: dict[tuple[str, MetricKey], dict[str, str]] = {}
     for (workload, key), by_load in cells.items():
         m = BY_KEY[key]
         rows[(workload, key)] = {"workload": workload, "metric": f"{m.label} ({m.way} is better)",

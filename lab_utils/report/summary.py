@@ -20,9 +20,9 @@ from lab_utils.report.data import ARCH_NOTEBOOK, FORECAST_NB, ReportData, graded
 from lab_utils.results import RESULTS
 from lab_utils.results.claims import Claim, Comparison, claim
 from lab_utils.results.experiments import policy_claims, switch_claims
-from lab_utils.results.points import BY_KEY
+from lab_utils.results.points import BY_KEY, MetricKey
 
-HEADLINE = ("output_throughput", "median_ttft_ms", "p99_itl_ms")  # the first sentence's metrics
+HEADLINE: tuple[MetricKey, ...] = ("output_throughput", "median_ttft_ms", "p99_itl_ms")  # the verdict's
 NAMES = {"baseline": "the single instance", "replicated": "replicated serving",
          "disaggregated": "disaggregated serving", "tensor-parallel": "the model split over the nodes"}
 
@@ -61,7 +61,7 @@ def _join_loads(loads: list[str]) -> str:
     return " and ".join(f"{mode} {join_words(v)}" for mode, v in by_mode.items())
 
 
-def _metric_verdict(key: str, cells: dict[str, list[Comparison]], one: bool,
+def _metric_verdict(key: MetricKey, cells: dict[str, list[Comparison]], one: bool,
                     used: list[Comparison]) -> str:
     """"output throughput: the single instance at concurrency 2 and 4 (up to 1.6x higher
     than the next); no single best at concurrency 1 (replicated serving and the single

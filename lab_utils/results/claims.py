@@ -25,7 +25,7 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from lab_utils.results.points import BY_KEY, Measured, Point, compare_points
+from lab_utils.results.points import BY_KEY, Measured, MetricKey, Point, compare_points
 from lab_utils.util.atomic import atomic_write_text
 
 Run = str  # "sweep", "mixed", or a notebook's other run ("switch steps256", "policy round_robin")
@@ -55,7 +55,7 @@ class Side(BaseModel):
 class Comparison(BaseModel):
     """Two sides on one metric at one load, judged by the lab's one rule."""
 
-    metric: str  # a key of points.METRICS
+    metric: MetricKey
     mode: str  # "concurrency" | "rate"
     value: float  # the load
     subject: Side
@@ -98,7 +98,7 @@ Located = tuple[str, str, str, Point]
 """A point and where it was measured: (name, notebook, run: "sweep" | "mixed", point)."""
 
 
-def comparison(metric: str, subject: Located, reference: Located) -> Comparison:
+def comparison(metric: MetricKey, subject: Located, reference: Located) -> Comparison:
     """The engine: compare two located points on `metric` by the lab's one rule. Both
     points must have measured the metric."""
     (sn, snb, srun, sp), (rn, rnb, rrun, rp) = subject, reference
@@ -185,7 +185,7 @@ def _same(a: float, b: float) -> bool:
     return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9)
 
 
-def _problems_of_side(side: Side, point: Point | None, metric: str) -> list[str]:
+def _problems_of_side(side: Side, point: Point | None, metric: MetricKey) -> list[str]:
     if point is None:
         return [f"{side.name}: no valid {side.run} point in notebook {side.notebook}'s results"]
     got = point.of(metric)

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from lab_utils.results.claims import Claim, Located, claim, comparison
 from lab_utils.results.payloads import PrefixTwice, Switches, SwitchRun
-from lab_utils.results.points import BY_KEY, Point
+from lab_utils.results.points import BY_KEY, MetricKey, Point
 from lab_utils.util.numbers import fmt_num
 
+POLICY_METRICS: tuple[MetricKey, ...] = ("p99_itl_ms", "median_ttft_ms", "p99_ttft_ms",
+                                         "output_throughput")
 SMALL_BUDGET = 256  # tokens per step of 01's chunked-prefill switch: a long prompt takes many
 
 
@@ -90,7 +92,7 @@ def policy_claims(runs: dict[str, Point], where: str = "03") -> list[Claim]:
     at = f"mixed workload at {lo.load}, one run each (one load point)"
     cmps = [comparison(k, ("least-outstanding", "03", "policy least_outstanding", lo),
                        ("round-robin", "03", "policy round_robin", rr))
-            for k in ("p99_itl_ms", "median_ttft_ms", "p99_ttft_ms", "output_throughput")
+            for k in POLICY_METRICS
             if lo.of(k) is not None and rr.of(k) is not None]
     parts = []
     for c in cmps:

@@ -17,13 +17,13 @@ import pandas as pd
 
 from lab_utils.config import LabConfig
 from lab_utils.errors import LabError
-from lab_utils.results.points import BY_KEY
+from lab_utils.results.points import BY_KEY, MetricKey
 from lab_utils.results.store import load_optional
 from lab_utils.util.atomic import atomic_write_text
 from lab_utils.util.numbers import fmt_num
 
 # notebook -> guess name -> (metric key, workload, load: "lowest" or "highest" concurrency)
-ASKED: dict[str, dict[str, tuple[str, str, str]]] = {
+ASKED: dict[str, dict[str, tuple[MetricKey, str, str]]] = {
     "01": {"throughput_top": ("output_throughput", "standard", "highest"),
            "tpot_c1": ("median_tpot_ms", "standard", "lowest")},
     "03": {"throughput_top": ("output_throughput", "standard", "highest"),
@@ -54,7 +54,7 @@ def _level(cfg: LabConfig, which: str) -> int:
     return max(levels) if which == "highest" else min(levels)
 
 
-def _load(cfg: LabConfig, what: tuple[str, str, str]) -> str:
+def _load(cfg: LabConfig, what: tuple[MetricKey, str, str]) -> str:
     _, workload, which = what
     run = "the mixed workload" if workload == "mixed" else "the sweep"
     return f"{run} at concurrency {_level(cfg, which)}"
@@ -84,7 +84,7 @@ def guess(cfg: LabConfig, notebook: str, **values: float | None) -> None:
         print(f"your guess: {BY_KEY[key].heading} {fmt_num(v)}, {_load(cfg, asked[k])}")
 
 
-def _forecast_and_measured(cfg: LabConfig, notebook: str, what: tuple[str, str, str]
+def _forecast_and_measured(cfg: LabConfig, notebook: str, what: tuple[MetricKey, str, str]
                            ) -> tuple[float | None, float | None]:
     env = load_optional(cfg, notebook)
     if env is None:

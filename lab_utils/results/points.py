@@ -25,18 +25,25 @@ import math
 import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple, get_args
 
 from pydantic import BaseModel, model_validator
 
 # ---- the metric table ---------------------------------------------------------------------
 
 
+MetricKey = Literal["request_throughput", "output_throughput", "total_token_throughput",
+                    "request_goodput", "median_ttft_ms", "p99_ttft_ms", "median_itl_ms",
+                    "p99_itl_ms", "median_tpot_ms", "p99_tpot_ms", "median_e2el_ms",
+                    "p99_e2el_ms"]
+"""A headline metric's name, as vLLM names it: what mypy checks every key against."""
+
+
 @dataclass(frozen=True)
 class Metric:
     """A headline metric: vLLM's field name, how people read it, and which way is better."""
 
-    key: str  # vLLM's field name (`vllm bench serve`'s result JSON)
+    key: MetricKey  # vLLM's field name (`vllm bench serve`'s result JSON)
     label: str  # in sentences: "TTFT p50", "output throughput"
     unit: str
     higher_is_better: bool
@@ -90,10 +97,11 @@ METRICS = (
     Metric("p99_e2el_ms", "E2E latency p99", "ms", False, ",.1f"),
 )
 KEYS = tuple(m.key for m in METRICS)
+assert get_args(MetricKey) == KEYS, "METRICS and MetricKey name the same metrics, in order"
 BY_KEY = {m.key: m for m in METRICS}
 
 
-def metric(key: str | Metric) -> Metric:
+def metric(key: MetricKey | Metric) -> Metric:
     """The table's entry for a key (a Metric is returned as it is)."""
     return key if isinstance(key, Metric) else BY_KEY[key]
 
@@ -198,11 +206,11 @@ class Point(BaseModel):
                       "max": v if hi is None else hi, "n": n}
         return out
 
-    def of(self, key: str | Metric) -> Measured | None:
+    def of(self, key: MetricKey | Metric) -> Measured | None:
         """The metric `key` (a key of the table, or its Metric)."""
         return getattr(self, metric(key).key)
 
-    def median(self, key: str | Metric) -> float | None:
+    def median(self, key: MetricKey | Metric) -> float | None:
         """The metric's median over the repeats, None when not measured."""
         m = self.of(key)
         return None if m is None else m.median
@@ -244,7 +252,7 @@ class Verdict(NamedTuple):
     basis: str
 
 
-def compare(a: Measured | None, b: Measured | None, key: str | Metric | None = None,
+def compare(a: Measured | None, b: Measured | None, key: MetricKey | Metric | None = None,
             margin: float = MARGIN) -> Verdict:
     """Whether b differs from a, and which is better (with `key`, the metric's direction).
 
@@ -307,7 +315,7 @@ def with_caches(verdict: Verdict, a_hits: float | None, b_hits: float | None) ->
     return verdict._replace(differs=False, better=None, basis=f"{verdict.basis}; but {why}")
 
 
-def compare_points(a: Point, b: Point, key: str | Metric) -> Verdict:
+def compare_points(a: Point, b: Point, key: MetricKey | Metric) -> Verdict:
     """The rule (`compare`) on metric `key` of two points, naming no winner when their
     prefix-cache hit shares differ (`with_caches`)."""
     return with_caches(compare(a.of(key), b.of(key), key), a.prefix_cache_hit_pct,
@@ -344,6 +352,6 @@ RULE = (f"a difference counts only when it is larger than {MARGIN:.0%} of the sm
         "decides)")
 
 __all__ = ["BY_KEY", "COMPARED", "FORECAST", "KEYS", "MARGIN", "METRICS", "RULE", "Measured",
-           "Metric", "Point", "Verdict", "compare", "compare_points", "differs", "metric", "metric_rows", "rounded",
+           "Metric", "MetricKey", "Point", "Verdict", "compare", "compare_points", "differs", "metric", "metric_rows", "rounded",
            "select",
            "unlike_caches", "with_caches"]
