@@ -239,8 +239,8 @@ FLIPS = {
     "report/plots.py:roofline_text": lambda: (
         plots.roofline_text(roof(17.0)), plots.roofline_text(roof(None)), "at most 17"),
     "report/expected.py:_verdict": lambda: (
-        expected._verdict(expected.Measured(5.0, "01"), 20.0),
-        expected._verdict(expected.Measured(18.0, "01"), 20.0), "4.0x below"),
+        expected._verdict(expected.Observed(5.0, "01"), 20.0),
+        expected._verdict(expected.Observed(18.0, "01"), 20.0), "4.0x below"),
 }
 
 

@@ -1,7 +1,7 @@
 """The measured curves a forecast is made from, as notebook 01 records them.
 
 Every curve is a handful of measured points, each with its median and its range over
-repeats (`Point`). `Curve` reads a value between the points by linear interpolation and
+repeats (`CurvePoint`). `Curve` reads a value between the points by linear interpolation and
 beyond them along the end segment, never below zero: it invents no shape the
 measurements do not show. `bound` picks the low, median or high edge of every point, so a
 forecast can be run at the edges of the measurement's spread.
@@ -12,19 +12,19 @@ from __future__ import annotations
 from bisect import bisect_right
 from dataclasses import dataclass
 
-from lab_utils.results.forecast import Edge, Point
+from lab_utils.results.forecast import CurvePoint, Edge
 
 EDGES: tuple[Edge, ...] = ("lo", "median", "hi")
 
 
-def point(x: float, values: list[float]) -> Point:
+def point(x: float, values: list[float]) -> CurvePoint:
     """The point of these repeated measurements of y at x."""
     if not values:
         raise ValueError(f"no measurement at {x}")
     s = sorted(values)
     mid = len(s) // 2
     median = s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) / 2
-    return Point(x=x, median=median, lo=s[0], hi=s[-1], n=len(s))
+    return CurvePoint(x=x, median=median, lo=s[0], hi=s[-1], n=len(s))
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ class Curve:
     ys: tuple[float, ...]
 
     @classmethod
-    def of(cls, points: list[Point], edge: Edge = "median") -> Curve:
+    def of(cls, points: list[CurvePoint], edge: Edge = "median") -> Curve:
         if not points:
             raise ValueError("a curve needs at least one measured point")
         pts = sorted(points, key=lambda p: p.x)

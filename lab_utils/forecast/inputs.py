@@ -13,13 +13,13 @@ from lab_utils.errors import LabError
 from lab_utils.forecast.curves import Curve, point
 from lab_utils.forecast.model import EngineCosts, Inputs
 from lab_utils.kv.shapes import PUBLISHED_CONFIGS, kv_shape
-from lab_utils.results.forecast import Edge, EngineProfile, Point
+from lab_utils.results.forecast import CurvePoint, Edge, EngineProfile
 from lab_utils.results.kv_transfer import KvTransferPayload
 
 SEG_TYPE = {"cpu": "DRAM", "cuda": "VRAM"}  # kv_buffer_device -> the probe's memory type
 
 
-def transfer_points(kv: KvTransferPayload, buffer_device: str) -> list[Point]:
+def transfer_points(kv: KvTransferPayload, buffer_device: str) -> list[CurvePoint]:
     """02's probe READs from the memory the KV is staged in: ms against bytes; the
     interval runs from the median to the 99th percentile."""
     seg = SEG_TYPE.get(buffer_device, "DRAM")
@@ -27,7 +27,7 @@ def transfer_points(kv: KvTransferPayload, buffer_device: str) -> list[Point]:
             and r.get("median_us") is not None]
     if not rows and seg != "DRAM":
         rows = [r for r in kv.probe.rows if r.get("seg_type") == "DRAM" and r.get("op") == "READ"]
-    return [Point(x=r["bytes"], median=r["median_us"] / 1e3, lo=r["median_us"] / 1e3,
+    return [CurvePoint(x=r["bytes"], median=r["median_us"] / 1e3, lo=r["median_us"] / 1e3,
                   hi=(r.get("p99_us") or r["median_us"]) / 1e3, n=r.get("iterations", 1))
             for r in rows]
 

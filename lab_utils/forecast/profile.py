@@ -41,7 +41,7 @@ from lab_utils.forecast.model import default_token_budget
 from lab_utils.measure.loadgen import RequestSpec, run_point, run_sync
 from lab_utils.measure.prompts import exact_prompt
 from lab_utils.on_node.proctools import group_cpu_seconds
-from lab_utils.results.forecast import DecodeLine, EngineProfile, Point
+from lab_utils.results.forecast import CurvePoint, DecodeLine, EngineProfile
 from lab_utils.util.progress import progress_bar
 
 REPEATS = 5  # lone requests per prefill length and per hop pair
@@ -182,7 +182,7 @@ def profile_frame(profile: EngineProfile):
     median and range over its repeats; a figure measured once has no range (blank)."""
     import pandas as pd
 
-    def row(curve: str, at: str, p: Point | None = None, value: float | None = None) -> dict:
+    def row(curve: str, at: str, p: CurvePoint | None = None, value: float | None = None) -> dict:
         return {"measured": curve, "at": at,
                 "median": p.median if p is not None else value,
                 "min": p.lo if p is not None else None, "max": p.hi if p is not None else None}

@@ -10,7 +10,7 @@ GPU memory are one ~120 GiB pool, so that mirror counts against the same `MemTot
 the CPU build the KV cache is `cpu_kvcache_space_gib` (VLLM_CPU_KVCACHE_SPACE) and there
 is no mirror (`use_host_buffer` is False on a CPU platform). Weights come from the model's
 weight files when they are readable here, else from config.json's shape; the overheads are
-assumptions, named as such, until a real run measured them: `Measured` carries a node's
+assumptions, named as such, until a real run measured them: `MeasuredMemory` carries a node's
 calibration (`results.calibration`) and replaces each estimate it has, labelled with the
 node and date of the measurement.
 """
@@ -41,7 +41,7 @@ OS_RESERVE = {"cuda": 8 * GiB, "cpu": 2 * GiB}
 DEFAULT_UTILIZATION = 0.92
 
 @dataclass(frozen=True)
-class Measured:
+class MeasuredMemory:
     """Figures measured on a node (bytes, and "measured on <node>, <date>"); None: the
     estimate stands."""
 
@@ -60,7 +60,7 @@ class Measured:
         return self.os_reserve[0] if self.os_reserve else OS_RESERVE[device]
 
 
-ESTIMATED = Measured()
+ESTIMATED = MeasuredMemory()
 
 
 @dataclass(frozen=True)
@@ -187,7 +187,7 @@ def weights(cfg: LabConfig, hf: dict, model_dir: Path | None) -> Item:
 def instance_memory(cfg: LabConfig, hf: dict, weights_item: Item, mem_total: int, *,
                     utilization: float | None, kv_cache_bytes: int | None,
                     cpu_kvcache_gib: int | None, mirror: bool,
-                    measured: Measured = ESTIMATED, ranks: int = 1) -> InstanceMemory:
+                    measured: MeasuredMemory = ESTIMATED, ranks: int = 1) -> InstanceMemory:
     """One instance's budget on a node of `mem_total` bytes; `measured` replaces the
     estimates it has. With `ranks` > 1 it is one rank of a model split that many ways by
     tensor parallelism: 1/ranks of the weights, and per token of KV cache only the KV
@@ -250,7 +250,7 @@ def instance_memory(cfg: LabConfig, hf: dict, weights_item: Item, mem_total: int
 
 
 def fitting_utilization(mem_total: int, instances: list[tuple[int, bool]],
-                        measured: Measured = ESTIMATED) -> float:
+                        measured: MeasuredMemory = ESTIMATED) -> float:
     """The highest `gpu_memory_utilization`, one value for every instance on a node, that
     fits: `instances` are (weights bytes, mirror) pairs. Rounded down to 0.01."""
     free = (mem_total - measured.reserve_bytes("cuda")
@@ -264,7 +264,7 @@ def fitting_utilization(mem_total: int, instances: list[tuple[int, bool]],
 
 
 def fitting_kv_bytes(mem_total: int, instances: list[tuple[int, bool]],
-                     measured: Measured = ESTIMATED) -> int:
+                     measured: MeasuredMemory = ESTIMATED) -> int:
     """The largest `--kv-cache-memory-bytes`, the same for every instance on a CUDA node,
     that fits; rounded down to whole GiB."""
     free = mem_total - measured.reserve_bytes("cuda") - sum(

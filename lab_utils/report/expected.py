@@ -43,7 +43,7 @@ EXPECTED_TWO_SPARK: dict[str, Any] = {
 }
 
 
-class Measured(NamedTuple):
+class Observed(NamedTuple):
     """A figure of this run: its value (None: not measured), where it comes from, and why
     it cannot be compared with the expected one (None: it can)."""
 
@@ -52,7 +52,7 @@ class Measured(NamedTuple):
     not_comparable: str | None = None
 
 
-def measured_nixl_dram_GBps(payload02: KvTransferPayload | None) -> Measured:
+def measured_nixl_dram_GBps(payload02: KvTransferPayload | None) -> Observed:
     """02's probe: the largest DRAM READ (what NixlConnector does); without probe rows,
     the largest prompt's measured KV transfer."""
     reads = [r for r in probe_rows(payload02) if r.get("seg_type") == "DRAM"
@@ -63,60 +63,60 @@ def measured_nixl_dram_GBps(payload02: KvTransferPayload | None) -> Measured:
         source = f"02's NIXL probe, DRAM READ of {fmt_num(top['bytes'])} bytes"
         if top.get("checksum_ok") is False:
             source += " (its checksum did not match)"
-        return Measured(float(top["bandwidth_GBps"]), source)
+        return Observed(float(top["bandwidth_GBps"]), source)
     kv = kv_table(payload02).dropna(subset=["kv_bytes", "measured_ms"])
     kv = kv[kv["measured_ms"] > 0]
     if kv.empty:
-        return Measured(None, "not measured (no 02 probe DRAM READ rows or measured transfers)")
+        return Observed(None, "not measured (no 02 probe DRAM READ rows or measured transfers)")
     last = kv.iloc[-1]
-    return Measured(last["kv_bytes"] / last["measured_ms"] / 1e6,
+    return Observed(last["kv_bytes"] / last["measured_ms"] / 1e6,
                     f"02's KV transfer of {last['prompt_tokens']:g} prompt tokens "
                     "(includes latency)")
 
 
-def measured_link_Gbps(payload00: EnvironmentPayload | None) -> Measured:
+def measured_link_Gbps(payload00: EnvironmentPayload | None) -> Observed:
     """00's data-plane link check: ib_write_bw on one rail (RDMA), or one TCP stream,
     which says nothing about a rail's RDMA bandwidth."""
     links = [c for c in checks(payload00) if c.check == "link"]
     measured = [c for c in links if is_number(c.data.get("measured_gbps"))]
     if not measured:
         if not links:
-            return Measured(None, "not recorded by 00")
+            return Observed(None, "not recorded by 00")
         c = links[0]
-        return Measured(None, f"not measured (00's link check: {c.status}, {c.summary})")
+        return Observed(None, f"not measured (00's link check: {c.status}, {c.summary})")
     worst = min(measured, key=lambda c: c.data["measured_gbps"])
     gbps = float(worst.data["measured_gbps"])
     if worst.data.get("method") == "tcp":
-        return Measured(gbps, f"00's link check, {worst.node}, one TCP stream",
+        return Observed(gbps, f"00's link check, {worst.node}, one TCP stream",
                         "one TCP stream, not ib_write_bw over RDMA")
-    return Measured(gbps, f"00's link check, {worst.node}, ib_write_bw on one rail")
+    return Observed(gbps, f"00's link check, {worst.node}, ib_write_bw on one rail")
 
 
-def measured_memory_bandwidth(data: ReportData) -> Measured:
+def measured_memory_bandwidth(data: ReportData) -> Observed:
     """01's roofline bandwidth, when it was measured. On a GB10 01 records the published
     figure itself (nothing on the node measures LPDDR5x bandwidth), and comparing that
     with the expected figure would compare a constant with itself."""
     roof = data.baseline.roofline if data.baseline else None
     if roof is None or roof.memory_bandwidth_GBps is None:
-        return Measured(None, "not measured (no roofline in 01's record)"
+        return Observed(None, "not measured (no roofline in 01's record)"
                         if roof is None else f"not measured ({roof.bandwidth_source})")
     if not roof.bandwidth_source.startswith("measured"):
-        return Measured(None, f"the published figure, not measured ({roof.bandwidth_source}: "
+        return Observed(None, f"the published figure, not measured ({roof.bandwidth_source}: "
                               f"{fmt_num(roof.memory_bandwidth_GBps)} GB/s)")
-    return Measured(num_or_nan(roof.memory_bandwidth_GBps), f"01's roofline record: "
+    return Observed(num_or_nan(roof.memory_bandwidth_GBps), f"01's roofline record: "
                     f"{roof.bandwidth_source}")
 
 
-def measured_decode_per_stream(table: pd.DataFrame) -> Measured:
+def measured_decode_per_stream(table: pd.DataFrame) -> Observed:
     """Decode tokens/s of one stream: 1000 / TPOT p50 at the baseline's lowest concurrency."""
     if table.empty:
-        return Measured(None, "not measured")
+        return Observed(None, "not measured")
     rows = table[(table["architecture"] == "baseline") & (table["workload"] == "standard")
                  & (table["mode"] == "concurrency") & table["valid"]].dropna(subset=[PER_STREAM])
     if rows.empty:
-        return Measured(None, "no valid baseline concurrency point")
+        return Observed(None, "no valid baseline concurrency point")
     row = rows.sort_values("value").iloc[0]
-    return Measured(float(row[PER_STREAM]), f"01, 1000 / TPOT p50 at {row['load']}")
+    return Observed(float(row[PER_STREAM]), f"01, 1000 / TPOT p50 at {row['load']}")
 
 
 def _ratio(measured: float | None, expected: float | tuple[float, float]) -> float | None:
@@ -128,7 +128,7 @@ def _ratio(measured: float | None, expected: float | tuple[float, float]) -> flo
     return measured / (lo if measured < lo else hi)
 
 
-def _verdict(m: Measured, expected: float | tuple[float, float]) -> str:
+def _verdict(m: Observed, expected: float | tuple[float, float]) -> str:
     ratio = _ratio(m.value, expected)
     if ratio is None:
         return "not measured"

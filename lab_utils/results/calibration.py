@@ -25,7 +25,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from lab_utils.config import LabConfig
-from lab_utils.results.forecast import Point
+from lab_utils.results.forecast import CurvePoint
 from lab_utils.util.atomic import atomic_write_text
 
 MAX_STARTS = 50  # start times kept per node, newest last
@@ -150,7 +150,7 @@ def record_probe(cfg: LabConfig, initiator: str, target: str, rows: list[dict]) 
     return save(cfg, cal)
 
 
-def record_proxy(cfg: LabConfig, node: str, hop: Point, *, backend: str) -> Path:
+def record_proxy(cfg: LabConfig, node: str, hop: CurvePoint, *, backend: str) -> Path:
     """Write what the proxy on `node` added to a request: notebook 01's proxy hop (ms, a
     request through the proxy less the same request sent directly to `backend`, at `hop.x`
     prompt tokens; the median and range of `hop.n` pairs)."""

@@ -1,5 +1,5 @@
 """The forecast's records: notebook 01's engine profile (`EngineProfile`, measured by
-`lab_utils.forecast.profile`: curves of measured `Point`s) and the forecast notebooks 01
+`lab_utils.forecast.profile`: curves of measured `CurvePoint`s) and the forecast notebooks 01
 (of its own sweep), 03 and 04 make before they measure (`Forecast`, from `lab_utils.forecast.run`).
 """
 
@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict
 Edge = Literal["lo", "median", "hi"]
 
 
-class Point(BaseModel):
+class CurvePoint(BaseModel):
     """One measured point: x, and the median, smallest and largest y over `n` repeats."""
 
     model_config = ConfigDict(extra="forbid")
@@ -33,7 +33,7 @@ class DecodeLine(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     context: int  # prompt tokens + the mean position of the measured tokens
-    points: list[Point]
+    points: list[CurvePoint]
 
 
 class BesideBusy(BaseModel):
@@ -45,8 +45,8 @@ class BesideBusy(BaseModel):
     threads: int  # stand-ins, one per NIXL thread there
     policy: str  # theirs, e.g. "SCHED_OTHER nice 19 slice 0.1 ms"
     binds: list[str]  # the CPUs each was pinned to ("-": none)
-    alone: Point  # x: 1 request; ms per decode step
-    beside: Point | None
+    alone: CurvePoint  # x: 1 request; ms per decode step
+    beside: CurvePoint | None
     ratio: float | None  # beside / alone, medians
     why: str | None = None  # why there is no ratio
 
@@ -56,16 +56,16 @@ class EngineProfile(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    prefill: list[Point]  # x: prompt tokens; ms to the first token, direct
+    prefill: list[CurvePoint]  # x: prompt tokens; ms to the first token, direct
     decode: list[DecodeLine]  # x: requests decoding together; ms per step
-    hop: Point  # x: prompt tokens; ms the proxy adds (through it - direct)
+    hop: CurvePoint  # x: prompt tokens; ms the proxy adds (through it - direct)
     token_budget: int  # vLLM's max_num_batched_tokens for this device (its default)
     device: str
     elapsed_s: float
     active_cores: float | None = None  # cores the instance's processes use while decoding
     host_cores: int | None = None  # cores of the machine it ran on (local instances only)
     # CPU ms the proxy and the load generator spend per streamed token (local only)
-    stream_cpu_ms_per_token: Point | None = None
+    stream_cpu_ms_per_token: CurvePoint | None = None
     beside_busy: BesideBusy | None = None  # the P/D forecast's CPU term
     # the replicated forecast's: beside the other replicas' idle workers, on one machine
     beside_replicas: BesideBusy | None = None

@@ -163,7 +163,7 @@ def _mem_total(cluster: Cluster, name: str, given, read_nodes: bool) -> tuple[in
 
 
 def _fixes(cfg: LabConfig, budget: NodeBudget, plans: list[InstancePlan], weights: int,
-           found: memory.Measured = memory.ESTIMATED) -> list[str]:
+           found: memory.MeasuredMemory = memory.ESTIMATED) -> list[str]:
     if cfg.vllm.device == "cpu":
         return ["lower vllm.<role>.cpu_kvcache_space_gib, or place fewer instances on "
                 f"{budget.node} (topology)"]
@@ -233,7 +233,7 @@ def make_plan(cluster: Cluster, topology: str, *, kv_buffer_device: str | None =
                 [[s.name for s in wave] for wave in start_waves(cfg, specs)])
 
 
-def measured(cfg: LabConfig, node: str, role: str | None = None) -> memory.Measured:
+def measured(cfg: LabConfig, node: str, role: str | None = None) -> memory.MeasuredMemory:
     """What the node's calibration record measured (nothing: the estimates stand)."""
     cal = calibration.load(cfg, node)
     if cal is None:
@@ -243,7 +243,7 @@ def measured(cfg: LabConfig, node: str, role: str | None = None) -> memory.Measu
     def pick(key: str) -> tuple[int, str] | None:
         return (int(m[key][0]), m[key][1]) if key in m else None
 
-    return memory.Measured(cuda_overhead=pick("cuda_overhead"), process=pick("process"),
+    return memory.MeasuredMemory(cuda_overhead=pick("cuda_overhead"), process=pick("process"),
                            os_reserve=pick("os_reserve"),
                            kv_bytes=pick(f"kv_bytes:{role}") if role else None)
 
@@ -287,7 +287,7 @@ def merge_plans(cfg: LabConfig, plans: list[Plan]) -> Plan:
 
 def _instance(cluster: Cluster, spec: InstanceSpec, kv_buffer_device: str | None, hf: dict,
               weights: memory.Item, mem_total: int | None,
-              found: memory.Measured = memory.ESTIMATED) -> InstancePlan:
+              found: memory.MeasuredMemory = memory.ESTIMATED) -> InstancePlan:
     cfg = cluster.cfg
     argv = server_command(cluster, spec, kv_buffer_device=kv_buffer_device)
     device = _buffer_device(argv)

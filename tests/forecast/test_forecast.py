@@ -27,7 +27,7 @@ from lab_utils.forecast.model import (
 )
 from lab_utils.notebook import make_forecast
 from lab_utils.results import results_spec, write_results
-from lab_utils.results.forecast import DecodeLine, EngineProfile, Forecast, Point
+from lab_utils.results.forecast import CurvePoint, DecodeLine, EngineProfile, Forecast
 
 from support.payloads import baseline_dict, kv_dict, model
 
@@ -184,7 +184,7 @@ def test_curve_interpolates_extrapolates_and_never_goes_negative():
     assert c(15) == pytest.approx(2.0)
     assert c(60) == pytest.approx(5.0)  # along the last segment
     assert c(0) == 0.0  # the first segment extended reaches -1: clamped
-    assert point(1.0, [3.0, 1.0, 2.0]) == Point(x=1.0, median=2.0, lo=1.0, hi=3.0, n=3)
+    assert point(1.0, [3.0, 1.0, 2.0]) == CurvePoint(x=1.0, median=2.0, lo=1.0, hi=3.0, n=3)
 
 
 # ---- the forecast reads 01 and 02 only ----------------------------------------------------
@@ -193,9 +193,9 @@ def test_curve_interpolates_extrapolates_and_never_goes_negative():
 def profile_dict() -> dict:
     pts = lambda ys: [point(x, [y * 0.9, y, y * 1.2]).model_dump() for x, y in ys]  # noqa: E731
     return EngineProfile(
-        prefill=[Point(**p) for p in pts([(32, 6.0), (128, 7.0), (576, 18.0), (1024, 33.0)])],
-        decode=[DecodeLine(context=152, points=[Point(**p) for p in pts([(1, 1.5), (2, 1.6), (4, 1.8)])]),
-                DecodeLine(context=1048, points=[Point(**p) for p in pts([(1, 1.6), (2, 1.8), (4, 2.1)])])],
+        prefill=[CurvePoint(**p) for p in pts([(32, 6.0), (128, 7.0), (576, 18.0), (1024, 33.0)])],
+        decode=[DecodeLine(context=152, points=[CurvePoint(**p) for p in pts([(1, 1.5), (2, 1.6), (4, 1.8)])]),
+                DecodeLine(context=1048, points=[CurvePoint(**p) for p in pts([(1, 1.6), (2, 1.8), (4, 2.1)])])],
         hop=point(128, [0.8, 1.0, 1.3]), token_budget=2048, device="cpu", elapsed_s=3.0,
         active_cores=1.9, host_cores=2).model_dump()
 

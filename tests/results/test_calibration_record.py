@@ -12,7 +12,7 @@ import pytest
 
 from lab_utils.results import calibration
 from lab_utils.results.calibration import Calibration
-from lab_utils.results.forecast import Point
+from lab_utils.results.forecast import CurvePoint
 
 
 def probe_rows(gbps: dict[tuple[str, str], float], sizes=(262144, 1 << 20, 1 << 22)) -> list[dict]:
@@ -57,14 +57,14 @@ def test_the_probe_rate_is_recorded_on_the_initiator_and_read_back(test_cfg):
 def test_the_proxy_cost_is_recorded_on_the_proxy_node_and_read_back(test_cfg):
     node = test_cfg.proxy.node
     assert calibration.proxy_ms(test_cfg) is None
-    calibration.record_proxy(test_cfg, node, Point(x=128, median=0.98, lo=-0.8, hi=2.8, n=5),
+    calibration.record_proxy(test_cfg, node, CurvePoint(x=128, median=0.98, lo=-0.8, hi=2.8, n=5),
                              backend="spark-01")
     cal = calibration.load(test_cfg, node)
     assert cal.proxy["backend"] == "spark-01" and cal.proxy["kind"] == "lab"
     assert cal.proxy["n"] == 5 and cal.proxy["prompt_tokens"] == 128
     assert calibration.proxy_ms(test_cfg) == (0.98, label(test_cfg, node))
     # a hop inside the noise of the direct request is no negative cost
-    calibration.record_proxy(test_cfg, node, Point(x=128, median=-0.2, lo=-1, hi=1, n=5),
+    calibration.record_proxy(test_cfg, node, CurvePoint(x=128, median=-0.2, lo=-1, hi=1, n=5),
                              backend="spark-01")
     assert calibration.proxy_ms(test_cfg) == (0.0, label(test_cfg, node))
     # measured through vLLM's router, it is not the lab proxy's cost
