@@ -20,7 +20,7 @@ from lab_utils.results import BaselinePayload, Proof, TensorParallelPayload
 from lab_utils.results.claims import Claim, Comparison, Graded, Located, claim, comparison
 from lab_utils.results.forecast import Forecast
 from lab_utils.results.kv_transfer import KvTransferPayload
-from lab_utils.results.points import BY_KEY, Measured, MetricKey, Point, differs
+from lab_utils.results.points import BY_KEY, COMPARED, Measured, MetricKey, Point, differs
 from lab_utils.results.sweep import BenchmarkResult
 
 # what NIXL's progress threads did in a run: as vLLM gets them, busy and lowered by the lab
@@ -69,13 +69,16 @@ def forecast_said(fc: Forecast | None, runs: dict[str, BenchmarkResult | None], 
     if row is None or row["lo"] is None:
         return "", []
     m = BY_KEY[key]
-    figures = (f"predicted {m.text(row['predicted'])}, interval {m.text(row['lo'], False)}-"
-               f"{m.text(row['hi'])}, measured {m.text(row['measured'])}")
     grade = [Graded(notebook=notebook, workload=workload, load=load, metric=key,
                     inside=row["in interval"])]
-    return ((f"as the forecast made before the sweep expected ({figures})" if row["in interval"]
-             else f"not as the forecast made before the sweep expected ({figures}: outside its "
-                  "interval)"), grade)
+    where = ("inside its interval" if row["in interval"] else
+             "above its interval" if row["measured"] > row["hi"] else "below its interval")
+    return (f"the forecast made before the sweep predicted {m.text(row['predicted'])} "
+            f"(interval {m.text(row['lo'], False)}-{m.text(row['hi'])}); the measurement, "
+            f"{m.text(row['measured'])}, fell {where}", grade)
+
+
+COMPARED_KEYS: tuple[MetricKey, ...] = tuple(m.key for m in COMPARED)
 
 
 def _ms(v: float | None) -> str:
@@ -109,7 +112,7 @@ def conclude_01(payload: BaselinePayload, device: str = "cpu") -> list[Claim]:
     tpot = versus("median_tpot_ms", at(hi), at(lo))
     fc, grade = forecast_said(getattr(payload, "forecast", None), {"standard": payload.sweep},
                               "output_throughput", "standard", max(pts), "01")
-    fc = f" Output throughput at {max(pts):g} came out {fc}." if fc else ""
+    fc = f" At concurrency {max(pts):g}, {fc}." if fc else ""
     said = []
     if tps.better == "subject":
         said.append(claim("01", f"Batching paid: output throughput rose {tps.margin().split()[0]} "
@@ -131,17 +134,15 @@ def conclude_01(payload: BaselinePayload, device: str = "cpu") -> list[Claim]:
         share = per_stream / roof.max_tokens_per_s_per_stream
         said.append(claim("01", f"One stream decoded {per_stream:.0f} tokens/s, {share:.0%} of the memory "
                     f"roofline ({roof.max_tokens_per_s_per_stream:.0f} tokens/s)"
-                    + (": the tiny model's weights sit in the CPU's caches, so per-step "
-                       "overheads, not memory, set the pace here." if share < 0.2 else
-                       ": memory bandwidth is what limits one stream."),
+                    + (": far below it, so something other than reading the weights sets the "
+                       "pace here (this run does not measure what)." if share < 0.2 else
+                       ": within reach of it, as a memory-bound decode would be."),
                           per_stream=per_stream, roofline=roof.max_tokens_per_s_per_stream))
     if payload.profile and payload.profile.prefill:
         p = sorted(payload.profile.prefill, key=lambda q: q.x)
-        said.append(claim("01", f"Prefill (profile): {p[0].median:.3g} ms for {p[0].x:g} tokens, "
-                          f"{p[-1].median:.3g} ms for {p[-1].x:g}: "
-                          f"{(p[-1].median - p[0].median) / (p[-1].x - p[0].x) * 1000:.3g} ms "
-                          "per 1,000 more prompt tokens.", short_ms=p[0].median,
-                          long_ms=p[-1].median))
+        said.append(claim("01", "Prefill (profile): " + ", ".join(
+            f"{q.median:.3g} ms for {q.x:g} tokens" for q in p) + ".",
+            figures={f"{q.x:g} tokens": q.median for q in p}))
     if read_late(payload.sweep, "concurrency", max(pts)):
         said.append(claim("01", f"At concurrency {max(pts):g} the load generator read many "
                           "tokens late: its ITL and TPOT there are the client's, not the "
@@ -244,7 +245,7 @@ def conclude_03(baseline: BenchmarkResult, replicated: BenchmarkResult,
     tps = versus("output_throughput", reps(b[top]), single(a[top]))
     fc, grade = forecast_said(forecast, {"standard": replicated, "mixed": mixed},
                               "output_throughput", "standard", top, "03")
-    fc = f" This came out {fc}." if fc else ""
+    fc = f" For replicated serving at {top:g}, {fc}." if fc else ""
     said = []
     if tps.better == "subject":
         said.append(claim("03", f"Two replicas added capacity: at concurrency {top:g} output "
@@ -259,18 +260,17 @@ def conclude_03(baseline: BenchmarkResult, replicated: BenchmarkResult,
                              "two Sparks each has its own GPU." if device == "cpu"
                              else "; check that both nodes serve (status).") + fc, *cmps,
                           graded=grade))
-    for key in ("median_ttft_ms", "p99_ttft_ms"):
-        if a[one].median(key) is None or b[one].median(key) is None:
-            continue
-        c = versus(key, reps(b[one]), single(a[one]))
-        said.append(claim("03", f"At concurrency {one:g}, {BY_KEY[key].label}: "
-                          f"{_ms(a[one].median(key))} alone, {_ms(b[one].median(key))} on "
-                          f"replicas ({_margin(c)})"
-                          + (": a request alone on a replica saw the single instance's latency."
-                             if c.better is None else
-                             ": not the same; a request alone on a replica would see the single "
-                             "instance's latency" + (f" ({CPU_NOTE})." if device == "cpu"
-                                                      else ".")), c))
+    keys: tuple[MetricKey, ...] = ("median_ttft_ms", "median_itl_ms")
+    cmps = [versus(k, reps(b[one]), single(a[one])) for k in keys
+            if a[one].median(k) is not None and b[one].median(k) is not None]
+    if cmps:
+        said.append(claim("03", f"At concurrency {one:g}, one request at a time: "
+                          + "; ".join(f"{BY_KEY[c.metric].label} {_ms(c.reference.value.median)} "
+                                      f"alone, {_ms(c.subject.value.median)} on replicas "
+                                      f"({_margin(c)})" for c in cmps)
+                          + (f". {CPU_NOTE[0].upper()}{CPU_NOTE[1:]}."
+                             if device == "cpu" and any(c.better for c in cmps) else "."),
+                          *cmps))
     m = _points(mixed)
     if m and top in m and b.get(top) and m[top].median("p99_itl_ms") is not None:
         c = versus("p99_itl_ms", ("replicated, mixed", "03", "mixed", m[top]), reps(b[top]))
@@ -324,7 +324,6 @@ def conclude_04(replicated: BenchmarkResult | None, disaggregated: BenchmarkResu
     if common:
         c = common[-1]
         itl = versus("p99_itl_ms", pd_mixed(md[c]), rep_mixed(mr[c]))
-        cost = versus("median_ttft_ms", pd_mixed(md[c]), rep_mixed(mr[c]))
         late = ((mixed_dis is not None and read_late(mixed_dis, "concurrency", c))
                 or (mixed_rep is not None and read_late(mixed_rep, "concurrency", c)))
         alone = _points(getattr(baseline, "mixed", None)).get(c)
@@ -332,14 +331,19 @@ def conclude_04(replicated: BenchmarkResult | None, disaggregated: BenchmarkResu
                 f"{_ms(mr[c].median('p99_itl_ms'))} on replicas, "
                 f"{_ms(md[c].median('p99_itl_ms'))} disaggregated ({_margin(itl)})"
                 + (f"; {_ms(alone.median('p99_itl_ms'))} on 01's single instance" if alone else ""))
-        paid = (f"; what it cost there, TTFT p50: {_ms(mr[c].median('median_ttft_ms'))} on "
-                f"replicas, {_ms(md[c].median('median_ttft_ms'))} disaggregated ({_margin(cost)})")
+        costs = [versus(k, pd_mixed(md[c]), rep_mixed(mr[c])) for k in COMPARED_KEYS
+                 if md[c].median(k) is not None and mr[c].median(k) is not None]
+        lost = [x for x in costs if x.better == "reference"]
+        paid = ("; what it cost there (every metric the replicas won at that point): "
+                + ", ".join(f"{BY_KEY[x.metric].label} {x.values()} disaggregated against "
+                            f"replicas ({x.margin()})" for x in lost)
+                if lost else "; the replicas won on no other metric at that point")
         fc, grade = forecast_said(forecast, {"standard": disaggregated, "mixed": mixed_dis},
                                   "p99_itl_ms", "mixed", c, "04")
-        fc = f". The disaggregated ITL p99 came out {fc}" if fc else ""
+        fc = f". For its ITL p99 there, {fc}" if fc else ""
         if itl.better == "subject":
             said.insert(0, claim("04", f"Disaggregation protected the ITL tail: {text}{paid}{fc}.",
-                                 itl, cost, graded=grade))
+                                 itl, *costs, graded=grade))
         else:
             said.insert(0, claim(
                 "04", "Disaggregation did not protect the ITL tail"
@@ -349,7 +353,7 @@ def conclude_04(replicated: BenchmarkResult | None, disaggregated: BenchmarkResu
                       "without pause." if nixl != "waiting" else ".") if device == "cpu" else ".")
                 + _nixl_cause(baseline, disaggregated)
                 + (" The load generator read tokens late there: ITL is partly the client's."
-                   if late else ""), itl, cost, graded=grade))
+                   if late else ""), itl, *costs, graded=grade))
     else:
         said.insert(0, claim("04", "No mixed workload measured by both 03 and 04: the ITL "
                              "tail under long prompts is not compared."))
@@ -433,14 +437,13 @@ def conclude_tp(baseline: BenchmarkResult, tp: TensorParallelPayload,
             f"(TPOT p50) split over {tp.ranks} nodes against "
             f"{_ms(a[one].median('median_tpot_ms'))} on 01's single instance ({_margin(tpot)})")
     if tpot.better == "subject":
-        said.append(claim("tp", f"Reading 1/{tp.ranks} of the weights per rank paid for the "
-                          f"all-reduces: {text}.", tpot))
+        said.append(claim("tp", f"Split, the model was faster per token: {text}.", tpot))
     elif tpot.better == "reference":
-        said.append(claim("tp", f"The all-reduces cost more than reading 1/{tp.ranks} of the "
-                          f"weights saved: {text}"
-                          + (". On the CPU rehearsal the ranks share the machine's two cores "
-                             "and exchange every layer's output through Gloo on loopback; what "
-                             "two GPUs over RoCE would show is not measured here."
+        said.append(claim("tp", f"Split, the model was slower per token: {text}"
+                          + (". The ranks share the machine's two cores with the proxy and the "
+                             "load generator and exchange every layer's output through Gloo on "
+                             "loopback; this run does not measure how much of the difference "
+                             "each of those is, nor what two GPUs over RoCE would show."
                              if device == "cpu" else "."), tpot))
     else:
         said.append(claim("tp", f"Splitting the model neither paid nor cost per token by the "
@@ -452,7 +455,7 @@ def conclude_tp(baseline: BenchmarkResult, tp: TensorParallelPayload,
             c = versus("output_throughput", split(b[top]), (name, nb, "sweep", o[top]))
             said.append(claim("tp", f"Throughput at concurrency {top:g}: {_tps(o[top])} tok/s "
                               f"{name}, {_tps(b[top])} split ({_margin(c)})"
-                              + (f": {name} wins on a model that fits one node."
+                              + (f": {name} was ahead on this model, which fits one node."
                                  if c.better == "reference" else "."), c))
     return said
 

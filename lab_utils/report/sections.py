@@ -120,23 +120,42 @@ def _missing_only(data: ReportData) -> list[Block]:
 
 
 def _ranking(fs: list[Comparison]) -> str:
-    """The architectures compared at one load point on one metric, best first by their
-    values, each joined to the next by ">" with the margin where the lab's rule says they
-    differ and by "=" where not: "replicated > disaggregated (1.4x) = baseline"."""
-    f0 = fs[0]
-    m = BY_KEY[f0.metric]
+    """The architectures compared at one load point on one metric, best first: tiers joined
+    by ">" (with the smallest margin between them) and members of a tier by "=", but only
+    where that chain is true of every pair by the lab's rule (each one in a higher tier
+    beats each one in a lower, none within a tier differs); otherwise every pair is named
+    ("replicated > disaggregated (1.4x); baseline = replicated; ...")."""
+    m = BY_KEY[fs[0].metric]
     values: dict[str, float] = {}
     for f in fs:
         values[f.subject.name] = f.subject.value.median
         values[f.reference.name] = f.reference.value.median
     by_pair = {frozenset((f.subject.name, f.reference.name)): f for f in fs}
     order = sorted(values, key=lambda a: values[a], reverse=m.higher_is_better)
-    out = order[0]
-    for left, right in zip(order, order[1:], strict=False):
-        pair = by_pair.get(frozenset((left, right)))
-        out += (f" > {right} ({times(pair.ratio)})" if pair is not None and pair.winner == left
-                else f" = {right}")
-    return out
+    complete = all(frozenset((a, b)) in by_pair for i, a in enumerate(order) for b in order[i + 1:])
+    tiers: list[list[str]] = []
+    for a in order if complete else []:
+        if tiers and all(by_pair[frozenset((a, t))].winner is None for t in tiers[-1]):
+            tiers[-1].append(a)
+        else:
+            tiers.append([a])
+    chain_holds = complete and all(
+        (f.winner is None) == (ti == tj) and (ti == tj or f.winner == (a if ti < tj else b))
+        for f in fs for a, b in [(f.subject.name, f.reference.name)]
+        for ti, tj in [(_tier(tiers, a), _tier(tiers, b))])
+    if chain_holds:
+        out = " = ".join(tiers[0])
+        for upper, lower in zip(tiers, tiers[1:], strict=False):
+            gap = min(by_pair[frozenset((u, lo))].ratio for u in upper for lo in lower)
+            out += f" > {' = '.join(lower)} ({times(gap)})"
+        return out
+    return "; ".join(f"{f.winner} > {f.subject.name if f.winner == f.reference.name else f.reference.name}"
+                     f" ({times(f.ratio)})" if f.winner else
+                     f"{f.subject.name} = {f.reference.name}" for f in fs)
+
+
+def _tier(tiers: list[list[str]], arch: str) -> int:
+    return next(i for i, t in enumerate(tiers) if arch in t)
 
 
 def verdict_table(concl: Conclusions) -> tuple[pd.DataFrame, str]:

@@ -80,3 +80,28 @@ def test_the_policy_sentence_names_the_win_and_its_cost():
     (even,) = policy_claims({"round_robin": pt(12.8, 24.6), "least_outstanding": pt(12.5, 24.0)})
     assert even.text.endswith("Least-outstanding won on nothing.")
     assert policy_claims({"round_robin": pt(1, 1)}) == []
+
+
+def test_a_verdict_cell_is_a_chain_only_where_every_pair_agrees():
+    from lab_utils.report.sections import _ranking
+    from lab_utils.results.claims import comparison
+    from lab_utils.results.points import Point
+
+    def pt(v: float, lo: float, hi: float) -> Point:
+        return Point.model_validate({"mode": "concurrency", "value": 1.0, "repeats": 2,
+                                     "p99_itl_ms": {"median": v, "min": lo, "max": hi, "n": 2}})
+
+    def cell(points: dict[str, Point]) -> str:
+        names = list(points)
+        return _ranking([comparison("p99_itl_ms", (a, "x", "sweep", points[a]),
+                                    (b, "x", "sweep", points[b]))
+                         for i, a in enumerate(names) for b in names[i + 1:]])
+
+    # baseline ties with both, but replicated beats disaggregated: no chain is true
+    loose = cell({"baseline": pt(7.75, 6.0, 9.5), "replicated": pt(7.9, 7.5, 8.3),
+                  "disaggregated": pt(10.99, 9.0, 13.0)})
+    assert loose == ("baseline = replicated; baseline = disaggregated; "
+                     "replicated > disaggregated (1.4x)")
+    tight = cell({"baseline": pt(7.8, 7.6, 8.0), "replicated": pt(8.0, 7.9, 8.2),
+                  "disaggregated": pt(11.0, 10.8, 11.2)})
+    assert tight == "baseline = replicated > disaggregated (1.4x)"

@@ -93,9 +93,8 @@ def notebook_conclusions(key, a, b) -> str | None:
         (c,) = [c for c in said[0].comparisons if c.value == TOP]
         assert won == (c.better == "subject")
         return {"subject": "b", "reference": "a", None: None}[c.better]
-    same = "saw the single instance's latency" in said[1].text
-    (c,) = said[1].comparisons
-    assert same == (c.better is None)
+    (c,) = [c for c in said[1].comparisons if c.metric == key]
+    assert (f"({c.margin()})" in said[1].text) == (c.better is not None)
     return {"subject": "b", "reference": "a", None: None}[c.better]
 
 
