@@ -177,11 +177,16 @@ def best_transfer_sentence(rows: list[dict], seg_type: str = "DRAM") -> str | No
     if best is largest:
         return head + (", its largest transfer: there the two agree by construction, so read "
                        "the smaller sizes.")
+    smallest = min(mine, key=lambda r: r["bytes"])
     return head + (f", not at its largest transfer ({_mib(largest['bytes'])} reached "
                    f"{largest['bandwidth_GBps']:.3g} GB/s, "
                    f"{best['bandwidth_GBps'] / largest['bandwidth_GBps']:.1f}x less): the "
-                   "estimate is exact near that size and optimistic both below it (a fixed "
-                   "cost per transfer) and above it (the bandwidth falls).")
+                   "estimate is exact near that size and optimistic above it, where the "
+                   "bandwidth fell"
+                   + (", and below it, where a fixed cost per transfer shows"
+                      if best is not smallest else
+                      " (it was the smallest size probed: nothing below it was measured)")
+                   + ".")
 
 
 def conclude_02(kv: KvTransferPayload, input_len: int | None = None) -> list[Claim]:

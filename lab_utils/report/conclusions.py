@@ -237,8 +237,7 @@ def _spread_sentence(table: pd.DataFrame) -> str:
             f"the metric that varied most, {sorted(spreads)[len(spreads) // 2]:.0f}% at the median"
             " point)" if spreads else "")
     parts = [f"a difference counts only when it is larger than {MARGIN:.0%} of the smaller "
-             f"value{seen}; {MARGIN:.0%} is also the margin at which the lab's load generator "
-             "agrees with vllm bench serve."]
+             f"value{seen}."]
     if reps:
         n = join_words([str(r) for r in reps])
         parts.append(f"where both sides were measured {n} times, it must also be outside "

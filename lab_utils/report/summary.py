@@ -137,7 +137,9 @@ def machine_claim(data: ReportData) -> Claim | None:
             ": the two-node architectures did not get more hardware than the single instance")
     if not used:
         return claim("report", head + " (the CPU each sweep used was not recorded).")
-    shown = "; ".join(f"{NAMES[a]} {c.cores:.1f} of {c.host_cores}" for a, c in used.items())
+    shown = "; ".join(f"{NAMES[a]} {c.cores:.1f} of {c.host_cores} "
+                      f"({sum(c.by_process.values()):.0f} CPU-s in {c.wall_s:.0f} s)"
+                      for a, c in used.items())
     return claim("report", f"{head}. Cores in use on average during each standard sweep "
                  f"(CPU seconds of its processes and the load generator over its wall time): "
                  f"{shown}.", figures={f"{a} cores": c.cores for a, c in used.items()})
@@ -272,7 +274,11 @@ def system_under_test(data: ReportData) -> pd.DataFrame:
     lab = (f"commit {NOT_RECORDED}" if commit is None else
            f"commit {commit[:12]}" + (", with local modifications (the tree differs from it)"
                                       if sw.get("lab_tree_modified") else ", tree unmodified"))
-    stamps = sorted(e.timestamp for nb, e in data.envelopes.items() if nb in ARCH_NOTEBOOK.values())
+    # when the runs were measured (their own dates), else when the files were written
+    stamps = sorted([p.summary["date"] for r in (*data.sweeps.values(), *data.mixed.values())
+                     for p in r.points if p.summary.get("date")]
+                    or [e.timestamp for nb, e in data.envelopes.items()
+                        if nb in ARCH_NOTEBOOK.values()])
     when = stamps[0][:16].replace("T", " ") + (
         f" to {stamps[-1][:16].replace('T', ' ')}" if stamps[-1][:16] != stamps[0][:16] else "")
     rows = [

@@ -79,9 +79,11 @@ def test_chunking_sentence_follows_the_numbers():
     won = chunking_claim(_sw(8.0, 90.0, 120.0, 90.0))
     assert "cut the streams' tail (11x lower)" in won.text and "1.3x higher" in won.text
     assert "(one load point, concurrency 4)" in won.text
-    (c,) = won.comparisons
+    c, served = won.comparisons
     assert (c.better, c.subject.run, c.reference.run) == ("subject", "switch steps256",
                                                           "switch unchunked")
+    assert (served.better, served.reference.run) == ("subject", "switch served")
+    assert "and 30 ms as served" in won.text and "as served they cut it (3.8x lower)" in won.text
     lost = chunking_claim(_sw(50.0, 25.0, 90.0, 90.0))
     assert "did not shorten the tail (2.0x higher)" in lost.text and "(the same with" in lost.text
     assert "cut" not in lost.text
