@@ -90,7 +90,7 @@ def vllm_result(result: BenchmarkResult, point: BenchmarkPoint, *, label: str,
         "latencies": [r["e2el_ms"] / 1000.0 for r in ok if r.get("e2el_ms") is not None],
     }
     if goal := slos(result):
-        out["goodput"] = goal  # the SLOs request_goodput counted against (ms)
+        out["lab_goodput_slo_ms"] = goal  # the SLOs request_goodput counted against
     out.update({f"lab_{k}": s.get(k) for k in LAB_FIELDS})
     return out
 

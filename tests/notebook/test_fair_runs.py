@@ -20,6 +20,7 @@ from lab_utils.cluster import Cluster
 from lab_utils.config import api_key
 from lab_utils.measure.benchmark import sweep
 from lab_utils.measure.workload import build_requests
+from lab_utils.notebook.compare import side_by_side
 
 pytestmark = pytest.mark.slow
 
@@ -50,7 +51,8 @@ def test_sweep_then_policy_comparison_see_no_prefix_cache_hits(rehearsal, engine
         hits = [p.summary["prefix_cache_hit_pct"] for p in result.points]
         assert hits == [0.0, 0.0], result.points[0].summary
         assert all(c.valid and c.prefix_cache_hit_pct == 0.0 for c in result.combined)
-        runs = policies[policies["run"] != "better"]
+        table = side_by_side(policies.runs)
+        runs = table[table["run"] != "better"]
         assert list(runs["run"]) == ["round_robin", "least_outstanding"]
         assert list(runs["cache hits %"]) == [0.0, 0.0] and all(runs["valid"])
         seeds = {p.summary["seed"] for p in result.points}

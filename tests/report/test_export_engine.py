@@ -147,7 +147,8 @@ def test_the_export_has_vllm_bench_serves_keys_types_and_units(rehearsal, engine
 
     # the same keys, but for those one of them does not measure (said above)
     assert set(theirs) - set(ours) == ONLY_VLLM, set(theirs) - set(ours)
-    assert set(ours) - set(theirs) == ONLY_LAB, set(ours) - set(theirs)
+    with_slo = {"lab_goodput_slo_ms"} if w.slo.model_dump(exclude_none=True) else set()
+    assert set(ours) - set(theirs) == ONLY_LAB | with_slo, set(ours) - set(theirs)
     shared = set(ours) & set(theirs)
     # each shared key holds the same kind of value (an int count is not a list of them)
     kinds = {k: (_kind(ours[k]), _kind(theirs[k])) for k in sorted(shared)}

@@ -671,7 +671,7 @@ def test_every_run_is_exported_as_vllm_bench_serve_json_and_as_csv(test_cfg):
     assert got["max_concurrency"] == 4 and got["request_rate"] == "inf"
     assert got["output_throughput"] == 800.0 and got["median_ttft_ms"] == 40.0
     assert got["model_id"] == "tiny-llama" and re.fullmatch(r"\d{8}-\d{6}", got["date"])
-    assert got["label"] == "replicated-standard" and "goodput" not in got  # no SLO set
+    assert got["label"] == "replicated-standard" and "lab_goodput_slo_ms" not in got  # no SLO
     csv = pd.read_csv(paths.exports[0])
     assert len(csv) == runs and {"label", "model", "date", "architecture", "workload", "repeat",
                                  "mean_e2el_ms", "prefix_cache_hit_pct",
