@@ -400,7 +400,8 @@ def _nb04_blocks(data: ReportData) -> list[Block]:
         d = p.front_doors
         blocks += [P(f"The same instances behind two front doors, one sweep point ({d.point}) "
                      f"through the lab's proxy, then through vllm-router {d.router_version}, back "
-                     "to back:"), T(d.frame())]
+                     "to back, beside the same point through the lab proxy in 04's sweep:"),
+                   T(d.frame(data.sweeps.get("disaggregated")))]
     return blocks
 
 

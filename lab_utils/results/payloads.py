@@ -196,18 +196,30 @@ class FrontDoors(Record):
     vllm_router: BenchmarkResult
     router_version: str
 
-    def frame(self):
+    def frame(self, sweep: BenchmarkResult | None = None):
         """One row per metric (`points.metric_rows`, by vLLM's name), the lab proxy and
         vllm-router side by side, with the margin (vllm-router's value against the lab
         proxy's as a ratio: "1.3x lower") and the better one by the lab's rule ("=" when
         they do not differ or their prefix-cache hit shares differ, "invalid" when either
-        run is); then validity and the hit shares."""
+        run is); then validity and the hit shares. With `sweep` (04's sweep, which measured
+        the same point through the lab proxy earlier), that run is shown too, and no door
+        is named better where the two doors are no further apart than the lab proxy's own
+        two runs: one run each cannot tell them apart there."""
         import pandas as pd
 
         a, b = self.lab.combined[0], self.vllm_router.combined[0]
         router = f"vllm-router {self.router_version}"
         rows: list[dict[str, Any]] = metric_rows(a, b, ("lab proxy", router), label="key",
                                                  mark_invalid=True)
+        again = next((p for p in (sweep.combined if sweep else []) if p.load == a.load), None)
+        if again is not None:
+            for row in rows:
+                key = row["metric"]
+                x, y, z = a.median(key), b.median(key), again.median(key)
+                row["lab proxy, in the sweep"] = None if z is None else round(z, 2)
+                if (row["better"] not in ("=", "invalid") and x is not None and y is not None
+                        and z is not None and abs(y - x) <= abs(x - z)):
+                    row["better"] = "= (within the lab proxy's own run-to-run gap)"
         rows.append({"metric": "valid", "lab proxy": a.valid, router: b.valid})
         rows.append({"metric": "prefix-cache hits %", "lab proxy": a.prefix_cache_hit_pct,
                      router: b.prefix_cache_hit_pct})

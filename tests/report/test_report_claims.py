@@ -105,3 +105,20 @@ def test_a_verdict_cell_is_a_chain_only_where_every_pair_agrees():
     tight = cell({"baseline": pt(7.8, 7.6, 8.0), "replicated": pt(8.0, 7.9, 8.2),
                   "disaggregated": pt(11.0, 10.8, 11.2)})
     assert tight == "baseline = replicated > disaggregated (1.4x)"
+
+
+def test_a_front_door_is_not_named_better_inside_the_lab_proxys_own_run_to_run_gap():
+    from lab_utils.results.payloads import FrontDoors
+    from lab_utils.results.sweep import BenchmarkResult
+
+    def run(ttft: float) -> BenchmarkResult:
+        return BenchmarkResult(target="t", model="m", workload={}, points=[], combined=[
+            {"mode": "concurrency", "value": 4.0, "repeats": 1, "median_ttft_ms": ttft}])
+
+    doors = FrontDoors(point="concurrency 4", lab=run(59.0), vllm_router=run(44.0),
+                       router_version="0.1.17")
+    row = lambda frame: frame[frame["metric"] == "median_ttft_ms"].iloc[0]  # noqa: E731
+    assert row(doors.frame())["better"] == "vllm-router 0.1.17"
+    noisy = row(doors.frame(run(43.0)))  # the lab proxy alone measured 43 ms in the sweep
+    assert noisy["better"].startswith("= (within") and noisy["lab proxy, in the sweep"] == 43.0
+    assert row(doors.frame(run(58.0)))["better"] == "vllm-router 0.1.17"
