@@ -118,8 +118,10 @@ def sentences(arch: str, rows: list[dict[str, Any]]) -> list[str]:
     if not s["points"]:
         return [f"{arch}: no graded point (the forecast or the measurement is missing, or "
                 "every point was flagged)"]
+    err = s["median_abs_error_pct"]
+    shown = f"{err:.1f}" if abs(err - GOAL_PCT) < 1 else f"{err:.0f}"  # never "25%, outside 25%"
     said = [f"{arch}: TTFT p50 and TPOT predicted with a median absolute error of "
-            f"{s['median_abs_error_pct']:.0f}% over {s['points']} graded values "
+            f"{shown}% over {s['points']} graded values "
             f"({'within' if s['within_goal'] else 'outside'} the {GOAL_PCT:g}% goal); "
             f"{s['in_interval']} of them inside the forecast's interval, {s['differ']} "
             "different from it by the lab's rule (more than 10% apart and, where the "

@@ -198,6 +198,12 @@ def documentation_claim(findings: list[Comparison], where: str = "report") -> Cl
                  f"the run {agree}.", *fs)
 
 
+def _up_to(fs: list[Comparison]) -> str:
+    """The largest margin, "up to" only when there is more than one."""
+    top = times(max(f.ratio for f in fs))
+    return top if len(fs) == 1 else f"up to {top}"
+
+
 def _verdicts(findings: list[Comparison], workload: str, reference: str,
               ref_name: str) -> list[Claim]:
     """Plain statements on disaggregation against one reference architecture."""
@@ -212,12 +218,10 @@ def _verdicts(findings: list[Comparison], workload: str, reference: str,
         won = [f for f in fs if f.metric == m.key and f.better == "subject"]
         if lost:
             out.append(claim("report", f"{pre}disaggregation lost on {m.label} to {ref_name} at "
-                             f"{_loads(lost)} ({reference} up to "
-                             f"{times(max(f.ratio for f in lost))} {m.way}).", *lost))
+                             f"{_loads(lost)} ({reference} {_up_to(lost)} {m.way}).", *lost))
         if won:
             out.append(claim("report", f"{pre}disaggregation won on {m.label} against "
-                             f"{ref_name} at {_loads(won)} (up to "
-                             f"{times(max(f.ratio for f in won))} {m.way}).", *won))
+                             f"{ref_name} at {_loads(won)} ({_up_to(won)} {m.way}).", *won))
     if not any(f.better == "subject" for f in fs):
         out.append(claim("report", f"{pre}disaggregation won on no metric against {ref_name} "
                          "at any valid load point of this run.", *fs))
