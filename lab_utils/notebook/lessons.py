@@ -17,7 +17,7 @@ from __future__ import annotations
 from lab_utils.forecast.grade import grade_rows
 from lab_utils.measure.benchmark import read_late
 from lab_utils.results import BaselinePayload, Proof, TensorParallelPayload
-from lab_utils.results.claims import Claim, Comparison, Graded, Located, claim, comparison
+from lab_utils.results.claims import Claim, Comparison, Graded, claim, comparison
 from lab_utils.results.forecast import Forecast
 from lab_utils.results.kv_transfer import KvTransferPayload
 from lab_utils.results.points import BY_KEY, COMPARED, Measured, MetricKey, Point, differs
@@ -40,11 +40,6 @@ def _points(result: BenchmarkResult | None, mode: str = "concurrency") -> dict[f
 def _ratio(a: float | None, b: float | None) -> float | None:
     """a / b; None when either is missing or b is 0."""
     return a / b if a is not None and b else None
-
-
-def versus(key: MetricKey, subject: Located, reference: Located) -> Comparison:
-    """The comparison engine (`claims.comparison`) on two located points."""
-    return comparison(key, subject, reference)
 
 
 def _margin(c: Comparison) -> str:
@@ -108,8 +103,8 @@ def conclude_01(payload: BaselinePayload, device: str = "cpu") -> list[Claim]:
         return [claim("01", "Only one valid load point: nothing to compare across concurrency.")]
     lo, hi = pts[min(pts)], pts[max(pts)]
     at = lambda p: ("single instance", "01", "sweep", p)  # noqa: E731
-    tps = versus("output_throughput", at(hi), at(lo))
-    tpot = versus("median_tpot_ms", at(hi), at(lo))
+    tps = comparison("output_throughput", at(hi), at(lo))
+    tpot = comparison("median_tpot_ms", at(hi), at(lo))
     fc, grade = forecast_said(getattr(payload, "forecast", None), {"standard": payload.sweep},
                               "output_throughput", "standard", max(pts), "01")
     fc = f" At concurrency {max(pts):g}, {fc}." if fc else ""
@@ -247,7 +242,7 @@ def conclude_03(baseline: BenchmarkResult, replicated: BenchmarkResult,
     top, one = common[-1], common[0]
     single = lambda p: ("single instance", "01", "sweep", p)  # noqa: E731
     reps = lambda p: ("replicated", "03", "sweep", p)  # noqa: E731
-    tps = versus("output_throughput", reps(b[top]), single(a[top]))
+    tps = comparison("output_throughput", reps(b[top]), single(a[top]))
     fc, grade = forecast_said(forecast, {"standard": replicated, "mixed": mixed},
                               "output_throughput", "standard", top, "03")
     fc = f" For replicated serving at {top:g}, {fc}." if fc else ""
@@ -257,7 +252,7 @@ def conclude_03(baseline: BenchmarkResult, replicated: BenchmarkResult,
                           f"throughput was {tps.margin()} than one instance's ({_tps(a[top])} -> "
                           f"{_tps(b[top])} tok/s).{fc}", tps, graded=grade))
     else:
-        cmps = [versus("output_throughput", reps(b[c]), single(a[c])) for c in common]
+        cmps = [comparison("output_throughput", reps(b[c]), single(a[c])) for c in common]
         lost = [f"{c.value:g}: {_margin(c)}" for c in cmps]
         said.append(claim("03", "Two replicas did not add capacity (output throughput "
                           f"against one instance at concurrency {', '.join(lost)})"
@@ -266,7 +261,7 @@ def conclude_03(baseline: BenchmarkResult, replicated: BenchmarkResult,
                              else "; check that both nodes serve (status).") + fc, *cmps,
                           graded=grade))
     keys: tuple[MetricKey, ...] = ("median_ttft_ms", "median_itl_ms")
-    cmps = [versus(k, reps(b[one]), single(a[one])) for k in keys
+    cmps = [comparison(k, reps(b[one]), single(a[one])) for k in keys
             if a[one].median(k) is not None and b[one].median(k) is not None]
     if cmps:
         said.append(claim("03", f"At concurrency {one:g}, one request at a time: "
@@ -278,7 +273,7 @@ def conclude_03(baseline: BenchmarkResult, replicated: BenchmarkResult,
                           *cmps))
     m = _points(mixed)
     if m and top in m and b.get(top) and m[top].median("p99_itl_ms") is not None:
-        c = versus("p99_itl_ms", ("replicated, mixed", "03", "mixed", m[top]), reps(b[top]))
+        c = comparison("p99_itl_ms", ("replicated, mixed", "03", "mixed", m[top]), reps(b[top]))
         said.append(claim("03", f"Mixed workload at concurrency {top:g} (one load point): ITL "
                           f"p99 {_ms(m[top].median('p99_itl_ms'))} against "
                           f"{_ms(b[top].median('p99_itl_ms'))} without long prompts "
@@ -328,7 +323,7 @@ def conclude_04(replicated: BenchmarkResult | None, disaggregated: BenchmarkResu
     rep_mixed = lambda p: ("replicated", "03", "mixed", p)  # noqa: E731
     if common:
         c = common[-1]
-        itl = versus("p99_itl_ms", pd_mixed(md[c]), rep_mixed(mr[c]))
+        itl = comparison("p99_itl_ms", pd_mixed(md[c]), rep_mixed(mr[c]))
         late = ((mixed_dis is not None and read_late(mixed_dis, "concurrency", c))
                 or (mixed_rep is not None and read_late(mixed_rep, "concurrency", c)))
         alone = _points(getattr(baseline, "mixed", None)).get(c)
@@ -336,7 +331,7 @@ def conclude_04(replicated: BenchmarkResult | None, disaggregated: BenchmarkResu
                 f"{_ms(mr[c].median('p99_itl_ms'))} on replicas, "
                 f"{_ms(md[c].median('p99_itl_ms'))} disaggregated ({_margin(itl)})"
                 + (f"; {_ms(alone.median('p99_itl_ms'))} on 01's single instance" if alone else ""))
-        costs = [versus(k, pd_mixed(md[c]), rep_mixed(mr[c])) for k in COMPARED_KEYS
+        costs = [comparison(k, pd_mixed(md[c]), rep_mixed(mr[c])) for k in COMPARED_KEYS
                  if md[c].median(k) is not None and mr[c].median(k) is not None]
         lost = [x for x in costs if x.better == "reference"]
         paid = ("; what it cost there (every metric the replicas won at that point): "
@@ -368,7 +363,7 @@ def conclude_04(replicated: BenchmarkResult | None, disaggregated: BenchmarkResu
         c, one = both[-1], both[0]
         pd_at = lambda p: ("disaggregated", "04", "sweep", p)  # noqa: E731
         rep_at = lambda p: ("replicated", "03", "sweep", p)  # noqa: E731
-        tps = versus("output_throughput", pd_at(d[c]), rep_at(r[c]))
+        tps = comparison("output_throughput", pd_at(d[c]), rep_at(r[c]))
         doc = {"reference": ": lower, which agrees with vLLM's documentation (disaggregated "
                             "prefill does not raise throughput)",
                "subject": ": higher, which vLLM's documentation does not lead one to expect "
@@ -376,7 +371,7 @@ def conclude_04(replicated: BenchmarkResult | None, disaggregated: BenchmarkResu
         said.append(claim("04", f"Throughput at concurrency {c:g}: {_tps(r[c])} tok/s "
                           f"replicated, {_tps(d[c])} disaggregated ({_margin(tps)})"
                           + doc.get(tps.better or "", "") + ".", tps))
-        ttft = versus("median_ttft_ms", pd_at(d[one]), rep_at(r[one]))
+        ttft = comparison("median_ttft_ms", pd_at(d[one]), rep_at(r[one]))
         said.append(claim("04", f"TTFT p50 at concurrency {one:g}: "
                           f"{_ms(r[one].median('median_ttft_ms'))} replicated, "
                           f"{_ms(d[one].median('median_ttft_ms'))} disaggregated "
@@ -437,7 +432,7 @@ def conclude_tp(baseline: BenchmarkResult, tp: TensorParallelPayload,
                              "nothing to compare.")]
     one, top = common[0], common[-1]
     split = lambda p: ("tensor-parallel", "tp", "sweep", p)  # noqa: E731
-    tpot = versus("median_tpot_ms", split(b[one]), ("single instance", "01", "sweep", a[one]))
+    tpot = comparison("median_tpot_ms", split(b[one]), ("single instance", "01", "sweep", a[one]))
     text = (f"at concurrency {one:g} a token took {_ms(b[one].median('median_tpot_ms'))} "
             f"(TPOT p50) split over {tp.ranks} nodes against "
             f"{_ms(a[one].median('median_tpot_ms'))} on 01's single instance ({_margin(tpot)})")
@@ -457,7 +452,7 @@ def conclude_tp(baseline: BenchmarkResult, tp: TensorParallelPayload,
         o = _points(other)
         if top in o:
             nb = {"replicated": "03", "disaggregated": "04"}[name]
-            c = versus("output_throughput", split(b[top]), (name, nb, "sweep", o[top]))
+            c = comparison("output_throughput", split(b[top]), (name, nb, "sweep", o[top]))
             said.append(claim("tp", f"Throughput at concurrency {top:g}: {_tps(o[top])} tok/s "
                               f"{name}, {_tps(b[top])} split ({_margin(c)})"
                               + (f": {name} was ahead on this model, which fits one node."
@@ -471,4 +466,4 @@ def conclusions_of(rows: list[Claim]) -> str:
 
 
 __all__ = ["conclude_01", "conclude_02", "conclude_03", "conclude_04", "conclude_tp",
-           "conclusions_of", "forecast_said", "versus"]
+           "conclusions_of", "forecast_said"]
