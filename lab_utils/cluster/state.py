@@ -1,8 +1,8 @@
 """The state file: every process the lab started, so it can be found and stopped later.
 
 One JSON file per profile (`results/<profile>/state.json`) lists each process with its
-node, PID, process group, start time (to tell a recycled PID from ours), log path and
-what it serves; it is readable by its owner only (0600), as are the logs. Updates take
+node, PID, process group, start time (to tell a recycled PID from ours), the marker in its
+environment (to tell any other process from ours), log path and what it serves; it is readable by its owner only (0600), as are the logs. Updates take
 an exclusive lock and replace the file atomically, so two commands running at once never
 lose each other's records.
 """
@@ -13,10 +13,12 @@ import contextlib
 import fcntl
 import json
 import os
+import stat
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from lab_utils.errors import LabError
 from lab_utils.util.atomic import atomic_write_text
 
 
@@ -36,6 +38,7 @@ class ProcessRecord:
     url: str | None = None
     started_at: float = 0.0
     extra: dict = field(default_factory=dict)
+    marker: str = ""  # the value of proctools.MARKER_ENV the process was started with
 
 
 class StateFile:
@@ -44,9 +47,17 @@ class StateFile:
 
     def _read(self) -> list[ProcessRecord]:
         try:
-            data = json.loads(self.path.read_text())
+            st = self.path.stat()
         except FileNotFoundError:
             return []
+        if st.st_uid != os.getuid() or st.st_mode & 0o022:
+            # as OpenSSH treats its own files: one another user wrote, or could have,
+            # names processes the lab would stop
+            raise LabError(f"{self.path} is owned by uid {st.st_uid} with mode "
+                           f"{stat.S_IMODE(st.st_mode):o}; the lab trusts only its own state "
+                           "file, writable by its owner alone: check that no lab process "
+                           "runs, then remove it")
+        data = json.loads(self.path.read_text())
         return [ProcessRecord(**r) for r in data.get("processes", [])]
 
     def records(self) -> list[ProcessRecord]:

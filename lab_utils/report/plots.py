@@ -211,7 +211,7 @@ def _kv_plot(payload02: KvTransferPayload | None, device: str | None) -> Plot | 
     ax.grid(True, alpha=0.3)
     _legend(ax)
     unmeasured = len(kv) - len(meas)
-    caption = ("Predicted: bytes moved (whole blocks) / the best bandwidth notebook 02's probe "
+    caption = ("Predicted: bytes moved (whole blocks) / the highest bandwidth notebook 02's probe "
                "reached. Measured: the transfer in notebook 02.")
     if unmeasured:
         caption += f" {unmeasured} prompt length(s) have no measurement and show no square."

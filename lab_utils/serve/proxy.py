@@ -55,7 +55,13 @@ from prometheus_client import (
 )
 
 from lab_utils.measure.loadgen import auth_headers
-from lab_utils.serve.protocol import decode_request, prefill_request, transfer_params
+from lab_utils.serve.protocol import (
+    decode_request,
+    merge,
+    prefill_request,
+    split,
+    transfer_params,
+)
 from lab_utils.serve.proxy_server import MAX_HEADER_BYTES as MAX_HEADER_BYTES
 from lab_utils.serve.proxy_server import server_options as server_options
 from lab_utils.serve.proxy_settings import KEY_ENV as KEY_ENV
@@ -69,7 +75,7 @@ from lab_utils.serve.routing import (
     log,
     upstream_error,
 )
-from lab_utils.serve.validate import InvalidRequest, Limits, check_request
+from lab_utils.serve.validate import InvalidRequest, Limits, check_request, vllm_rules
 
 
 def _refuse_constant(name: str):
@@ -150,6 +156,9 @@ class Proxy:
                       for role, urls in roles.items()}
         self.front = self.pools.get("replica") or self.pools["decode"]
         self.limits = Limits(max_n=settings.max_n, max_tokens=settings.max_tokens)
+        self.rules = vllm_rules() if settings.vllm_rules else None
+        log.info("requests are checked by %s", "vLLM's own request models and sampling checks"
+                 if self.rules else "the lab's checks (no vLLM in this Python: serve.validate)")
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: FastAPI):
@@ -231,10 +240,18 @@ class Proxy:
                                  "kv_transfer_params are set by the proxy, not by clients: remove "
                                  "the field from the request")
             try:
-                check_request(body, path, self.limits)
+                check_request(body, path, self.limits, self.rules)
             except InvalidRequest as e:
-                raise ProxyError(400, "BadRequestError", str(e), param=e.param) from None
+                raise ProxyError(e.status, e.kind, str(e), param=e.param) from None
             if self.settings.mode == "disaggregated":
+                if body.get("use_beam_search"):
+                    raise ProxyError(400, "BadRequestError", "beam search is not supported by "
+                                     "the disaggregated front door (its prefill answers one "
+                                     "token and hands over one sequence's KV): send it to an "
+                                     "instance directly", param="use_beam_search")
+                parts = split(body)
+                if len(parts) > 1:
+                    return await self.pairs(request, path, body, parts)
                 body = decode_request(body, await self.prefill(request, path, body))
             return await self.forward(request, path, body, self.front)
         except ProxyError as e:
@@ -243,6 +260,33 @@ class Proxy:
             log.exception("the proxy failed on a %s request", path)
             return self.answer(ProxyError(500, "InternalServerError", "the proxy failed on this "
                                           "request; its log has the details"))
+
+    async def pairs(self, request: Request, path: str, body: dict, parts: list[dict]) -> Response:
+        """A request of several prompts or choices, as one prefill/decode pair per prompt
+        and choice (`protocol.split`), run side by side; the first error answer is the
+        client's, else the answers merged as one instance would answer."""
+        if body.get("stream"):
+            raise ProxyError(400, "BadRequestError",
+                             "streaming several prompts or choices (a prompt list, or n > 1) "
+                             "is not supported by the disaggregated front door: stream one "
+                             "request per prompt and choice, or set stream to false",
+                             param="stream")
+
+        async def pair(part: dict) -> Response:
+            part = decode_request(part, await self.prefill(request, path, part))
+            return await self.forward(request, path, part, self.front)
+
+        try:
+            async with asyncio.TaskGroup() as group:  # one failing cancels the others
+                tasks = [group.create_task(pair(p)) for p in parts]
+        except ExceptionGroup as e:  # the first failure is the client's answer
+            raise e.exceptions[0] from None
+        answers = [t.result() for t in tasks]
+        failed = next((a for a in answers if a.status_code != 200), None)
+        if failed is not None:
+            return failed
+        merged = merge([json.loads(bytes(a.body)) for a in answers], int(body.get("n") or 1))
+        return JSONResponse(merged)
 
     def answer(self, e: ProxyError) -> Response:
         """The client's error answer: counted, and without backend URLs when a key is set."""

@@ -24,6 +24,7 @@ class ProxySettings:
     max_tokens: int | None = None  # the most output tokens a request may ask for
     body_timeout_s: float = 15.0  # a request body not read whole in this time is refused (408)
     header_timeout_s: float = 10.0  # request headers not complete in this time: 408, closed
+    vllm_rules: bool = True  # check requests with vLLM's own rules where vLLM is installed
 
 
 # The keys reach a proxy started by the lab through its environment (over SSH on a remote

@@ -8,6 +8,14 @@ parameters check, with vLLM's ranges, plus the lab's own limits on `n` and `max_
 and refuses with vLLM's error shape (`message`, `type`, `param`, `code`) naming the field.
 Fields it does not know pass through unchanged, for vLLM to judge.
 
+Where this Python has vLLM (the rehearsal, and a controller that is one of the nodes), the
+proxy checks with vLLM's own rules instead (`VllmRules`): its request models, then the
+sampling parameters its server builds from them, so nothing one instance refuses reaches
+a prefill; a differential test sends a generated corpus to one instance and through the
+proxy and compares. Without vLLM (a CPU controller with the lab only), the hand-written
+checks below cover the fields and ranges listed, and the proxy says at start-up that it
+uses them.
+
 Pure functions of the parsed body (no I/O), so each rule is tested without a server.
 """
 
@@ -16,6 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 INT64 = 2**63 - 1
@@ -32,11 +41,77 @@ class Limits:
 
 
 class InvalidRequest(ValueError):
-    """A request vLLM would refuse: the field (`param`) and why."""
+    """A request vLLM would refuse: the field (`param`), why, and the error type vLLM
+    answers with (`kind`: "Bad Request" for its request models, "BadRequestError" for
+    its sampling checks)."""
 
-    def __init__(self, param: str, message: str):
-        super().__init__(f"{param}: {message}")
-        self.param = param
+    def __init__(self, param: str | None, message: str, kind: str = "BadRequestError",
+                 status: int = 400):
+        super().__init__(f"{param}: {message}" if param and param not in message else message)
+        self.param, self.kind, self.status = param, kind, status
+
+
+class VllmRules:
+    """vLLM's own checks of a completions or chat request: its pydantic request model,
+    then the sampling (or beam-search) parameters its server makes from it. Loading them
+    imports vLLM's OpenAI layer (about 7 s and 0.5 GB here), once per proxy."""
+
+    def __init__(self) -> None:
+        from pydantic import ValidationError
+        from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+        from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+        from vllm.entrypoints.serve.exception_handling.error_response import (
+            create_error_response,
+        )
+
+        self.invalid, self.error = ValidationError, create_error_response
+        self.models: dict[str, Any] = {"chat": ChatCompletionRequest,
+                                       "completions": CompletionRequest}
+
+    @staticmethod
+    def served(max_model_len: int | None) -> Any:
+        """What vLLM's logprob check reads of the served model: its --max-logprobs
+        (vLLM's default, which the lab keeps) and sizes no request id can pass."""
+        return SimpleNamespace(max_logprobs=MAX_LOGPROBS, get_vocab_size=lambda: INT64,
+                               max_model_len=max_model_len or INT64)
+
+    def check(self, body: Mapping, path: str, max_tokens: int | None) -> dict[str, Any]:
+        """Raise `InvalidRequest` where vLLM would, with its status, error type and field;
+        `max_tokens` stands for the output length vLLM's server works out when a request
+        sets none (the served context). Returns the lengths and counts as vLLM read them
+        (it takes "2" for 2), for the lab's limits."""
+        model = self.models["chat" if path.endswith("chat/completions") else "completions"]
+        try:
+            req = model.model_validate(body)
+            asked = getattr(req, "max_completion_tokens", None)
+            asked = req.max_tokens if asked is None else asked
+            tokens = asked if asked is not None else (max_tokens or 2**31 - 1)
+            if req.use_beam_search:
+                req.to_beam_search_params(tokens, {})
+            else:
+                # and the logprob counts against the served model's --max-logprobs (what
+                # the engine checks next; the prefill is sent none, so only the decode
+                # would); token ids are checked against the vocabulary by the prefill
+                req.to_sampling_params(tokens, {})._validate_logprobs(self.served(max_tokens))
+        except self.invalid as e:  # vLLM's server: 400 "Bad Request", the field's path
+            first = e.errors()[0]
+            loc = [str(p) for p in first.get("loc", ()) if not any(c in str(p) for c in "[(")]
+            raise InvalidRequest(".".join(loc) or None, first.get("msg", str(e)),
+                                 kind="Bad Request") from None
+        except Exception as e:  # what vLLM's server makes of any other error it raises
+            err = self.error(e).error
+            raise InvalidRequest(err.param, err.message, kind=err.type,
+                                 status=err.code) from None
+        return {k: getattr(req, k, None) for k in ("max_tokens", "max_completion_tokens", "n",
+                                                    "best_of")}
+
+
+def vllm_rules() -> VllmRules | None:
+    """vLLM's own checks, or None where this Python has no vLLM."""
+    try:
+        return VllmRules()
+    except ImportError:
+        return None
 
 
 def _is_int(v: Any) -> bool:
@@ -116,9 +191,14 @@ def _stop(body: Mapping) -> None:
         raise InvalidRequest("stop", "must be a string or a list of strings")
 
 
-def check_request(body: Mapping, path: str, limits: Limits = Limits()) -> None:
+def check_request(body: Mapping, path: str, limits: Limits = Limits(),
+                  rules: VllmRules | None = None) -> None:
     """Raise `InvalidRequest` for a completions (`path` ending in /completions) or chat
-    request vLLM would refuse, or one over the lab's `limits`."""
+    request vLLM would refuse (by vLLM's own `rules` where given, else by the checks
+    here), or one over the lab's `limits`."""
+    if rules is not None:
+        _limits(rules.check(body, path, limits.max_tokens), limits)
+        return
     chat = path.endswith("chat/completions")
     if "model" in body and body["model"] is not None and not isinstance(body["model"], str):
         raise InvalidRequest("model", f"must be a string, got {_shown(body['model'])}")
@@ -130,14 +210,13 @@ def check_request(body: Mapping, path: str, limits: Limits = Limits()) -> None:
     so = body.get("stream_options")
     if so is not None and not isinstance(so, dict):
         raise InvalidRequest("stream_options", "must be an object")
-    cap = limits.max_tokens
-    hint = " (the lab's limit: the served max_model_len)" if cap else ""
     lowest = 0 if (not chat and body.get("echo") is True) else 1
     for key in ("max_tokens", "max_completion_tokens"):
-        _int(body, key, lowest, cap, hint=hint)
-    _int(body, "min_tokens", 0, cap)
+        _int(body, key, lowest)
+    _int(body, "min_tokens", 0, limits.max_tokens)
     for key in ("n", "best_of"):
-        _int(body, key, 1, limits.max_n, hint=" (the lab's limit, proxy.max_n)")
+        _int(body, key, 1)
+    _limits(body, limits)
     _num(body, "temperature", 0.0, 1e6)
     _num(body, "top_p", 0.0, 1.0, lo_open=True)
     _num(body, "min_p", 0.0, 1.0)
@@ -157,3 +236,17 @@ def check_request(body: Mapping, path: str, limits: Limits = Limits()) -> None:
     lb = body.get("logit_bias")
     if lb is not None and not (isinstance(lb, dict) and all(_is_num(v) for v in lb.values())):
         raise InvalidRequest("logit_bias", "must be an object of token id to finite number")
+
+
+def _limits(values: Mapping, limits: Limits) -> None:
+    """The lab's own limits on output tokens and choices, applied to a request whose
+    fields have passed vLLM's checks (or the ones here): upper bounds only."""
+    caps = {"max_tokens": (limits.max_tokens, "the lab's limit: the served max_model_len"),
+            "max_completion_tokens": (limits.max_tokens, "the lab's limit: the served "
+                                                         "max_model_len"),
+            "n": (limits.max_n, "the lab's limit, proxy.max_n"),
+            "best_of": (limits.max_n, "the lab's limit, proxy.max_n")}
+    for key, (cap, why) in caps.items():
+        v = values.get(key)
+        if cap is not None and isinstance(v, int) and v > cap:
+            raise InvalidRequest(key, f"must be at most {cap} ({why}), got {v}")

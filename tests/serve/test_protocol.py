@@ -5,8 +5,11 @@ from __future__ import annotations
 from lab_utils.serve.protocol import (
     PREFILL_DROP,
     REMOTE_DECODE,
+    batch,
     decode_request,
+    merge,
     prefill_request,
+    split,
     transfer_params,
 )
 
@@ -63,3 +66,31 @@ def test_transfer_params_of_a_prefill_answer():
     assert transfer_params({"choices": [], "kv_transfer_params": params}) == params
     for answer in ({"choices": []}, {"kv_transfer_params": None}, {"kv_transfer_params": {}}):
         assert transfer_params(answer) is None
+
+
+def test_a_batch_and_n_are_split_into_one_request_per_prompt_and_choice():
+    body = {"model": "m", "prompt": ["a", [5, 6]], "n": 2, "seed": 7, "max_tokens": 4}
+    parts = split(body)
+    assert [(p["prompt"], p["n"], p["seed"]) for p in parts] == [
+        ("a", 1, 7), ("a", 1, 8), ([5, 6], 1, 7), ([5, 6], 1, 8)]
+    assert all(p["max_tokens"] == 4 for p in parts) and body["n"] == 2  # client's left alone
+    # one prompt (a string, or one list of token ids) and one choice: as it came
+    for one in ({"prompt": "a"}, {"prompt": [1, 2, 3]}, {"prompt": "a", "n": 1}, {"messages": []}):
+        assert split(one) == [one] and batch(one) is None
+    chat = split({"messages": [{"role": "user", "content": "hi"}], "n": 3})
+    assert len(chat) == 3 and all("prompt" not in p and p["n"] == 1 for p in chat)
+    # a seed at the top of vLLM's range stays inside it
+    assert [p["seed"] for p in split({"prompt": "a", "n": 2, "seed": 2**63 - 1})] == [
+        2**63 - 1, 2**63 - 2]
+
+
+def test_merged_answers_are_numbered_and_counted_as_one_instance_answers():
+    answers = [{"id": f"c{i}", "choices": [{"index": 0, "text": t}], "kv_transfer_params": None,
+                "usage": {"prompt_tokens": p, "completion_tokens": 4, "total_tokens": p + 4}}
+               for i, (t, p) in enumerate([("x", 3), ("y", 3), ("z", 9), ("w", 9)])]
+    merged = merge(answers, n=2)
+    assert [(c["index"], c["text"]) for c in merged["choices"]] == [
+        (0, "x"), (1, "y"), (2, "z"), (3, "w")]
+    # each prompt's tokens once (3 + 9), every choice's output (4 x 4)
+    assert merged["usage"] == {"prompt_tokens": 12, "completion_tokens": 16, "total_tokens": 28}
+    assert merged["id"] == "c0" and "kv_transfer_params" not in merged

@@ -467,10 +467,11 @@ def _vllm_shaped(r: httpx.Response, status: int) -> dict:
 
 
 def test_an_invalid_body_never_reaches_the_prefill_instance(backends):
-    """Each body vLLM would refuse is refused by the proxy itself, in vLLM's shape and
-    naming the field: the prefill's request count does not move (and the decode's)."""
+    """Each body vLLM would refuse is refused by the proxy's own checks (a controller
+    without vLLM), in vLLM's shape and naming the field: the prefill's request count does
+    not move (and the decode's). vLLM's own rules: test_proxy_engine's corpus."""
     (pre, _), (dec, _) = backends[0], backends[1]
-    with proxy(pd_settings(backends, max_tokens=2048, max_n=8)) as p, httpx.Client(timeout=10) as c:
+    with proxy(pd_settings(backends, max_tokens=2048, max_n=8, vllm_rules=False)) as p, httpx.Client(timeout=10) as c:
         for raw, param in INVALID:
             err = _vllm_shaped(c.post(f"{p.url}/v1/completions", content=raw), 400)
             assert err["param"] == param, (raw[:80], err)
@@ -485,7 +486,8 @@ def test_an_invalid_body_never_reaches_the_prefill_instance(backends):
         ok = body(n=2, temperature=0.5, top_p=1, logprobs=2, stop=["x"], prompt=[[1, 2], [3]])
         assert c.post(f"{p.url}/v1/completions", json=ok).status_code == 200
         m = c.get(f"{p.url}/metrics").text
-    assert len(pre.requests) == 1 and len(dec.requests) == 1
+    # two prompts, two choices each: one pair a prompt and choice
+    assert len(pre.requests) == 4 and len(dec.requests) == 4
     assert f'proxy_errors_total{{kind="BadRequestError"}} {len(INVALID) + 2}.0' in m
 
 
@@ -615,3 +617,22 @@ def test_headers_past_the_limit_are_refused_and_the_connection_closed(backends, 
         said, closed = _closed_within(s, 5.0)
     assert closed is not None and said.split(b"\r\n", 1)[0] in (
         b"HTTP/1.1 431 Request Header Fields Too Large", b"HTTP/1.1 400 Bad Request"), said
+
+
+def test_a_batch_runs_as_one_pair_per_prompt_and_choice(backends):
+    (pre, _), (dec, _) = backends[0], backends[1]
+    with proxy(pd_settings(backends)) as p:
+        r = httpx.post(f"{p.url}/v1/completions", json=body(prompt=["a", "bb"], n=2), timeout=10)
+        assert r.status_code == 200, r.text
+        assert [c["index"] for c in r.json()["choices"]] == [0, 1, 2, 3]
+        # each decode gets one prompt, one choice and the KV of its own prefill
+        assert sorted(d["prompt"] for d in dec.requests) == ["a", "a", "bb", "bb"]
+        assert all(d["n"] == 1 and d["kv_transfer_params"]["remote_engine_id"] == "b0"
+                   for d in dec.requests) and len(pre.requests) == 4
+        pre.requests.clear()
+        dec.requests.clear()
+        # streamed, it is refused before any backend is asked
+        r = httpx.post(f"{p.url}/v1/completions", json=body(prompt=["a", "bb"], stream=True),
+                       timeout=10)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "stream"
+    assert pre.requests == [] and dec.requests == []

@@ -7,6 +7,7 @@ import json
 import time
 
 import httpx
+import openai
 import pytest
 
 from lab_utils.config import api_key
@@ -25,7 +26,8 @@ pytestmark = pytest.mark.slow
 def pd_proxy(rehearsal, engine_cfg):
     urls = rehearsal.up()
     settings = ProxySettings("disaggregated", prefill=[urls["prefill"]], decode=[urls["decode"]],
-                             backend_api_key=api_key(engine_cfg, "vllm"))
+                             backend_api_key=api_key(engine_cfg, "vllm"),
+                             max_tokens=engine_cfg.vllm.max_model_len)
     with ServerThread(create_app(settings), "127.0.0.4") as p:
         yield p, urls
 
@@ -77,3 +79,84 @@ def test_client_leaving_mid_decode_cancels_upstream(pd_proxy, engine_cfg):
         while running(c, urls["decode"]) and time.monotonic() < t_end:
             time.sleep(0.1)
         assert running(c, urls["decode"]) == 0 and running(c, urls["prefill"]) == 0
+
+
+def test_a_batch_and_n_through_pd_answer_what_one_instance_answers(pd_proxy, engine_cfg):
+    """What the OpenAI SDK sends for a batch (a list of prompts, the long one second) and
+    for n > 1: the same text as the single instance gives, and the pair still serves."""
+    proxy, urls = pd_proxy
+    key = api_key(engine_cfg, "vllm")
+    model = engine_cfg.model.name
+    prompts = ["hi", " ".join(["the quick brown fox jumps over the lazy dog"] * 25)]
+    through = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="unused", max_retries=0)
+    direct = openai.OpenAI(base_url=f"{urls['baseline']}/v1", api_key=key, max_retries=0)
+    ask = {"model": model, "max_tokens": 6, "temperature": 0, "timeout": 120}
+    got = through.completions.create(**ask, prompt=prompts)
+    want = direct.completions.create(**ask, prompt=prompts)
+    assert [(c.index, c.text) for c in got.choices] == [(c.index, c.text) for c in want.choices]
+    assert got.usage == want.usage
+    # n > 1 samples (vLLM refuses it greedy, and so does the proxy): one pair a choice
+    sampled = {**ask, "temperature": 0.8, "seed": 3, "n": 3, "extra_body": {"ignore_eos": True}}
+    got = through.completions.create(**sampled, prompt=prompts[1])
+    want = direct.completions.create(**sampled, prompt=prompts[1])
+    assert [c.index for c in got.choices] == [0, 1, 2] and got.usage == want.usage
+    for greedy in (through, direct):
+        with pytest.raises(openai.BadRequestError, match="greedy"):
+            greedy.completions.create(**ask, prompt=prompts[1], n=2)
+    with httpx.Client(timeout=10, headers=auth_headers(key)) as c:
+        assert c.get(f"{proxy.url}/health").json()["status"] == "ok"
+    one = through.completions.create(**ask, prompt="hello again")
+    assert one.choices[0].text == direct.completions.create(**ask, prompt="hello again").choices[0].text
+
+
+def _answer(r: httpx.Response) -> tuple[int, str | None]:
+    """An answer's status and, for an error, vLLM's error type."""
+    if r.status_code == 200:
+        return 200, None
+    try:
+        return r.status_code, r.json()["error"]["type"]
+    except (ValueError, KeyError, TypeError):
+        return r.status_code, r.text[:80]
+
+
+def _by_design(body: dict, answer: tuple[int, str | None]) -> bool:
+    """Refused by the disaggregated front door on purpose (docs/PROXY.md): beam search,
+    and streaming several prompts or choices."""
+    n, prompt = body.get("n"), body.get("prompt")
+    several = (isinstance(n, int) and n > 1) or (isinstance(prompt, list) and len(prompt) > 1
+                                                 and not isinstance(prompt[0], int))
+    return answer[0] == 400 and (body.get("use_beam_search") is True
+                                 or (body.get("stream") is True and several))
+
+
+def test_the_proxy_refuses_what_vllm_refuses_before_any_prefill(pd_proxy, engine_cfg):
+    """The differential test of the proxy's checks (vLLM's own rules, loaded from this
+    Python's vLLM): a generated corpus of 600 requests, each sent to one instance and
+    through the P/D front door. Same status and error type for each; no request the
+    instance refuses moves the prefill's prompt-token counter."""
+    from support.request_corpus import corpus
+
+    proxy, urls = pd_proxy
+    key = api_key(engine_cfg, "vllm")
+    requests = corpus(engine_cfg.model.name)
+    differ, costly, refused = [], [], 0
+    with httpx.Client(timeout=120, headers=auth_headers(key)) as c:
+        def prefilled() -> float:
+            return read_counters(fetch_metrics(urls["prefill"], c), require_nixl=False).prompt_tokens
+
+        for path, body in requests:
+            direct = _answer(c.post(f"{urls['baseline']}{path}", json=body))
+            before = prefilled()
+            through = _answer(c.post(f"{proxy.url}{path}", json=body))
+            if direct[0] != 200:
+                refused += 1
+                if prefilled() != before:
+                    costly.append((path, body, direct))
+            if direct != through and not (direct[0] == 200 and _by_design(body, through)):
+                differ.append((path, body, direct, through))
+    print(f"\n[differential] {len(requests)} requests, {refused} refused by vLLM; "
+          f"{len(differ)} answered differently by the proxy, {len(costly)} refused after a prefill")
+    assert len(requests) >= 500 and refused >= 100
+    assert not (differ or costly), "\n".join(
+        [f"{p} {json.dumps(b)[:200]}: vLLM {d}, proxy {t}" for p, b, d, t in differ]
+        + [f"after a prefill: {p} {json.dumps(b)[:200]}: vLLM {d}" for p, b, d in costly])
