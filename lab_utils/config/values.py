@@ -110,8 +110,22 @@ def check_local_dir(value: str, base: str) -> str:
     return value
 
 
+# What the lab sets in an instance's environment (`serve.launcher.server_env`, and the
+# process marker of `on_node.proctools`): an extra_env entry would change where NIXL's
+# side channel listens, which devices UCX and NCCL use, or which process is the lab's,
+# while the plan shows the lab's values.
+LAB_OWNED_ENV = ("VLLM_NIXL_SIDE_CHANNEL_HOST", "VLLM_NIXL_SIDE_CHANNEL_PORT", "UCX_TLS",
+                 "UCX_NET_DEVICES", "VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND",
+                 "VLLM_HOST_IP", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "NCCL_IB_HCA",
+                 "HF_HUB_OFFLINE", "VLLM_API_KEY", "CUDA_HOME", "PATH", "PYTHONPATH",
+                 "LAB_NIXL_PROGRESS_DELAY_US", "LAB_PROCESS_MARKER")
+
+
 def check_env(env: dict[str, str]) -> dict[str, str]:
     for name in env:
+        if name in LAB_OWNED_ENV:
+            raise ValueError(f"{name} is set by the lab from the config (the plan shows its "
+                             "value): change the config's own field instead")
         if not _ENV_NAME.match(name):
             raise ValueError(f"{name!r} is not an environment variable name: use letters, "
                              "digits and _ (not starting with a digit), no '=' or spaces")
@@ -135,12 +149,17 @@ LAB_OWNED_FLAGS = ("model", "served-model-name", "host", "port", "max-model-len"
                    "tensor-parallel-size", "distributed-executor-backend")
 
 
+# vLLM options that take other options from a file (argparse keeps the last of each)
+WHOLE_FILE_FLAGS = ("config",)
+
+
 def _flag_name(arg: str) -> str | None:
     """The option an argument names as vLLM's parser reads it (lower case, `-` for `_`,
-    without its `=value`); None for a value."""
+    without its `=value` or the `.field` of vLLM's dotted form for one field of a JSON
+    option, `--kv-transfer-config.kv_role=...`); None for a value."""
     if not arg.startswith("-") or arg == "-" or arg.lstrip("-")[:1].isdigit():
         return None
-    return arg.split("=", 1)[0].lstrip("-").replace("_", "-").lower()
+    return arg.split("=", 1)[0].split(".", 1)[0].lstrip("-").replace("_", "-").lower()
 
 
 def owned_flag(arg: str) -> str | None:
@@ -166,6 +185,14 @@ def check_args(args: list[str]) -> list[str]:
                 "state.json and results); name a file instead: proxy.api_key_file / "
                 "vllm.api_key_file for API keys, hf_token_file (or $HF_TOKEN) for the "
                 "Hugging Face token")
+        if name and any(f.startswith(name) for f in WHOLE_FILE_FLAGS) and len(name) >= 4:
+            raise ValueError(
+                f"--{name} reads vLLM options from a file, where any flag the lab sets (and "
+                "an API key) could be set again unseen: put each option in extra_args")
+        if name and "kv-events-config".startswith(name) and len(name) >= 4:
+            raise ValueError(
+                f"--{name} publishes KV-cache events (prompt token ids) on an endpoint the "
+                "plan does not show; the lab's serving does not use them: remove it")
         owned = owned_flag(a)
         if owned:
             raise ValueError(

@@ -182,6 +182,8 @@ OVERRIDES = [
     (["--model=/etc"], "model"), (["--dtype=half"], "dtype"), (["--revision=x"], "revision"),
     (["--kv_transfer_config={}"], "kv_transfer_config"), (["--middleware=x.Y"], "middleware"),
     (["--no-enforce-eager"], "enforce_eager"), (["--block_size=64"], "block_size"),
+    (["--kv-transfer-config.kv_role=kv_both"], "kv_transfer_config"),  # vLLM's dotted form
+    (["--kv_transfer_config.kv_role", "kv_both"], "kv_transfer_config"),
     (["--api_key=sk-hostile-0123456789"], "api_key"), (["--api-key", "sk-x"], "api_key"),
     (["--hf_token=hf_x"], "hf_token"), (["--uds=/tmp/s"], "uds"),
 ]
@@ -203,6 +205,48 @@ def test_extra_args_that_vllm_reads_as_a_lab_flag_are_refused(vllm_judge, tmp_pa
     with pytest.raises(ValueError) as e:
         check_args(extra)
     assert "=" not in str(e.value) and "sk-" not in str(e.value) and "0.0.0.0" not in str(e.value)
+
+
+def test_a_config_file_and_kv_events_are_refused(vllm_judge, tmp_path):
+    """vLLM's --config file sets any flag, the lab's and the API key included (vLLM's
+    parser shows it), out of the config's sight; --kv-events-config publishes on an
+    endpoint of its own. Both are refused in extra_args, in every spelling."""
+    from lab_utils.config.values import check_args
+
+    cfg = _profile(tmp_path, "configs/local-cpu.json")
+    plan = make_plan(Cluster(cfg), "disaggregated", mem_total=120 * GiB, read_nodes=False)
+    argv = plan.instances[0].argv[3:]
+    options = tmp_path / "x.yaml"
+    options.write_text("host: 0.0.0.0\napi-key: short\n")
+    after = vars(vllm_judge["parser"]().parse_args(["--config", str(options), *argv]))
+    assert after["api_key"] == ["short"] or after["api_key"] == "short"
+    for extra in (["--config", str(options)], [f"--config={options}"], ["--conf", "x"],
+                  ["--kv-events-config", '{"endpoint": "tcp://*:5557"}'],
+                  ["--kv_events_config.endpoint=tcp://*:5557"]):
+        with pytest.raises(ValueError, match="file|KV-cache events"):
+            check_args(extra)
+    check_args(["--config-format", "auto"])  # another option that starts alike
+
+
+def test_extra_env_cannot_set_what_the_lab_sets(tmp_path):
+    """Every variable the launcher sets (any profile, topology and role) is one extra_env
+    may not set; the config refuses it by name."""
+    from lab_utils.config.values import LAB_OWNED_ENV, check_env
+    from lab_utils.on_node.proctools import MARKER_ENV
+    from lab_utils.serve.launcher import server_env
+
+    # HF_TOKEN: the lab sets it after extra_env, from hf_token_file or $HF_TOKEN
+    general = {"VLLM_NO_USAGE_STATS", "DO_NOT_TRACK", "PYTHONUNBUFFERED", "HF_TOKEN"}
+    for profile in PROFILES:
+        cfg = _profile(tmp_path, profile)
+        for topology in TOPOLOGIES:
+            for spec in cfg.instances(topology):
+                assert set(server_env(cfg, spec)) - general <= set(LAB_OWNED_ENV), spec.name
+    assert MARKER_ENV in LAB_OWNED_ENV
+    for name in LAB_OWNED_ENV:
+        with pytest.raises(ValueError, match=name):
+            check_env({name: "x"})
+    check_env({"VLLM_LOGGING_LEVEL": "DEBUG"})
 
 
 def test_the_lab_owned_flags_are_vllms_and_cover_every_flag_the_launcher_sets(vllm_judge, tmp_path):
