@@ -24,6 +24,22 @@ from lab_utils.config import TOPOLOGIES, load_config, with_proxy
 from lab_utils.errors import LabError
 
 
+def _gib(text: str) -> float:
+    """A memory size in GiB a node could have (finite, above 0, at most 64 TiB)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value <= 65536:  # also refuses nan and inf
+        raise argparse.ArgumentTypeError(f"{text[:20]!r} is not a memory size in GiB (0 to 65536)")
+    return value
+
+def _notebook_number(text: str) -> str:
+    """A notebook's number as its file names start (`3` is `03`); anything else refused."""
+    if not text.isdigit() or len(text) > 2:
+        raise argparse.ArgumentTypeError(f"{text[:20]!r} is not a notebook number: give 00 to 05")
+    return text.zfill(2)
+
 def _cmd_serve(args) -> int:
     from lab_utils.cluster import Cluster
     from lab_utils.notebook import kv_buffer_device
@@ -76,6 +92,33 @@ def _floats(text: str | None) -> list[float] | None:
     return None if text is None else [float(x) for x in text.split(",") if x.strip()]
 
 
+def _levels(text: str) -> str:
+    """A comma-separated list of positive finite numbers (checked; kept as text)."""
+    try:
+        ok = all(0 < v < float("inf") for v in _floats(text) or [float("nan")])
+    except ValueError:
+        ok = False
+    if not ok:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a comma-separated list of "
+                                         "positive numbers, e.g. 1,4,16")
+    return text
+
+
+def _base_url(text: str) -> str:
+    """An http(s) base URL httpx can reach (scheme, host, a valid port)."""
+    import httpx
+
+    try:
+        url = httpx.URL(text)
+        ok = url.scheme in ("http", "https") and bool(url.host)
+    except (httpx.InvalidURL, ValueError):
+        ok = False
+    if not ok:
+        raise argparse.ArgumentTypeError(f"{text[:60]!r} is not an http:// or https:// base URL, "
+                                         "e.g. http://127.0.0.4:8000")
+    return text
+
+
 def _cmd_bench(args) -> int:
     from lab_utils.config import read_secret_file
     from lab_utils.measure import sweep, workload
@@ -95,11 +138,18 @@ def _cmd_bench(args) -> int:
     model = args.model or cfg.model.name
     key = (read_secret_file(cfg, str(Path(args.api_key_file).resolve()), "API key (--api-key-file)")
            if args.api_key_file else os.environ.get("OPENAI_API_KEY"))
+    import httpx
+
     tok, detok = (workload.local_tokenizer(args.tokenizer) if args.tokenizer
                   else workload.server_tokenizer(args.url, model, key))
-    result = sweep(args.url, model,
-                   lambda n, seed: workload.build_requests(w, n, tok, detok, mixed=args.mixed, seed=seed), w,
-                   mixed=args.mixed, api_key=key)
+    try:
+        result = sweep(args.url, model,
+                       lambda n, seed: workload.build_requests(w, n, tok, detok, mixed=args.mixed,
+                                                               seed=seed), w,
+                       mixed=args.mixed, api_key=key)
+    except httpx.HTTPError as e:  # the tokenizer's calls: before any measurement
+        raise LabError(f"{args.url} did not answer ({type(e).__name__}: {e}): is the server up "
+                       "(python -m lab_utils status), and is this its address and port?") from None
     out = write_envelope(cfg, args.out, "benchmark", "cli", result.model_dump())
     width = {m.key: max(len(m.label), 8) + 2 for m in COMPARED}
     print(f"{'point':<18}" + "".join(f"{m.label:>{width[m.key]}}" for m in COMPARED) + "  valid")
@@ -307,7 +357,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--dry-run", action="store_true", help="print the plan (every instance's "
                     "node, command, environment, ports, memory per node) and start nothing; "
                     "exit 1 if it does not fit")
-    sp.add_argument("--mem-total-gib", type=float, help="with --dry-run: the nodes' MemTotal "
+    sp.add_argument("--mem-total-gib", type=_gib, help="with --dry-run: the nodes' MemTotal "
                     "in GiB instead of reading /proc/meminfo on them")
     sp.add_argument("--offline", action="store_true", help="with --dry-run: contact no node")
     sp.add_argument("--model", help="with --dry-run: plan this Hugging Face model instead of the "
@@ -331,13 +381,13 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("results_dir", nargs="?", help="a results directory (default: the profile's)")
     sp = cmd("bench", _cmd_bench, "measure a serving endpoint (streaming completions): sweep "
              "concurrency levels and/or Poisson request rates; defaults from the config's workload")
-    sp.add_argument("--url", required=True, help="base URL, e.g. http://127.0.0.4:8000")
+    sp.add_argument("--url", required=True, type=_base_url, help="base URL, e.g. http://127.0.0.4:8000")
     sp.add_argument("--api-key-file", help="file (mode 600) holding the endpoint's API key, "
                     "sent as a bearer token (default: $OPENAI_API_KEY, if set)")
     sp.add_argument("--model", help="served model name (default: the config's)")
     sp.add_argument("--out", required=True, help="results JSON to write")
-    sp.add_argument("--concurrency", help="comma-separated levels, e.g. 1,4,16")
-    sp.add_argument("--rate", help="comma-separated Poisson request rates (req/s)")
+    sp.add_argument("--concurrency", type=_levels, help="comma-separated levels, e.g. 1,4,16")
+    sp.add_argument("--rate", type=_levels, help="comma-separated Poisson request rates (req/s)")
     sp.add_argument("--burstiness", type=float, help="gamma shape of arrivals (1: Poisson)")
     for name in ("input-len", "output-len", "num-prompts", "warmup", "repeats", "seed"):
         sp.add_argument(f"--{name}", type=int)
@@ -382,8 +432,10 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--prompts", type=int, default=1, help="fresh prompts to prove transfer on")
         sp.add_argument("--max-tokens", type=int, default=16, help="tokens to generate per prompt")
     for sp in (run, lab):
-        sp.add_argument("--from", dest="start", default=None, help="first notebook number, e.g. 00")
-        sp.add_argument("--to", dest="stop", default=None, help="last notebook number, e.g. 04")
+        sp.add_argument("--from", dest="start", default=None, type=_notebook_number,
+                        help="first notebook number, e.g. 00")
+        sp.add_argument("--to", dest="stop", default=None, type=_notebook_number,
+                        help="last notebook number, e.g. 04")
         sp.add_argument("--notebooks-dir", default=None, help=argparse.SUPPRESS)
     return p
 

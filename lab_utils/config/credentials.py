@@ -9,6 +9,7 @@ from typing import Literal
 
 from lab_utils.config.schema import LabConfig
 from lab_utils.errors import LabError
+from lab_utils.util.atomic import read_bounded
 
 MIN_API_KEY_CHARS = 16  # a shorter API key is refused (one character was accepted)
 
@@ -35,7 +36,7 @@ def secret_file_problem(cfg: LabConfig, path: str, what: str) -> tuple[str, str]
         if mode & 0o077:
             return (f"{what} file {p} is readable by others (mode {mode & 0o777:o})",
                     f"chmod 600 {quoted}")
-        if not p.read_text().strip():
+        if not _read(p):
             return f"{what} file {p} is empty", f"write the {what} into {quoted}"
     except FileNotFoundError:
         # the path is not shown: a missing "file" is often the secret itself, pasted where
@@ -44,8 +45,16 @@ def secret_file_problem(cfg: LabConfig, path: str, what: str) -> tuple[str, str]
                 "it may be the secret itself, pasted where a path goes)",
                 f"write the {what} to a file, `chmod 600` it and name that file in the config")
     except OSError as e:
-        return f"{what} file {p} cannot be read: {e.strerror}", f"check {quoted}"
+        return (f"{what} file {p} cannot be read: {e.strerror or e}",
+                f"name a small regular file in the config ({quoted})")
     return None
+
+
+MAX_SECRET_BYTES = 64 * 1024  # a key or token file larger than this is not one
+
+
+def _read(p) -> str:
+    return read_bounded(p, MAX_SECRET_BYTES).decode(errors="replace").strip()
 
 
 def read_secret_file(cfg: LabConfig, path: str | None, what: str) -> str | None:
@@ -56,7 +65,7 @@ def read_secret_file(cfg: LabConfig, path: str | None, what: str) -> str | None:
     problem = secret_file_problem(cfg, path, what)
     if problem:
         raise LabError(f"{problem[0]}: {problem[1]}")
-    return cfg.resolve_path(path).read_text().strip()
+    return _read(cfg.resolve_path(path))
 
 
 def api_key(cfg: LabConfig, service: Literal["proxy", "vllm"]) -> str | None:

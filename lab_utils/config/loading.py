@@ -21,6 +21,7 @@ from lab_utils.config import values
 from lab_utils.config.checks import cross_check
 from lab_utils.config.schema import REPO_ROOT, LabConfig, checkout_path
 from lab_utils.errors import ConfigError
+from lab_utils.util.atomic import read_bounded
 
 DEFAULT_PROFILE = REPO_ROOT / "configs" / "local-cpu.json"
 USER_CONFIG = REPO_ROOT / "environment_config.json"
@@ -184,6 +185,9 @@ def parse_config_text(raw: bytes, source: str) -> Any:
 
 def find_config_path(explicit: str | os.PathLike | None = None) -> Path:
     """`--config F`, else `$LAB_CONFIG`, else environment_config.json, else local-cpu."""
+    if explicit is not None and not str(explicit).strip():
+        raise ConfigError("--config is empty: name a config file (or leave --config out "
+                          "for the default)")
     if explicit:
         return Path(explicit).expanduser().resolve()
     env = os.environ.get("LAB_CONFIG")
@@ -210,8 +214,7 @@ def secrets_in(data: Any) -> list[str]:
                 p = Path(path).expanduser()
                 p = p if p.is_absolute() else REPO_ROOT / p
                 with contextlib.suppress(OSError, ValueError):
-                    if p.is_file() and p.stat().st_size <= 64 * 1024:
-                        found.append(p.read_text().strip())
+                    found.append(read_bounded(p, 64 * 1024).decode(errors="replace").strip())
     vllm = data.get("vllm")
     if not isinstance(vllm, dict):
         vllm = {}
@@ -250,10 +253,9 @@ def load_config(path: str | os.PathLike | None = None) -> LabConfig:
         )
         raise ConfigError(f"config file {p} does not exist; {hint}")
     try:
-        with p.open("rb") as f:
-            raw = f.read(MAX_CONFIG_BYTES + 1)
+        raw = read_bounded(p, MAX_CONFIG_BYTES)
     except OSError as e:
-        raise ConfigError(f"{p}: cannot read: {e.strerror}") from None
+        raise ConfigError(f"{p}: cannot read: {e.strerror or e}") from None
     data = parse_config_text(raw, str(p))
     cfg = parse_config(data, str(p))
     cfg._source = p

@@ -111,7 +111,7 @@ class VllmConfig(_Strict):
     seed: int = 0
     enforce_eager: bool = False
     startup_timeout_s: float = Field(900.0, gt=0)
-    stop_grace_s: float = Field(15.0, ge=0)
+    stop_grace_s: float = Field(15.0, ge=0, le=600)  # cleanup waits this long per instance
     extra_args: list[str] = []
     extra_env: dict[str, str] = {}
     # A file (mode 600) holding the instances' API key: their /v1 API answers 401 without

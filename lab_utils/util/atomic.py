@@ -107,3 +107,19 @@ def remove_stale_temps(
             os.unlink(entry.path)
             removed.append(Path(entry.path))
     return removed
+
+
+def read_bounded(path: str | os.PathLike, limit: int) -> bytes:
+    """A regular file's bytes, at most `limit` of them: a FIFO, a device or a directory
+    (which would block or never end) and a larger file raise OSError saying which."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO opens without a writer
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path} is not a regular file")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(limit + 1)
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise OSError(f"{path} is over {limit} bytes")
+    return data
