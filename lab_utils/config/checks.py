@@ -68,6 +68,12 @@ def cross_check(cfg: LabConfig) -> list[str]:
     node_ref("proxy.node", cfg.proxy.node, "controller")
     problems += _tensor_parallel_problems(cfg, node_ref)
 
+    for role in ("baseline", "replica", "prefill", "decode", "tp"):
+        bind = getattr(getattr(cfg.vllm, role), "cpu_threads_bind", None)
+        if isinstance(bind, dict):  # a binding for a node that is not there binds nothing
+            for name in bind:
+                node_ref(f"vllm.{role}.cpu_threads_bind", name, None)
+
     for name, node in cfg.nodes.items():
         if node.connection == "ssh" and node.ssh is None:
             problems.append(

@@ -51,11 +51,13 @@ def checkout_path(*parts: str) -> Path:
 
 
 class LabConfig(_Strict):
-    profile: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
+    profile: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")]
     description: str = ""
     results_root: str = "results"
     hf_token_file: str | None = None
-    nodes: dict[str, NodeConfig] = Field(min_length=1)
+    # a node's name becomes part of file names and log lines: a plain word
+    nodes: dict[Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")],
+                NodeConfig] = Field(min_length=1)
     model: ModelConfig
     vllm: VllmConfig
     kv_transfer: KVTransferConfig = KVTransferConfig()
