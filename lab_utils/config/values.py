@@ -134,8 +134,8 @@ def check_env(env: dict[str, str]) -> dict[str, str]:
 
 # Flags that would put a secret on a command line (visible in `ps`, kept in state.json
 # and in results): refused in extra_args, with where the secret goes instead.
-_SECRET_FLAG = re.compile(r"^--?[A-Za-z0-9-]*(api-?key|token|secret|passw|credential)",
-                          re.I)
+_SECRET_FLAG = re.compile(r"^-+(?!allow-credentials$)(?=[A-Za-z0-9])[A-Za-z0-9_-]*?"
+                          r"(api[-_]?key|token|secret|pass[-_]?w|credential)", re.I)
 
 
 # The flags the lab sets on every instance's command line (`serve.launcher`): an
@@ -208,7 +208,7 @@ def control_characters(value: Any, where: str = "") -> list[str]:
         return [p for k, v in value.items() for p in control_characters(v, f"{where}.{k}" if where else str(k))]
     if isinstance(value, list):
         return [p for i, v in enumerate(value) for p in control_characters(v, f"{where}[{i}]")]
-    if isinstance(value, str) and any(ord(c) < 32 or ord(c) == 127 for c in value):
+    if isinstance(value, str) and any(ord(c) < 32 or 127 <= ord(c) < 160 for c in value):
         return [f"{where}: the value (not shown: it may hold a secret) contains a control "
                 "character (a newline?); write the value on one line"]
     return []
@@ -216,7 +216,7 @@ def control_characters(value: Any, where: str = "") -> list[str]:
 
 # Environment names that hold secrets, by pattern (TOKEN, SECRET, PASSWORD, API_KEY,
 # ACCESS_KEY, AUTH, CREDENTIALS, PRIVATE ...): their values never go into results.
-_SECRET_ENV = re.compile(r"(TOKEN|SECRET|PASSW|API_?KEY|ACCESS_?KEY|AUTH|CREDENTIAL|PRIVATE"
+_SECRET_ENV = re.compile(r"(TOKEN|SECRET|PASS_?W|PASSPHRASE|API_?KEY|ACCESS_?KEY|AUTH|CREDENTIAL|PRIVATE"
                          r"|SESSION|COOKIE|SIGNATURE)", re.I)
 REDACTED = "<redacted>"
 
@@ -227,7 +227,9 @@ REDACTED = "<redacted>"
 # (Shaped as the keys are, so that field names such as hf_token_file stay readable.)
 SECRET_PATTERN = re.compile(r"\bsk-[A-Za-z0-9_-]{16,}|\bhf_[A-Za-z0-9]{20,}|\bghp_[A-Za-z0-9]{20,}"
                             r"|\bgithub_pat_[A-Za-z0-9_]{20,}|\bxox[abp]-[A-Za-z0-9-]{10,}"
-                            r"|\bAKIA[A-Z0-9]{16}\b")
+                            r"|\bAKIA[A-Z0-9]{16}\b"
+                            # the password of a URL's user (scheme://user:password@host)
+                            r"|(?<=://)[^/\s:@]*:[^/\s@]+(?=@)")
 MIN_SECRET_CHARS = 8  # shorter known values are not replaced (they would hit ordinary text)
 
 

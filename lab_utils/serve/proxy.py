@@ -78,6 +78,10 @@ from lab_utils.serve.routing import (
 from lab_utils.serve.validate import InvalidRequest, Limits, check_request, vllm_rules
 
 
+# generous: a token of text is about 4 bytes of English, 16 covers most scripts' UTF-8
+TOKENIZE_BYTES_PER_TOKEN = 16
+
+
 def _refuse_constant(name: str):
     raise ValueError(f"{name} is not valid JSON")
 
@@ -192,16 +196,18 @@ class Proxy:
         if not hmac.compare_digest(sent.encode(), f"Bearer {key}".encode()):
             raise ProxyError(401, "unauthorized", "missing or wrong API key (Authorization: Bearer ...)")
 
-    async def read_json(self, request: Request) -> dict:
+    async def read_json(self, request: Request, limit: int | None = None) -> dict:
         """The request's JSON object, once the API key and the body size are checked. A
-        body is read until it passes `max_body_bytes`, not further (chunked bodies too)."""
+        body is read until it passes `limit` (default `max_body_bytes`), not further
+        (chunked bodies too)."""
         s = self.settings
+        limit = limit or s.max_body_bytes
         self.authorize(request)
-        too_large = ProxyError(413, "body_too_large", f"body over {s.max_body_bytes} bytes")
+        too_large = ProxyError(413, "body_too_large", f"body over {limit} bytes")
         declared = request.headers.get("content-length")
         if declared and not declared.isdigit():
             raise ProxyError(400, "invalid_request", f"Content-Length {declared[:40]!r} is not a number")
-        if declared and int(declared) > s.max_body_bytes:
+        if declared and int(declared) > limit:
             raise too_large
         chunks: list[bytes] = []
 
@@ -209,7 +215,7 @@ class Proxy:
             size = 0
             async for chunk in request.stream():
                 size += len(chunk)
-                if size > s.max_body_bytes:
+                if size > limit:
                     raise too_large
                 chunks.append(chunk)
 
@@ -397,8 +403,13 @@ class Proxy:
         return await self.ask_front("GET", "/v1/models")
 
     async def tokenizer(self, request: Request, *, path: str) -> Response:
+        """/tokenize and /detokenize, for clients that build prompts: bounded by what a
+        prompt of the served context can be (`TOKENIZE_BYTES_PER_TOKEN` bytes a token),
+        so a huge text does not hold the front instance's tokenizer for seconds."""
+        tokens = self.settings.max_tokens or 32768
         try:
-            body = await self.read_json(request)
+            body = await self.read_json(request, min(self.settings.max_body_bytes,
+                                                     tokens * TOKENIZE_BYTES_PER_TOKEN))
         except ProxyError as e:
             return e.response()
         return await self.ask_front("POST", path, body)

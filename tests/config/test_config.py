@@ -282,3 +282,24 @@ def test_lower_nixl_threads_is_on_for_cpu_profiles_only():
         mutated(lambda d: d["kv_transfer"].update(lower_nixl_threads="yes")))
     forced = mutated(lambda d: (cuda(d), d["kv_transfer"].update(lower_nixl_threads=True)))
     assert "kv_transfer.lower_nixl_threads: true with vllm.device" in error_of(forced)
+
+
+def test_secret_spellings_and_control_characters():
+    """A password in a URL and a `PASS_WORD` name are masked; `--allow-credentials` (CORS,
+    no secret) is allowed; C1 control characters count as control characters."""
+    from lab_utils.config.values import (
+        check_args,
+        control_characters,
+        scrub,
+        secret_env_values,
+    )
+
+    assert scrub("DB_URL=postgres://bob:hunter2x@db:5432/x") == "DB_URL=postgres://<redacted>@db:5432/x"
+    assert scrub("http://host:80/path") == "http://host:80/path"
+    assert secret_env_values({"MYPASS_WORD": "s3cret-value", "LOG_LEVEL": "x"}) == ["s3cret-value"]
+    check_args(["--allow-credentials"])
+    for flag in ("--password=x", "--db-pass-word", "--token", "--api_key=x"):
+        with pytest.raises(ValueError, match="secret"):
+            check_args([flag])
+    assert control_characters("a\x85b") and control_characters("a\x9fb")
+    assert not control_characters("café ñ")

@@ -636,3 +636,13 @@ def test_a_batch_runs_as_one_pair_per_prompt_and_choice(backends):
                        timeout=10)
     assert r.status_code == 400 and r.json()["error"]["param"] == "stream"
     assert pre.requests == [] and dec.requests == []
+
+
+def test_tokenize_is_bounded_by_the_served_context(backends):
+    """A text far longer than any prompt of the served context is refused before the front
+    instance's tokenizer sees it (16 bytes a token of max_tokens)."""
+    with proxy(pd_settings(backends, max_tokens=100)) as p:
+        r = httpx.post(f"{p.url}/tokenize", json={"model": "fake", "prompt": "x" * 2000}, timeout=10)
+        assert r.status_code == 413 and "1600" in r.json()["error"]["message"]
+        ok = httpx.post(f"{p.url}/tokenize", json={"model": "fake", "prompt": "x" * 1000}, timeout=10)
+        assert ok.status_code == 200
