@@ -77,7 +77,6 @@ from lab_utils.serve.routing import (
 )
 from lab_utils.serve.validate import InvalidRequest, Limits, check_request, vllm_rules
 
-
 # generous: a token of text is about 4 bytes of English, 16 covers most scripts' UTF-8
 TOKENIZE_BYTES_PER_TOKEN = 16
 
