@@ -199,7 +199,7 @@ def profile_frame(profile: EngineProfile):
                     (profile.beside_replicas, "idle replicas' yielding workers")):
         if b is None:
             continue
-        ratio = f"; {b.ratio:.2f}x alone" if b.ratio else ""
+        ratio = f"; {b.alone.median:.2f} ms alone: {b.ratio:.2f}x" if b.ratio else ""
         rows.append(row(f"decode step beside {b.threads} {like}: ms ({b.policy}; CPUs "
                         f"{', '.join(b.binds)})", f"1 decoding{ratio}", b.beside))
     if profile.active_cores is not None:

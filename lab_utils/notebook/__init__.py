@@ -63,7 +63,6 @@ from lab_utils.notebook.steps import (
     conclude,
     conclude_transfer,
     decode_roofline,
-    describe,
     nixl_threads_frame,
     plot_decode_roofline,
     profile_engine,
@@ -82,7 +81,7 @@ from lab_utils.results.guesses import guess, guesses_frame
 
 __all__ = [
     "ServingSession", "cache_meter", "check_alive", "compare_frame", "compare_front_doors", "compare_policies",
-    "conclude", "conclude_transfer", "decode_roofline", "describe", "eta_inputs", "eta_lines",
+    "conclude", "conclude_transfer", "decode_roofline", "eta_inputs", "eta_lines",
     "explain_kv",
     "grade_forecast", "guess", "print_card", "triage_text", "guesses_frame", "hood", "kv_buffer_device", "lessons", "make_forecast",
     "nixl_threads_frame", "plot_decode_roofline", "predict", "profile_engine", "profile_frame", "proof_frame",

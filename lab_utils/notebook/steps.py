@@ -71,19 +71,6 @@ def single_request(cfg: LabConfig, served: Served) -> RequestRecord:
     return records[0]
 
 
-def describe(rec: RequestRecord) -> str:
-    if rec.error:
-        return f"the request failed: {rec.error}"
-    itl = sorted(rec.itl_ms)
-    together = (f"; {rec.read_together} of them 0 ms: tokens the client read together, late"
-                if rec.read_together else "")
-    return (f"prompt {rec.prompt_tokens or rec.prompt_len} tokens, {rec.completion_tokens} "
-            f"generated\n  TTFT {rec.ttft_ms:.1f} ms (queue + prefill + first token)\n"
-            f"  TPOT {rec.tpot_ms:.2f} ms per output token after the first\n"
-            f"  ITL  median {itl[len(itl) // 2]:.2f} ms, max {itl[-1]:.2f} ms "
-            f"({len(itl)} gaps{together})\n  end-to-end {rec.e2el_ms:.1f} ms")
-
-
 def cache_meter(served: Served):
     """A reader of `served`'s instances' prompt-token counters (`CacheCounts`: instance ->
     prompt tokens, of them prefix-cache hits); an instance whose counters cannot be read

@@ -326,7 +326,8 @@ def _nb01_blocks(data: ReportData) -> list[Block]:
     assert p is not None  # each notebook's section is built only from its results
     blocks = [P(_sweep_text(data.sweeps["baseline"]))]
     if p.single_request is not None:
-        blocks += [H("Single request", 3), T(key_value_table(asdict(p.single_request)))]
+        blocks += [H("Single request", 3), P(p.single_request.describe().replace("\n  ", "; ")),
+                   T(key_value_table(asdict(p.single_request)))]
     blocks += [H("Roofline", 3), P(roofline_text(data)),
                T(key_value_table(p.roofline.model_dump() if p.roofline else {}))]
     if (said := experiment_claims(data).get("01")) is not None:

@@ -41,6 +41,25 @@ class RequestRecord:
     def as_dict(self) -> dict:
         return asdict(self)
 
+    def describe(self) -> str:
+        """What this one request measured, in words and ms."""
+        if self.error:
+            return f"the request failed: {self.error}"
+        itl = sorted(self.itl_ms)
+        together = (f"; {self.read_together} of them 0 ms: tokens the client read together, late"
+                    if self.read_together else "")
+        if self.ttft_ms is None or self.tpot_ms is None or self.e2el_ms is None or not itl:
+            return f"prompt {self.prompt_len} tokens: too few tokens came back to time"
+        gaps = (self.completion_tokens or len(itl) + 1) - 1
+        last = self.ttft_ms + self.tpot_ms * gaps
+        return (f"prompt {self.prompt_tokens or self.prompt_len} tokens, {self.completion_tokens} "
+                f"generated\n  TTFT {self.ttft_ms:.1f} ms (queue + prefill + first token)\n"
+                f"  TPOT {self.tpot_ms:.2f} ms per output token after the first (first to last "
+                f"token, {last - self.ttft_ms:.1f} ms, over {gaps} gaps)\n"
+                f"  ITL  median {itl[len(itl) // 2]:.2f} ms, max {itl[-1]:.2f} ms "
+                f"({len(itl)} gaps{together})\n  end-to-end {self.e2el_ms:.1f} ms (the stream "
+                f"closed {self.e2el_ms - last:.1f} ms after its last token)")
+
 
 class BenchmarkPoint(BaseModel):
     """One load point of one repeat."""

@@ -169,8 +169,7 @@ def test_tokens_that_arrive_in_one_read_are_counted_as_read_together():
         reader.feed(sse({"error": {"message": "decode died"}}), 10.08)
 
     rec.e2el_ms, rec.tpot_ms = 71.0, 10.3
-    from lab_utils.notebook import describe
-    assert "ITL  median 15.00 ms, max 15.00 ms (3 gaps; 1 of them 0 ms: tokens the client read" in describe(rec)
+    assert "ITL  median 15.00 ms, max 15.00 ms (3 gaps; 1 of them 0 ms: tokens the client read" in rec.describe()
     steady = RequestRecord(1, 5, 4, ttft_ms=40.0, itl_ms=[15.0, 15.0, 15.0], e2el_ms=85.0, tpot_ms=15.0,
                            prompt_tokens=5, completion_tokens=4)
     s = summarize([rec, steady], 1.0, WorkloadConfig())
