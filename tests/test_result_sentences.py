@@ -23,7 +23,7 @@ import pytest
 
 from lab_utils.forecast import band as band_mod
 from lab_utils.forecast import grade
-from lab_utils.notebook import lessons, steps, time_split
+from lab_utils.notebook import lessons, time_split
 from lab_utils.report import expected, plots, tables
 from lab_utils.results.sweep import BenchmarkPoint, BenchmarkResult, RequestRecord
 
