@@ -195,9 +195,12 @@ class ProbePlan:
 
     def describe(self) -> str:
         rates = ", ".join(f"{s} {self.rates_GBps[s]:g} GB/s" for s in self.seg_types)
+        each = " + ".join(f"{op} {passes(op, self.iterations, self.warmup)}" for op in self.ops)
         text = (f"probe plan: {len(self.sizes)} sizes ({sum(self.sizes) / 1e9:.3g} GB per pass) x "
-                f"{'/'.join(self.ops)} x {self.warmup} warm-up + {self.iterations} timed passes x "
-                f"{len(self.seg_types)} memory type(s) = {self.planned_bytes / 1e9:.3g} GB; "
+                f"{sum(passes(op, self.iterations, self.warmup) for op in self.ops)} passes "
+                f"({each}: {self.warmup} warm-up + {self.iterations} timed, and for WRITE one "
+                f"more that carries the notification) x {len(self.seg_types)} memory type(s) = "
+                f"{self.planned_bytes / 1e9:.3g} GB; "
                 f"at {rates} ({self.rate_basis}) ~{self.estimate_s:.0f} s of transfer, "
                 f"limit {self.timeout_s:.0f} s (plan for at most {self.budget_s:.0f} s; time box "
                 + ", ".join(f"{s} {v:.0f} s" for s, v in self.time_box_s.items()) + ")")
