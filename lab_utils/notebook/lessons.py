@@ -178,7 +178,7 @@ def best_transfer_sentence(rows: list[dict], seg_type: str = "DRAM") -> str | No
                    f"{best['bandwidth_GBps'] / largest['bandwidth_GBps']:.1f}x less): the "
                    "estimate is exact near that size and optimistic above it, where the "
                    "bandwidth fell"
-                   + (", and below it, where a fixed cost per transfer shows"
+                   + (", and below it by any fixed cost per transfer"
                       if best is not smallest else
                       " (it was the smallest size probed: nothing below it was measured)")
                    + ".")
@@ -207,11 +207,18 @@ def _said_02(kv: KvTransferPayload, input_len: int | None) -> list[str]:
         said.insert(0, f"The shortest prompt paid a fixed cost: its transfer "
                        f"took {short[1]:.2f}x the size / best-bandwidth estimate, the longest "
                        f"{long[1]:.2f}x (measured above the estimate at: {', '.join(over)}).")
+    elif _above(long[1]) and _above(short[1]):
+        said.insert(0, f"Both ends took longer than the size / best-bandwidth estimate: the "
+                       f"shortest prompt's transfer {short[1]:.2f}x (a fixed cost per transfer, "
+                       f"or the lower bandwidth of small sizes), the longest {long[1]:.2f}x "
+                       f"(the bandwidth fell at the larger sizes); above the estimate at: "
+                       f"{', '.join(over)}.")
     elif _above(long[1]):
         said.insert(0, f"The longest prompt's transfer took {long[1]:.2f}x "
-                       f"the size / best-bandwidth estimate, the shortest {short[1]:.2f}x: "
-                       "here the bandwidth fell at the larger sizes, which hides any fixed "
-                       f"cost per transfer (above the estimate at: {', '.join(over)}).")
+                       f"the size / best-bandwidth estimate, the shortest {short[1]:.2f}x, "
+                       "within the estimate: here the bandwidth fell at the larger sizes, and "
+                       f"no fixed cost per transfer shows (above the estimate at: "
+                       f"{', '.join(over)}).")
     else:
         said.insert(0, f"The shortest prompt's transfer took {short[1]:.2f}x "
                        f"the size / best-bandwidth estimate, no more than the longest "
