@@ -107,7 +107,9 @@ def conclusions(rows: list[dict[str, Any]], hop: dict[str, Any] | None,
     if hop is None:
         out.append("Extra hop: not compared (01 or 04 has no valid concurrency-1 point).")
     else:
-        move = hop["transfer_ms"]
+        # where the requests' own split follows, it gives their KV move: the proof's
+        # prompts (other lengths) are not quoted beside it
+        move = None if split else hop["transfer_ms"]
         share = ""
         if move is not None and 0 < move <= hop["extra_ms"]:
             share = f"; the KV move itself is {move:.1f} ms of it (median of the proof's prompts)"
