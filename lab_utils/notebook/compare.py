@@ -17,7 +17,7 @@ from lab_utils.notebook.record import say
 from lab_utils.notebook.session import ServingSession
 from lab_utils.notebook.steps import run_sweep
 from lab_utils.results import FrontDoors, ResultsEnvelope, load_reference_results, reference_origin
-from lab_utils.results.experiments import policy_claims
+from lab_utils.results.experiments import policy_claims, policy_sides
 from lab_utils.results.payloads import Policies
 from lab_utils.results.points import (
     COMPARED,
@@ -77,10 +77,13 @@ def compare_front_doors(cfg: LabConfig, session: ServingSession, served: Served,
                       router_version=got)
 
 
-def compare_policies(cfg: LabConfig, session: ServingSession, served: Served) -> Policies | None:
+def compare_policies(cfg: LabConfig, session: ServingSession, served: Served,
+                     mixed: BenchmarkResult | None = None) -> Policies | None:
     """03's look at routing: the mixed workload once at its highest concurrency through the
     lab proxy with each routing policy in turn (the configured one is put back after),
-    shown side by side with what it says (claims); returned for 03's results."""
+    shown side by side with what it says (claims); returned for 03's results. `mixed`: the
+    mixed sweep just run with the configured policy, its point at that load a second run of
+    that policy (`experiments.policy_sides`)."""
     w = cfg.workload
     if not w.mixed_long_len:
         print("skipped: workload.mixed_long_len is not set (the policies differ only when "
@@ -96,8 +99,13 @@ def compare_policies(cfg: LabConfig, session: ServingSession, served: Served) ->
                                        run=f"policy {policy}").combined[0]
     finally:
         session.swap_front_door(served, "lab", policy=cfg.topology.replicated.policy)
-    display(side_by_side(points))
-    say(cfg, "03:policies", policy_claims(points))
+    configured = cfg.topology.replicated.policy
+    sides = policy_sides(points, mixed, configured)
+    display(side_by_side({name: p for name, (_, p) in sides.items()}))
+    if sides[configured][0] != f"policy {configured}":
+        print(f"{configured}: its row pools its own run and the mixed sweep's point at the same "
+              "load (two runs of one configuration: their range is what it moved by)")
+    say(cfg, "03:policies", policy_claims(points, "03", mixed, configured))
     return Policies(runs=points)
 
 

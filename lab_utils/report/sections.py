@@ -378,7 +378,8 @@ def _nb03_blocks(data: ReportData) -> list[Block]:
                 f"workload: {mixed}.")]
     if (said := experiment_claims(data).get("03")) is not None:
         blocks += [P("Both routing policies, the mixed workload once each at the highest "
-                     "concurrency:"), UL([c.text for c in said])]
+                     "concurrency (the configured one also in the mixed sweep):"),
+                   UL([c.text for c in said])]
     return blocks
 
 

@@ -162,8 +162,9 @@ def experiment_claims(data: ReportData) -> dict[str, list[Claim]]:
     out: dict[str, list[Claim]] = {}
     if data.baseline is not None and data.baseline.switches is not None:
         out["01"] = switch_claims(data.baseline.switches, "report")
-    if data.replicated is not None and data.replicated.policies is not None:
-        out["03"] = policy_claims(data.replicated.policies.runs, "report")
+    rep = data.replicated
+    if rep is not None and rep.policies is not None:
+        out["03"] = policy_claims(rep.policies.runs, "report", rep.mixed, rep.policy)
     return out
 
 

@@ -25,7 +25,14 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from lab_utils.results.points import BY_KEY, Measured, MetricKey, Point, compare_points
+from lab_utils.results.points import (
+    BY_KEY,
+    Measured,
+    MetricKey,
+    Point,
+    compare_points,
+    pooled,
+)
 from lab_utils.util.atomic import atomic_write_text
 
 Run = str  # "sweep", "mixed", or a notebook's other run ("switch steps256", "policy round_robin")
@@ -87,6 +94,19 @@ class Comparison(BaseModel):
     def margin(self) -> str:
         """The subject against the reference in words: "1.7x lower"."""
         return BY_KEY[self.metric].times(self.subject.value.median, self.reference.value.median)
+
+    def no_difference(self) -> str:
+        """Why the rule named no winner, with what each side measured: "no difference by
+        the lab's rule (45.0-60.0 ms over 2 runs vs 140.0-220.0 ms over 2 runs: ...)"."""
+        m = BY_KEY[self.metric]
+
+        def span(v: Measured) -> str:
+            if v.n < 2:
+                return f"{m.text(v.median)} in one run"
+            return (f"{m.text(v.min, unit=False)}-{m.text(v.max)} over {v.n} runs")
+
+        return (f"no difference by the lab's rule ({span(self.subject.value)} vs "
+                f"{span(self.reference.value)}: {self.basis})")
 
     def values(self) -> str:
         """"12.3 ms vs 31.0 ms" (subject first)."""
@@ -199,14 +219,26 @@ def _problems_of_side(side: Side, point: Point | None, metric: MetricKey) -> lis
     return []
 
 
+# A side measured in several runs of one configuration names them joined by this
+# ("policy round_robin + mixed"): checked against the runs pooled (`points.pooled`).
+RUNS_JOINED = " + "
+
+
+def _located(points: dict[tuple[str, str, str, float], Point], side) -> Point | None:
+    found = [points.get((side.notebook, run, side.mode, side.load))
+             for run in side.run.split(RUNS_JOINED)]
+    if any(p is None for p in found):
+        return None
+    return found[0] if len(found) == 1 else pooled([p for p in found if p is not None])
+
+
 def check(c: Claim, points: dict[tuple[str, str, str, float], Point]) -> list[str]:
     """What is wrong with claim `c` against the results (`points`: every valid combined
     point by notebook, run, mode and load): a side whose numbers differ, or a comparison
     whose verdict by the rule is not the one the sentence was written from."""
     out = []
     for cmp in c.comparisons:
-        sides = [(s, points.get((s.notebook, s.run, s.mode, s.load)))
-                 for s in (cmp.subject, cmp.reference)]
+        sides = [(s, _located(points, s)) for s in (cmp.subject, cmp.reference)]
         wrong = [p for s, pt in sides for p in _problems_of_side(s, pt, cmp.metric)]
         if wrong:
             out += wrong

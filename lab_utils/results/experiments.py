@@ -6,9 +6,10 @@ that notebook's section; the audit checks their comparisons against the results 
 
 from __future__ import annotations
 
-from lab_utils.results.claims import Claim, Located, claim, comparison
+from lab_utils.results.claims import RUNS_JOINED, Claim, Located, claim, comparison
 from lab_utils.results.payloads import PrefixTwice, Switches, SwitchRun
-from lab_utils.results.points import BY_KEY, COMPARED, MetricKey, Point
+from lab_utils.results.points import BY_KEY, COMPARED, MetricKey, Point, pooled
+from lab_utils.results.sweep import BenchmarkResult
 from lab_utils.util.numbers import fmt_num
 
 POLICY_METRICS: tuple[MetricKey, ...] = tuple(m.key for m in COMPARED)
@@ -38,18 +39,33 @@ def chunking_claim(sw: Switches, where: str = "01") -> Claim:
            + f" (one load point, concurrency {small.point.value:g}): against chunking off "
            + {"subject": f"the small steps cut the streams' tail ({c.margin()})",
               "reference": f"the small steps did not shorten the tail ({c.margin()})",
-              None: "no difference by the lab's rule"}[c.better]
+              None: c.no_difference()}[c.better]
            + ("" if not also else "; against the instance as served "
               + {"subject": f"they cut it ({also[0].margin()})",
                  "reference": f"they did not ({also[0].margin()})",
-                 None: "no difference by the lab's rule"}[also[0].better]))
-    t_small, t_off = small.long_ttft_ms, off.long_ttft_ms
-    if t_small and t_off:
-        cost = BY_KEY["median_ttft_ms"].times(t_small, t_off)
-        itl += (f"; the long prompts' first token took {fmt_num(t_small)} ms against "
-                f"{fmt_num(t_off)} ms ({cost} with the small steps)")
-    return claim(where, itl + ".", c, *also, figures={"long_ttft_small_ms": t_small,
-                                              "long_ttft_off_ms": t_off})
+                 None: also[0].no_difference()}[also[0].better]))
+    # what the small steps cost, against each setting they cut the tail against
+    won = [r for x, r in ((c, off), *((also[0], served) for _ in also))
+           if x.better == "subject" and r is not None]
+    figures: dict[str, float | None] = {"long_ttft_small_ms": small.long_ttft_ms,
+                                        "other_ttft_small_ms": small.other_ttft_ms}
+    for r in won:
+        costs = [f"{what} {fmt_num(mine)} ms against {fmt_num(theirs)} ms "
+                 f"({BY_KEY['median_ttft_ms'].times(mine, theirs)})"
+                 for what, mine, theirs in (
+                     ("the long prompts' first token", small.long_ttft_ms, r.long_ttft_ms),
+                     ("the short prompts' median first token", small.other_ttft_ms,
+                      r.other_ttft_ms)) if mine and theirs]
+        if costs:
+            itl += f"; what it cost against {r.label}: " + ", ".join(costs)
+        figures.update({f"long_ttft_{r.suffix}_ms": r.long_ttft_ms,
+                        f"other_ttft_{r.suffix}_ms": r.other_ttft_ms})
+    if not won and small.long_ttft_ms and off.long_ttft_ms:
+        itl += (f"; the long prompts' first token took {fmt_num(small.long_ttft_ms)} ms against "
+                f"{fmt_num(off.long_ttft_ms)} ms with chunking off "
+                f"({BY_KEY['median_ttft_ms'].times(small.long_ttft_ms, off.long_ttft_ms)})")
+        figures["long_ttft_off_ms"] = off.long_ttft_ms
+    return claim(where, itl + ".", c, *also, figures=figures)
 
 
 def others_claim(sw: Switches, where: str = "01") -> Claim | None:
@@ -86,25 +102,49 @@ def switch_claims(sw: Switches, where: str = "01") -> list[Claim]:
             prefix_claim(sw.prefix_caching, where)]
 
 
-def policy_claims(runs: dict[str, Point], where: str = "03") -> list[Claim]:
+def policy_sides(runs: dict[str, Point], mixed: BenchmarkResult | None = None,
+                 configured: str | None = None) -> dict[str, tuple[str, Point]]:
+    """Each policy's run name and point, the configured policy's pooled with the mixed
+    sweep's point at the same load (the same configuration, run twice: its two runs show
+    how much one configuration moves between runs, which the rule then holds a
+    difference against)."""
+    out = {name: (f"policy {name}", p) for name, p in runs.items()}
+    same = next((p for p in (mixed.combined if mixed else []) if configured in runs
+                 and p.valid and (p.mode, p.value) == (runs[configured].mode,
+                                                       runs[configured].value)), None)
+    if same is not None and configured is not None:
+        run, p = out[configured]
+        out[configured] = (f"{run}{RUNS_JOINED}mixed", pooled([p, same]))
+    return out
+
+
+def policy_claims(runs: dict[str, Point], where: str = "03", mixed: BenchmarkResult | None = None,
+                  configured: str | None = None) -> list[Claim]:
     """What 03's routing policies did (`runs`: round_robin and least_outstanding, one run
-    each of the mixed workload at one load): least-outstanding against round-robin on the
-    ITL tail and on TTFT, each by the lab's rule, the cost named beside the win."""
+    each of the mixed workload at one load; the `configured` one also measured by the
+    `mixed` sweep, see `policy_sides`): least-outstanding against round-robin on the ITL
+    tail and on TTFT, each by the lab's rule, the cost named beside the win."""
     if set(runs) != {"round_robin", "least_outstanding"}:
         return []
-    lo, rr = runs["least_outstanding"], runs["round_robin"]
+    sides = policy_sides(runs, mixed, configured)
+    (lo_run, lo), (rr_run, rr) = sides["least_outstanding"], sides["round_robin"]
     if not (lo.valid and rr.valid):
         return [claim(where, "The policy comparison has an invalid run: no policy "
                "is named better.")]
-    at = f"mixed workload at {lo.load}, one run each (one load point)"
-    cmps = [comparison(k, ("least-outstanding", "03", "policy least_outstanding", lo),
-                       ("round-robin", "03", "policy round_robin", rr))
+    counts = {name: run.count(RUNS_JOINED) + 1 for name, (run, _) in sides.items()}
+    each = (", one run each" if set(counts.values()) == {1} else
+            ", " + " and ".join(f"{n.replace('_', '-')} {k} run{'s' if k > 1 else ''}"
+                                + (" (its own and the mixed sweep's)" if k > 1 else "")
+                                for n, k in counts.items()))
+    at = f"mixed workload at {lo.load}{each} (one load point)"
+    cmps = [comparison(k, ("least-outstanding", "03", lo_run, lo),
+                       ("round-robin", "03", rr_run, rr))
             for k in POLICY_METRICS
             if lo.of(k) is not None and rr.of(k) is not None]
     parts = []
     for c in cmps:
         m = BY_KEY[c.metric]
-        verdict = ("no difference by the lab's rule" if c.better is None
+        verdict = (c.no_difference() if c.better is None
                    else f"{c.margin()}, {'better' if c.better == 'subject' else 'worse'}")
         parts.append(f"{m.label} {m.text(c.subject.value.median)} against "
                      f"{m.text(c.reference.value.median)} ({verdict})")
@@ -119,5 +159,6 @@ def policy_claims(runs: dict[str, Point], where: str = "03") -> list[Claim]:
 
 
 
-__all__ = ["SMALL_BUDGET", "chunking_claim", "others_claim", "policy_claims", "prefix_claim",
+__all__ = ["SMALL_BUDGET", "chunking_claim", "others_claim", "policy_claims", "policy_sides",
+           "prefix_claim",
            "switch_claims"]

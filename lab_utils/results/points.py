@@ -221,6 +221,24 @@ class Point(BaseModel):
         return f"{self.mode} {self.value:g}"
 
 
+def pooled(points: list[Point]) -> Point:
+    """One configuration measured in several runs (one `Point` each, at the same load) as
+    one point: per metric the median of the runs' medians, the min-max range over all of
+    them and their repeats together; valid when every run was."""
+    first = points[0]
+    fields: dict[str, Any] = {}
+    for k in KEYS:
+        got = [m for p in points if (m := p.of(k)) is not None]
+        if got:
+            fields[k] = Measured(median=statistics.median(m.median for m in got),
+                                 min=min(m.min for m in got), max=max(m.max for m in got),
+                                 n=sum(m.n for m in got))
+    hits = [p.prefix_cache_hit_pct for p in points if p.prefix_cache_hit_pct is not None]
+    return Point(mode=first.mode, value=first.value, mixed=first.mixed,
+                 repeats=sum(p.repeats for p in points), valid=all(p.valid for p in points),
+                 prefix_cache_hit_pct=max(hits) if hits else None, **fields)
+
+
 def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
@@ -258,8 +276,9 @@ def compare(a: Measured | None, b: Measured | None, key: MetricKey | Metric | No
 
     The rule: a difference counts only when the medians are further apart than `margin`
     (10%) of the smaller one AND, when both sides were measured at least twice, their
-    min-max ranges over the repeats do not overlap. With one repeat on either side the
-    spread is unknown and the margin alone decides. Not measured on either side (None,
+    min-max ranges over the repeats do not overlap; when only one side was, the single
+    value stands more than the margin beyond that side's range. With one repeat on both
+    sides the spread is unknown and the margin alone decides. Not measured on either side (None,
     not finite): no difference.
     """
     if a is None or b is None or not (math.isfinite(a.median) and math.isfinite(b.median)):
@@ -279,6 +298,20 @@ def compare(a: Measured | None, b: Measured | None, key: MetricKey | Metric | No
             return Verdict(False, None, gap_pct, True,
                            f"{apart}, beyond the {margin:.0%} margin, but the {ranges} overlap")
         basis = f"{apart}, beyond the {margin:.0%} margin, and the {ranges} do not overlap"
+    elif a.ranged or b.ranged:
+        # one run against a range: the range is what that side's runs already moved by,
+        # so the single value must stand beyond the margin from its nearer end
+        ranged, one = (a, b) if a.ranged else (b, a)
+        edge = min((ranged.min, ranged.max), key=lambda e: abs(e - one.median))
+        inside = ranged.min <= one.median <= ranged.max
+        near = abs(one.median - edge) <= margin * min(abs(one.median), abs(edge))
+        if inside or near:
+            return Verdict(False, None, gap_pct, True,
+                           f"{apart}, beyond the {margin:.0%} margin, but the single run is "
+                           f"{'inside' if inside else 'within the margin of'} the other "
+                           f"side's min-max range over {ranged.n} runs")
+        basis = (f"{apart}, beyond the {margin:.0%} margin, and the single run is beyond it "
+                 f"from the other side's min-max range over {ranged.n} runs")
     else:
         basis = f"{apart}, beyond the {margin:.0%} margin; one repeat, spread unknown"
     better = None if key is None else ("a" if metric(key).better(x, y) else "b")

@@ -37,7 +37,8 @@ CASES = [
     ("one repeat, 12% apart", [100.0], [112.0], True),
     ("one repeat, 8% apart", [100.0], [108.0], False),
     ("one repeat against three whose range reaches it, 12% apart", [100.0],
-     [95.0, 112.0, 120.0], True),
+     [95.0, 112.0, 120.0], False),
+    ("one repeat 20% beyond the nearer end of three", [100.0], [120.5, 125.0, 130.0], True),
     ("ranges overlap, medians 50% apart", [80.0, 100.0, 130.0], [120.0, 150.0, 160.0], False),
     ("3% apart, ranges disjoint", [99.0, 100.0, 101.0], [102.5, 103.0, 103.5], False),
     ("30% apart, ranges disjoint", [99.0, 100.0, 101.0], [129.0, 130.0, 131.0], True),
@@ -154,8 +155,12 @@ def test_the_rule_in_numbers():
     assert differs(one(110.5), one(100.0))  # symmetric
     # 10% of the smaller value, not of either side: 100 vs 109.5 is 8.7% of the larger
     assert not differs(one(100.0), one(109.5))
-    # a range known on one side only: the margin alone decides
-    assert differs(Measured.of([80.0, 100.0, 130.0]), one(120.0))
+    # a range known on one side only: the single value must stand beyond the margin from
+    # the range's nearer end (the range is what that side's runs already moved by)
+    assert not differs(Measured.of([80.0, 100.0, 130.0]), one(120.0))  # inside it
+    assert not differs(Measured.of([80.0, 100.0]), one(108.0))  # 8% past its top
+    v = compare(Measured.of([80.0, 100.0]), one(112.0))  # 12% past it
+    assert v.differs and "beyond it from the other side's min-max range over 2 runs" in v.basis
     v = compare(Measured.of([99.0, 100.0, 101.0]), Measured.of([129.0, 130.0, 131.0]),
                 "median_ttft_ms")
     assert (v.differs, v.better, round(v.gap_pct, 1), v.beyond_margin) == (True, "a", 30.0, True)
