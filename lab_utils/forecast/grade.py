@@ -4,8 +4,8 @@ For every metric at every load point of a forecast: the predicted median, its in
 the measured median, the error in percent of the measurement, whether the measurement
 fell inside the interval (which includes the model's own error measured earlier in the
 series, `band`), and whether the two differ by the lab's one rule
-(`points.compare`, the prediction's interval standing for its min-max range; with one
-measured repeat the 10% margin alone decides). A point is not graded (it is shown, with the
+(`points.compare`, the prediction's interval standing for its min-max range; a value
+measured once must stand beyond the 10% margin from that interval). A point is not graded (it is shown, with the
 reason) when it is invalid, when the machine stood still during one of its repeats (its
 latencies include the stall), or, for ITL and TPOT only, when the load generator read many
 tokens together, late (their gaps are the client's, not the server's).

@@ -19,9 +19,9 @@ def forecast_blocks(data: ReportData, plots: list[Plot]) -> list[Block]:
     by_arch = fc.graded(data)
     blocks = [H("Predicted, then measured"),
               P("Before measuring, notebook 01 forecasts its own sweep from the engine profile "
-                "it has just measured, and notebooks 03 and 04 forecast their architecture from "
-                "01's engine profile and 02's KV transfer only (lab_utils.forecast.model: a "
-                "step-by-step simulation of the engines, the proxy hop and the KV move). Here "
+                "it has just measured, and notebooks 03 and 04 forecast their architecture "
+                "from what each forecast lists as its sources (below; lab_utils.forecast.model: "
+                "a step-by-step simulation of the engines, the proxy hop and the KV move). Here "
                 "each forecast meets its measurement: the error is in % of the measured "
                 "value, and 'inside' says whether the measurement fell in the forecast's "
                 "interval: the range over the edges of 01's and 02's measured curves, widened "
@@ -34,6 +34,13 @@ def forecast_blocks(data: ReportData, plots: list[Plot]) -> list[Block]:
                 f"{RULE}. Points where the machine stood "
                 "still are shown but not graded; where the load generator read tokens late, "
                 "ITL and TPOT are not graded."),
+              UL([f"{arch}: " + "; ".join(f"{k}: {v}" for k, v in f.sources.items())
+                  for arch, f in recorded_forecasts(data).items()]),
+              *([P("A forecast calibrated on requests timed through its own instances before "
+                   "the sweep reproduces them at one request at a time by construction: its "
+                   "rows at concurrency 1 check the calibration, not the model; the loads "
+                   "above it are the prediction.")]
+                if any(f.timed is not None for f in recorded_forecasts(data).values()) else []),
               P("What the model leaves out, so where to look when it misses: the CPU that the "
                 "proxy, the load generator and NIXL's progress threads use beyond what 01 "
                 "measured beside stand-ins for them"

@@ -381,10 +381,11 @@ def metric_rows(a: Point, b: Point, names: tuple[str, str], *, label: str = "hea
 
 RULE = (f"a difference counts only when it is larger than {MARGIN:.0%} of the smaller value "
         "and, where both sides were measured at least twice, their min-max ranges over the "
-        "repeats do not overlap (with one repeat the spread is unknown and the margin alone "
-        "decides)")
+        "repeats do not overlap; where one side was measured once, that value stands more "
+        f"than {MARGIN:.0%} beyond the other side's range (with one repeat on both sides the "
+        "spread is unknown and the margin alone decides)")
 
 __all__ = ["BY_KEY", "COMPARED", "FORECAST", "KEYS", "MARGIN", "METRICS", "RULE", "Measured",
-           "Metric", "MetricKey", "Point", "Verdict", "compare", "compare_points", "differs", "metric", "metric_rows", "rounded",
+           "Metric", "MetricKey", "Point", "Verdict", "compare", "compare_points", "differs", "metric", "metric_rows", "pooled", "rounded",
            "select",
            "unlike_caches", "with_caches"]

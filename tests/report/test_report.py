@@ -237,7 +237,8 @@ def test_one_repeat_is_judged_by_the_margin_alone(test_cfg):
         f = finding(concl.findings, key, 1)
         assert f.winner is None and "within the 10% margin" in f.basis
     assert any("Points measured once (baseline, replicated, disaggregated) have an unknown "
-               "spread, so against them the 10% margin alone decides" in s
+               "spread: one is held against the other side's range (more than 10% beyond it), "
+               "and between two such points the 10% margin alone decides" in s
                for s in concl.sentences)
 
 

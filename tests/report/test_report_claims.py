@@ -21,12 +21,16 @@ def _data(cfg, pd_tps: float):
 
 def test_the_documentation_sentence_says_whether_the_run_agrees(test_cfg):
     lower = documentation_claim(report.conclusions(_data(test_cfg, 140)).findings)
-    assert "was lower at concurrency 1, 2 and 4" in lower.text and "the run agrees" in lower.text
-    assert {c.better for c in lower.comparisons} == {"reference"}
+    # the single instance of these files serves 280 tok/s per concurrency
+    assert "against replicated serving lower at concurrency 1, 2 and 4" in lower.text
+    assert "the run agrees against replicated serving; disagrees against the single instance" in lower.text
+    assert {c.better for c in lower.comparisons if c.reference.name == "replicated"} == {"reference"}
     higher = documentation_claim(report.conclusions(_data(test_cfg, 300)).findings)
-    assert "higher at concurrency 1, 2 and 4" in higher.text and "disagrees" in higher.text
+    assert "against replicated serving higher at concurrency 1, 2 and 4 (up to 1.5x)" in higher.text
+    assert "the run disagrees against replicated serving at concurrency 1, 2 and 4" in higher.text
     even = documentation_claim(report.conclusions(_data(test_cfg, 205)).findings)
-    assert "no different at concurrency 1, 2 and 4" in even.text and "agrees" in even.text
+    assert "against replicated serving no different at concurrency 1, 2 and 4" in even.text
+    assert "agrees" in even.text
 
 
 def test_one_machine_is_said_with_the_cores_each_sweep_used(test_cfg, spark_cfg):
