@@ -14,7 +14,6 @@ import contextlib
 import inspect
 import json
 import os
-import secrets
 import shutil
 import subprocess
 import sys
@@ -111,12 +110,10 @@ class Node(ABC):
                        extra: dict | None = None) -> ProcessRecord:
         """Start `argv` in its own process group, output to `log_path`, and record it.
         `env` adds to the node's environment; it never appears on the command line."""
-        marker = secrets.token_hex(8)
-        pid, ticks = self._spawn(argv, {**(env or {}), proctools.MARKER_ENV: marker}, log_path,
-                                 cwd)
+        pid, ticks = self._spawn(argv, env or {}, log_path, cwd)
         rec = ProcessRecord(name=name, node=self.name, pid=pid, pgid=pid, start_ticks=ticks,
                             log_path=log_path, argv=list(argv), kind=kind, port=port, url=url,
-                            started_at=time.time(), extra=extra or {}, marker=marker)
+                            started_at=time.time(), extra=extra or {})
         self.state.add(rec)
         return rec
 
@@ -215,7 +212,7 @@ class LocalNode(Node):
             return f"(no log at {rec.log_path})"
 
     def _stop_group(self, rec, grace_s) -> bool:
-        return proctools.stop_group(rec.pgid, rec.start_ticks, grace_s, rec.marker)
+        return proctools.stop_group(rec.pgid, rec.start_ticks, grace_s)
 
     def port_report(self, address, port) -> dict:
         return proctools.port_report(address, port)

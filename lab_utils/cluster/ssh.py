@@ -294,8 +294,7 @@ class SSHNode(Node):
         return r.stdout if r.ok else f"(no log at {rec.log_path} on {self.name})"
 
     def _stop_group(self, rec: ProcessRecord, grace_s: float) -> bool:
-        return self._proctools("stop", str(rec.pgid), str(rec.start_ticks), str(grace_s),
-                               rec.marker or "-") == "true"
+        return self._proctools("stop", str(rec.pgid), str(rec.start_ticks), str(grace_s)) == "true"
 
     def port_report(self, address: str, port: int) -> dict:
         import json

@@ -1,8 +1,8 @@
 """The state file: every process the lab started, so it can be found and stopped later.
 
 One JSON file per profile (`results/<profile>/state.json`) lists each process with its
-node, PID, process group, start time (to tell a recycled PID from ours), the marker in its
-environment (to tell any other process from ours), log path and what it serves; it is readable by its owner only (0600), as are the logs. Updates take
+node, PID, process group, start time (to tell a recycled PID from ours), log path and
+what it serves; it is readable by its owner only (0600), as are the logs. Updates take
 an exclusive lock and replace the file atomically, so two commands running at once never
 lose each other's records.
 """
@@ -38,7 +38,6 @@ class ProcessRecord:
     url: str | None = None
     started_at: float = 0.0
     extra: dict = field(default_factory=dict)
-    marker: str = ""  # the value of proctools.MARKER_ENV the process was started with
 
 
 class StateFile:

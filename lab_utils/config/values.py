@@ -110,15 +110,14 @@ def check_local_dir(value: str, base: str) -> str:
     return value
 
 
-# What the lab sets in an instance's environment (`serve.launcher.server_env`, and the
-# process marker of `on_node.proctools`): an extra_env entry would change where NIXL's
-# side channel listens, which devices UCX and NCCL use, or which process is the lab's,
-# while the plan shows the lab's values.
+# What the lab sets in an instance's environment (`serve.launcher.server_env`): an
+# extra_env entry would change where NIXL's side channel listens or which devices UCX and
+# NCCL use, while the plan shows the lab's values.
 LAB_OWNED_ENV = ("VLLM_NIXL_SIDE_CHANNEL_HOST", "VLLM_NIXL_SIDE_CHANNEL_PORT", "UCX_TLS",
                  "UCX_NET_DEVICES", "VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND",
                  "VLLM_HOST_IP", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "NCCL_IB_HCA",
                  "HF_HUB_OFFLINE", "VLLM_API_KEY", "CUDA_HOME", "PATH", "PYTHONPATH",
-                 "LAB_NIXL_PROGRESS_DELAY_US", "LAB_PROCESS_MARKER")
+                 "LAB_NIXL_PROGRESS_DELAY_US")
 
 
 def check_env(env: dict[str, str]) -> dict[str, str]:

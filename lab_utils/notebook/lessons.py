@@ -18,8 +18,10 @@ from lab_utils.forecast.grade import grade_rows
 from lab_utils.measure.benchmark import read_late
 from lab_utils.results import BaselinePayload, Proof, TensorParallelPayload
 from lab_utils.results.claims import Claim, Comparison, Graded, claim, comparison
+from lab_utils.results.experiments import policy_sides
 from lab_utils.results.forecast import Forecast
 from lab_utils.results.kv_transfer import KvTransferPayload
+from lab_utils.results.payloads import Policies
 from lab_utils.results.points import BY_KEY, COMPARED, Measured, MetricKey, Point, differs
 from lab_utils.results.sweep import BenchmarkResult
 
@@ -309,11 +311,31 @@ def _nixl_cause(baseline: BaselinePayload | None, disaggregated: BenchmarkResult
             f"{beside.threads} stand-ins for NIXL's threads ({beside.policy}){here}.")
 
 
+def _against_policies(pd: Point, policies: Policies | None, mixed_rep: BenchmarkResult | None,
+                      policy: str | None) -> tuple[str, list[Comparison]]:
+    """The P/D ITL tail against 03's other routing policies of the same replicas at the same
+    mixed load (`experiments.policy_sides`): routing alone also moves the tail."""
+    if policies is None:
+        return "", []
+    out, cmps = [], []
+    for name, (run, p) in policy_sides(policies.runs, mixed_rep, policy).items():
+        if name == policy or (p.mode, p.value) != (pd.mode, pd.value):
+            continue
+        x = comparison("p99_itl_ms", ("disaggregated", "04", "mixed", pd),
+                       (f"replicated, {name}", "03", run, p))
+        cmps.append(x)
+        verdict = x.margin() if x.better else x.no_difference()
+        out.append(f"against 03's same replicas routed {name.replace('_', '-')} (one run), "
+                   f"ITL p99 {x.values()} ({verdict})")
+    return ("; " + "; ".join(out)) if out else "", cmps
+
+
 def conclude_04(replicated: BenchmarkResult | None, disaggregated: BenchmarkResult,
                 mixed_rep: BenchmarkResult | None, mixed_dis: BenchmarkResult | None,
                 proof: Proof | None, device: str = "cpu",
                 baseline: BaselinePayload | None = None, nixl: str = "busy",
-                forecast: Forecast | None = None) -> list[Claim]:
+                forecast: Forecast | None = None, policies: Policies | None = None,
+                policy: str | None = None) -> list[Claim]:
     """The ITL tail under mixed load against replicated serving, with its cost in TTFT and
     whether 04's forecast held; throughput; TTFT at the lowest load. `baseline`: 01's
     results, for what its profile measured beside NIXL's threads; `nixl`: what NIXL's
@@ -348,9 +370,10 @@ def conclude_04(replicated: BenchmarkResult | None, disaggregated: BenchmarkResu
         fc, grade = forecast_said(forecast, {"standard": disaggregated, "mixed": mixed_dis},
                                   "p99_itl_ms", "mixed", c, "04")
         fc = f". For its ITL p99 there, {fc}" if fc else ""
+        routed, by_policy = _against_policies(md[c], policies, mixed_rep, policy)
         if itl.better == "subject":
-            said.insert(0, claim("04", f"Disaggregation protected the ITL tail: {text}{paid}{fc}.",
-                                 itl, *costs, graded=grade))
+            said.insert(0, claim("04", f"Disaggregation protected the ITL tail: {text}{paid}"
+                                 f"{routed}{fc}.", itl, *costs, *by_policy, graded=grade))
         else:
             said.insert(0, claim(
                 "04", "Disaggregation did not protect the ITL tail"
@@ -360,7 +383,8 @@ def conclude_04(replicated: BenchmarkResult | None, disaggregated: BenchmarkResu
                       "without pause." if nixl != "waiting" else ".") if device == "cpu" else ".")
                 + _nixl_cause(baseline, disaggregated)
                 + (" The load generator read tokens late there: ITL is partly the client's."
-                   if late else ""), itl, *costs, graded=grade))
+                   if late else "") + (f" Also{routed}." if routed else ""), itl, *costs,
+                *by_policy, graded=grade))
     else:
         said.insert(0, claim("04", "No mixed workload measured by both 03 and 04: the ITL "
                              "tail under long prompts is not compared."))

@@ -306,7 +306,9 @@ def conclude(cfg: LabConfig, notebook: str) -> list[str]:
         said = lessons.conclude_04(rep03.payload.sweep if rep03 else None, dis.sweep,
                                    rep03.payload.mixed if rep03 else None, dis.mixed, dis.proof,
                                    device, load_results(cfg, "01").payload,
-                                   nixl_thread_state(cfg), dis.forecast)
+                                   nixl_thread_state(cfg), dis.forecast,
+                                   rep03.payload.policies if rep03 else None,
+                                   rep03.payload.policy if rep03 else None)
     elif notebook == "tp":
         tp = load_results(cfg, "tp").payload
         others = {name: env.payload.sweep for name, nb in (("replicated", "03"),

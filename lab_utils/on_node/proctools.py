@@ -106,37 +106,19 @@ def group_cpu_seconds(pgid: int) -> float:
     return total
 
 
-# Every process the lab starts carries this variable, with a value of its own that the
-# state file records: a record (planted, or left from another run) whose process does not
-# carry it is not the lab's, whatever its PID and start time say.
-MARKER_ENV = "LAB_PROCESS_MARKER"
-
-
-def carries(pid: int, marker: str) -> bool:
-    """`pid`'s environment holds the lab's marker with this value."""
-    try:
-        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    except OSError:
-        return False
-    return f"{MARKER_ENV}={marker}".encode() in env
-
-
-def _group_is_ours(pgid: int, ticks: int, marker: str | None) -> bool:
+def _group_is_ours(pgid: int, ticks: int) -> bool:
     """The group still holds our processes. A PID equal to a live group's id cannot be
     handed out again, so if the leader is gone, the remaining members are our orphans;
-    if a process with that PID exists, it must be the one we recorded. With a `marker`
-    (the lab's own records), a process must also carry it; an empty one matches none."""
+    if a process with that PID exists, it must be the one we recorded."""
     leader = proc_stat(pgid)
     if leader is not None and leader.state not in ("Z", "X"):
-        return leader.start_ticks == ticks and (marker is None or carries(pgid, marker))
-    members = group_members(pgid)
-    return any(marker is None or carries(m, marker) for m in members)
+        return leader.start_ticks == ticks
+    return bool(group_members(pgid))
 
 
-def stop_group(pgid: int, ticks: int, grace_s: float = 10.0, marker: str | None = None) -> bool:
-    """TERM the group, wait up to `grace_s`, then KILL. Returns True if anything ran.
-    With a `marker`, only a group whose processes carry it (see MARKER_ENV)."""
-    if not _group_is_ours(pgid, ticks, marker):
+def stop_group(pgid: int, ticks: int, grace_s: float = 10.0) -> bool:
+    """TERM the group, wait up to `grace_s`, then KILL. Returns True if anything ran."""
+    if not _group_is_ours(pgid, ticks):
         _reap(pgid)
         return False
     with contextlib.suppress(ProcessLookupError):
@@ -218,7 +200,7 @@ def port_report(address: str, port: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Remote entry point: `ticks PID`, `alive PID TICKS`, `stop PGID TICKS GRACE MARKER`,
+    """Remote entry point: `ticks PID`, `alive PID TICKS`, `stop PGID TICKS GRACE`,
     `port ADDR PORT`; prints the answer as JSON."""
     args = sys.argv[1:] if argv is None else argv
     cmd, rest = args[0], args[1:]
@@ -227,8 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     elif cmd == "alive":
         result = is_alive(int(rest[0]), int(rest[1]))
     elif cmd == "stop":
-        result = stop_group(int(rest[0]), int(rest[1]), float(rest[2]),
-                            rest[3] if len(rest) > 3 else "")
+        result = stop_group(int(rest[0]), int(rest[1]), float(rest[2]))
     elif cmd == "port":
         result = port_report(rest[0], int(rest[1]))
     else:

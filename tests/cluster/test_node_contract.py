@@ -17,7 +17,6 @@ import hashlib
 import json
 import os
 import socket
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -28,7 +27,6 @@ import pytest
 from lab_utils.cluster import Cluster, LocalNode
 from lab_utils.cluster.nodes import Node
 from lab_utils.cluster.ssh import SSHNode
-from lab_utils.cluster.state import ProcessRecord
 from lab_utils.errors import LabError, PortInUseError
 from lab_utils.on_node import proctools
 
@@ -255,32 +253,22 @@ def test_recycled_pid_is_not_ours(place):
     assert proctools.group_members(rec.pgid) == []
 
 
-def test_a_planted_record_does_not_stop_a_process_the_lab_did_not_start(place):
-    """A record with the PID and start time of a process the lab did not start (one
-    `state.json` was made to name): it is not stopped, as the process lacks the marker
-    the lab starts its own with; and a state file others may write is not read."""
+def test_a_state_file_others_may_write_is_not_read(place):
+    """The state file names processes the lab will stop: one another user owns, or may
+    write, is refused (as OpenSSH refuses its own files then), saying what to do."""
     node, cluster = place.node, place.cluster
-    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
-                                process_group=0)
+    ours = node.start_detached("ours", [sys.executable, "-c", "import time; time.sleep(600)"],
+                               log_path=str(place.dir / "o.log"))
+    state = cluster.state.path
     try:
-        planted = ProcessRecord(name="planted", node=node.name, pid=stranger.pid,
-                                pgid=stranger.pid, start_ticks=proctools.start_ticks(stranger.pid),
-                                log_path=str(place.dir / "p.log"), argv=["vllm"])
-        for marker in ("", "0123456789abcdef"):  # none, or one copied from nowhere
-            planted.marker = marker
-            assert node.stop(planted, grace_s=0.5) is False
-            assert stranger.poll() is None  # still running
-        ours = node.start_detached("ours", [sys.executable, "-c", "import time; time.sleep(600)"],
-                                   log_path=str(place.dir / "o.log"))
-        assert len(ours.marker) == 16 and node.stop(ours, grace_s=1.0) is True
-        state = cluster.state.path
-        state.chmod(0o622)  # writable by others: refused, saying what to do
+        state.chmod(0o622)  # writable by others
         with pytest.raises(LabError, match="remove it"):
             cluster.state.records()
         state.chmod(0o600)
+        assert [r.name for r in cluster.state.records()] == ["ours"]
     finally:
-        stranger.kill()
-        stranger.wait()
+        state.chmod(0o600)
+        assert node.stop(ours, grace_s=1.0) is True
 
 
 def test_port_holder_is_named(place):

@@ -226,3 +226,23 @@ def test_tp_output_and_cost_or_not():
     assert "Gloo on loopback" in said[1]
     assert "replicated was ahead on this model, which fits one node" in said[2]
     assert "300 tok/s disaggregated, 120 split" in said[3]
+
+
+def test_04_itl_tail_is_also_held_against_03s_other_routing_policy():
+    """Routing alone moved the replicas' tail in 03: the P/D win is stated against that run
+    too (round-robin, the configured policy, pooled with its mixed-sweep point)."""
+    from lab_utils.results.payloads import Policies
+    from lab_utils.results.points import Point
+
+    rep, dis = result({4: point(300)}), result({4: point(200, ttft=40)})
+    mixed_rep = result({4: point(250, itl_p99=200)})
+    runs = {"round_robin": Point.model_validate({**mixed_rep.combined[0].model_dump()}),
+            "least_outstanding": Point.model_validate(
+                {"mode": "concurrency", "value": 4.0, "repeats": 1,
+                 **{k: {"median": v, "min": v, "max": v} for k, v in
+                    point(260, itl_p99=16.8).items()}})}
+    said = conclude_04(rep, dis, mixed_rep, result({4: point(180, itl_p99=11.2)}), None, "cuda",
+                       policies=Policies(runs=runs), policy="round_robin")
+    assert said[0].startswith("Disaggregation protected the ITL tail")
+    assert ("against 03's same replicas routed least-outstanding (one run), ITL p99 11.20 ms vs "
+            "16.80 ms (1.5x lower)") in said[0]

@@ -232,7 +232,6 @@ def test_extra_env_cannot_set_what_the_lab_sets(tmp_path):
     """Every variable the launcher sets (any profile, topology and role) is one extra_env
     may not set; the config refuses it by name."""
     from lab_utils.config.values import LAB_OWNED_ENV, check_env
-    from lab_utils.on_node.proctools import MARKER_ENV
     from lab_utils.serve.launcher import server_env
 
     # HF_TOKEN: the lab sets it after extra_env, from hf_token_file or $HF_TOKEN
@@ -242,7 +241,6 @@ def test_extra_env_cannot_set_what_the_lab_sets(tmp_path):
         for topology in TOPOLOGIES:
             for spec in cfg.instances(topology):
                 assert set(server_env(cfg, spec)) - general <= set(LAB_OWNED_ENV), spec.name
-    assert MARKER_ENV in LAB_OWNED_ENV
     for name in LAB_OWNED_ENV:
         with pytest.raises(ValueError, match=name):
             check_env({name: "x"})
