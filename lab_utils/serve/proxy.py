@@ -159,9 +159,13 @@ class Proxy:
                       for role, urls in roles.items()}
         self.front = self.pools.get("replica") or self.pools["decode"]
         self.limits = Limits(max_n=settings.max_n, max_tokens=settings.max_tokens)
-        self.rules = vllm_rules() if settings.vllm_rules else None
+        # vLLM's own rules matter where a refusal would come after a prefill: in P/D mode.
+        # In front of replicas (or one instance) the instance refuses a bad request itself
+        # at no extra cost, so the proxy skips loading them (about 7 s per start here).
+        self.rules = (vllm_rules() if settings.vllm_rules and settings.mode == "disaggregated"
+                      else None)
         log.info("requests are checked by %s", "vLLM's own request models and sampling checks"
-                 if self.rules else "the lab's checks (no vLLM in this Python: serve.validate)")
+                 if self.rules else "the lab's checks (serve.validate)")
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: FastAPI):
