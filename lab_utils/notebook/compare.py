@@ -104,7 +104,7 @@ def compare_policies(cfg: LabConfig, session: ServingSession, served: Served,
     display(side_by_side({name: p for name, (_, p) in sides.items()}))
     if sides[configured][0] != f"policy {configured}":
         print(f"{configured}: its row pools its own run and the mixed sweep's point at the same "
-              "load (two runs of one configuration: their range is what it moved by)")
+              "load (one configuration measured more than once: their range is what it moved by)")
     say(cfg, "03:policies", policy_claims(points, "03", mixed, configured))
     return Policies(runs=points)
 

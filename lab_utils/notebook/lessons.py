@@ -22,7 +22,7 @@ from lab_utils.results.experiments import policy_sides
 from lab_utils.results.forecast import Forecast
 from lab_utils.results.kv_transfer import KvTransferPayload
 from lab_utils.results.payloads import Policies
-from lab_utils.results.points import BY_KEY, COMPARED, Measured, MetricKey, Point, differs
+from lab_utils.results.points import BY_KEY, COMPARED, MARGIN, Measured, MetricKey, Point, differs
 from lab_utils.results.sweep import BenchmarkResult
 
 # what NIXL's progress threads did in a run: as vLLM gets them, busy and lowered by the lab
@@ -156,6 +156,10 @@ def _above(ratio: float) -> bool:
     return ratio > 1 and differs(Measured.one(ratio), Measured.one(1.0))
 
 
+ABOVE = f"more than {MARGIN:.0%} above the estimate"
+"""How the 02 sentences name the transfers `_above` picks, the threshold stated."""
+
+
 def _mib(n: float) -> str:
     return f"{n / 2**20:.3g} MiB"
 
@@ -208,25 +212,25 @@ def _said_02(kv: KvTransferPayload, input_len: int | None) -> list[str]:
     if _above(short[1]) and short[1] > long[1]:
         said.insert(0, f"The shortest prompt paid a fixed cost: its transfer "
                        f"took {short[1]:.2f}x the size / best-bandwidth estimate, the longest "
-                       f"{long[1]:.2f}x (measured above the estimate at: {', '.join(over)}).")
+                       f"{long[1]:.2f}x ({ABOVE} at: {', '.join(over)}).")
     elif _above(long[1]) and _above(short[1]):
         said.insert(0, f"Both ends took longer than the size / best-bandwidth estimate: the "
                        f"shortest prompt's transfer {short[1]:.2f}x (a fixed cost per transfer, "
                        f"or the lower bandwidth of small sizes), the longest {long[1]:.2f}x "
-                       f"(the bandwidth fell at the larger sizes); above the estimate at: "
+                       f"(the bandwidth fell at the larger sizes); {ABOVE} at: "
                        f"{', '.join(over)}.")
     elif _above(long[1]):
         said.insert(0, f"The longest prompt's transfer took {long[1]:.2f}x "
                        f"the size / best-bandwidth estimate, the shortest {short[1]:.2f}x, "
                        "within the estimate: here the bandwidth fell at the larger sizes, and "
-                       f"no fixed cost per transfer shows (above the estimate at: "
+                       f"no fixed cost per transfer shows ({ABOVE} at: "
                        f"{', '.join(over)}).")
     else:
         said.insert(0, f"The shortest prompt's transfer took {short[1]:.2f}x "
                        f"the size / best-bandwidth estimate, no more than the longest "
                        f"({long[1]:.2f}x): at these sizes the fixed cost per transfer is "
                        "too small to see beside the bytes"
-                       + (f"; above the estimate only at: {', '.join(over)}." if over else "."))
+                       + (f"; {ABOVE} only at: {', '.join(over)}." if over else "."))
     where = best_transfer_sentence(kv.probe.rows)
     if where:
         said.append(where)

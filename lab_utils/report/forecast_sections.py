@@ -25,8 +25,8 @@ def forecast_blocks(data: ReportData, plots: list[Plot]) -> list[Block]:
                 "each forecast meets its measurement: the error is in % of the measured "
                 "value, and 'inside' says whether the measurement fell in the forecast's "
                 "interval: the range over the edges of 01's and 02's measured curves, widened "
-                "by the model's own error measured earlier in the same series (01's forecast "
-                "of its own sweep for 03; 01's and 03's for 04): per kind of metric, the 90% "
+                "by the model's own error on what was graded earlier in the same series (each "
+                "forecast's 'interval' line below names those sources): per kind of metric, the 90% "
                 "quantile of |log(measured / predicted)| over those graded values, at least "
                 "10% (lab_utils.forecast.band). Coverage and the median interval width are "
                 "given together: an interval that holds only because it is huge says nothing. "
@@ -36,10 +36,10 @@ def forecast_blocks(data: ReportData, plots: list[Plot]) -> list[Block]:
                 "ITL and TPOT are not graded."),
               UL([f"{arch}: " + "; ".join(f"{k}: {v}" for k, v in f.sources.items())
                   for arch, f in recorded_forecasts(data).items()]),
-              *([P("A forecast calibrated on requests timed through its own instances before "
-                   "the sweep reproduces them at one request at a time by construction: its "
-                   "rows at concurrency 1 check the calibration, not the model; the loads "
-                   "above it are the prediction.")]
+              *([P("A forecast calibrated on requests timed one at a time through its own "
+                   "instances before the sweep takes its per-token costs from those requests: "
+                   "its rows at concurrency 1 mostly check that calibration, not the model; "
+                   "the loads above it are the prediction.")]
                 if any(f.timed is not None for f in recorded_forecasts(data).values()) else []),
               P("What the model leaves out, so where to look when it misses: the CPU that the "
                 "proxy, the load generator and NIXL's progress threads use beyond what 01 "

@@ -26,6 +26,7 @@ from lab_utils.forecast.model import Architecture, forecast, loads_of
 from lab_utils.report.data import ReportData
 from lab_utils.report.forecast import spark_hop, spark_workload
 from lab_utils.results.claims import claim, save_claims
+from lab_utils.results.points import MARGIN, Measured, differs
 from lab_utils.util.numbers import fmt_num
 
 # (short prompt, output) tokens: prompt/output ratios from 1 to 64
@@ -34,6 +35,7 @@ SHAPES = ((512, 512), (1024, 256), (2048, 128), (4096, 64))
 # they meet with room to one loose enough for a replica's long prefill, in most cases
 ITL_BOUNDS = (1.25, 5.0, 20.0)
 NOBODY = "neither (no request met every SLO)"
+EVEN = f"neither (within {MARGIN:.0%})"
 
 
 def _cases(nodes: int) -> list[Architecture]:
@@ -49,8 +51,9 @@ def _row(short: int, out: int, bound: float | None, archs: list[Architecture],
     return {"prompt / output": f"{short} / {out}", "ratio": short / out, "ITL SLO ms": bound,
             "replicas": archs[0].name, "replicas' goodput (req/s)": g_rep,
             "best split": archs[i].name, "its goodput (req/s)": g_pd,
-            "winner": (NOBODY if g_pd == g_rep == 0 else archs[i].name if g_pd > g_rep
-                       else archs[0].name),
+            "winner": (NOBODY if g_pd == g_rep == 0
+                       else EVEN if not differs(Measured.one(g_pd), Measured.one(g_rep))
+                       else archs[i].name if g_pd > g_rep else archs[0].name),
             "P/D ITL p99 ms": scored[i]["p99_itl_ms"], "replicas' ITL p99 ms": rep["p99_itl_ms"]}
 
 
@@ -95,13 +98,16 @@ def sentences(frame: pd.DataFrame, nodes: int, model: str, w) -> list[str]:
         part = frame[frame["ITL SLO ms"].notna() == with_bound]
         won = part[pd_won[part.index]]
         nobody = int((part["winner"] == NOBODY).sum())
+        even = int((part["winner"] == EVEN).sum())
         where = []
         for shape, rows in won.groupby("prompt / output", sort=False):
             bounds = (", SLO " + ", ".join(fmt_num(b) for b in rows["ITL SLO ms"]) + " ms"
                       if with_bound else "")
             where.append(f"{shape} ({', '.join(dict.fromkeys(rows['best split']))}{bounds})")
         out.append(f"- {what}, P/D won goodput in {len(won)} of {len(part)} cases"
-                   + (f" ({nobody} where no architecture met every SLO)" if nobody else "")
+                   + "".join(f" ({n} {why})" for n, why in (
+                       (even, f"where the two were within {MARGIN:.0%} of each other"),
+                       (nobody, "where no architecture met every SLO")) if n)
                    + (": at prompt / output " + "; ".join(where) if where else ""))
     won = frame[pd_won]
     if len(won):
@@ -116,8 +122,8 @@ def sentences(frame: pd.DataFrame, nodes: int, model: str, w) -> list[str]:
                       if pd.notna(top["ITL SLO ms"]) else "")
                    + f": {fmt_num(top['its goodput (req/s)'])} req/s, {margin}")
     else:
-        out.append("- P/D won no case here: at every shape and bound tried, the replicas' "
-                   "goodput was at least the best split's")
+        out.append("- P/D won no case here: at every shape and bound tried, the best "
+                   f"split's goodput was not more than {MARGIN:.0%} above the replicas'")
     return out
 
 

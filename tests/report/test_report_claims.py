@@ -84,6 +84,14 @@ def test_the_policy_sentence_names_the_win_and_its_cost():
     (even,) = policy_claims({"round_robin": pt(12.8, 24.6), "least_outstanding": pt(12.5, 24.0)})
     assert even.text.endswith("Least-outstanding won on nothing.")
     assert policy_claims({"round_robin": pt(1, 1)}) == []
+    # the configured policy pooled with the mixed sweep's point at that load: the runs are
+    # counted from the points' repeats, as the range beside them is
+    from types import SimpleNamespace
+    swept = pt(14.0, 25.0).model_copy(update={"repeats": 2})
+    (pooled,) = policy_claims({"round_robin": pt(91.5, 24.6), "least_outstanding": pt(12.8, 60.0)},
+                              mixed=SimpleNamespace(combined=[swept]), configured="round_robin")
+    assert "round-robin 3 runs (1 its own, 2 the mixed sweep's) and least-outstanding 1 run" \
+        in pooled.text
 
 
 def test_a_verdict_cell_is_a_chain_only_where_every_pair_agrees():

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
-from lab_utils.report.when_pd import ITL_BOUNDS, NOBODY, SHAPES, sentences, when_pd_pays
+from lab_utils.report.when_pd import EVEN, ITL_BOUNDS, NOBODY, SHAPES, sentences, when_pd_pays
 
 REHEARSAL = SimpleNamespace(device="cpu")  # the Spark forecast then reads the example config
 
@@ -18,13 +18,14 @@ def two_and_four():
     return {n: when_pd_pays(REHEARSAL, nodes=n) for n in (2, 4)}
 
 
-def test_every_shape_and_bound_is_a_row_and_the_winner_is_the_higher_goodput(two_and_four):
+def test_every_shape_and_bound_is_a_row_and_the_winner_is_higher_by_the_margin(two_and_four):
     for nodes, (frame, _) in two_and_four.items():
         assert len(frame) == len(SHAPES) * (1 + len(ITL_BOUNDS))
         assert set(frame["replicas"]) == {f"{nodes} replicas"}
         for _, r in frame.iterrows():
             g_rep, g_pd = r["replicas' goodput (req/s)"], r["its goodput (req/s)"]
-            want = NOBODY if g_rep == g_pd == 0 else r["best split"] if g_pd > g_rep else r["replicas"]
+            want = (NOBODY if g_rep == g_pd == 0 else EVEN if max(g_rep, g_pd) <= 1.1 * min(g_rep, g_pd)
+                    else r["best split"] if g_pd > g_rep else r["replicas"])
             assert r["winner"] == want
         # a bound never counts more requests good than no bound
         for _, rows in frame.groupby("prompt / output"):
@@ -34,14 +35,15 @@ def test_every_shape_and_bound_is_a_row_and_the_winner_is_the_higher_goodput(two
     assert set(two_and_four[4][0]["best split"]) <= {"1P3D", "2P2D", "3P1D"}
 
 
-def _frame(wins_without: bool, wins_with: bool) -> pd.DataFrame:
+def _frame(wins_without: bool, wins_with: bool, even: bool = False) -> pd.DataFrame:
     rows = []
     for bound in (None, 100.0):
         pd_wins = wins_with if bound else wins_without
         rows.append({"prompt / output": "1024 / 256", "ratio": 4.0, "ITL SLO ms": bound,
                      "replicas": "2 replicas", "replicas' goodput (req/s)": 0.5,
-                     "best split": "1P1D", "its goodput (req/s)": 1.0 if pd_wins else 0.25,
-                     "winner": "1P1D" if pd_wins else "2 replicas",
+                     "best split": "1P1D",
+                     "its goodput (req/s)": 0.51 if even else 1.0 if pd_wins else 0.25,
+                     "winner": EVEN if even else "1P1D" if pd_wins else "2 replicas",
                      "P/D ITL p99 ms": 80.0, "replicas' ITL p99 ms": 90.0})
     return pd.DataFrame(rows)
 
@@ -59,3 +61,6 @@ def test_sentences_follow_the_table():
     assert "P/D won no case here" in lost and "largest win" not in lost
     always = "\n".join(sentences(_frame(True, True), 2, "m", W))
     assert "without an SLO on the ITL tail, P/D won goodput in 1 of 1 cases" in always
+    even = "\n".join(sentences(_frame(False, False, even=True), 2, "m", W))
+    assert "P/D won goodput in 0 of 1 cases (1 where the two were within 10% of each other)" in even
+    assert "P/D won no case here" in even
