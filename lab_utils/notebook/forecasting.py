@@ -1,7 +1,6 @@
 """What the serving notebooks ask the forecast (`lab_utils.forecast`): how long a sweep
-will take (`eta_lines` for `python -m lab_utils eta`; a single sweep's is
-`timings.sweep_eta`), the forecast 01 (of its own
-sweep), 03 and 04 print and record before they measure (`predict`), and that forecast
+will take (`eta_lines` for `python -m lab_utils eta`; a single serving cell's is
+`timings.cell_eta`), the forecast 01 (of its own sweep), 03 and 04 print and record before they measure (`predict`), and that forecast
 graded against what they then measured (`grade_forecast`).
 
 What the calibration records (`results.calibration`) measured replaces an estimate here:
@@ -156,18 +155,12 @@ def allreduce_inputs(cfg: LabConfig) -> tuple[int, float | None, str]:
     return per_token, rate, said
 
 
-# the instances timed before each forecast in this kernel, for the sweeps' ETAs after it
-TIMED: dict[str, TimedProfile] = {}
-
-
 def predict(cfg: LabConfig, kind: str, profile: EngineProfile | None = None,
             timed: TimedProfile | dict | None = None) -> Forecast:
     """`make_forecast`, printed, for the notebook to record before it measures. `timed`:
     the instances timed before the sweep (`time_instances`'s result or its `TimedProfile`)."""
     if isinstance(timed, dict):
         timed = timed.get("timed")
-    if timed is not None:
-        TIMED[kind] = timed
     fc = make_forecast(cfg, kind, profile, timed)
     show(fc)
     nb = FORECAST_NOTEBOOK[fc.architecture]

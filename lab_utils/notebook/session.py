@@ -3,7 +3,9 @@
 `ServingSession` starts a topology with the lab proxy in front (every architecture is
 measured through the same proxy path) and stops what it started: in the notebook's last
 cell, when any later cell fails or is interrupted (an IPython hook), and when the kernel
-exits. It holds the notebook's one `Cluster` (one connection per node), closed when it
+exits. Before a cell that measures what it started, it prints how long that cell should
+take (`timings.cell_eta`: the cell's last runs here, else the forecast); the measuring
+code itself predicts nothing. It holds the notebook's one `Cluster` (one connection per node), closed when it
 stops. `kv_buffer_device` is what prefill and decode instances are given (notebook 02's
 recommendation unless the config says), `tokenizer_of` the served model's tokenizer.
 """
@@ -12,10 +14,12 @@ from __future__ import annotations
 
 import atexit
 from collections import Counter
+from typing import Any
 
 from lab_utils.cluster import Cluster
 from lab_utils.cluster.state import ProcessRecord
 from lab_utils.config import LabConfig, api_key
+from lab_utils.errors import LabError
 from lab_utils.kv.budget import choose_buffer_device
 from lab_utils.measure.workload import server_tokenizer
 from lab_utils.results import load_optional
@@ -41,13 +45,19 @@ class ServingSession:
         self.cluster = Cluster(cfg)
         self.started: list[ProcessRecord] = []
         self.runs: Counter[str] = Counter()  # runs per name this session made (`steps.run_name`)
+        self.timed: dict[str, Any] = {}  # topology -> its requests timed one at a time
+        self.notebook: str | None = None  # "01", "03" or "04": what its first start says
         self._hooked = False
         atexit.register(self.stop, quiet=True)
 
     def start(self, topology: str) -> Served:
         """Start (or reuse) the topology and the proxy; wait until all are healthy."""
         self._hook()
+        from lab_utils.notebook.forecasting import TOPOLOGY
         from lab_utils.notebook.starts import start_estimate
+
+        self.notebook = self.notebook or next((nb for nb, t in TOPOLOGY.items() if t == topology),
+                                              None)
 
         found = start_estimate(self.cfg, topology)
         print(f"starting {topology} on {self.cfg.profile}: "
@@ -60,7 +70,7 @@ class ServingSession:
         self.started += [r for r in records if r.name not in before]
         for r in records:
             print(f"  {r.name:<12} {r.node:<12} {r.url or '(headless rank: rank 0 serves)'}")
-        return Served(topology, records, device, runs=self.runs)
+        return Served(topology, records, device, runs=self.runs, timed=self.timed)
 
     def swap_front_door(self, served: Served, kind: str, policy: str | None = None) -> None:
         """Put the front door of `kind` ("lab" or "vllm-router"; `policy`: the replicated
@@ -92,8 +102,22 @@ class ServingSession:
         shell = get_ipython()
         if shell is None or self._hooked:
             return
+        shell.events.register("pre_run_cell", self._before_cell)
         shell.events.register("post_run_cell", self._after_cell)
         self._hooked = True
+
+    def _before_cell(self, info) -> None:
+        from lab_utils.notebook.timings import cell_eta
+
+        if self.notebook is None:  # nothing started yet
+            return
+        try:
+            said = cell_eta(self.cfg, self.notebook, info.raw_cell or "",
+                            self.timed.get("tensor-parallel"))
+        except (LabError, OSError, ValueError) as e:  # an ETA never stops a cell
+            said = f"no ETA ({type(e).__name__}: {e})"
+        if said:
+            print(f"this cell: {said}", flush=True)
 
     def _after_cell(self, result) -> None:
         if (result.error_in_exec or result.error_before_exec) and self.started:

@@ -36,7 +36,6 @@ from lab_utils.notebook import transfer_lesson as lesson
 from lab_utils.notebook.record import say
 from lab_utils.notebook.session import kv_buffer_device, tokenizer_of
 from lab_utils.notebook.time_split import cpu_now
-from lab_utils.notebook.timings import sweep_eta
 from lab_utils.on_node import nixl_threads as nixl_threads_mod
 from lab_utils.results import (
     Proof,
@@ -101,15 +100,10 @@ def run_name(served: Served, run: str) -> str:
 def run_sweep(cfg: LabConfig, served: Served, *, mixed: bool = False,
               workload=None, run: str = "sweep") -> BenchmarkResult:
     """The configured workload (or `workload`) through the proxy; mixed: at the highest
-    concurrency only, one long prompt every `mixed_long_every` requests. Prints the
-    predicted time first (`timings.sweep_eta`) when there is something to predict it
-    from. `run` names the run (its prompts are its own, `run_name`); every repeat records the instances'
+    concurrency only, one long prompt every `mixed_long_every` requests. `run` names the run (its prompts are its own, `run_name`); every repeat records the instances'
     prefix-cache hit share, and hits make it invalid (`benchmark.mark_cache_hits`)."""
     tokenize, detokenize = tokenizer_of(served, cfg)
     w = workload or cfg.workload
-    with contextlib.suppress(LabError, ValueError):
-        if (when := sweep_eta(cfg, served.topology, w, mixed)) is not None:
-            print(f"{'mixed run' if mixed else 'sweep'}: {when}", flush=True)
     if mixed:
         w = w.model_copy(update={"concurrency": [max(w.concurrency or [1])], "request_rates": []})
     nixl_threads(cfg, served)  # threads that appeared since the start are set too

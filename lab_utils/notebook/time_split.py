@@ -204,6 +204,7 @@ def time_instances(cfg: LabConfig, served: Served, n: int = SPLIT_REQUESTS) -> d
     if timed is None:
         print("the instances answered none of the timing requests: the forecast goes without")
     else:
+        served.timed[served.topology] = timed  # for the ETAs of the cells after it
         step = f", {timed.step_ms:.2f} ms per token" if timed.step_ms else ""
         print(f"{served.topology}, one request at a time: {timed.requests} fresh prompts of "
               f"{timed.prompt_tokens} tokens, TTFT median {timed.ttft_ms:.1f} ms{step}")

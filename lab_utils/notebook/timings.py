@@ -47,7 +47,7 @@ from lab_utils.forecast.model import loads_of
 from lab_utils.forecast.run import architecture_of, with_allreduce
 from lab_utils.forecast.timed import calibrate
 from lab_utils.forecast.timing import SWITCH_RESTARTS, minutes, sweep_seconds, switches_seconds
-from lab_utils.notebook.forecasting import TIMED, TOPOLOGY, allreduce_inputs, eta_inputs
+from lab_utils.notebook.forecasting import TOPOLOGY, allreduce_inputs, eta_inputs
 from lab_utils.notebook.starts import start_estimate
 from lab_utils.results import load_optional
 from lab_utils.util.atomic import atomic_write_text
@@ -193,28 +193,30 @@ def _per_run_overhead(cfg: LabConfig, series_cells: dict[str, dict[str, float]],
     return max(statistics.median(extra), 0.0) if extra else 0.0
 
 
-def sweep_eta(cfg: LabConfig, topology: str, w, mixed: bool = False) -> str | None:
-    """'about N s (...)', printed before a sweep (or mixed run) of `w` on `topology`'s
-    started instances: the forecast model's time, plus the per-run cost it leaves out as
-    01's sweep measured it (the last 01 in timings.json with these settings; none when
-    the notebooks ran in Jupyter); None: nothing to forecast from yet."""
-
-    found = eta_inputs(cfg)
-    if found is None:
+def cell_eta(cfg: LabConfig, nb: str, source: str, timed: Any = None) -> str | None:
+    """'about N s (...)' for a serving cell of notebook `nb` about to run (`source`: its
+    code; the session prints it before the cell, `ServingSession`): the cell's median over
+    its last runs here when this checkout's cell of that code was measured with these
+    settings, else the forecast (`forecast_cell`; `timed`: the split instance's requests
+    timed in this kernel); None for a cell that serves nothing or nothing to predict from."""
+    kind = step_of(source)
+    if kind is None or kind in ("start", "tp start"):  # a start prints its own
         return None
-    inputs, cores, source = found
-    digest = settings_digest(cfg)
-    ran01 = {name: e["cells"] for name, e in load_timings(cfg)["notebooks"].items()
-             if name.startswith("01") and e.get("digest") == digest}
-    extra = _per_run_overhead(cfg, ran01, found)
-    if topology == "tensor-parallel":
-        split, arch = _split_inputs(cfg, inputs, cores)
-        secs = sweep_seconds(split, arch, w, mixed=mixed)
-    else:
-        secs = sweep_seconds(inputs, architecture_of(cfg, topology, cores), w, mixed=mixed)
-    return (f"about {minutes(secs + _runs(w, mixed) * extra)} (forecast from {source}"
-            + (f", and {extra:.1f} s per run outside the requests as 01's sweep measured it"
-               if extra >= 0.05 else "") + ")")
+    books, digest = load_timings(cfg)["notebooks"], settings_digest(cfg)
+    cid = next((c for c, src in _sources(nb).items() if src.strip() == source.strip()), None)
+    last = recent_cells(next((e for n, e in books.items() if n.startswith(nb)), None), digest)
+    if cid in last:
+        return f"about {minutes(last[cid])} (this cell's median over its last runs here)"
+    found = eta_inputs(cfg)
+    ran = {name: e["cells"] for name, e in books.items() if e.get("digest") == digest}
+    overhead = _per_run_overhead(cfg, ran, found)
+    secs = forecast_cell(cfg, nb, kind, found, overhead, _swap_seconds(cfg, ran, found, overhead),
+                         timed)
+    if secs is None or found is None:
+        return None
+    return (f"about {minutes(secs)} (forecast from {found[2]}"
+            + (f", and {overhead:.1f} s per run outside the requests as 01's sweep measured it"
+               if overhead >= 0.05 else "") + ")")
 
 
 def _notebook_cells(cells: dict[str, dict[str, float]], nb: str) -> dict[str, float]:
@@ -239,11 +241,12 @@ def _sources(nb: str, path: Path | None = None) -> dict[str, str]:
 
 
 def forecast_cell(cfg: LabConfig, nb: str, kind: str, found: Found, overhead: float,
-                  swap: float = 0.0) -> float | None:
+                  swap: float = 0.0, timed: Any = None) -> float | None:
     """The forecast's seconds for a cell of `kind` in notebook `nb` (`found`: the forecast's
     inputs, `forecasting.eta_inputs`; `overhead`: seconds per run the forecast leaves out;
     `swap`: seconds to put a front door in place); None when it cannot say (no engine
-    profile yet, no start measured, a notebook that starts nothing)."""
+    profile yet, no start measured, a notebook that starts nothing); `timed`: see
+    `_split_inputs`."""
 
     topology = TOPOLOGY.get(nb)
     if topology is None:
@@ -264,7 +267,7 @@ def forecast_cell(cfg: LabConfig, nb: str, kind: str, found: Found, overhead: fl
         return sweep_seconds(inputs, arch, w, mixed=mixed) + overhead * _runs(w, mixed)
     if kind in ("tp sweep", "tp mixed"):
         mixed = kind == "tp mixed"
-        split, tp_arch = _split_inputs(cfg, inputs, cores)
+        split, tp_arch = _split_inputs(cfg, inputs, cores, timed)
         return sweep_seconds(split, tp_arch, w, mixed=mixed) + overhead * _runs(w, mixed)
     if kind == "policies":
         return 2 * (sweep_seconds(inputs, arch, one, mixed=True) + overhead) + SWAPS * swap
@@ -282,14 +285,13 @@ def forecast_cell(cfg: LabConfig, nb: str, kind: str, found: Found, overhead: fl
 SWAPS = 3  # front doors started by each comparison: one per run, and the configured one back
 
 
-def _split_inputs(cfg: LabConfig, inputs, cores):
+def _split_inputs(cfg: LabConfig, inputs, cores, timed: Any = None):
     """The forecast's inputs for the split model (its all-reduces, `forecasting.
-    allreduce_inputs`), calibrated on the split instance's timed requests: this kernel's
-    (`forecasting.TIMED`), else an earlier run's recorded ones; else without the
+    allreduce_inputs`), calibrated on the split instance's timed requests: `timed` (this
+    kernel's, `Served.timed`), else an earlier run's recorded ones; else without the
     all-reduces' latency, which only timing the split instance shows."""
     split = with_allreduce(inputs, allreduce_inputs(cfg))
     arch = architecture_of(cfg, "tensor-parallel", cores)
-    timed = TIMED.get("tensor-parallel")
     if timed is None and (last := load_optional(cfg, "tp")) and last.payload.forecast:
         timed = last.payload.forecast.timed
     if timed is not None:

@@ -19,6 +19,7 @@ import contextlib
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from lab_utils.cluster import Cluster, as_cluster
 from lab_utils.cluster.provision import deploy
@@ -40,6 +41,8 @@ class Served:
     kv_buffer_device: str | None = None  # what prefill and decode instances were given
     # runs made per name on these instances (shared by every Served of one notebook session)
     runs: Counter[str] = field(default_factory=Counter)
+    # requests timed one at a time per topology, this session's (`time_split.time_instances`)
+    timed: dict[str, Any] = field(default_factory=dict)
 
     @property
     def proxy_url(self) -> str:

@@ -15,12 +15,12 @@ from lab_utils.forecast.timing import minutes, sweep_seconds
 from lab_utils.notebook import eta_inputs, forecasting
 from lab_utils.notebook.starts import start_estimate
 from lab_utils.notebook.timings import (
+    cell_eta,
     cell_seconds,
     load_timings,
     notebook_eta,
     record_notebook,
     step_of,
-    sweep_eta,
 )
 from lab_utils.runner import _against, find_notebooks
 
@@ -237,22 +237,56 @@ def test_the_comparisons_front_door_starts_are_03s_measured_ones(test_cfg, tmp_p
         doors + 3 * 1.5, abs=0.05)
 
 
-def test_a_sweeps_eta_adds_the_per_run_cost_01_measured(test_cfg, tmp_path):
+def test_a_serving_cells_eta_is_its_last_runs_else_the_forecast_with_01s_per_run_cost(
+        test_cfg, tmp_path):
     write_01_02(test_cfg)
     inputs, cores, _ = eta_inputs(test_cfg)
     w = test_cfg.workload
     arch = architecture_of(test_cfg, "replicated", cores)
-    plain = sweep_eta(test_cfg, "replicated", w)
-    assert plain.endswith("(forecast from 01's engine profile)")  # nothing recorded yet
     (real01,) = find_notebooks(start="01", stop="01")
-    sweep = next(c["id"] for c in nbformat.read(real01, as_version=4).cells
-                 if c.cell_type == "code" and step_of(c.source) == "sweep")
+    (real03,) = find_notebooks(start="03", stop="03")
+
+    def cell(path, kind):
+        return next(c for c in nbformat.read(path, as_version=4).cells
+                    if c.cell_type == "code" and step_of(c.source) == kind)
+
+    sweep03 = cell(real03, "sweep")
+    plain = cell_eta(test_cfg, "03", sweep03.source)
+    assert plain == (f"about {minutes(sweep_seconds(inputs, arch, w))} (forecast from 01's "
+                     "engine profile)")  # nothing recorded yet
+    assert cell_eta(test_cfg, "03", "x = 1") is None  # serves nothing
+    assert cell_eta(test_cfg, "03", cell(real03, "start").source) is None  # prints its own
+    sweep01 = cell(real01, "sweep")["id"]
     base = architecture_of(test_cfg, "baseline", cores)
     runs = len(loads_of(w)) * w.repeats
-    p01, nb01 = book(tmp_path, "01_x.ipynb", {sweep: ""},
-                     {sweep: sweep_seconds(inputs, base, w) + 0.5 * runs})
+    p01, nb01 = book(tmp_path, "01_x.ipynb", {sweep01: ""},
+                     {sweep01: sweep_seconds(inputs, base, w) + 0.5 * runs})
     record_notebook(test_cfg, p01.name, nb01, wall_s=60.0, series="any")
-    said = sweep_eta(test_cfg, "replicated", w)
+    said = cell_eta(test_cfg, "03", sweep03.source)
     assert said == (f"about {minutes(sweep_seconds(inputs, arch, w) + 0.5 * runs)} (forecast "
                     "from 01's engine profile, and 0.5 s per run outside the requests as "
                     "01's sweep measured it)")
+    # once 03's cell ran here with these settings, its own time is the ETA
+    p03, nb03 = book(tmp_path, "03_x.ipynb", {sweep03["id"]: ""}, {sweep03["id"]: 42.0})
+    record_notebook(test_cfg, p03.name, nb03, wall_s=50.0, series="any")
+    assert cell_eta(test_cfg, "03", sweep03.source) == (
+        f"about {minutes(42.0)} (this cell's median over its last runs here)")
+
+
+def test_the_session_prints_a_serving_cells_eta_before_it_runs(test_cfg, capsys):
+    from types import SimpleNamespace
+
+    from lab_utils.notebook.session import ServingSession
+
+    write_01_02(test_cfg)
+    (real03,) = find_notebooks(start="03", stop="03")
+    sweep = next(c.source for c in nbformat.read(real03, as_version=4).cells
+                 if c.cell_type == "code" and step_of(c.source) == "sweep")
+    session = ServingSession(test_cfg)
+    session._before_cell(SimpleNamespace(raw_cell=sweep))
+    assert capsys.readouterr().out == ""  # nothing started: nothing to say
+    session.notebook = "03"  # as its first start sets it
+    session._before_cell(SimpleNamespace(raw_cell=sweep))
+    assert capsys.readouterr().out.startswith("this cell: about ")
+    session._before_cell(SimpleNamespace(raw_cell="print(1)"))
+    assert capsys.readouterr().out == ""
