@@ -33,6 +33,7 @@ the workshop), every cell is the last runs'.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -223,21 +224,18 @@ def _notebook_cells(cells: dict[str, dict[str, float]], nb: str) -> dict[str, fl
     return next((c for name, c in cells.items() if name.startswith(nb)), {})
 
 
-_SOURCES: dict[tuple[str, float], dict[str, str]] = {}  # by (path, mtime)
-
-
 def _sources(nb: str, path: Path | None = None) -> dict[str, str]:
     """Code cell id -> source of notebook `nb` (from `path`, else the checkout's)."""
+    found = [path] if path else notebook_files(nb)
+    return _read_sources(str(found[0]), found[0].stat().st_mtime) if found else {}
+
+
+@functools.lru_cache(maxsize=16)
+def _read_sources(path: str, mtime: float) -> dict[str, str]:  # read again when it changes
     import nbformat
 
-    found = [path] if path else notebook_files(nb)
-    if not found:
-        return {}
-    key = (str(found[0]), found[0].stat().st_mtime)
-    if key not in _SOURCES:
-        book = nbformat.read(found[0], as_version=4)
-        _SOURCES[key] = {c["id"]: c.source for c in book.cells if c.cell_type == "code"}
-    return _SOURCES[key]
+    book = nbformat.read(path, as_version=4)
+    return {c["id"]: c.source for c in book.cells if c.cell_type == "code"}
 
 
 def forecast_cell(cfg: LabConfig, nb: str, kind: str, found: Found, overhead: float,
