@@ -12,6 +12,7 @@ built for the call and closed after it) or a cluster its caller owns.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import threading
 from collections.abc import Iterator, Mapping
@@ -21,6 +22,7 @@ from lab_utils.cluster.ssh import SSHNode
 from lab_utils.cluster.state import ProcessRecord, StateFile
 from lab_utils.config import LabConfig
 from lab_utils.errors import LabError
+from lab_utils.on_node import nixl_threads
 
 log = logging.getLogger("lab_utils.cluster")
 
@@ -121,8 +123,9 @@ class Cluster:
                 continue
             known = {t["tid"]: t for t in rec.extra.get("nixl_threads", [])}
             bind = binds.get(rec.name) if self.cfg.vllm.device == "cpu" else None
-            now = {t["tid"]: t
-                   for t in self.node(rec.node).quiet_nixl_threads(rec, list(known), bind)}
+            found = self.node(rec.node).run_sent(nixl_threads, "quiet", str(rec.pgid),
+                                                 bind or "-", *map(str, known))
+            now = {t["tid"]: t for t in json.loads(found)}
             for tid in set(known) - set(now):
                 known[tid]["policy"] = "gone"
             for tid, t in now.items():

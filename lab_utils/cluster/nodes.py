@@ -26,7 +26,7 @@ from pathlib import Path
 from lab_utils.cluster.state import ProcessRecord, StateFile
 from lab_utils.config import NodeConfig
 from lab_utils.errors import LabError, PortInUseError
-from lab_utils.on_node import nixl_threads, proctools
+from lab_utils.on_node import proctools
 
 PRIVATE_TMP_PREFIX = "spark-lab-"  # Node.private_tmp's directories, and only those, are removed
 # mktemp -d, then the link to Inductor's cache (named as Inductor names it: the user as
@@ -85,20 +85,18 @@ class Node(ABC):
     @abstractmethod
     def _stop_group(self, rec: ProcessRecord, grace_s: float) -> bool: ...
 
-    @abstractmethod
-    def port_report(self, address: str, port: int) -> dict: ...
-
-    def quiet_nixl_threads(self, rec: ProcessRecord, known: list[int],
-                           bind: str | None = None) -> list[dict]:
-        """Put the NIXL progress threads of the record's process group to the lowest normal priority
-        and, with `bind`, its worker's main thread back on those CPUs
-        (`lab_utils.on_node.nixl_threads`, run on the node, its source sent over stdin);
-        what it found and set, and the policy now of the threads in `known`."""
-        r = self.run([self.python, "-", "quiet", str(rec.pgid), bind or "-", *map(str, known)],
-                     input=inspect.getsource(nixl_threads), timeout=60)
+    def run_sent(self, module, *args: str, timeout: float = 60.0) -> str:
+        """Run an `on_node` module's entry point on the node, its source sent over stdin
+        (nothing needs to be deployed); its answer (stdout)."""
+        r = self.run([self.python, "-", *args], input=inspect.getsource(module), timeout=timeout)
         if not r.ok:
-            raise LabError(f"node {self.name}: finding NIXL's threads failed: {r.why}")
-        return json.loads(r.stdout)
+            raise LabError(f"node {self.name}: {module.__name__.rsplit('.', 1)[-1]} {args[0]} "
+                           f"failed: {r.stderr.strip()[-500:] or r.why}")
+        return r.stdout.strip()
+
+    def port_report(self, address: str, port: int) -> dict:
+        """{"free": bool, "holders": [what holds it]} (`on_node.proctools.port_report`)."""
+        return json.loads(self.run_sent(proctools, "port", address, str(port)))
 
     def close(self) -> None:
         """Release what the node holds open (an SSH connection); the next use reopens it."""
@@ -215,9 +213,6 @@ class LocalNode(Node):
         return proctools.stop_group(rec.pgid, rec.start_ticks, grace_s)
 
     def port_report(self, address, port) -> dict:
-        return proctools.port_report(address, port)
-
-    def quiet_nixl_threads(self, rec, known, bind=None) -> list[dict]:
-        return nixl_threads.quiet(rec.pgid, known, bind=bind)
+        return proctools.port_report(address, port)  # here: no interpreter to start
 
 

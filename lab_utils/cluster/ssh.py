@@ -17,7 +17,6 @@ Process facts (alive, stop by group, port holders) are decided on the node by
 
 from __future__ import annotations
 
-import inspect
 import json
 import logging
 import os
@@ -241,14 +240,6 @@ class SSHNode(Node):
     def _sftp(self) -> paramiko.SFTPClient:
         return self._client().open_sftp()
 
-    def run_sent(self, module, *args: str) -> str:
-        """Run an `on_node` module's entry point on the node, its source sent over stdin
-        (nothing needs to be deployed); its answer (stdout)."""
-        r = self.run([self.python, "-", *args], input=inspect.getsource(module), timeout=60)
-        if not r.ok:
-            raise LabError(f"node {self.name}: {args[0]} failed: {r.stderr.strip()[-500:]}")
-        return r.stdout.strip()
-
     def check_workdir(self) -> None:
         """Refuse a workdir that is not a directory of the lab's own (see
         `lab_utils.on_node.dirs`), before anything is written on the node."""
@@ -295,8 +286,3 @@ class SSHNode(Node):
 
     def _stop_group(self, rec: ProcessRecord, grace_s: float) -> bool:
         return self._proctools("stop", str(rec.pgid), str(rec.start_ticks), str(grace_s)) == "true"
-
-    def port_report(self, address: str, port: int) -> dict:
-        import json
-
-        return json.loads(self._proctools("port", address, str(port)))

@@ -7,7 +7,7 @@ bandwidth the probe reached (what a bandwidth-only estimate promises); "measured
 probe's median time for that size; the gap is the per-transfer overhead that dominates
 short prompts. The recommended `kv_buffer_device` follows `recommend_kv_buffer_device`;
 `choose_buffer_device` turns the configured value ("auto" included) and that recommendation
-into the device notebook 04's instances use. `KvTransferPayload` is what notebook 02 records
+into the device notebook 04's instances use (`kv_buffer_device`: with 02's recorded one). `KvTransferPayload` is what notebook 02 records
 (kv_transfer_metrics.json); `payload` builds it from what the notebook measured.
 """
 
@@ -21,6 +21,7 @@ from lab_utils.config import LabConfig
 from lab_utils.errors import LabError
 from lab_utils.kv.probe import ProbePlan, expected_rates, plan_probe
 from lab_utils.kv.shapes import PUBLISHED_CONFIGS, KVShape, kv_shape
+from lab_utils.results import load_optional
 from lab_utils.results.kv_transfer import (
     KvRecommendation,
     KvTransferPayload,
@@ -39,6 +40,17 @@ def choose_buffer_device(cfg: LabConfig, recommendation: KvRecommendation | None
     if cfg.kv_transfer.kv_buffer_device != "auto":
         return cfg.kv_transfer.kv_buffer_device
     return recommendation.kv_buffer_device if recommendation else FALLBACK_BUFFER_DEVICE
+
+
+def kv_buffer_device(cfg: LabConfig) -> str:
+    """The kv_buffer_device prefill and decode instances get: the configured one, or for
+    "auto" notebook 02's recommendation on this profile (else "cpu")."""
+    recommendation = None
+    if cfg.kv_transfer.kv_buffer_device == "auto":
+        kv = load_optional(cfg, "02")
+        recommendation = kv.payload.recommendation if kv else None
+    return choose_buffer_device(cfg, recommendation)
+
 
 # Notebook 02's reference models, beside the configured one.
 REFERENCE_MODELS = {name: PUBLISHED_CONFIGS[name]

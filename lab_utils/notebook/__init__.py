@@ -29,6 +29,7 @@ Modules inside import each other, never this front door.
 """
 
 from lab_utils.forecast.profile import profile_frame
+from lab_utils.kv.budget import kv_buffer_device
 from lab_utils.notebook import hood, lessons, transfer_lesson
 from lab_utils.notebook.card import print_card
 from lab_utils.notebook.compare import (
@@ -49,7 +50,7 @@ from lab_utils.notebook.forecasting import (
 from lab_utils.notebook.hood import protocol_by_hand, watch_scheduler
 from lab_utils.notebook.kv_lesson import explain_kv
 from lab_utils.notebook.record import record_baseline, record_disaggregated, record_replicated
-from lab_utils.notebook.session import ServingSession, kv_buffer_device, tokenizer_of
+from lab_utils.notebook.session import ServingSession, tokenizer_of
 from lab_utils.notebook.sharded import (
     prove_split,
     record_tensor_parallel,

@@ -28,8 +28,8 @@ from lab_utils.forecast.timing import (
     notebook_seconds,
     switches_seconds,
 )
+from lab_utils.kv.budget import kv_buffer_device
 from lab_utils.notebook.record import say
-from lab_utils.notebook.session import kv_buffer_device
 from lab_utils.notebook.starts import startup_seconds
 from lab_utils.results import calibration, load_optional, load_results
 from lab_utils.results.claims import claim, save_claims

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from lab_utils.config import LabConfig
-from lab_utils.notebook.session import kv_buffer_device
+from lab_utils.kv.budget import kv_buffer_device
 from lab_utils.results import (
     BaselinePayload,
     DisaggregatedPayload,

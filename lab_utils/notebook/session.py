@@ -6,8 +6,7 @@ cell, when any later cell fails or is interrupted (an IPython hook), and when th
 exits. Before a cell that measures what it started, it prints how long that cell should
 take (`timings.cell_eta`: the cell's last runs here, else the forecast); the measuring
 code itself predicts nothing. It holds the notebook's one `Cluster` (one connection per node), closed when it
-stops. `kv_buffer_device` is what prefill and decode instances are given (notebook 02's
-recommendation unless the config says), `tokenizer_of` the served model's tokenizer.
+stops. `tokenizer_of` is the served model's tokenizer.
 """
 
 from __future__ import annotations
@@ -20,21 +19,10 @@ from lab_utils.cluster import Cluster
 from lab_utils.cluster.state import ProcessRecord
 from lab_utils.config import LabConfig, api_key
 from lab_utils.errors import LabError
-from lab_utils.kv.budget import choose_buffer_device
+from lab_utils.kv.budget import kv_buffer_device
 from lab_utils.measure.workload import server_tokenizer
-from lab_utils.results import load_optional
 from lab_utils.serve.launcher import wait_ready
 from lab_utils.serve.topology import PROXY, Served, serve, start_proxy
-
-
-def kv_buffer_device(cfg: LabConfig) -> str:
-    """The kv_buffer_device prefill and decode instances get: the configured one, or for
-    "auto" notebook 02's recommendation on this profile (else "cpu")."""
-    recommendation = None
-    if cfg.kv_transfer.kv_buffer_device == "auto":
-        kv = load_optional(cfg, "02")
-        recommendation = kv.payload.recommendation if kv else None
-    return choose_buffer_device(cfg, recommendation)
 
 
 class ServingSession:

@@ -24,7 +24,7 @@ from lab_utils.cluster import Cluster
 from lab_utils.config import LabConfig, api_key
 from lab_utils.errors import LabError, ProcessFailedError
 from lab_utils.forecast.profile import measure_profile
-from lab_utils.kv.budget import model_hf_config
+from lab_utils.kv.budget import kv_buffer_device, model_hf_config
 from lab_utils.kv.shapes import kv_shape
 from lab_utils.measure import roofline as hardware
 from lab_utils.measure.benchmark import CacheCounts, sweep
@@ -34,7 +34,7 @@ from lab_utils.measure.workload import build_requests
 from lab_utils.notebook import lessons
 from lab_utils.notebook import transfer_lesson as lesson
 from lab_utils.notebook.record import say
-from lab_utils.notebook.session import kv_buffer_device, tokenizer_of
+from lab_utils.notebook.session import tokenizer_of
 from lab_utils.notebook.time_split import cpu_now
 from lab_utils.on_node import nixl_threads as nixl_threads_mod
 from lab_utils.results import (
