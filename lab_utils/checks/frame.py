@@ -154,9 +154,4 @@ GiB = 1024**3
 
 
 def meminfo(ctx: Context, name: str) -> dict[str, int]:
-    from lab_utils.checks.parsers import proc_meminfo
-
-    r = ctx.run(name, ["cat", "/proc/meminfo"])
-    if not r.ok:
-        raise LabError(f"node {name}: cannot read /proc/meminfo: {r.stderr.strip()}")
-    return proc_meminfo(r.stdout)
+    return ctx.node(name).meminfo()

@@ -156,7 +156,7 @@ def check_link(ctx: Context) -> list[CheckResult]:
     if target == initiator:
         return [CheckResult("link", "cluster", "n/a",
                             "prefill and decode share one node: no link between them")]
-    if rdma.uses_rdma(ctx, target) and rdma.uses_rdma(ctx, initiator):
+    if ctx.cfg.uses_rdma(target) and ctx.cfg.uses_rdma(initiator):
         return [rdma.rdma_bandwidth(ctx, target, initiator)]
     return [_tcp_bandwidth(ctx, target, initiator)]
 

@@ -38,10 +38,6 @@ _SMOKE_SOURCE = inspect.getsource(nixl_smoke)
 RDMA_PREFIXES = ("rc_", "dc_", "ud_")
 
 
-def uses_rdma(ctx: Context, name: str) -> bool:
-    return bool(ctx.cfg.nodes[name].data_netdev) and ctx.cfg.vllm.device == "cuda"
-
-
 def smoke_env(ctx: Context, name: str) -> dict[str, str]:
     """UCX's environment for the smoke test on a node: what vLLM gets, plus the protocol
     report."""
@@ -60,7 +56,7 @@ def check_nixl(ctx: Context) -> list[CheckResult]:
         r = node.run([node.python, "-", str(SMOKE_BYTES)], input=_SMOKE_SOURCE, env=env,
                      timeout=180)
         out.append(nixl_verdict(name, r.code, r.stdout + r.stderr, env,
-                                rdma=uses_rdma(ctx, name)))
+                                rdma=ctx.cfg.uses_rdma(name)))
     return out
 
 
@@ -170,7 +166,7 @@ def memlock_verdict(name: str, answer: str | None, need: int | None = None, why:
 
 def check_memlock(ctx: Context) -> list[CheckResult]:
     def why_not(n: str) -> str | None:
-        return None if uses_rdma(ctx, n) else ("no RDMA here (no data_netdev, or vllm.device "
+        return None if ctx.cfg.uses_rdma(n) else ("no RDMA here (no data_netdev, or vllm.device "
                                                "'cpu'): NIXL registers nothing with an RDMA device")
 
     names, out = ctx.split("memlock", ctx.serving(), why_not)

@@ -30,10 +30,6 @@ HALF_GBPS = 100.0  # one PCIe Gen5 x4 half of GB10's ConnectX-7
 # ----- RDMA ---------------------------------------------------------------------------
 
 
-def uses_rdma(ctx: Context, name: str) -> bool:
-    return bool(ctx.cfg.nodes[name].data_netdev) and ctx.cfg.vllm.device == "cuda"
-
-
 def _rails_key(ibdev: str) -> str:
     """Devices of one physical port share their `s<slot>f<function>` ending (a Spark's
     port is two PCIe halves: rocep1s0f1 and roceP2p1s0f1)."""
@@ -55,7 +51,7 @@ def configured_devices(ctx: Context, name: str) -> tuple[list[dict], list[dict],
 
 def _rdma_nodes(ctx: Context, check: str) -> tuple[list[str], list[CheckResult]]:
     def why_not(n: str) -> str | None:
-        if uses_rdma(ctx, n):
+        if ctx.cfg.uses_rdma(n):
             return None
         why = ("no data_netdev configured" if ctx.cfg.nodes[n].data_netdev is None
                else "vllm.device is 'cpu'")

@@ -27,6 +27,7 @@ from lab_utils.cluster.state import ProcessRecord, StateFile
 from lab_utils.config import NodeConfig
 from lab_utils.errors import LabError, PortInUseError
 from lab_utils.on_node import proctools
+from lab_utils.on_node.facts import proc_meminfo
 
 PRIVATE_TMP_PREFIX = "spark-lab-"  # Node.private_tmp's directories, and only those, are removed
 # mktemp -d, then the link to Inductor's cache (named as Inductor names it: the user as
@@ -93,6 +94,13 @@ class Node(ABC):
             raise LabError(f"node {self.name}: {module.__name__.rsplit('.', 1)[-1]} {args[0]} "
                            f"failed: {r.stderr.strip()[-500:] or r.why}")
         return r.stdout.strip()
+
+    def meminfo(self) -> dict[str, int]:
+        """/proc/meminfo in bytes (`on_node.facts.proc_meminfo`); LabError when unreadable."""
+        r = self.run(["cat", "/proc/meminfo"], timeout=15)
+        if not r.ok:
+            raise LabError(f"node {self.name}: cannot read /proc/meminfo: {r.why}")
+        return proc_meminfo(r.stdout)
 
     def port_report(self, address: str, port: int) -> dict:
         """{"free": bool, "holders": [what holds it]} (`on_node.proctools.port_report`)."""

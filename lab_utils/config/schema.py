@@ -127,6 +127,10 @@ class LabConfig(_Strict):
             return f"{n.workdir}/logs/{self.profile}"
         return str(self.results_dir / "logs")
 
+    def uses_rdma(self, node: str) -> bool:
+        """Whether KV moves over RDMA from `node`: a GPU profile naming its data devices."""
+        return bool(self.nodes[node].data_netdev) and self.vllm.device == "cuda"
+
     def lower_nixl_threads(self) -> bool:
         """Whether the lab lowers the priority of NIXL's progress threads
         (`kv_transfer.lower_nixl_threads`; unset: on the CPU rehearsal only)."""

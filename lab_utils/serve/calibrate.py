@@ -17,7 +17,6 @@ from __future__ import annotations
 from lab_utils.cluster import Cluster
 from lab_utils.cluster.state import ProcessRecord
 from lab_utils.errors import LabError
-from lab_utils.on_node.facts import proc_meminfo
 from lab_utils.results import calibration
 from lab_utils.results.calibration import Calibration, now_utc
 from lab_utils.serve import startup
@@ -44,10 +43,9 @@ LOG_LINES = 5000  # enough of a log to reach back to its start-up lines
 def meminfo(cluster: Cluster, node: str) -> dict[str, int]:
     """/proc/meminfo of a node in bytes ({} when it cannot be read)."""
     try:
-        r = cluster.node(node).run(["cat", "/proc/meminfo"], timeout=15)
+        return cluster.node(node).meminfo()
     except (LabError, OSError):
         return {}
-    return proc_meminfo(r.stdout) if r.ok else {}
 
 
 def before_start(cluster: Cluster, nodes: list[str]) -> dict[str, dict[str, int]]:

@@ -27,7 +27,6 @@ from lab_utils.config import InstanceSpec, LabConfig
 from lab_utils.errors import LabError
 from lab_utils.kv import memory
 from lab_utils.kv.memory import GiB, InstanceMemory
-from lab_utils.on_node.facts import mem_total_bytes
 from lab_utils.results import calibration
 from lab_utils.serve.launcher import instance_url, server_command, server_env
 
@@ -138,14 +137,10 @@ def read_mem_total(cluster: Cluster, name: str, why: list[str] | None = None) ->
     """The node's MemTotal in bytes, or None when it cannot be read now (then the reason,
     one line, is appended to `why`)."""
     try:
-        r = cluster.node(name).run(["cat", "/proc/meminfo"], timeout=15)
+        return cluster.node(name).meminfo().get("MemTotal")
     except (LabError, OSError) as e:
         (why if why is not None else []).append(str(e).splitlines()[0] if str(e) else type(e).__name__)
         return None
-    if not r.ok:
-        (why if why is not None else []).append(f"reading /proc/meminfo failed: {r.why}")
-        return None
-    return mem_total_bytes(r.stdout)
 
 
 def _mem_total(cluster: Cluster, name: str, given, read_nodes: bool) -> tuple[int | None, str]:

@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 
 from lab_utils.cluster import Cluster
+from lab_utils.cluster.nodes import Node
 from lab_utils.cluster.state import ProcessRecord
 from lab_utils.config import REPO_ROOT, parse_config
 from lab_utils.kv.memory import CUDA_OVERHEAD, GiB
@@ -45,6 +46,9 @@ class FakeSpark:
 
     def log_tail(self, rec, lines=40):
         return GB10_LOG
+
+    meminfo = Node.meminfo  # the transport's own reader, over `run`
+    name = "spark-01"
 
 
 def fake_cluster(cfg):

@@ -42,14 +42,22 @@ def test_recorded_gb10_memtotal_is_the_fallback():
 
 
 def test_read_mem_total_reads_the_nodes_meminfo():
-    answer = SimpleNamespace(ok=True, stdout=MEMINFO.read_text())
-    node = SimpleNamespace(run=lambda argv, timeout: answer)
+    from lab_utils.cluster.nodes import LocalNode, RunResult
+
+    answer = RunResult(0, MEMINFO.read_text(), "")
+
+    class Recorded(LocalNode):  # the node's transport answers with the recorded GB10 file
+        def run(self, argv, *, timeout=60.0, env=None, input=None):
+            assert argv == ["cat", "/proc/meminfo"]
+            return answer
+
+    node = Recorded("spark-01", SimpleNamespace(python=None), state=None)
     cluster = SimpleNamespace(node=lambda name: node)
     assert read_mem_total(cluster, "spark-01") == GB10_MEMTOTAL
-    answer.ok, answer.why = False, "exit 1"
+    answer = RunResult(1, "", "cat: /proc/meminfo: Permission denied")
     why: list[str] = []
     assert read_mem_total(cluster, "spark-01", why) is None
-    assert why == ["reading /proc/meminfo failed: exit 1"]
+    assert why == ["node spark-01: cannot read /proc/meminfo: cat: /proc/meminfo: Permission denied"]
 
 
 def test_a_dry_run_that_cannot_reach_a_node_says_why_in_the_plan():
@@ -57,9 +65,9 @@ def test_a_dry_run_that_cannot_reach_a_node_says_why_in_the_plan():
     from lab_utils.errors import LabError
     from lab_utils.serve.plan import _mem_total
 
-    def refuse(argv, timeout):
+    def refuse():
         raise LabError("node spark-01 (lab@192.0.2.1:22): SSH failed: Error reading SSH protocol banner")
-    cluster = SimpleNamespace(node=lambda name: SimpleNamespace(run=refuse),
+    cluster = SimpleNamespace(node=lambda name: SimpleNamespace(meminfo=refuse),
                               cfg=SimpleNamespace(vllm=SimpleNamespace(device="cuda")))
     value, source = _mem_total(cluster, "spark-01", None, read_nodes=True)
     assert value == GB10_MEMTOTAL
