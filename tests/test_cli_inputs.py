@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from lab_utils import cli
+from lab_utils.cli.args import notebook_number
 
 BAD_ARGS = [
     (["status", "--config", ""], "--config is empty"),
@@ -37,7 +38,7 @@ def test_bad_arguments_are_refused_in_one_line(argv, said, capsys):
 
 
 def test_notebook_numbers_are_numbers():
-    assert cli._notebook_number("3") == "03" and cli._notebook_number("05") == "05"
+    assert notebook_number("3") == "03" and notebook_number("05") == "05"
 
 
 def test_a_fifo_config_is_refused_without_blocking(tmp_path, capsys):
