@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -19,6 +22,7 @@ from pathlib import Path
 from lab_utils.cluster import Cluster
 from lab_utils.config import LabConfig, checkout_path
 from lab_utils.errors import LabError
+from lab_utils.notebook.timings import notebook_eta, record_notebook
 from lab_utils.util.atomic import atomic_write_text
 from lab_utils.util.background import Background
 from lab_utils.util.progress import PROGRESS_LOG_ENV
@@ -133,7 +137,6 @@ _NO_ETA = "no ETA: nothing measured on this machine yet"
 
 def _eta(cfg: LabConfig, path: Path, series: str):
     """The notebook's ETA (`notebook.timings`), or None, saying why, when it fails."""
-    from lab_utils.notebook.timings import notebook_eta
 
     try:
         return notebook_eta(cfg, path, series)
@@ -178,8 +181,6 @@ def run_notebooks(cfg: LabConfig, start: str | None = None, stop: str | None = N
                 cluster.close()  # idle while the next notebook runs
             times[path.name] = round(time.monotonic() - t0, 1)
             try:
-                from lab_utils.notebook.timings import record_notebook
-
                 record_notebook(cfg, path.name, executed, times[path.name], series)
             except Exception as e:  # noqa: BLE001 - the next run's estimate, not this run
                 print(f"  (its cells' times not recorded: {type(e).__name__}: {e})", flush=True)
@@ -209,7 +210,6 @@ def jupyter_plan(cfg: LabConfig, token: str, notebooks_dir: str | os.PathLike | 
     listens on the host's LAN address (a workshop attendee's browser reaches it without an
     SSH tunnel) and on `jupyter.port`; the token travels in the environment, never on the
     command line, where other users of the machine could read it."""
-    import sys
 
     host = cfg.notebook_host()
     if host is None:
@@ -228,8 +228,6 @@ def jupyter_plan(cfg: LabConfig, token: str, notebooks_dir: str | os.PathLike | 
 def serve_jupyter(cfg: LabConfig, notebooks_dir: str | os.PathLike | None = None) -> int:
     """Start JupyterLab in the foreground (Ctrl-C stops it) and print how to open it
     (`notebooks_dir`: serve another copy of the notebooks, e.g. in a test)."""
-    import secrets
-    import subprocess
 
     host = cfg.notebook_host()
     token = secrets.token_urlsafe(24)

@@ -40,12 +40,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+from lab_utils.bench import aiperf_runner
 from lab_utils.bench.stub_server import spawn_until_up
-from lab_utils.config import WorkloadConfig, load_config
+from lab_utils.cluster import Cluster
+from lab_utils.config import WorkloadConfig, api_key, load_config
 from lab_utils.measure.benchmark import summarize
 from lab_utils.measure.loadgen import RequestSpec, run_point
+from lab_utils.measure.workload import build_requests, local_tokenizer
 from lab_utils.on_node.proctools import port_is_free, stop_group
 from lab_utils.results.points import Measured, compare, select
+from lab_utils.serve.metrics import fetch_metrics, read_counters
+from lab_utils.serve.topology import serve
 
 HOST = "127.0.0.8"
 NO_PREFIX_CACHING = "--no-enable-prefix-caching"
@@ -176,7 +181,6 @@ def without_prefix_caching(cfg):
 
 def _counters(url: str):
     """The instance's counters (prompt tokens, and those served from the prefix cache)."""
-    from lab_utils.serve.metrics import fetch_metrics, read_counters
 
     return read_counters(fetch_metrics(url), require_nixl=False)
 
@@ -184,8 +188,6 @@ def _counters(url: str):
 def agreement(cfg, url: str, key: str | None, concurrencies: list[int], n_rates: int,
               repeats: int, aiperf: Path | None, workdir: Path) -> dict:
     """Run every point with every tool, `repeats` times, interleaved; return the raw runs."""
-    from lab_utils.bench import aiperf_runner
-    from lab_utils.measure.workload import build_requests, local_tokenizer
 
     w = cfg.workload
     n = w.num_prompts
@@ -292,9 +294,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no aiperf at {args.aiperf}: make aiperf-venv makes one (.venv-aiperf/bin/aiperf)")
         return 2
 
-    from lab_utils.cluster import Cluster
-    from lab_utils.config import api_key
-    from lab_utils.serve.topology import serve
 
     cfg = without_prefix_caching(load_config(args.config))
     cfg.workload = w = cfg.workload.model_copy(update={"num_prompts": args.num_prompts,

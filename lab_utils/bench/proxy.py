@@ -31,14 +31,16 @@ import argparse
 import json
 import os
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
 from pathlib import Path
 
-from lab_utils.bench.stub_server import spawn_until_up
+from lab_utils.bench.stub_server import make_app, spawn_until_up
 from lab_utils.on_node.proctools import cpu_seconds, port_is_free, stop_group
 from lab_utils.serve.protocol import decode_request, prefill_request
+from lab_utils.serve.proxy import ProxySettings, create_app, server_options
 
 HOST = "127.0.0.7"
 PROMPT = {"model": "m", "prompt": [1, 2, 3], "max_tokens": 3, "stream": True}
@@ -51,9 +53,7 @@ def _serve(role: str, port: int, mode: str, backend: str) -> None:
     import uvicorn
 
     if role == "backend":  # one instant backend process on two ports (`backend` is the 2nd)
-        import socket
 
-        from lab_utils.bench.stub_server import make_app
 
         socks = []
         for p in (port, int(backend)):
@@ -65,8 +65,6 @@ def _serve(role: str, port: int, mode: str, backend: str) -> None:
         uvicorn.Server(config).run(sockets=socks)
         return
     else:
-        from lab_utils.serve.proxy import ProxySettings, create_app, server_options
-
         prefill, decode = backend.split(",")
         settings = (ProxySettings("replicated", backends=[prefill]) if mode == "replicated"
                     else ProxySettings("disaggregated", prefill=[prefill], decode=[decode]))

@@ -18,8 +18,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 import sys
 import time
+
+import httpx
+
+from lab_utils.on_node.proctools import start_ticks, stop_group
 
 
 def make_app(ttft_ms: float, itl_ms: float, timing_file: str | None = None):
@@ -86,11 +91,8 @@ def make_app(ttft_ms: float, itl_ms: float, timing_file: str | None = None):
 def spawn_until_up(argv: list[str], probe_url: str, timeout_s: float = 30.0) -> tuple[int, int]:
     """Start `argv` in its own process group and wait until POSTing to `probe_url` gets
     any HTTP answer; return (pid, start_ticks) for `proctools.stop_group`."""
-    import subprocess
 
-    import httpx
 
-    from lab_utils.on_node.proctools import start_ticks, stop_group
 
     p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                          start_new_session=True)

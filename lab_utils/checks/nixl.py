@@ -26,8 +26,11 @@ from lab_utils.checks import parsers
 from lab_utils.checks.frame import Context, GiB, meminfo
 from lab_utils.config import TOPOLOGIES
 from lab_utils.errors import LabError
+from lab_utils.kv import budget, memory
+from lab_utils.kv.shapes import kv_shape
 from lab_utils.on_node import nixl_smoke
 from lab_utils.results.checklist import CheckResult
+from lab_utils.serve import make_plan
 
 SMOKE_BYTES = 1 << 20
 # Shared-memory transports, left out of the smoke test when the config sets no UCX_TLS. A
@@ -117,9 +120,6 @@ def memlock_needed(ctx: Context, name: str) -> tuple[int, str]:
     what: the largest instance's host copy of the KV cache (kv_buffer_device "cpu", the
     plan `serve` checks), or notebook 02's probe region (both halves of its largest size,
     the KV of a max_model_len prompt)."""
-    from lab_utils.kv import budget, memory
-    from lab_utils.kv.shapes import kv_shape
-    from lab_utils.serve import make_plan
 
     cfg = ctx.cfg
     hf, _, _ = memory.model_config(cfg)

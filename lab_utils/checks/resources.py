@@ -10,13 +10,13 @@ from lab_utils.config import TOPOLOGIES
 from lab_utils.errors import LabError
 from lab_utils.kv.memory import OS_RESERVE
 from lab_utils.results.checklist import CheckResult
+from lab_utils.serve import make_plan
 
 
 def _memory_needed(ctx: Context, name: str, total: int) -> tuple[int, str, list[str]]:
     """The most memory the lab's instances on this node need in one topology, by the plan
     `serve` checks (`serve.plan`: weights, KV cache, NIXL host mirror, processes, OS
     reserve), with the fixes when that does not fit in `total`."""
-    from lab_utils.serve import make_plan
 
     cfg, need, why, fixes = ctx.cfg, 0, "", []
     machine = cfg.nodes[name].machine(name)

@@ -4,6 +4,7 @@ versions, the model on every serving node, clock skew, the HF token, known failu
 
 from __future__ import annotations
 
+import json
 import shlex
 import time
 
@@ -220,8 +221,6 @@ except Exception:
 
 
 def _hub_snapshot(ctx: Context, name: str) -> str | None:
-    import json
-
     node = ctx.node(name)
     r = ctx.run(name, [node.python, "-c", _HUB_SNAPSHOT, ctx.cfg.model.name,
                        ctx.cfg.model.revision or ""], timeout=120)

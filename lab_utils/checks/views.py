@@ -4,6 +4,7 @@ and the checklist with its statuses coloured. pandas is imported only when calle
 from __future__ import annotations
 
 from lab_utils.checks.frame import ChecklistReport
+from lab_utils.checks.network import connections
 from lab_utils.config import LabConfig
 
 STATUS_COLOURS = {"pass": "#d9f2d9", "warn": "#fff2cc", "fail": "#f8d0d0", "n/a": "#eeeeee"}
@@ -21,7 +22,6 @@ def nodes_frame(cfg: LabConfig):
 def connections_frame(cfg: LabConfig):
     import pandas as pd
 
-    from lab_utils.checks.network import connections
 
     return pd.DataFrame([{"from": c.src, "to": c.dst, "address": c.target, "for": c.what}
                          for c in connections(cfg)])

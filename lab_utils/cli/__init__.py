@@ -20,7 +20,7 @@ import importlib
 import sys
 
 from lab_utils.cli.args import base_url, gib, levels, notebook_number
-from lab_utils.config import TOPOLOGIES, load_config
+from lab_utils.config import TOPOLOGIES, known_secrets, load_config, scrub, secrets_in
 from lab_utils.errors import LabError
 
 
@@ -128,7 +128,6 @@ def build_parser() -> argparse.ArgumentParser:
 def _masked(message: str, args) -> str:
     """An error message with every secret the profile can reach masked (when the profile
     loads), and always the secret environment variables and key-shaped words."""
-    from lab_utils.config import known_secrets, scrub, secrets_in
 
     secrets = secrets_in(None)
     with contextlib.suppress(Exception):  # the error may be the profile's own

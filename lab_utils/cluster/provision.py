@@ -19,6 +19,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
+from lab_utils.cluster import tiny_model
 from lab_utils.cluster.cluster import Cluster, as_cluster
 from lab_utils.cluster.nodes import Node
 from lab_utils.config import PACKAGE_DIR, LabConfig, hf_token
@@ -192,8 +193,6 @@ def ensure_model_on(cluster: Cluster, name: str) -> str:
     cfg, node = cluster.cfg, cluster.node(name)
     where = cfg.model_path_on(name)
     if cfg.model.source == "tiny":
-        from lab_utils.cluster import tiny_model
-
         local = tiny_model.generate(cfg.model_path, seed=cfg.model.tiny_seed)
         want = tiny_model.fingerprint(local)
         if node.cfg.connection == "local":  # `where` is the model just generated here
@@ -206,7 +205,6 @@ def ensure_model_on(cluster: Cluster, name: str) -> str:
             raise LabError(f"node {name}: the tiny model at {where} differs from this host's")
         return have
     if cfg.model.source == "hub":
-
         token = hf_token(cfg)
         r = node.run([node.python, "-c", _HUB_FETCH_CODE, cfg.model.name,
                       cfg.model.revision or ""], env={"HF_TOKEN": token} if token else None,

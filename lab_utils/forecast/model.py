@@ -80,6 +80,7 @@ from typing import Any
 import numpy as np
 
 from lab_utils.forecast.curves import Curve
+from lab_utils.measure.loadgen import arrival_offsets
 from lab_utils.results.forecast import Edge
 
 
@@ -426,7 +427,6 @@ class _Sim:
 
 def _arrivals(n: int, rate: float, burstiness: float, seed: int) -> list[float]:
     # the load generator's arrival gaps (measure.loadgen.arrival_offsets), same seed
-    from lab_utils.measure.loadgen import arrival_offsets
 
     return arrival_offsets(n, rate, burstiness, random.Random(seed))
 

@@ -35,6 +35,7 @@ import time
 
 from lab_utils.cluster.state import ProcessRecord
 from lab_utils.config import LabConfig, api_key
+from lab_utils.errors import LabError
 from lab_utils.forecast import beside
 from lab_utils.forecast.curves import point
 from lab_utils.forecast.model import default_token_budget
@@ -82,8 +83,6 @@ def _run(url: str, model: str, specs: list[RequestSpec], concurrency: int, key: 
                                     timeout_s=timeout_s, show_progress=False, api_key=key))
     bad = [r.error for r in records if r.error]
     if bad or len(records) != len(specs):
-        from lab_utils.errors import LabError
-
         raise LabError(f"the profile's requests to {url} failed: {bad[:2]}")
     return records
 

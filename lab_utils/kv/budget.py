@@ -17,6 +17,7 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
+from lab_utils.cluster.provision import run_in_model_dir
 from lab_utils.config import LabConfig
 from lab_utils.errors import LabError
 from lab_utils.kv.probe import ProbePlan, expected_rates, plan_probe
@@ -64,7 +65,6 @@ def block_size(cfg: LabConfig) -> int:
 
 def model_hf_config(cfg: LabConfig) -> dict:
     """The configured model's config.json, read on the prefill node where vLLM reads it."""
-    from lab_utils.cluster.provision import run_in_model_dir
 
     name = cfg.topology.disaggregated.prefill[0]
     r = run_in_model_dir(cfg, name, 'print(open(os.path.join(where, "config.json")).read())')

@@ -21,6 +21,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lab_utils.cluster.tiny_model import MODEL_SHAPE, VOCAB_SIZE
 from lab_utils.config import LabConfig
 from lab_utils.errors import LabError
 from lab_utils.kv.shapes import DTYPE_BYTES, PUBLISHED_CONFIGS, kv_shape
@@ -126,8 +127,6 @@ def model_config(cfg: LabConfig, hf_config: dict | None = None) -> tuple[dict, P
     if hf_config is not None:
         return hf_config, None, "config.json given by the caller"
     if cfg.model.source == "tiny":
-        from lab_utils.cluster.tiny_model import MODEL_SHAPE, VOCAB_SIZE
-
         shape = {**MODEL_SHAPE, "vocab_size": VOCAB_SIZE, "torch_dtype": cfg.model.dtype}
         return shape, Path(cfg.model_path), "the tiny model's recipe"
     where: Path | None = None

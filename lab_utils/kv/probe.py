@@ -43,10 +43,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from lab_utils import known_failures
+from lab_utils.cluster import as_cluster
+from lab_utils.cluster.provision import deploy_node
 from lab_utils.errors import ProcessFailedError
 from lab_utils.on_node.nixl_agent import MARK, OPS, KiB, MiB, summarize
 from lab_utils.results import calibration
 from lab_utils.results.kv_transfer import ROW_KEYS, ProbeResult
+from lab_utils.util.progress import progress_bar
 
 if TYPE_CHECKING:  # the node layer is imported lazily
     from lab_utils.cluster import Cluster
@@ -250,8 +254,6 @@ def _ucx_env(cfg: LabConfig, node: str, ucx_tls: str | None,
 
 
 def _failure(what: str, text: str) -> ProcessFailedError:
-    from lab_utils import known_failures
-
     fix = known_failures.explain(text)
     return ProcessFailedError(what + text + (f"\n--- known failure ---\n{fix}" if fix else ""))
 
@@ -283,9 +285,6 @@ def run_probe(cluster: Cluster | LabConfig, sizes: Sequence[int] | None = None, 
     the plan (`ProbeResult.plan`). Each memory type stops when its time box is spent
     (`time_box_s`, seconds per memory type, replaces the plan's) and the result says
     what was cut short (`ProbeResult.cut_short`)."""
-    from lab_utils.cluster import as_cluster
-    from lab_utils.cluster.provision import deploy_node
-    from lab_utils.util.progress import progress_bar
 
     if plan is not None:
         sizes, seg_types, ops = plan.sizes, plan.seg_types, plan.ops

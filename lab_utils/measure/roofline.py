@@ -17,6 +17,7 @@ import re
 from typing import Any
 
 from lab_utils.cluster import Cluster, as_cluster
+from lab_utils.cluster.provision import run_in_model_dir
 from lab_utils.config import LabConfig
 from lab_utils.errors import LabError
 
@@ -62,7 +63,6 @@ _LM_HEAD = re.compile(r"(^|\.)lm_head\.weight$|^output\.weight$")
 
 def _run(cluster: Cluster | LabConfig, code: str, in_model_dir: bool = False) -> Any:
     """Run `code` on the baseline node (in the model's directory if asked); its last line."""
-    from lab_utils.cluster.provision import run_in_model_dir
 
     with as_cluster(cluster) as cluster:
         name = cluster.cfg.topology.baseline.node

@@ -14,6 +14,7 @@ stall for the requests it carries (`lab_utils.serve.proxy._report_stalls`).
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import time
@@ -112,8 +113,6 @@ def watch(seconds: float, period_s: float = 0.1, out=print) -> list[float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-
     ap = argparse.ArgumentParser(
         prog="python -m lab_utils.measure.stalls",
         description="report when this machine stands still: a process that sleeps 0.1 s at a "

@@ -29,6 +29,8 @@ from lab_utils.forecast.timing import (
     switches_seconds,
 )
 from lab_utils.kv.budget import kv_buffer_device
+from lab_utils.kv.memory import model_config
+from lab_utils.kv.shapes import DTYPE_BYTES
 from lab_utils.notebook.record import say
 from lab_utils.notebook.starts import startup_seconds
 from lab_utils.results import calibration, load_optional, load_results
@@ -136,8 +138,6 @@ def allreduce_inputs(cfg: LabConfig) -> tuple[int, float | None, str]:
     """What a split model's all-reduces move per token (2 per layer x hidden size x the
     model's element size) and the link's rate as notebook 00 measured it (None: not
     measured), with the sentence that says where they come from."""
-    from lab_utils.kv.memory import model_config
-    from lab_utils.kv.shapes import DTYPE_BYTES
 
     hf, _, _ = model_config(cfg)
     c = hf.get("text_config", hf)

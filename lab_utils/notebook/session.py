@@ -21,6 +21,9 @@ from lab_utils.config import LabConfig, api_key
 from lab_utils.errors import LabError
 from lab_utils.kv.budget import kv_buffer_device
 from lab_utils.measure.workload import server_tokenizer
+from lab_utils.notebook.forecasting import TOPOLOGY
+from lab_utils.notebook.starts import start_estimate
+from lab_utils.notebook.timings import cell_eta
 from lab_utils.serve.launcher import wait_ready
 from lab_utils.serve.topology import PROXY, Served, serve, start_proxy
 
@@ -41,8 +44,6 @@ class ServingSession:
     def start(self, topology: str) -> Served:
         """Start (or reuse) the topology and the proxy; wait until all are healthy."""
         self._hook()
-        from lab_utils.notebook.forecasting import TOPOLOGY
-        from lab_utils.notebook.starts import start_estimate
 
         self.notebook = self.notebook or next((nb for nb, t in TOPOLOGY.items() if t == topology),
                                               None)
@@ -95,8 +96,6 @@ class ServingSession:
         self._hooked = True
 
     def _before_cell(self, info) -> None:
-        from lab_utils.notebook.timings import cell_eta
-
         if self.notebook is None:  # nothing started yet
             return
         try:

@@ -3,19 +3,17 @@ measured ("Predicted, then measured"), and the same model's forecast for two DGX
 
 from __future__ import annotations
 
+from lab_utils.forecast import grade as g
+from lab_utils.forecast.band import band_sentence
+from lab_utils.report import forecast as fc
 from lab_utils.report.blocks import UL, Block, H, P, T
-from lab_utils.report.data import ReportData
+from lab_utils.report.data import ReportData, recorded_forecasts
 from lab_utils.report.plots import Plot
+from lab_utils.report.summary import together_claim
 from lab_utils.results.points import RULE
 
 
 def forecast_blocks(data: ReportData, plots: list[Plot]) -> list[Block]:
-    from lab_utils.forecast import grade as g
-    from lab_utils.forecast.band import band_sentence
-    from lab_utils.report import forecast as fc
-    from lab_utils.report.data import recorded_forecasts
-    from lab_utils.report.summary import together_claim
-
     by_arch = fc.graded(data)
     blocks = [H("Predicted, then measured"),
               P("Before measuring, notebook 01 forecasts its own sweep from the engine profile "
@@ -67,8 +65,6 @@ def forecast_blocks(data: ReportData, plots: list[Plot]) -> list[Block]:
 
 
 def spark_forecast_blocks(data: ReportData) -> list[Block]:
-    from lab_utils.report import forecast as fc
-
     df, about, sources = fc.spark_forecast(data)
     return [H("Forecast for two DGX Sparks", 3),
             P(f"The same model, fed with published GB10 figures instead of this run's "

@@ -13,6 +13,9 @@ from typing import Any
 
 import pandas as pd
 
+from lab_utils.forecast.inputs import GB10
+from lab_utils.kv import memory
+from lab_utils.kv.probe import planning_rates
 from lab_utils.measure.benchmark import read_late, read_together_share
 from lab_utils.report.data import (
     ARCHITECTURES,
@@ -22,7 +25,7 @@ from lab_utils.report.data import (
     load_label,
     num_or_nan,
 )
-from lab_utils.results import EnvironmentPayload
+from lab_utils.results import EnvironmentPayload, calibration
 from lab_utils.results.checklist import CheckResult
 from lab_utils.results.kv_transfer import KvTransferPayload
 from lab_utils.results.points import COMPARED, Point
@@ -242,10 +245,6 @@ def calibration_table(data: ReportData) -> pd.DataFrame:
     memory and start times on the serving nodes, the NIXL probe's rate per memory type on
     the probe's initiator, the proxy's cost per request on its node; empty without a
     record."""
-    from lab_utils.forecast.inputs import GB10
-    from lab_utils.kv import memory
-    from lab_utils.kv.probe import planning_rates
-    from lab_utils.results import calibration
 
     gib = 2**30
     starts = {

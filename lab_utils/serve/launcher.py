@@ -33,6 +33,7 @@ from typing import Any
 
 import httpx
 
+from lab_utils import known_failures
 from lab_utils.cluster import Cluster, Node
 from lab_utils.cluster.provision import ensure_model_on
 from lab_utils.cluster.state import ProcessRecord
@@ -252,8 +253,6 @@ def start_instance(cluster: Cluster, spec: InstanceSpec, *,
 
 
 def process_failure(node: Node, rec: ProcessRecord, why: str) -> ProcessFailedError:
-    from lab_utils import known_failures
-
     tail = node.log_tail(rec, 40)
     full = node.log_tail(rec, 400)
     fix = known_failures.explain(full)

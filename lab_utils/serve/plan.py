@@ -29,6 +29,7 @@ from lab_utils.kv import memory
 from lab_utils.kv.memory import GiB, InstanceMemory
 from lab_utils.results import calibration
 from lab_utils.serve.launcher import instance_url, server_command, server_env
+from lab_utils.serve.plan_text import render
 
 # tests/fixtures/dgx-spark-recorded/proc-meminfo.head-20.gb10.txt: "MemTotal: 125511968 kB"
 GB10_MEMTOTAL = 125511968 * 1024
@@ -101,8 +102,6 @@ class Plan:
         raise LabError("\n".join(lines))
 
     def text(self) -> str:
-        from lab_utils.serve.plan_text import render
-
         return render(self)
 
 

@@ -7,6 +7,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Literal
 
+from lab_utils.config import api_key
+from lab_utils.serve.launcher import instance_url
+
 
 @dataclass
 class ProxySettings:
@@ -34,8 +37,6 @@ KEY_ENV = {"proxy": "LAB_PROXY_API_KEY", "vllm": "VLLM_API_KEY"}
 
 def settings_from_config(cfg, mode: str) -> ProxySettings:
     """The proxy's backends and limits for `mode`, from a `LabConfig`."""
-    from lab_utils.config import api_key
-    from lab_utils.serve.launcher import instance_url
 
     def urls(topology: str, role: str) -> list[str]:
         return [u for s in cfg.instances(topology) if s.role == role and (u := instance_url(cfg, s))]

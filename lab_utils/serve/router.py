@@ -29,6 +29,7 @@ import sys
 from pathlib import Path
 
 from lab_utils.errors import LabError
+from lab_utils.serve.proxy import settings_from_config
 
 VERSION = "0.1.17"  # the version whose command line and answers the lab was checked with
 POLICY = {"round_robin": "round_robin", "least_outstanding": "power_of_two"}
@@ -47,7 +48,6 @@ def binary(cfg) -> str:
 
 def router_argv(cfg, mode: str, command: str = "vllm-router") -> list[str]:
     """vllm-router's command line for `mode` (baseline, replicated or disaggregated)."""
-    from lab_utils.serve.proxy import settings_from_config
 
     s = settings_from_config(cfg, mode)
     p, node = cfg.proxy, cfg.nodes[cfg.proxy.node]
@@ -69,7 +69,6 @@ def router_argv(cfg, mode: str, command: str = "vllm-router") -> list[str]:
 
 def router_env(cfg) -> dict[str, str]:
     """This process's environment with the instances' key as vllm-router sends it."""
-    from lab_utils.serve.proxy import settings_from_config
 
     env = dict(os.environ)
     key = settings_from_config(cfg, "baseline").backend_api_key

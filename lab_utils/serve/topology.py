@@ -21,14 +21,17 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from lab_utils import known_failures
 from lab_utils.cluster import Cluster, as_cluster
 from lab_utils.cluster.provision import deploy
 from lab_utils.cluster.state import ProcessRecord
 from lab_utils.config import LabConfig, api_key
 from lab_utils.errors import LabError
-from lab_utils.serve import calibrate
+from lab_utils.serve import calibrate, pd
 from lab_utils.serve.launcher import healthy, process_failure, start_instance, wait_ready
 from lab_utils.serve.plan import make_plan, merge_plans, start_waves
+from lab_utils.serve.proxy import KEY_ENV
+from lab_utils.serve.tp import stop_lone_ranks
 from lab_utils.util import interrupts
 
 PROXY = "proxy"
@@ -88,11 +91,10 @@ def _serve(cluster: Cluster, topologies: tuple[str, ...], show_progress: bool,
     specs = [s for t in topologies for s in cfg.instances(t)]
     remote = {s.node for s in specs} | ({cfg.proxy.node} if with_proxy else set())
     deploy(cluster, sorted(n for n in remote if cfg.nodes[n].connection == "ssh"))
-    if "tensor-parallel" in topologies:  # never reuse part of a split model
-        from lab_utils.serve.tp import stop_lone_ranks
-
-        if said := stop_lone_ranks(cluster, cluster.running("tensor-parallel")):
-            print(f"warning: {said}; starting it again")
+    # never reuse part of a split model
+    if "tensor-parallel" in topologies and (
+            said := stop_lone_ranks(cluster, cluster.running("tensor-parallel"))):
+        print(f"warning: {said}; starting it again")
     found = {r.name for r in cluster.running()}  # what ran before this call
     try:
         before = calibrate.before_start(cluster, [s.node for s in specs])
@@ -146,7 +148,6 @@ def _warm_up_pairs(cluster: Cluster, records: list[ProcessRecord],
     request (a handshake that fails transiently is retried by `warm_up`). An instance
     whose engine died in it is restarted once, saying so (`restart_dead`); a pair that
     fails again, or fails with both alive, raises with what their logs say."""
-    from lab_utils.serve.pd import warm_up
 
     cfg = cluster.cfg
     key = api_key(cfg, "vllm")
@@ -157,7 +158,7 @@ def _warm_up_pairs(cluster: Cluster, records: list[ProcessRecord],
             by_name = {r.name: r for r in records}
             p, d = by_name[names[0]], by_name[names[1]]
             try:
-                warm_up(_url(p), _url(d), cfg.model.name, api_key=key)
+                pd.warm_up(_url(p), _url(d), cfg.model.name, api_key=key)
                 break
             except LabError as e:
                 dead = [r for r in (p, d) if not healthy(_url(r), api_key=key)]
@@ -177,7 +178,6 @@ def restart_dead(cluster: Cluster, records: list[ProcessRecord], started: list[P
                  why: str) -> None:
     """Stop the instances in `dead` and start them again in their place in `records` (and
     `started`), printing why with the known failure their logs show."""
-    from lab_utils import known_failures
 
     names = ", ".join(r.name for r in dead)
     seen = "; ".join(f.name for r in dead for f in known_failures.match_failures(
@@ -220,7 +220,6 @@ def start_proxy(cluster: Cluster, mode: str, kind: str | None = None,
     if kind == "vllm-router":
         node.ensure_port_free(address, cfg.proxy.router_metrics_port,
                               "vllm-router's metrics (proxy.router_metrics_port)")
-    from lab_utils.serve.proxy import KEY_ENV
 
     # the API keys by environment (over SSH: on the channel's stdin), never on argv
     env = {KEY_ENV[s]: key for s in ("proxy", "vllm") if (key := api_key(cfg, s))}
