@@ -77,7 +77,7 @@ def measure_point(cfg: labconfig.LabConfig, served: Served, tokenize, detokenize
                                            concurrency=concurrency, warmup=w.warmup,
                                            chat=w.chat, show_progress=False,
                                            api_key=labconfig.api_key(cfg, "proxy")))
-    s = summarize(records, wall, w)
+    s = summarize(records, wall, w).model_dump()
     return {"tpot_ms": s["median_tpot_ms"], "itl_p50_ms": s["median_itl_ms"],
             "itl_p99_ms": s["p99_itl_ms"], "ttft_ms": s["median_ttft_ms"],
             "read_together": s["itl_read_together_fraction"], "failed": s["failed"],

@@ -29,7 +29,7 @@ PER_TOKEN = {"median_itl_ms", "p99_itl_ms", "median_tpot_ms"}
 
 
 def _stood_still(result: BenchmarkResult, mode: str, value: float) -> str | None:
-    held = sum(float(p.summary.get("held_up_s") or 0) for p in result.points
+    held = sum(p.summary.held_up_s for p in result.points
                if p.mode == mode and float(p.value) == value)
     return f"the machine stood still {held:.1f} s" if held else None
 

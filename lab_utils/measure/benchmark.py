@@ -32,7 +32,7 @@ from lab_utils.config import WorkloadConfig
 from lab_utils.measure import stalls
 from lab_utils.measure.loadgen import RequestSpec, run_point, run_sync
 from lab_utils.results.points import KEYS, Measured, Point
-from lab_utils.results.sweep import BenchmarkPoint, BenchmarkResult, RequestRecord
+from lab_utils.results.sweep import BenchmarkPoint, BenchmarkResult, RepeatSummary, RequestRecord
 from lab_utils.util.progress import log_progress
 
 PERCENTILES = (90, 99)
@@ -49,7 +49,7 @@ def _stats(name: str, values: list[float]) -> dict[str, float | None]:
     return out
 
 
-def summarize(records: list[RequestRecord], wall_s: float, w: WorkloadConfig) -> dict[str, Any]:
+def summarize(records: list[RequestRecord], wall_s: float, w: WorkloadConfig) -> RepeatSummary:
     ok = [r for r in records if r.ok]
     failed = len(records) - len(ok)
     total_in = sum(r.prompt_tokens if r.prompt_tokens is not None else r.prompt_len for r in ok)
@@ -84,21 +84,19 @@ def summarize(records: list[RequestRecord], wall_s: float, w: WorkloadConfig) ->
     out["invalid_reason"] = None if out["valid"] else (
         f"{failed} of {len(records)} requests failed ({share:.0%}, allowed "
         f"{w.max_failed_fraction:.0%}); first errors: {out['errors'][:2]}")
-    return out
+    return RepeatSummary(**out)
 
 
-def combine(summaries: list[dict[str, Any]], mode: str, value: float,
+def combine(summaries: list[RepeatSummary], mode: str, value: float,
             mixed: bool = False) -> Point:
     """One load point's repeats (`summarize`'s records) as one Point: the median over the
     repeats of every headline metric, with its min and max."""
-    hits = [s["prefix_cache_hit_pct"] for s in summaries
-            if s.get("prefix_cache_hit_pct") is not None]
+    hits = [s.prefix_cache_hit_pct for s in summaries if s.prefix_cache_hit_pct is not None]
     return Point(mode=mode, value=value, mixed=mixed, repeats=len(summaries),
-                 valid=all(s["valid"] for s in summaries),
-                 invalid_reason=next((s.get("invalid_reason") for s in summaries
-                                      if not s["valid"]), None),
+                 valid=all(s.valid for s in summaries),
+                 invalid_reason=next((s.invalid_reason for s in summaries if not s.valid), None),
                  prefix_cache_hit_pct=max(hits) if hits else None,
-                 **{k: Measured.of(s.get(k) for s in summaries) for k in HEADLINE})
+                 **{k: Measured.of(getattr(s, k) for s in summaries) for k in HEADLINE})
 
 
 # Instance name -> (prompt tokens, of them served from the prefix cache), counters since
@@ -129,28 +127,13 @@ def cache_hits(before: CacheCounts, after: CacheCounts) -> tuple[float | None, d
     return (round(100 * hit / total, 2) if total > 0 else None), per
 
 
-def mark_cache_hits(s: dict[str, Any], pct: float | None, per: dict[str, float],
-                    hits_expected: bool = False) -> None:
-    """Record a run's prefix-cache hit share in its summary; with hits where none were
-    expected, mark it invalid and say why."""
-    s["prefix_cache_hit_pct"], s["prefix_cache_hit_pct_by_instance"] = pct, per
-    if pct and not hits_expected:
-        where = ", ".join(f"{k} {v:.1f}%" for k, v in per.items() if v)
-        reason = (f"{pct:.1f}% of the prompt tokens were prefix-cache hits ({where}): the "
-                  "instances had seen these prompts, so TTFT and throughput are not a "
-                  "prefill's; restart the instances or re-run with fresh prompts")
-        s["valid"] = False
-        s["invalid_reason"] = (f"{s['invalid_reason']}; {reason}" if s.get("invalid_reason")
-                               else reason)
-
-
 READ_TOGETHER_NOTE = 0.10
 
 
-def read_together_share(summary: dict[str, Any]) -> float | None:
+def read_together_share(summary: RepeatSummary) -> float | None:
     """The share of a run's inter-token gaps that were between tokens the load generator
     got in one read, when it is at least `READ_TOGETHER_NOTE`; else None."""
-    share = summary.get("itl_read_together_fraction")
+    share = summary.itl_read_together_fraction
     return share if share is not None and share >= READ_TOGETHER_NOTE else None
 
 
@@ -192,12 +175,12 @@ def sweep(url: str, model: str, make_requests, w: WorkloadConfig, *, mixed: bool
                     rate=value if mode == "rate" else None, burstiness=w.burstiness,
                     duration_s=w.duration_s, timeout_s=w.request_timeout_s,
                     show_progress=show_progress, desc=f"{label} #{rep + 1}", api_key=api_key))
-            s = summarize(records, wall, w)
-            s.update(mode=mode, value=value, repeat=rep, mixed=mixed, run=run, seed=seed,
-                     held_up_s=round(watch.held_up_s, 2), stalls=len(watch.stalls),
-                     date=datetime.now(UTC).isoformat(timespec="seconds"))
+            s = summarize(records, wall, w).model_copy(update=dict(
+                mode=mode, value=value, repeat=rep, mixed=mixed, run=run, seed=seed,
+                held_up_s=round(watch.held_up_s, 2), stalls=len(watch.stalls),
+                date=datetime.now(UTC).isoformat(timespec="seconds")))
             if cache_meter is not None and before is not None:
-                mark_cache_hits(s, *cache_hits(before, cache_meter()), hits_expected)
+                s.mark_cache_hits(*cache_hits(before, cache_meter()), hits_expected)
             if watch.stalls:
                 _say(f"note ({label}, repeat {rep + 1}): the machine stood still "
                      f"{watch.held_up_s:.1f} s during this run (longest {max(watch.stalls):.1f} s); "
@@ -207,8 +190,8 @@ def sweep(url: str, model: str, make_requests, w: WorkloadConfig, *, mixed: bool
                      "came in one read with the token before (ITL 0 ms): the load generator read "
                      "late or they were sent together; the report will not compare this point on "
                      "ITL and TPOT")
-            if not s["valid"]:
-                _say(f"INVALID POINT ({label}, repeat {rep + 1}): {s['invalid_reason']}")
+            if not s.valid:
+                _say(f"INVALID POINT ({label}, repeat {rep + 1}): {s.invalid_reason}")
             summaries.append(s)
             points.append(BenchmarkPoint(mode=mode, value=value, repeat=rep, summary=s,
                                          requests=[r.as_dict() for r in records]))

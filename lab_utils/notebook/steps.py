@@ -120,7 +120,7 @@ def run_sweep(cfg: LabConfig, served: Served, *, mixed: bool = False,
         result.cpu = SweepCpu(
             wall_s=time.monotonic() - started, host_cores=os.cpu_count() or 1,
             by_process={k: cpu_after[k] - cpu_before.get(k, 0.0) for k in cpu_after})
-    if any(p.summary.get("failed") for p in result.points):
+    if any(p.summary.failed for p in result.points):
         check_alive(cfg, served)
     return result
 

@@ -154,9 +154,9 @@ def measure_split(cfg: LabConfig, served: Served, n: int = SPLIT_REQUESTS) -> di
 def _mean_c1_ttft(result: BenchmarkResult) -> float | None:
     """The mean TTFT at concurrency 1 (the median over the repeats of each repeat's mean),
     what the split's mean is set against."""
-    means = [float(p.summary["mean_ttft_ms"]) for p in result.points
-             if p.mode == "concurrency" and p.value == 1 and not p.summary.get("mixed")
-             and p.summary.get("mean_ttft_ms") is not None]
+    means = [p.summary.mean_ttft_ms for p in result.points
+             if p.mode == "concurrency" and p.value == 1 and not p.summary.mixed
+             and p.summary.mean_ttft_ms is not None]
     return statistics.median(means) if means else None
 
 

@@ -127,7 +127,7 @@ def conclusions(rows: list[dict[str, Any]], hop: dict[str, Any] | None,
 
 def stall_note(*results: BenchmarkResult) -> str | None:
     """One separate note when the machine stood still during any measured run, else None."""
-    held = [pt.summary.get("held_up_s") or 0.0 for r in results for pt in r.points]
+    held = [pt.summary.held_up_s for r in results for pt in r.points]
     stood = [h for h in held if h > 0]
     if not stood:
         return None

@@ -351,12 +351,12 @@ def _read_together_warning(data: ReportData) -> list[str]:
 def _stall_warning(data: ReportData) -> list[str]:
     """Runs during which the benchmark's own process was held up (lab_utils.measure.stalls)."""
     results = _runs(data)
-    hit = [(arch, p) for arch, result in results for p in result.points if p.summary.get("held_up_s")]
+    hit = [(arch, p) for arch, result in results for p in result.points if p.summary.held_up_s]
     if not hit:
         return []
     runs = sum(len(result.points) for _, result in results)
-    total = sum(p.summary["held_up_s"] for _, p in hit)
-    where = _listed(hit, lambda p: f"{p.summary['held_up_s']:.1f} s")
+    total = sum(p.summary.held_up_s for _, p in hit)
+    where = _listed(hit, lambda p: f"{p.summary.held_up_s:.1f} s")
     return [f"The machine running the benchmark stood still during {len(hit)} of {runs} measured "
             f"runs, {total:.1f} s in all ({where}). Latencies measured across a stall include "
             "it; the runs are in the numbers as measured."]

@@ -26,7 +26,7 @@ from typing import Any
 import pandas as pd
 
 from lab_utils.report.data import ARCH_NOTEBOOK, ReportData
-from lab_utils.results.sweep import BenchmarkPoint, BenchmarkResult
+from lab_utils.results.sweep import BenchmarkPoint, BenchmarkResult, RepeatSummary
 from lab_utils.util.atomic import atomic_write_text
 
 # vLLM's names for the run's aggregate numbers, as `measure.benchmark.summarize` writes them
@@ -46,7 +46,7 @@ def _finite(v: Any) -> Any:
 def run_date(point: BenchmarkPoint, when: str | None = None) -> str | None:
     """When the run was measured, as vLLM writes dates ("20261128-134500"): the run's own
     (`date` in its summary), else `when` (its notebook's, for results that lack it)."""
-    stamp = point.summary.get("date") or when
+    stamp = point.summary.date or when
     try:
         return datetime.fromisoformat(stamp).strftime("%Y%m%d-%H%M%S") if stamp else None
     except ValueError:
@@ -86,12 +86,12 @@ def vllm_result(result: BenchmarkResult, point: BenchmarkPoint, *, label: str,
         "request_rate": point.value if point.mode == "rate" else "inf",
         "burstiness": w.get("burstiness", 1.0),
         "max_concurrency": int(point.value) if point.mode == "concurrency" else None,
-        **{k: _finite(s.get(k)) for k in VLLM_FIELDS},
+        **{k: _finite(getattr(s, k, None)) for k in VLLM_FIELDS},
         "latencies": [r["e2el_ms"] / 1000.0 for r in ok if r.get("e2el_ms") is not None],
     }
     if goal := slos(result):
         out["lab_goodput_slo_ms"] = goal  # the SLOs request_goodput counted against
-    out.update({f"lab_{k}": s.get(k) for k in LAB_FIELDS})
+    out.update({f"lab_{k}": getattr(s, k, None) for k in LAB_FIELDS})
     return out
 
 
@@ -117,8 +117,8 @@ def runs_frame(data: ReportData) -> pd.DataFrame:
              "date": run_date(p, stamps.get(arch)), "architecture": arch, "workload": workload,
              "mode": p.mode, "value": p.value, "repeat": p.repeat + 1,
              "slo_ms": json.dumps(slos(result)) if slos(result) else None,
-             **{k: _finite(p.summary.get(k)) for k in VLLM_FIELDS},
-             **{k: p.summary.get(k) for k in LAB_FIELDS}}
+             **{k: _finite(getattr(p.summary, k, None)) for k in VLLM_FIELDS},
+             **{k: getattr(p.summary, k, None) for k in LAB_FIELDS}}
             for arch, workload, result, p in _runs(data)]
     return pd.DataFrame(rows, columns=["label", "model", "date", "architecture", "workload",
                                        "mode", "value", "repeat", "slo_ms", *VLLM_FIELDS,
@@ -142,7 +142,7 @@ def fields_table(data: ReportData) -> pd.DataFrame:
     """Every point of every sweep, one row, with the fields `vllm bench serve` prints
     (counts, duration, the three throughputs, mean, median and p99 of TTFT, TPOT, ITL and
     E2E latency): the median over the point's repeats of each, in vLLM's names."""
-    groups: dict[tuple, list[dict[str, Any]]] = {}
+    groups: dict[tuple, list[RepeatSummary]] = {}
     for arch, workload, _, p in _runs(data):
         groups.setdefault((arch, workload, p.mode, p.value), []).append(p.summary)
     rows = []
@@ -150,7 +150,7 @@ def fields_table(data: ReportData) -> pd.DataFrame:
         row: dict[str, Any] = {"architecture": arch, "workload": workload,
                                "load": f"{mode} {value:g}", "repeats": len(summaries)}
         for k in SHOWN:
-            got = [float(v) for s in summaries if isinstance(v := s.get(k), (int, float))
+            got = [float(v) for s in summaries if isinstance(v := getattr(s, k, None), (int, float))
                    and not isinstance(v, bool) and math.isfinite(v)]
             row[k] = statistics.median(got) if got else None
         rows.append(row)

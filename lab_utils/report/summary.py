@@ -276,8 +276,8 @@ def system_under_test(data: ReportData) -> pd.DataFrame:
            f"commit {commit[:12]}" + (", with local modifications (the tree differs from it)"
                                       if sw.get("lab_tree_modified") else ", tree unmodified"))
     # when the runs were measured (their own dates), else when the files were written
-    stamps = sorted([p.summary["date"] for r in (*data.sweeps.values(), *data.mixed.values())
-                     for p in r.points if p.summary.get("date")]
+    stamps = sorted([p.summary.date for r in (*data.sweeps.values(), *data.mixed.values())
+                     for p in r.points if p.summary.date]
                     or [e.timestamp for nb, e in data.envelopes.items()
                         if nb in ARCH_NOTEBOOK.values()])
     when = stamps[0][:16].replace("T", " ") + (

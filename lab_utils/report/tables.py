@@ -39,8 +39,8 @@ def _invalid_reason(result: BenchmarkResult, mode: str, value: float) -> str:
     """The reasons the repeats of a point were invalid, each once with its repeats."""
     reasons: dict[str, list[str]] = {}
     for p in result.points:
-        if p.mode == mode and p.value == value and not p.summary.get("valid", True):
-            why = p.summary.get("invalid_reason") or "marked invalid"
+        if p.mode == mode and p.value == value and not p.summary.valid:
+            why = p.summary.invalid_reason or "marked invalid"
             reasons.setdefault(why, []).append(str(p.repeat + 1))
     parts = [f"repeat{'s' if len(reps) > 1 else ''} {join_words(reps)}: {why}"
              for why, reps in reasons.items()]
@@ -56,8 +56,8 @@ def _repeat_note(result: BenchmarkResult, mode: str, value: float) -> str:
         if p.mode != mode or p.value != value:
             continue
         said = []
-        if p.summary.get("held_up_s"):
-            said.append(f"the machine stood still {float(p.summary['held_up_s']):.1f} s")
+        if p.summary.held_up_s:
+            said.append(f"the machine stood still {p.summary.held_up_s:.1f} s")
         if share := read_together_share(p.summary):
             said.append(f"{share:.0%} of tokens read together")
         if said:
@@ -74,8 +74,8 @@ def _samples(result: BenchmarkResult, mode: str, value: float) -> tuple[float, f
     reqs, gaps = [], []
     for p in result.points:
         if p.mode == mode and p.value == value:
-            if is_count(p.summary.get("completed")):
-                reqs.append(p.summary["completed"])
+            if is_count(p.summary.completed):
+                reqs.append(p.summary.completed)
             ok = [r for r in p.requests if r.get("error") is None]
             if ok:
                 gaps.append(sum(len(r.get("itl_ms") or []) for r in ok))

@@ -1,7 +1,7 @@
 """What a load point measured, as the serving notebooks record it: one request's
 measurements (`RequestRecord`, from the load generator `lab_utils.measure.loadgen`), one
-load point of one repeat (`BenchmarkPoint`) and a sweep (`BenchmarkResult`), in vLLM's
-field names (`lab_utils.measure.benchmark` builds them).
+load point of one repeat (`BenchmarkPoint`, its figures a `RepeatSummary`) and a sweep
+(`BenchmarkResult`), in vLLM's field names (`lab_utils.measure.benchmark` builds them).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 from lab_utils.results.points import Point
 
@@ -61,13 +61,84 @@ class RequestRecord:
                 f"closed {self.e2el_ms - last:.1f} ms after its last token)")
 
 
+class RepeatSummary(BaseModel):
+    """What one repeat of one load point measured (`measure.benchmark.summarize`): first
+    `vllm bench serve`'s result fields, by its names (ms; throughputs per s), then the
+    lab's. Saved as a flat JSON object; fields of other versions are kept as they are."""
+
+    model_config = ConfigDict(extra="allow")
+
+    duration: float = 0.0
+    completed: int = 0
+    failed: int = 0
+    total_input_tokens: int = 0
+    total_output_tokens: int = 0
+    request_throughput: float | None = None
+    request_goodput: float | None = None  # None: no SLO configured
+    output_throughput: float | None = None
+    total_token_throughput: float | None = None
+    mean_ttft_ms: float | None = None
+    median_ttft_ms: float | None = None
+    std_ttft_ms: float | None = None
+    p90_ttft_ms: float | None = None
+    p99_ttft_ms: float | None = None
+    mean_tpot_ms: float | None = None
+    median_tpot_ms: float | None = None
+    std_tpot_ms: float | None = None
+    p90_tpot_ms: float | None = None
+    p99_tpot_ms: float | None = None
+    mean_itl_ms: float | None = None
+    median_itl_ms: float | None = None
+    std_itl_ms: float | None = None
+    p90_itl_ms: float | None = None
+    p99_itl_ms: float | None = None
+    mean_e2el_ms: float | None = None
+    median_e2el_ms: float | None = None
+    std_e2el_ms: float | None = None
+    p90_e2el_ms: float | None = None
+    p99_e2el_ms: float | None = None
+    # the lab's: how far to trust the figures above
+    itl_read_together_fraction: float | None = None  # gaps between tokens read together
+    p99_send_lag_ms: float | None = None  # how late the load generator sent
+    errors: list[str] = []  # the first distinct ones
+    failed_fraction: float = 0.0
+    valid: bool = True
+    invalid_reason: str | None = None
+    prefix_cache_hit_pct: float | None = None  # of the prompt tokens, over the instances
+    prefix_cache_hit_pct_by_instance: dict[str, float] = {}
+    held_up_s: float = 0.0  # the machine stood still this long (`measure.stalls`)
+    stalls: int = 0
+    # where it belongs: the load point, the run and its prompts' seed, when
+    mode: str | None = None
+    value: float | None = None
+    repeat: int | None = None
+    mixed: bool = False
+    run: str | None = None
+    seed: int | None = None
+    date: str | None = None
+
+    def mark_cache_hits(self, pct: float | None, per: dict[str, float],
+                        hits_expected: bool = False) -> None:
+        """Record the run's prefix-cache hit share; with hits where none were expected,
+        mark it invalid and say why."""
+        self.prefix_cache_hit_pct, self.prefix_cache_hit_pct_by_instance = pct, per
+        if pct and not hits_expected:
+            where = ", ".join(f"{k} {v:.1f}%" for k, v in per.items() if v)
+            reason = (f"{pct:.1f}% of the prompt tokens were prefix-cache hits ({where}): the "
+                      "instances had seen these prompts, so TTFT and throughput are not a "
+                      "prefill's; restart the instances or re-run with fresh prompts")
+            self.valid = False
+            self.invalid_reason = (f"{self.invalid_reason}; {reason}" if self.invalid_reason
+                                   else reason)
+
+
 class BenchmarkPoint(BaseModel):
     """One load point of one repeat."""
 
     mode: str  # "concurrency" | "rate"
     value: float
     repeat: int
-    summary: dict[str, Any]
+    summary: RepeatSummary
     requests: list[dict[str, Any]]
 
 

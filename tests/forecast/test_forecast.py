@@ -307,7 +307,7 @@ def test_loads_of_a_workload(test_cfg):
 def measured_sweep(per_load: dict[int, tuple[float, float]]) -> dict:
     """A one-repeat sweep with these (TTFT p50, TPOT p50) per concurrency."""
     from lab_utils.measure.benchmark import combine
-    from lab_utils.results.sweep import BenchmarkPoint, BenchmarkResult
+    from lab_utils.results.sweep import BenchmarkPoint, BenchmarkResult, RepeatSummary
 
     points, combined = [], []
     for c, (ttft, tpot) in per_load.items():
@@ -317,7 +317,7 @@ def measured_sweep(per_load: dict[int, tuple[float, float]]) -> dict:
              "mode": "concurrency", "value": float(c), "repeat": 0}
         points.append(BenchmarkPoint(mode="concurrency", value=c, repeat=0, summary=s,
                                      requests=[]))
-        combined.append(combine([s], "concurrency", float(c)))
+        combined.append(combine([RepeatSummary(**s)], "concurrency", float(c)))
     return BenchmarkResult(target="t", model="tiny-llama", workload={"input_len": 128},
                            points=points, combined=combined).model_dump()
 

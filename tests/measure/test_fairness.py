@@ -17,11 +17,12 @@ import pytest
 
 from lab_utils.bench.stub_server import spawn_until_up
 from lab_utils.config import WorkloadConfig
-from lab_utils.measure.benchmark import cache_hits, combine, mark_cache_hits, run_seed, sweep
+from lab_utils.measure.benchmark import cache_hits, combine, run_seed, sweep
 from lab_utils.measure.workload import build_requests
 from lab_utils.notebook.compare import side_by_side
 from lab_utils.on_node.proctools import stop_group
 from lab_utils.results.points import Measured, Point, compare_points, unlike_caches
+from lab_utils.results.sweep import RepeatSummary
 
 from support.fakes import free_port
 
@@ -76,9 +77,9 @@ def test_a_series_of_runs_on_one_instance_sees_no_cache_hits(stub):
             run(url, log, "replicated/policy round_robin", mixed=True),
             run(url, log, "replicated/policy least_outstanding", mixed=True)]
     points = [p for r in runs for p in r.points]
-    assert all(p.summary["prefix_cache_hit_pct"] == 0.0 and p.summary["valid"] for p in points)
+    assert all(p.summary.prefix_cache_hit_pct == 0.0 and p.summary.valid for p in points)
     assert all(c.prefix_cache_hit_pct == 0.0 and c.valid for r in runs for c in r.combined)
-    assert len({p.summary["seed"] for p in points}) == len(points)
+    assert len({p.summary.seed for p in points}) == len(points)
     # the policy comparison of the two runs names a winner only by the rule: same footing
     frame = side_by_side({"round_robin": runs[2].combined[0],
                           "least_outstanding": runs[3].combined[0]})
@@ -90,8 +91,8 @@ def test_a_run_that_replays_prompts_is_invalid_and_says_why(stub, capsys):
     run(url, log, "baseline/sweep", w=W.model_copy(update={"repeats": 1}))
     again = run(url, log, "baseline/sweep", w=W.model_copy(update={"repeats": 1}))
     s = again.points[0].summary
-    assert s["prefix_cache_hit_pct"] == 100.0 and s["prefix_cache_hit_pct_by_instance"] == {"stub": 100.0}
-    assert not s["valid"] and "100.0% of the prompt tokens were prefix-cache hits" in s["invalid_reason"]
+    assert s.prefix_cache_hit_pct == 100.0 and s.prefix_cache_hit_pct_by_instance == {"stub": 100.0}
+    assert not s.valid and "100.0% of the prompt tokens were prefix-cache hits" in s.invalid_reason
     c = again.combined[0]
     assert not c.valid and c.prefix_cache_hit_pct == 100.0 and "prefix-cache hits" in c.invalid_reason
     assert "INVALID POINT (concurrency 1, repeat 1)" in capsys.readouterr().out
@@ -111,22 +112,22 @@ def test_cache_hits_reads_the_counters_between_two_readings():
     after = {"replica-0": (300.0, 0.0), "replica-1": (250.0, 110.0), "new": (10.0, 10.0)}
     assert cache_hits(before, after) == (25.0, {"replica-0": 0.0, "replica-1": 50.0})
     assert cache_hits({}, {}) == (None, {})
-    s = {"valid": True, "invalid_reason": None}
-    mark_cache_hits(s, 0.0, {"replica-0": 0.0})
-    assert s["valid"] and s["prefix_cache_hit_pct"] == 0.0
-    mark_cache_hits(s, 5.0, {"replica-0": 5.0}, hits_expected=True)
-    assert s["valid"]
-    mark_cache_hits(s, 5.0, {"replica-0": 0.0, "replica-1": 10.0})
-    assert not s["valid"] and "(replica-1 10.0%)" in s["invalid_reason"]
+    s = RepeatSummary()
+    s.mark_cache_hits(0.0, {"replica-0": 0.0})
+    assert s.valid and s.prefix_cache_hit_pct == 0.0
+    s.mark_cache_hits(5.0, {"replica-0": 5.0}, hits_expected=True)
+    assert s.valid
+    s.mark_cache_hits(5.0, {"replica-0": 0.0, "replica-1": 10.0})
+    assert not s.valid and "(replica-1 10.0%)" in (s.invalid_reason or "")
 
 
 def test_combine_keeps_the_highest_hit_share_and_the_first_reason():
-    runs = [{"valid": True, "median_ttft_ms": 10, "prefix_cache_hit_pct": 0.0},
-            {"valid": False, "invalid_reason": "hits", "median_ttft_ms": 5,
-             "prefix_cache_hit_pct": 30.0}]
+    runs = [RepeatSummary(median_ttft_ms=10, prefix_cache_hit_pct=0.0),
+            RepeatSummary(valid=False, invalid_reason="hits", median_ttft_ms=5,
+                          prefix_cache_hit_pct=30.0)]
     p = combine(runs, "concurrency", 1.0)
     assert p.prefix_cache_hit_pct == 30.0 and not p.valid and p.invalid_reason == "hits"
-    assert combine([{"valid": True}], "concurrency", 1.0).prefix_cache_hit_pct is None
+    assert combine([RepeatSummary()], "concurrency", 1.0).prefix_cache_hit_pct is None
 
 
 def _point(ttft: float, hits: float | None) -> Point:

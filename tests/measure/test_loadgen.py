@@ -18,7 +18,7 @@ from lab_utils.config import WorkloadConfig
 from lab_utils.measure.benchmark import combine, read_together_share, summarize
 from lab_utils.measure.loadgen import RequestSpec, TokenReader, arrival_offsets, run_point
 from lab_utils.on_node.proctools import stop_group
-from lab_utils.results.sweep import RequestRecord
+from lab_utils.results.sweep import RepeatSummary, RequestRecord
 
 from support.fakes import free_port
 
@@ -76,11 +76,11 @@ def test_metrics_match_the_server_timing(server):
     assert 0 <= statistics.median(ttft_gaps) < 1.0
     assert abs(statistics.median(itl_gaps)) < 1.0
     s = summarize(records, wall, WorkloadConfig(max_failed_fraction=0.0))
-    assert abs(s["median_ttft_ms"] - TTFT_MS) < 3.0 and abs(s["median_itl_ms"] - ITL_MS) < 3.0
-    assert s["completed"] == 10 and s["failed"] == 0 and s["valid"]
-    assert s["total_output_tokens"] == 80 and s["total_input_tokens"] == sum(map(len, (x.prompt_ids for x in reqs[2:])))
-    assert s["output_throughput"] == pytest.approx(80 / wall)
-    assert s["request_throughput"] == pytest.approx(10 / wall)
+    assert abs(s.median_ttft_ms - TTFT_MS) < 3.0 and abs(s.median_itl_ms - ITL_MS) < 3.0
+    assert s.completed == 10 and s.failed == 0 and s.valid
+    assert s.total_output_tokens == 80 and s.total_input_tokens == sum(map(len, (x.prompt_ids for x in reqs[2:])))
+    assert s.output_throughput == pytest.approx(80 / wall)
+    assert s.request_throughput == pytest.approx(10 / wall)
 
 
 def test_chat_stream_counts_content_deltas_not_the_role_chunk(server):
@@ -100,10 +100,10 @@ def test_failures_are_counted_not_raised(server):
     assert [r.ok for r in records] == [True] * 6 + [False] * 4
     assert all("HTTP 500" in r.error for r in records[6:])
     s = summarize(records, wall, WorkloadConfig(max_failed_fraction=0.1))
-    assert (s["completed"], s["failed"]) == (6, 4)
-    assert not s["valid"] and "4 of 10 requests failed" in s["invalid_reason"]
-    assert s["errors"] and "injected failure" in s["errors"][0]
-    assert summarize(records, wall, WorkloadConfig(max_failed_fraction=0.5))["valid"]
+    assert (s.completed, s.failed) == (6, 4)
+    assert not s.valid and "4 of 10 requests failed" in s.invalid_reason
+    assert s.errors and "injected failure" in s.errors[0]
+    assert summarize(records, wall, WorkloadConfig(max_failed_fraction=0.5)).valid
 
 
 def test_refused_connection_is_an_error_record():
@@ -111,7 +111,7 @@ def test_refused_connection_is_an_error_record():
     records, wall = asyncio.run(run_point(dead, "m", specs(3), concurrency=1, show_progress=False))
     assert len(records) == 3 and not any(r.ok for r in records)
     s = summarize(records, wall, WorkloadConfig())
-    assert not s["valid"] and s["completed"] == 0
+    assert not s.valid and s.completed == 0
 
 
 def test_poisson_arrivals_keep_schedule(server):
@@ -138,13 +138,13 @@ def test_duration_stops_new_requests(server):
 
 
 def test_combine_reports_median_and_spread():
-    runs = [{"valid": True, "median_ttft_ms": v, "output_throughput": 10 * v} for v in (10, 14, 11)]
+    runs = [RepeatSummary(median_ttft_ms=v, output_throughput=10 * v) for v in (10, 14, 11)]
     c = combine(runs, "concurrency", 2.0)
     assert c.median_ttft_ms.median == 11 and c.median_ttft_ms.spread == 4
     assert c.output_throughput.min == 100 and c.valid and c.repeats == 3
     assert (c.mode, c.value, c.mixed, c.median_ttft_ms.n) == ("concurrency", 2.0, False, 3)
     assert c.p99_itl_ms is None  # not measured
-    assert not combine(runs + [{"valid": False, "median_ttft_ms": 1}], "rate", 1.0).valid
+    assert not combine(runs + [RepeatSummary(valid=False, median_ttft_ms=1)], "rate", 1.0).valid
 
 
 def sse(msg: dict) -> bytes:
@@ -173,9 +173,9 @@ def test_tokens_that_arrive_in_one_read_are_counted_as_read_together():
     steady = RequestRecord(1, 5, 4, ttft_ms=40.0, itl_ms=[15.0, 15.0, 15.0], e2el_ms=85.0, tpot_ms=15.0,
                            prompt_tokens=5, completion_tokens=4)
     s = summarize([rec, steady], 1.0, WorkloadConfig())
-    assert s["itl_read_together_fraction"] == pytest.approx(1 / 6)
+    assert s.itl_read_together_fraction == pytest.approx(1 / 6)
     assert read_together_share(s) == pytest.approx(1 / 6)
-    assert summarize([steady], 1.0, WorkloadConfig())["itl_read_together_fraction"] == 0.0
+    assert summarize([steady], 1.0, WorkloadConfig()).itl_read_together_fraction == 0.0
     assert read_together_share(summarize([steady], 1.0, WorkloadConfig())) is None
 
 
@@ -249,6 +249,6 @@ def test_an_itl_slo_counts_a_request_by_its_largest_token_gap():
     records = [rec(0, [5.0, 5.0, 5.0]), rec(1, [1.0, 40.0, 1.0])]  # same TPOT, one long gap
     by_tpot = summarize(records, 1.0, WorkloadConfig(slo=SLOConfig(tpot_ms=20.0)))
     by_gap = summarize(records, 1.0, WorkloadConfig(slo=SLOConfig(tpot_ms=20.0, itl_ms=20.0)))
-    assert by_tpot["request_goodput"] == pytest.approx(2.0)
-    assert by_gap["request_goodput"] == pytest.approx(1.0)
-    assert summarize(records, 1.0, WorkloadConfig(slo=SLOConfig(itl_ms=50.0)))["request_goodput"] == 2.0
+    assert by_tpot.request_goodput == pytest.approx(2.0)
+    assert by_gap.request_goodput == pytest.approx(1.0)
+    assert summarize(records, 1.0, WorkloadConfig(slo=SLOConfig(itl_ms=50.0))).request_goodput == 2.0

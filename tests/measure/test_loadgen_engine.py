@@ -53,7 +53,7 @@ def test_chat_completions_stream_through_the_generator(rehearsal, engine_cfg):
                                           concurrency=2, chat=True, show_progress=False,
                                           api_key=api_key(engine_cfg, "vllm")))
     s = summarize(records, wall, w)
-    assert s["valid"] and s["completed"] == 4, s["errors"]
+    assert s.valid and s.completed == 4, s.errors
     # Exact token counts come from usage. How many chunks carry them is the server's
     # business: a starved API server merges several tokens into one chunk, so the
     # inter-token gaps seen (at most 9) can be fewer; the chunk arithmetic is checked

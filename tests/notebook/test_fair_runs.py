@@ -48,14 +48,14 @@ def test_sweep_then_policy_comparison_see_no_prefix_cache_hits(rehearsal, engine
         result = lab.run_sweep(cfg, served)
         policies = lab.compare_policies(cfg, session, served)
 
-        hits = [p.summary["prefix_cache_hit_pct"] for p in result.points]
+        hits = [p.summary.prefix_cache_hit_pct for p in result.points]
         assert hits == [0.0, 0.0], result.points[0].summary
         assert all(c.valid and c.prefix_cache_hit_pct == 0.0 for c in result.combined)
         table = side_by_side(policies.runs)
         runs = table[table["run"] != "better"]
         assert list(runs["run"]) == ["round_robin", "least_outstanding"]
         assert list(runs["cache hits %"]) == [0.0, 0.0] and all(runs["valid"])
-        seeds = {p.summary["seed"] for p in result.points}
+        seeds = {p.summary.seed for p in result.points}
         assert len(seeds) == len(result.points)
 
         # the same prompts again on the same instance: the counters see the hits, and the
@@ -65,12 +65,12 @@ def test_sweep_then_policy_comparison_see_no_prefix_cache_hits(rehearsal, engine
         one = w.model_copy(update={"concurrency": [1]})
         again = sweep(served.proxy_url, cfg.model.name,
                       lambda n, seed: build_requests(one, n, tokenize, detokenize, seed=seed),
-                      one, run=first.summary["run"], api_key=api_key(cfg, "proxy"),
+                      one, run=first.summary.run, api_key=api_key(cfg, "proxy"),
                       cache_meter=lab.cache_meter(served), show_progress=False)
         replay = again.points[0].summary
-        assert replay["seed"] == first.summary["seed"]
-        assert replay["prefix_cache_hit_pct"] > 50, replay
-        assert not replay["valid"] and "prefix-cache hits" in replay["invalid_reason"]
+        assert replay.seed == first.summary.seed
+        assert replay.prefix_cache_hit_pct > 50, replay
+        assert not replay.valid and "prefix-cache hits" in replay.invalid_reason
         assert not again.combined[0].valid
     finally:
         stopped = session.stop()

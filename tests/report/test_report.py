@@ -28,7 +28,7 @@ from lab_utils.kv.probe import apply_limits, summarize
 from lab_utils.measure.benchmark import HEADLINE, combine
 from lab_utils.results import RESULTS, hardware, write_envelope, write_results
 from lab_utils.results.checklist import CheckResult
-from lab_utils.results.sweep import BenchmarkPoint, BenchmarkResult
+from lab_utils.results.sweep import BenchmarkPoint, BenchmarkResult, RepeatSummary
 
 from support.payloads import (
     baseline_dict,
@@ -75,7 +75,7 @@ def sweep(arch: str, per_load: dict[float, dict[str, float]], *, repeats: int = 
                      value=float(load), repeat=rep, mixed=mixed,
                      held_up_s=(held_up or {}).get(load, 0.0) if rep == 0 else 0.0,
                      itl_read_together_fraction=(read_together or {}).get(load, 0.0) if rep == 0 else 0.0)
-            summaries.append(s)
+            summaries.append(RepeatSummary(**s))
             points.append(BenchmarkPoint(mode=mode, value=load, repeat=rep, summary=s,
                                          requests=[]))
         combined.append(combine(summaries, mode, float(load), mixed))
@@ -710,7 +710,7 @@ def test_each_p99_shows_its_n_and_says_max_under_100(test_cfg):
     write_baseline(test_cfg)
     data = report.load_report_data(test_cfg)
     for p in data.sweeps["baseline"].points:  # 24 requests, 31 gaps each
-        p.summary["completed"] = 24
+        p.summary.completed = 24
         p.requests = [{"error": None, "itl_ms": [1.0] * 31}] * 24
     shown = display_table(headline_table(data)).iloc[0]
     assert shown["TTFT p99 (ms)"] == "100.00 (n=24, ~max)"

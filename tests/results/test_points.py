@@ -24,7 +24,7 @@ from lab_utils.report.data import ReportData
 from lab_utils.results import load_envelope, points
 from lab_utils.results.forecast import Forecast
 from lab_utils.results.points import BY_KEY, COMPARED, METRICS, Measured, Point, compare, differs
-from lab_utils.results.sweep import BenchmarkResult
+from lab_utils.results.sweep import BenchmarkResult, RepeatSummary
 
 from support.payloads import baseline_dict, model, sweep_dict
 
@@ -55,7 +55,7 @@ def _sweep(per_load: dict[float, dict[str, list[float]]]) -> BenchmarkResult:
     combined = []
     for load, metrics in per_load.items():
         (n,) = {len(v) for v in metrics.values()}
-        summaries = [{"valid": True, **{k: v[i] for k, v in metrics.items()}} for i in range(n)]
+        summaries = [RepeatSummary(**{k: v[i] for k, v in metrics.items()}) for i in range(n)]
         combined.append(combine(summaries, "concurrency", load))
     return BenchmarkResult(target="t", model="m", workload={}, points=[], combined=combined)
 
@@ -223,7 +223,7 @@ def test_flat_points_in_a_payload_dict_load_too():
 
 
 def test_combine_builds_the_point_of_its_repeats():
-    runs = [{"valid": True, "median_ttft_ms": v, "request_goodput": None} for v in (10, 14, 11)]
+    runs = [RepeatSummary(median_ttft_ms=v) for v in (10, 14, 11)]
     p = combine(runs, "concurrency", 4.0, mixed=True)
     assert p.median_ttft_ms == Measured(median=11, min=10, max=14, n=3)
     assert p.request_goodput is None and p.mixed and p.repeats == 3

@@ -50,8 +50,8 @@ def test_results_are_valid(series):
     assert load_results(cfg, "00").payload.blessed
     for notebook in ("01", "03", "04"):
         sweep = load_results(cfg, notebook).payload.sweep
-        reasons = [f"{p.mode} {p.value} #{p.repeat + 1}: {p.summary['invalid_reason']}"
-                   for p in sweep.points if not p.summary["valid"]]
+        reasons = [f"{p.mode} {p.value} #{p.repeat + 1}: {p.summary.invalid_reason}"
+                   for p in sweep.points if not p.summary.valid]
         assert sweep.combined and all(c.valid for c in sweep.combined), (notebook, reasons)
 
 
@@ -75,7 +75,7 @@ def test_the_split_model_ran_and_kept_the_output(series):
     assert tp.output_ok and len(tp.same_output) >= 3, [r.tokens_why for r in tp.same_output]
     assert tp.forecast is not None and tp.forecast.timed is not None
     for run in (tp.sweep, tp.mixed):
-        assert run is not None and all(p.summary["failed"] == 0 for p in run.points)
+        assert run is not None and all(p.summary.failed == 0 for p in run.points)
     md = (cfg.results_dir / "report.md").read_text()
     assert "tensor-parallel" in md and "one model across the nodes" in md
 
@@ -103,7 +103,7 @@ def test_forecast_made_before_the_sweeps_and_graded(request, series):
         env = load_results(cfg, nb)
         fc = env.payload.forecast
         assert fc is not None and fc.architecture == arch and fc.rows
-        measured_s = sum(p.summary["duration"] for p in env.payload.sweep.points)
+        measured_s = sum(p.summary.duration for p in env.payload.sweep.points)
         # made at least as long before the file was written as the sweep took to measure
         ahead = (datetime.fromisoformat(env.timestamp.replace("Z", "+00:00"))
                  - datetime.fromisoformat(fc.made_at)).total_seconds()

@@ -119,7 +119,7 @@ def test_zero_failed_requests_and_the_proof_held(sim_series):
         assert run is not None and run.points
         for point in run.points:
             s = point.summary
-            assert s["failed"] == 0 and s["valid"], s.get("errors")
+            assert s.failed == 0 and s.valid, s.errors
     # the local baseline's prompts, through P/D across the namespaces: the same tokens
     proof = payload.proof
     assert proof.ok and len(proof.prompts) >= 3
@@ -165,7 +165,7 @@ def test_the_split_model_ran_across_the_namespaces(sim_series):
     assert "--headless" in (ranks["tp-1"].argv or []) and ranks["tp-1"].url is None
     assert tp.output_ok, [r.tokens_why for r in tp.same_output]
     for run in (tp.sweep, tp.mixed):
-        assert run is not None and all(p.summary["failed"] == 0 for p in run.points)
+        assert run is not None and all(p.summary.failed == 0 for p in run.points)
 
 
 def cmdline(pid: int) -> list[str]:
