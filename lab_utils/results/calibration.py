@@ -68,8 +68,9 @@ class Calibration:
         """What the plan and the workshop take from here, each value with its label
         ("measured on <node>, <date>"): kv_bytes per role ("kv_bytes:<role>"),
         cuda_overhead (vLLM's pool less weights and KV cache, as the plan counts it:
-        activations, CUDA graphs, context), process (memory of an instance's processes
-        outside vLLM's pool), os_reserve, first_start_s and later_start_s, the probe's
+        activations, CUDA graphs, context), process per role ("process:<role>": memory of
+        an instance's processes outside vLLM's pool and the host KV, `serve.calibrate`)
+        and the largest of them ("process", for a role not measured here), os_reserve, first_start_s and later_start_s, the probe's
         GB/s per memory type ("probe_GBps:<DRAM|VRAM>") and the proxy's ms per request
         ("proxy_ms")."""
         out: dict[str, tuple[float, str]] = {}
@@ -89,6 +90,7 @@ class Calibration:
                 overheads.append((int(u * total) - f["weights_bytes"] - f["kv_bytes"], at))
             if inst.get("process_bytes") is not None:
                 processes.append((inst["process_bytes"], at))
+                out[f"process:{role}"] = (inst["process_bytes"], label(at))
         if overheads:
             out["cuda_overhead"] = (max(o for o, _ in overheads), label(overheads[-1][1]))
         if processes:

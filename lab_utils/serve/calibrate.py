@@ -6,10 +6,15 @@ memory their processes hold, the seconds to healthy, and the OS's share of the n
 The plan (`serve --dry-run`) then uses them instead of its estimates and says so.
 
 The memory of an instance's processes is the PSS of its process group
-(/proc/<pid>/smaps_rollup), read on its node. On the CPU build that includes the weights
-and the KV cache vLLM touched, so the record keeps the raw figure and the per-process
-share is what is left after them; on a GB10, whether CUDA allocations show in a
-process's PSS was not checked, so the raw figure is the per-process share there.
+(/proc/<pid>/smaps_rollup), read on its node, and kept per role. Host memory holding the
+KV cache is in that PSS and is not the processes' own: on the CPU build the KV cache
+itself, and on a GPU a prefill or decode instance's NIXL host copy (`kv_buffer_device`
+"cpu": vLLM allocates it on the host at start-up and registers it with NIXL, which pins
+it), as large as the KV cache vLLM logs. The record keeps the raw PSS and that host KV
+share; the per-process share is what is left (the plan counts the host copy as its own
+line). Whether GPU allocations themselves show in a GB10 process's PSS is not known here
+(no GB10 was measured): if they do, this share is too high, and the plan says
+"measured" beside it.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from lab_utils.errors import LabError
 from lab_utils.results import calibration
 from lab_utils.results.calibration import Calibration, now_utc
 from lab_utils.serve import startup
+from lab_utils.serve.launcher import buffer_device
 
 # run by the node's Python: PSS (kB) of every process in one process group
 _PSS = """
@@ -90,15 +96,16 @@ def record(cluster: Cluster, started: list[ProcessRecord], ready_s: dict[str, fl
             spec = next((s for s in cfg.instances(str(rec.extra.get("topology")))
                          if s.name == rec.name), None)
             pss = group_pss(cluster, rec)
-            process = pss
-            if pss is not None and cfg.vllm.device == "cpu":
-                process = max(0, pss - figures.get("kv_bytes", 0))
+            host_kv = (figures.get("kv_bytes", 0) if cfg.vllm.device == "cpu"
+                       or buffer_device(rec.argv) == "cpu" else 0)
+            process = None if pss is None else max(0, pss - host_kv)
             first = (figures.get("compile_cache") == "miss" if "compile_cache" in figures
                      else not any(s["role"] == role for s in cal.starts))
             at = now_utc()
             cal.instances[role] = {
                 "instance": rec.name, "at": at, "figures": figures, "pss_bytes": pss,
-                "process_bytes": process, "start_s": ready_s.get(rec.name),
+                "host_kv_bytes": host_kv, "process_bytes": process,
+                "start_s": ready_s.get(rec.name),
                 "utilization": spec.settings.gpu_memory_utilization if spec else None}
             if rec.name in ready_s:
                 cal.starts.append({"instance": rec.name, "role": role, "at": at,

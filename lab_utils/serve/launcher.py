@@ -92,6 +92,13 @@ def kv_transfer_config(cfg: LabConfig, spec: InstanceSpec, *,
     return out
 
 
+def buffer_device(argv: list[str]) -> str | None:
+    """The kv_buffer_device a vLLM command line gives NIXL (None: no KV connector)."""
+    if "--kv-transfer-config" not in argv:
+        return None
+    return json.loads(argv[argv.index("--kv-transfer-config") + 1]).get("kv_buffer_device")
+
+
 def server_command(cluster: Cluster, spec: InstanceSpec, *,
                    kv_buffer_device: str | None = None) -> list[str]:
     cfg = cluster.cfg

@@ -18,7 +18,6 @@ no node needs to be reachable.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 
@@ -28,7 +27,7 @@ from lab_utils.errors import LabError
 from lab_utils.kv import memory
 from lab_utils.kv.memory import GiB, InstanceMemory
 from lab_utils.results import calibration
-from lab_utils.serve.launcher import instance_url, server_command, server_env
+from lab_utils.serve.launcher import buffer_device, instance_url, server_command, server_env
 from lab_utils.serve.plan_text import render
 
 # tests/fixtures/dgx-spark-recorded/proc-meminfo.head-20.gb10.txt: "MemTotal: 125511968 kB"
@@ -124,12 +123,6 @@ def kv_cache_bytes_arg(argv: list[str]) -> int | None:
                     "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}[m.group(2)]
             return int(float(m.group(1)) * mult)
     return None
-
-
-def _buffer_device(argv: list[str]) -> str | None:
-    if "--kv-transfer-config" not in argv:
-        return None
-    return json.loads(argv[argv.index("--kv-transfer-config") + 1]).get("kv_buffer_device")
 
 
 def read_mem_total(cluster: Cluster, name: str, why: list[str] | None = None) -> int | None:
@@ -237,9 +230,11 @@ def measured(cfg: LabConfig, node: str, role: str | None = None) -> memory.Measu
     def pick(key: str) -> tuple[int, str] | None:
         return (int(m[key][0]), m[key][1]) if key in m else None
 
-    return memory.MeasuredMemory(cuda_overhead=pick("cuda_overhead"), process=pick("process"),
-                           os_reserve=pick("os_reserve"),
-                           kv_bytes=pick(f"kv_bytes:{role}") if role else None)
+    process = pick(f"process:{role}") if role else None
+    return memory.MeasuredMemory(cuda_overhead=pick("cuda_overhead"),
+                                 process=process or pick("process"),
+                                 os_reserve=pick("os_reserve"),
+                                 kv_bytes=pick(f"kv_bytes:{role}") if role else None)
 
 
 def _budgets(cfg: LabConfig, plans: list[InstancePlan], totals: dict,
@@ -284,7 +279,7 @@ def _instance(cluster: Cluster, spec: InstanceSpec, kv_buffer_device: str | None
               found: memory.MeasuredMemory = memory.ESTIMATED) -> InstancePlan:
     cfg = cluster.cfg
     argv = server_command(cluster, spec, kv_buffer_device=kv_buffer_device)
-    device = _buffer_device(argv)
+    device = buffer_device(argv)
     mem = memory.instance_memory(
         cfg, hf, weights, mem_total or 0, utilization=spec.settings.gpu_memory_utilization,
         kv_cache_bytes=kv_cache_bytes_arg(argv), cpu_kvcache_gib=spec.settings.cpu_kvcache_space_gib,

@@ -114,6 +114,49 @@ def test_the_dry_run_uses_what_was_measured_and_says_so(tmp_path):
     assert kv == pytest.approx(17.96 * GiB, rel=0.05)
 
 
+def test_a_pd_start_on_a_gb10_leaves_every_shipped_topology_fitting(tmp_path):
+    """A prefill/decode start reconstructed from GB10 figures: vLLM logs a 35.6 GiB KV
+    cache, and each instance's process group holds 39 GiB (PSS): the NIXL host copy of that
+    cache (kv_buffer_device "cpu", allocated and pinned at start-up) plus 3.4 GiB of
+    processes. The record keeps 3.4 GiB per role, not the copy a second time: every
+    topology the example ships still fits its plan afterwards (counting the copy twice,
+    the P/D plan read 136.2 of 119.7 GiB)."""
+    from lab_utils.config import TOPOLOGIES
+    from lab_utils.serve.launcher import server_command
+
+    cfg = spark_cfg(tmp_path)
+    pss = (int(35.6 * GiB) + int(3.4 * GiB)) // 1024 * 1024  # read in kB
+    log = GB10_LOG.replace("Available KV cache memory: 17.96 GiB",
+                           "Available KV cache memory: 35.6 GiB")
+
+    class PdSpark(FakeSpark):
+        def run(self, argv, timeout=60.0, env=None, input=None):
+            out = MEMINFO if argv == ["cat", "/proc/meminfo"] else str(pss // 1024)
+            return SimpleNamespace(ok=True, stdout=out)
+
+        def log_tail(self, rec, lines=40):
+            return log
+
+    spark = PdSpark()
+    cluster = SimpleNamespace(cfg=cfg, node=lambda name: spark, running=lambda: [])
+    started = [ProcessRecord(name=s.name, node=s.node, pid=9, pgid=9, start_ticks=1,
+                             log_path="x.log", argv=server_command(Cluster(cfg), s),
+                             kind="vllm", extra={"role": s.role, "topology": "disaggregated"})
+               for s in cfg.instances("disaggregated")]
+    assert {r.extra["role"] for r in started} == {"prefill", "decode"}
+    calibrate.record(cluster, started, {r.name: 140.0 for r in started}, {})
+    for node in ("spark-01", "spark-02"):
+        cal = calibration.load(cfg, node)
+        (inst,) = cal.instances.values()
+        assert inst["pss_bytes"] == pss and inst["host_kv_bytes"] == int(35.6 * GiB)
+        assert inst["process_bytes"] == pss - int(35.6 * GiB)
+    for topology in TOPOLOGIES:
+        if not cfg.instances(topology):
+            continue
+        plan = make_plan(Cluster(cfg), topology, read_nodes=False)
+        assert plan.fits, plan.text()
+
+
 def test_an_unreadable_or_foreign_record_leaves_the_estimates(tmp_path):
     cfg = spark_cfg(tmp_path)
     p = calibration.path(cfg, "spark-01")
