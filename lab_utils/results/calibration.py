@@ -19,6 +19,7 @@ use, each with "measured on <node>, <date>".
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -36,6 +37,18 @@ STARTUP_ALLOWANCE_S = 300.0
 def now_utc() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
+
+GiB = 2**30
+# CUDA's total memory as vLLM reads it on a GB10: 121.69 GiB in vLLM's own message
+# (tests/fixtures/dgx-spark-recorded/vllm-error.free-memory-below-utilization.gb10.reflowed.txt),
+# above the 119.7 GiB of MemTotal; vLLM's pool is gpu_memory_utilization x this.
+GB10_CUDA_TOTAL = int(121.69 * GiB)
+
+
+def cuda_total(mem_total: int | None) -> int:
+    """The total vLLM sizes its pool from on a GB10 of `mem_total` bytes of MemTotal (0
+    when that is not known)."""
+    return max(mem_total, GB10_CUDA_TOTAL) if mem_total else 0
 
 @dataclass
 class Calibration:
@@ -87,7 +100,8 @@ class Calibration:
                 out[f"kv_bytes:{role}"] = (f["kv_bytes"], label(at))
             u, total = inst.get("utilization"), self.mem_total_bytes
             if self.device == "cuda" and u and total and "kv_bytes" in f and "weights_bytes" in f:
-                overheads.append((int(u * total) - f["weights_bytes"] - f["kv_bytes"], at))
+                overheads.append((math.ceil(u * cuda_total(total)) - f["weights_bytes"]
+                                  - f["kv_bytes"], at))
             if inst.get("process_bytes") is not None:
                 processes.append((inst["process_bytes"], at))
                 out[f"process:{role}"] = (inst["process_bytes"], label(at))

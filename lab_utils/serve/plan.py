@@ -25,13 +25,11 @@ from lab_utils.cluster import Cluster
 from lab_utils.config import InstanceSpec, LabConfig
 from lab_utils.errors import LabError
 from lab_utils.kv import memory
-from lab_utils.kv.memory import GiB, InstanceMemory
+from lab_utils.kv.memory import GB10_MEMTOTAL, GiB, InstanceMemory
 from lab_utils.results import calibration
 from lab_utils.serve.launcher import buffer_device, instance_url, server_command, server_env
 from lab_utils.serve.plan_text import render
 
-# tests/fixtures/dgx-spark-recorded/proc-meminfo.head-20.gb10.txt: "MemTotal: 125511968 kB"
-GB10_MEMTOTAL = 125511968 * 1024
 _SECRET = re.compile(r"TOKEN|SECRET|PASSW|KEY", re.I)
 
 
@@ -61,10 +59,60 @@ class NodeBudget:
     fixes: list[str] = field(default_factory=list)
     reserve_source: str = "estimate"
     no_kv: list[str] = field(default_factory=list)  # instances whose pool leaves no KV cache
+    checks: list[StartCheck] = field(default_factory=list)  # vLLM's, per instance (GPU)
 
     @property
     def fits(self) -> bool:
-        return not self.no_kv and (self.mem_total is None or self.total <= self.mem_total)
+        return (not self.no_kv and all(c.passes for c in self.checks)
+                and (self.mem_total is None or self.total <= self.mem_total))
+
+
+@dataclass
+class StartCheck:
+    """vLLM's start-up memory check of one instance on a GPU machine: it wants `needs`
+    bytes free (utilization x CUDA total) and about `free` will be (what the start leaves
+    free, less the instances on the machine started before it)."""
+
+    instance: str
+    needs: int
+    free: int
+    source: str
+
+    @property
+    def passes(self) -> bool:
+        return self.free >= self.needs
+
+    def text(self) -> str:
+        margin = (self.free - self.needs) / GiB
+        return (f"vLLM's start-up check, {self.instance}: needs {self.needs / GiB:.1f} GiB free, "
+                f"about {self.free / GiB:.1f} GiB will be ({self.source}): "
+                + (f"{margin:.1f} GiB margin" if margin >= 0 else
+                   f"REFUSED, short by {-margin:.1f} GiB"))
+
+
+def _start_checks(cfg: LabConfig, plans: list[InstancePlan], total: int | None,
+                  found: memory.MeasuredMemory) -> list[StartCheck]:
+    """The start-up check of each GPU instance of one machine, in start order: free is
+    MemTotal less what a start of one instance uses before vLLM checks (the OS's share and
+    the instance's own processes, as measured here, else `GB10_FREE_AT_CHECK`), less the
+    whole of every instance started on the machine before it."""
+    if cfg.vllm.device != "cuda" or not total:
+        return []
+    out, earlier = [], 0
+    for p in plans:
+        if p.memory.needs_free is None:
+            continue
+        if found.os_reserve and found.process:
+            free, source = (total - found.os_reserve[0] - found.process[0],
+                            f"the OS's share and the processes {found.os_reserve[1]}")
+        else:
+            free = total - (GB10_MEMTOTAL - memory.GB10_FREE_AT_CHECK)
+            source = "estimate: the lowest free memory reported at this check on a GB10"
+        if earlier:
+            source += f", less {earlier / GiB:.1f} GiB of the instances started before it"
+        out.append(StartCheck(p.name, p.memory.needs_free, free - earlier, source))
+        earlier += p.memory.total
+    return out
 
 
 @dataclass
@@ -93,8 +141,11 @@ class Plan:
                              "vLLM's pool, leaving no KV cache; fix:")
                 lines += [f"    - {f}" for f in n.fixes]
                 continue
-            lines.append(f"  {n.node}: needs {n.total / GiB:.1f} GiB of {(n.mem_total or 0) / GiB:.1f} "
-                         f"GiB MemTotal ({n.mem_source}) for {', '.join(n.instances)}; fix:")
+            refused = [c.text() for c in n.checks if not c.passes]
+            lines.append(f"  {n.node}: " + ("; ".join(refused) if refused and n.mem_total
+                                             and n.total <= n.mem_total else
+                         f"needs {n.total / GiB:.1f} GiB of {(n.mem_total or 0) / GiB:.1f} "
+                         f"GiB MemTotal ({n.mem_source}) for {', '.join(n.instances)}") + "; fix:")
             lines += [f"    - {f}" for f in n.fixes]
         lines.append("  (see it all: python -m lab_utils serve --topology "
                      f"{self.topology} --dry-run)")
@@ -155,6 +206,12 @@ def _fixes(cfg: LabConfig, budget: NodeBudget, plans: list[InstancePlan], weight
         return ["lower vllm.<role>.cpu_kvcache_space_gib, or place fewer instances on "
                 f"{budget.node} (topology)"]
     assert budget.mem_total is not None  # asked only of a budget that does not fit
+    refused = [c for c in budget.checks if not c.passes]
+    if refused and budget.total <= budget.mem_total and not budget.no_kv:
+        most = min(c.free for c in refused) / calibration.cuda_total(budget.mem_total)
+        return [f"gpu_memory_utilization {int(100 * most) / 100:.2f} (or lower) for "
+                f"vllm.{'/'.join(sorted({p.role for p in plans}))}: vLLM refuses to start "
+                "when less than that share of the total is free"]
     inst = [(weights, p.memory.mirror) for p in plans]
     u = memory.fitting_utilization(budget.mem_total, inst, found)
     kv = memory.fitting_kv_bytes(budget.mem_total, inst, found)
@@ -255,7 +312,8 @@ def _budgets(cfg: LabConfig, plans: list[InstancePlan], totals: dict,
         b = NodeBudget(label, total, src, [p.name for p in mine],
                        sum(p.memory.total for p in mine) + reserve, reserve,
                        reserve_source=found.os_reserve[1] if found.os_reserve else "estimate",
-                       no_kv=[p.name for p in mine if p.memory.kv_bytes <= 0])
+                       no_kv=[p.name for p in mine if p.memory.kv_bytes <= 0],
+                       checks=_start_checks(cfg, mine, total, found))
         if not b.fits:
             b.fixes = _fixes(cfg, b, mine, weights, found)
         out[machine] = b

@@ -67,12 +67,16 @@ def render(plan) -> str:  # a plan.Plan
         if b.mem_total is None:
             out.append(f"{head}; MemTotal {b.mem_source}")
             continue
-        verdict = ("FITS" if b.fits else "DOES NOT FIT" if not b.no_kv else
-                   f"DOES NOT FIT: no room for a KV cache in {', '.join(b.no_kv)}")
+        refused = [c.instance for c in b.checks if not c.passes]
+        verdict = ("FITS" if b.fits else
+                   f"DOES NOT FIT: no room for a KV cache in {', '.join(b.no_kv)}" if b.no_kv
+                   else "DOES NOT FIT" if b.total > b.mem_total else
+                   f"DOES NOT START: vLLM's start-up check refuses {', '.join(refused)}")
         spare = (b.mem_total - b.total) / GiB
         out.append(f"{head} of {b.mem_total / GiB:.1f} GiB MemTotal ({b.mem_source}):"
                    f" {verdict}" + ("" if b.no_kv else f", {spare:.1f} GiB to spare" if spare >= 0
                                     else f", short by {-spare:.1f} GiB"))
+        out += [f"    {c.text()}" for c in b.checks]
         out += [f"    fix: {f}" for f in b.fixes]
     out += _start_order(plan.start_order)
     return "\n".join(out)

@@ -5,6 +5,7 @@ numbers and fixes that do fit, `serve --dry-run`, and `serve` refusing before it
 from __future__ import annotations
 
 import json
+import math
 import re
 from types import SimpleNamespace
 
@@ -17,11 +18,13 @@ from lab_utils.errors import LabError
 from lab_utils.kv import memory
 from lab_utils.kv.memory import GiB
 from lab_utils.on_node.facts import mem_total_bytes
+from lab_utils.results.calibration import GB10_CUDA_TOTAL
 from lab_utils.serve import make_plan
 from lab_utils.serve.plan import GB10_MEMTOTAL, read_mem_total
 
 EXAMPLE = REPO_ROOT / "environment_config.json.example"
-MEMINFO = REPO_ROOT / "tests/fixtures/dgx-spark-recorded/proc-meminfo.head-20.gb10.txt"
+RECORDED = REPO_ROOT / "tests/fixtures/dgx-spark-recorded"
+MEMINFO = RECORDED / "proc-meminfo.head-20.gb10.txt"
 
 
 def example(tmp_path, **role_settings):
@@ -92,7 +95,7 @@ def test_example_disaggregated_fits_with_the_host_mirror(tmp_path):
         m = inst.memory
         assert inst.kv_buffer_device == "cpu" and m.mirror  # "auto" without notebook 02
         items = {i.what: i for i in m.items}
-        assert m.pool == int(0.45 * GB10_MEMTOTAL)
+        assert m.pool == math.ceil(0.45 * GB10_CUDA_TOTAL)  # CUDA's total, as vLLM reads it
         assert items["weights"].bytes == memory.param_count(memory.PUBLISHED_CONFIGS["Qwen/Qwen3-8B"]) * 2
         assert "estimate" in items["weights"].note
         assert m.kv_bytes == m.pool - items["weights"].bytes - memory.CUDA_OVERHEAD
@@ -106,7 +109,7 @@ def test_example_disaggregated_fits_with_the_host_mirror(tmp_path):
 
 def test_every_example_topology_fits(tmp_path):
     cfg = load_config(EXAMPLE)
-    for topology in ("baseline", "replicated", "disaggregated"):
+    for topology in ("baseline", "replicated", "disaggregated", "tensor-parallel"):
         assert plan_of(cfg, topology).fits, topology
 
 
@@ -117,7 +120,7 @@ def test_too_high_utilization_is_refused_with_fixes_that_fit(tmp_path):
     with pytest.raises(LabError) as e:
         plan.check()
     msg = str(e.value)
-    assert "spark-01: needs 135.4 GiB of 119.7 GiB MemTotal" in msg
+    assert "spark-01: needs 137.8 GiB of 119.7 GiB MemTotal" in msg
     util = float(re.search(r"gpu_memory_utilization (0\.\d+)", msg).group(1))
     kv_gib = int(re.search(r'"--kv-cache-memory-bytes", "(\d+)G"', msg).group(1))
     assert 'kv_buffer_device "cuda"' in msg
@@ -184,3 +187,37 @@ def test_serve_refuses_a_plan_that_does_not_fit_before_starting(test_cfg, monkey
     big.vllm.prefill.cpu_kvcache_space_gib = 100_000
     with pytest.raises(LabError, match="does not fit in memory"):
         topology.serve(Cluster(big), "disaggregated", show_progress=False)
+
+
+def test_the_plan_runs_vllms_start_up_memory_check():
+    """vLLM refuses to start unless utilization x CUDA's total is free (on a GB10: as
+    MemAvailable). The recorded refusal: 0.92 (vLLM's default) wanted 111.95 GiB of a
+    121.69 GiB total with 104.5 GiB free; the plan refuses the same setting before
+    anything starts, and passes the shipped ones with a margin it prints."""
+    recorded = (RECORDED / "vllm-error.free-memory-below-utilization.gb10.reflowed.txt").read_text()
+    wanted, total = re.search(r"\(0\.92, ([\d.]+) GiB\)", recorded)[1], re.search(
+        r"\(104\.5/([\d.]+) GiB\)", recorded)[1]
+    data = json.loads(EXAMPLE.read_text())
+    data["vllm"]["baseline"].pop("gpu_memory_utilization")  # vLLM's default, 0.92
+    plan = plan_of(parse_config(data, str(EXAMPLE)), "baseline")
+    (check,) = plan.nodes["192.168.1.11:22"].checks
+    assert f"{check.needs / GiB:.2f}" == wanted and f"{GB10_CUDA_TOTAL / GiB:.2f}" == total
+    assert not check.passes and not plan.fits
+    assert "vLLM's start-up check, baseline-0: needs 112.0 GiB free, about 101.3 GiB" in plan.text()
+    assert "REFUSED, short by 10.7 GiB" in plan.text()
+    # a pool that fits the memory but not the check: the fix is the check's
+    data["vllm"]["baseline"]["gpu_memory_utilization"] = 0.85
+    plan = plan_of(parse_config(data, str(EXAMPLE)), "baseline")
+    assert "DOES NOT START: vLLM's start-up check refuses baseline-0" in plan.text()
+    with pytest.raises(LabError, match=r"gpu_memory_utilization 0\.83 \(or lower\) for vllm\.baseline"):
+        plan.check()
+    # the split model: NVIDIA's playbook's 0.8 passes with room, 0.85 is refused
+    cfg = load_config(EXAMPLE)
+    assert cfg.instances("tensor-parallel")[0].settings.gpu_memory_utilization == 0.8
+    tp = plan_of(cfg, "tensor-parallel")
+    margins = [c.free - c.needs for b in tp.nodes.values() for c in b.checks]
+    assert len(margins) == 2 and all(3 * GiB < m < 5 * GiB for m in margins)
+    assert "3.9 GiB margin" in tp.text()
+    data = json.loads(EXAMPLE.read_text())
+    data["vllm"]["tp"]["gpu_memory_utilization"] = 0.85
+    assert not plan_of(parse_config(data, str(EXAMPLE)), "tensor-parallel").fits
