@@ -62,6 +62,7 @@ def _rdma_nodes(ctx: Context, check: str) -> tuple[list[str], list[CheckResult]]
 
 def check_rdma(ctx: Context) -> list[CheckResult]:
     names, out = _rdma_nodes(ctx, "rdma")
+    ports: dict[str, set[str]] = {}  # the physical port each node's data_netdev is on
     for name in names:
         chosen, rows, unknown = configured_devices(ctx, name)
         listing = "; ".join(f"{r['ibdev']} port {r['port']} => {r['netdev']} ({r['state']})"
@@ -85,7 +86,59 @@ def check_rdma(ctx: Context) -> list[CheckResult]:
             out.append(CheckResult("rdma", name, "pass",
                                    ", ".join(f"{r['ibdev']} => {r['netdev']} Up" for r in chosen)))
         out += [_rails(ctx, name, chosen, rows), _mtu(ctx, name, chosen), _speed(ctx, name, chosen)]
+        if ctx.cfg.nodes[name].data_ifname:
+            r = ctx.run(name, ["ip", "addr", "show"])
+            out.append(ifname_verdict(name, ctx.cfg.nodes[name], chosen,
+                                      parsers.ip_addr(r.stdout) if r.ok else None))
+        ports[name] = {_rails_key(r["ibdev"]) for r in chosen}
+    if len({frozenset(v) for v in ports.values()}) > 1:
+        seen = "; ".join(f"{n}: {', '.join(sorted(k))}" for n, k in ports.items())
+        out.append(CheckResult(
+            "rdma", " / ".join(ports), "warn", "the nodes use different physical ports",
+            evidence=seen, fix="cable the same port on every node (both halves of it in "
+                               "data_netdev), or set each node's data_netdev to its cabled "
+                               "port: NCCL pairs the HCAs of the two nodes by their order"))
     return out
+
+
+def ifname_verdict(name: str, node, chosen: list[dict],
+                   addrs: dict[str, dict] | None) -> CheckResult:
+    """`data_ifname` (what the split model's NCCL and Gloo bind to) against the node: it
+    exists, is up, holds `data_address`, and is the netdev of one half of `data_netdev`
+    (`chosen`: those halves' ibdev2netdev rows). `addrs`: `parsers.ip_addr` of `ip addr
+    show` (None: it did not run)."""
+    ifname, address = node.data_ifname, node.data_address
+    if addrs is None:
+        return CheckResult("data_ifname", name, "warn", f"{ifname} not checked",
+                           evidence="`ip addr show` did not run",
+                           fix=f"on {name}: `ip addr show {ifname}` must show it UP with "
+                               f"{address}")
+    holder = next((n for n, a in addrs.items()
+                   if any(ip.split("/")[0] == address for ip in a.get("ipv4", []))), None)
+    halves = [r["netdev"] for r in chosen]
+    seen = (f"{ifname}: " + (f"{addrs[ifname].get('state')}, IPv4 "
+                             f"{' '.join(addrs[ifname].get('ipv4', [])) or 'none'}"
+                             if ifname in addrs else "absent")
+            + f"; {address} is on {holder or 'no interface'}; data_netdev's netdevs: "
+            + ", ".join(halves))
+    fix = (f'set nodes.{name}.data_ifname to "{holder}"' if holder in halves else
+           f"give one half of data_netdev ({', '.join(halves)}) the address {address} "
+           f"and set nodes.{name}.data_ifname to it")
+    if ifname not in addrs:
+        return CheckResult("data_ifname", name, "fail", f"{ifname} does not exist here",
+                           evidence=seen, fix=fix)
+    if addrs[ifname].get("state") != "UP":
+        return CheckResult("data_ifname", name, "fail", f"{ifname} is not up", evidence=seen,
+                           fix=f"on {name}: `sudo ip link set {ifname} up`; check its cable")
+    if holder != ifname:
+        return CheckResult("data_ifname", name, "fail", f"{ifname} does not hold {address}",
+                           evidence=seen, fix=fix)
+    if ifname not in halves:
+        return CheckResult("data_ifname", name, "fail",
+                           f"{ifname} is not a netdev of data_netdev's devices", evidence=seen,
+                           fix=fix)
+    return CheckResult("data_ifname", name, "pass", f"{ifname} is up and holds {address}",
+                       evidence=seen)
 
 
 def _rails(ctx: Context, name: str, chosen: list[dict], rows: list[dict]) -> CheckResult:

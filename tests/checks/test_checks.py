@@ -73,6 +73,11 @@ GOLDEN = {
                           ("mtu", "spark-01"): ("warn", "sudo apt install ibverbs-utils")},
     # Ubuntu's 8 MiB default: far below the KV cache's host copy NIXL registers
     "memlock_default": {("memlock", "spark-01"): ("fail", "LimitMEMLOCK=infinity")},
+    # NCCL and Gloo would bind to an interface that does not hold the data address
+    "data_ifname_wrong": {("data_ifname", "spark-02"):
+                          ("fail", "give one half of data_netdev (enp1s0f1np1, enP2p1s0f1np1) "
+                                   "the address 192.168.100.11")},
+    "data_ifname_right": {("data_ifname", "spark-02"): ("pass", None)},
     # 200G on port 0, Rate 200 per half, 92.6 Gb/s on one half: healthy
     "healthy_200g": {("rdma", "spark-01"): ("pass", None), ("rails", "spark-01"): ("pass", None),
                      ("link_speed", "spark-01"): ("pass", None),
@@ -425,3 +430,31 @@ def test_a_node_with_no_instance_says_so_not_zero_gib(spark_cfg):
     assert ctl.status == "pass" and "no vLLM instance is planned on this node" in ctl.summary
     assert "0.0 GiB" not in ctl.summary
     assert "plan needs" in got[("memory", "spark-01")].summary
+
+
+def test_data_ifname_is_checked_against_the_recorded_interfaces():
+    """On the recorded `ip addr show` and ibdev2netdev (cable in port 1): the interface NCCL
+    and Gloo get must exist, be up, hold data_address and be a half of data_netdev."""
+    from types import SimpleNamespace
+
+    from lab_utils.checks import parsers
+    from lab_utils.checks.rdma import ifname_verdict
+
+    addrs = parsers.ip_addr((REC / "ip-addr-show.gb10.txt").read_text())
+    rows = parsers.ibdev2netdev((REC / "ibdev2netdev.gb10.one-cable-port1.txt").read_text())
+    chosen = [r for r in rows if r["ibdev"] in ("rocep1s0f1", "roceP2p1s0f1")]
+
+    def verdict(ifname: str, address: str):
+        return ifname_verdict("spark-02", SimpleNamespace(data_ifname=ifname, data_address=address),
+                              chosen, addrs)
+
+    assert verdict("enp1s0f1np1", "192.168.200.13").status == "pass"
+    gone = verdict("enp9s0", "192.168.200.13")
+    assert gone.status == "fail" and "does not exist" in gone.summary
+    assert 'data_ifname to "enp1s0f1np1"' in gone.fix  # the half that holds the address
+    other = verdict("enp1s0f0np0", "192.168.100.11")  # holds it, but on the port not cabled
+    assert other.status == "fail" and "not a netdev of data_netdev" in other.summary
+    assert verdict("enp1s0f1np1", "192.168.100.11").summary == "enp1s0f1np1 does not hold 192.168.100.11"
+    assert verdict("enp1s0f1np1", "192.168.200.13").status == "pass"
+    assert ifname_verdict("spark-02", SimpleNamespace(data_ifname="x", data_address="y"),
+                          chosen, None).status == "warn"

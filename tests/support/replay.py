@@ -107,6 +107,12 @@ SCENARIOS: dict[str, dict] = {
     "stock_os_packages": {"missing": ["gcc", "ibv_devinfo"], "python_h": False},
     # Ubuntu's default locked-memory limit, 8 MiB (a plain value: no GB10 recording)
     "memlock_default": {"sh -c ulimit -l": "=8192\n"},
+    # data_ifname against the recorded `ip addr show` (192.168.100.11 is on enp1s0f0np0,
+    # enp1s0f1np1 holds 192.168.200.13): the name of the cabled half but not the address's
+    # interface, then the one that holds the address the node is given
+    "data_ifname_wrong": {"nodes": {"spark-02": {"data_ifname": "enp1s0f1np1"}}},
+    "data_ifname_right": {"nodes": {"spark-02": {"data_ifname": "enp1s0f1np1",
+                                                 "data_address": "192.168.200.13"}}},
     # A healthy pair at 200G with the cable in port 0: both halves of it configured, each
     # reporting Rate 200 (ibstat of a Dell Pro Max GB10, source J), ib_write_bw on one half
     # 92.57 Gb/s (the playbook's rail 1, the same pair as the port-0 ibdev2netdev).
