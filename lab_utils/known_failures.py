@@ -176,6 +176,32 @@ KNOWN_FAILURES: tuple[KnownFailure, ...] = (
         "check compares the limit with what the plan registers.",
     ),
     KnownFailure(
+        "ibv_reg_mr_refused_by_the_kernel",
+        r"ibv_reg_mr\w*[^\n]*(?:failed with error|failed:) Cannot allocate memory"
+        r"(?![^\n]*ulimit -l)",
+        "The RDMA device could not register (pin) memory, and not because of the locked-"
+        "memory limit (UCX names that one): NCCL registers its buffers at the split model's "
+        "start, NIXL the KV cache's host copy. On GB10s this was reported with kernel "
+        "7.0.0-1019-nvidia, memlock unlimited and nothing in dmesg; the tell is "
+        "/proc/meminfo's CmaTotal 0 kB with a CmaFree above it.",
+        "On the node that failed: `ulimit -l` (unlimited?), `uname -r` (the kernel is also "
+        "in the results' hardware facts) and `grep Cma /proc/meminfo`. With CmaTotal 0 and "
+        "CmaFree above it: boot the kernel before the upgrade, or add `kho=off` to the "
+        "kernel command line (reported to end it on two-Spark pairs; this lab has not "
+        "checked it on a GB10) and reboot.",
+    ),
+    KnownFailure(
+        "nccl_queue_pair_timeout",
+        r"Call to ibv_modify_qp failed with (?:error )?(?:110 )?Connection timed out",
+        "NCCL's RDMA queue pairs between the two nodes did not connect. NCCL pairs the "
+        "devices of NCCL_IB_HCA (the lab's data_netdev) by their position on each node, "
+        "so a different device order, or another physical port cabled, on one node pairs "
+        "devices that cannot reach each other.",
+        "List data_netdev's halves in the same order on both nodes, both on the cabled port "
+        "(the checklist's rdma check names each node's port and flags a difference); to "
+        "test, add NCCL_CROSS_NIC=0 to vllm.tp.extra_env.",
+    ),
+    KnownFailure(
         "nixl_backend_create_failed",
         r"NIXL_ERR_BACKEND",
         "NIXL could not create its transport backend (UCX), before any KV moved: the UCX "

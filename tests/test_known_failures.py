@@ -68,6 +68,19 @@ LINES = {
         ": Please set max locked memory (ulimit -l) to 'unlimited' (current: 8192 kbytes)\n",
         "memlock unlimited",
     ),
+    # NCCL's format string (misc/ibvwrap.cc), as reported on a two-Spark pair; the host
+    # and ids are illustrative
+    "ibv_reg_mr_refused_by_the_kernel": (
+        "spark-02:2211:2290 [0] misc/ibvwrap.cc:278 NCCL WARN Call to ibv_reg_mr_iova2 "
+        "failed with error Cannot allocate memory\n",
+        "kho=off",
+    ),
+    "nccl_queue_pair_timeout": (
+        "spark-01:5771:5783 [0] misc/ibvwrap.cc:262 NCCL WARN Call to ibv_modify_qp failed "
+        "with 110 Connection timed out, on dev rocep1s0f1:1, curr state INIT, next state "
+        "RTR\n",
+        "same order on both nodes",
+    ),
     "nixl_side_channel_port_in_use": (
         "Exception in thread nixl_handshake_listener:\n"
         "Traceback (most recent call last):\n"
@@ -213,3 +226,9 @@ def test_explain_marks_warnings():
 def test_explain_is_empty_when_nothing_matches():
     assert explain("INFO:     Application startup complete.\n") == ""
     assert explain("") == ""
+
+
+def test_a_memlock_refusal_is_not_taken_for_the_kernels():
+    """UCX names the locked-memory limit when that is the cause: only then is it memlock."""
+    line = LINES["ucx_memlock_too_low"][0]
+    assert [f.name for f in match_failures(line)] == ["ucx_memlock_too_low"]
