@@ -289,12 +289,14 @@ check_ucx_tls = _matching(r"^\^?[A-Za-z0-9_]+(,[A-Za-z0-9_]+)*$",
                           "exclude (e.g. rc,cuda_copy or tcp,self)")
 def tls_enables_cuda(tls: str) -> bool:
     """Whether a UCX_TLS value keeps CUDA memory support, by nixl 1.5.1's rule for its UCX
-    backend (src/plugins/ucx/config.cpp, `tlsEnablesCudaSupport`): a list naming cuda or
-    cuda_copy, or a "^" deny list naming neither. On a node with a GPU, nixl refuses any
+    backend (src/plugins/ucx/config.cpp, `tlsEnablesCudaSupport`): "all" (every transport),
+    a list naming cuda or cuda_copy, or a "^" deny list naming neither. On a node with a GPU, nixl refuses any
     other value when the UCX context it leaves cannot handle CUDA memory ("Invalid
     UCX_TLS=... does not enable CUDA memory support"), and NIXL_ERR_BACKEND follows."""
     deny = tls.strip().startswith("^")
     names = {t.strip() for t in tls.strip().lstrip("^").split(",")}
+    if "all" in names:
+        return not deny
     return bool(names & {"cuda", "cuda_copy"}) != deny
 
 

@@ -252,7 +252,8 @@ def test_results_root_is_judged_where_a_symlink_leads(tmp_path):
 
 @pytest.mark.parametrize("tls, refused", [
     ("tcp", True), ("rc,tcp", True), ("^cuda_copy", True), ("^cuda,tcp", True),
-    ("rc,cuda_copy", False), ("rc_mlx5,cuda", False), ("^sm,cma", False), (None, False)])
+    ("rc,cuda_copy", False), ("rc_mlx5,cuda", False), ("^sm,cma", False), (None, False),
+    ("all", False), ("^all", True)])
 def test_ucx_tls_without_cuda_refused_on_a_cuda_profile(tls, refused):
     """nixl 1.5.1's UCX backend refuses a UCX_TLS that enables no CUDA transport on a node
     with a GPU (its validateTlsCudaSupport: "does not enable CUDA memory support"); the
