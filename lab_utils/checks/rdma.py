@@ -210,10 +210,13 @@ def _mtu(ctx: Context, name: str, chosen: list[dict]) -> CheckResult:
             unread.append(r["netdev"])
         elif active < GOOD_MTU or mtu < 9000:
             low.append(r["netdev"])
-    if low:
+    if low:  # informational: NVIDIA's two-Spark guides run at 1024
         cmds = "; ".join(f"`sudo ip link set dev {n} mtu 9000`" for n in low)
-        return CheckResult("mtu", name, "warn", "RoCE MTU below 4096", evidence="; ".join(seen),
-                           fix=f"on {name}: {cmds} (persist it in netplan; the peer needs the same)")
+        return CheckResult("mtu", name, "pass",
+                           f"RoCE MTU below 4096 on {', '.join(low)}: about 6% less per rail "
+                           "(recorded on a GB10 pair, ib_write_bw: 88 Gb/s at 1024, 93 at 4096)",
+                           evidence="; ".join(seen) + f". To raise it, on {name}: {cmds} "
+                                    "(persist it in netplan; the peer needs the same)")
     if unread:
         return CheckResult("mtu", name, "warn", f"MTU of {', '.join(unread)} not read",
                            evidence="; ".join(seen),
