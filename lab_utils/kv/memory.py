@@ -198,7 +198,8 @@ def weights(cfg: LabConfig, hf: dict, model_dir: Path | None) -> Item:
 def instance_memory(cfg: LabConfig, hf: dict, weights_item: Item, mem_total: int, *,
                     utilization: float | None, kv_cache_bytes: int | None,
                     cpu_kvcache_gib: int | None, mirror: bool,
-                    measured: MeasuredMemory = ESTIMATED, ranks: int = 1) -> InstanceMemory:
+                    measured: MeasuredMemory = ESTIMATED, ranks: int = 1,
+                    api_server: bool = True) -> InstanceMemory:
     """One instance's budget on a node of `mem_total` bytes; `measured` replaces the
     estimates it has. With `ranks` > 1 it is one rank of a model split that many ways by
     tensor parallelism: 1/ranks of the weights, and per token of KV cache only the KV
@@ -251,8 +252,14 @@ def instance_memory(cfg: LabConfig, hf: dict, weights_item: Item, mem_total: int
     if mirror:
         items.append(Item("NIXL host mirror of the KV cache", kv, False,
                           'kv_buffer_device "cpu": host copy of every layer, outside the pool'))
-    items.append(Item("API server and engine processes", measured.process_bytes(), False,
-                      measured.process[1] if measured.process else "estimate"))
+    if api_server:
+        items.append(Item("API server and engine processes", measured.process_bytes(), False,
+                          measured.process[1] if measured.process else "estimate"))
+    else:  # a headless rank: the engine's worker only, no API server
+        items.append(Item("engine process (no API server)",
+                          measured.process_bytes() // 2, False,
+                          "estimate: half the API server and engine estimate" if not measured.process else
+                          f"half of what was {measured.process[1]}"))
     if measured.kv_bytes:
         notes.append(f"vLLM logged a {measured.kv_bytes[0] / GiB:.2f} GiB KV cache "
                      f"({measured.kv_bytes[1]})")

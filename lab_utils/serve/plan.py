@@ -341,7 +341,8 @@ def _instance(cluster: Cluster, spec: InstanceSpec, kv_buffer_device: str | None
     mem = memory.instance_memory(
         cfg, hf, weights, mem_total or 0, utilization=spec.settings.gpu_memory_utilization,
         kv_cache_bytes=kv_cache_bytes_arg(argv), cpu_kvcache_gib=spec.settings.cpu_kvcache_space_gib,
-        mirror=cfg.vllm.device == "cuda" and device == "cpu", measured=found, ranks=spec.ranks)
+        mirror=cfg.vllm.device == "cuda" and device == "cpu", measured=found, ranks=spec.ranks,
+        api_server=not spec.headless)
     side = (f"{cfg.nodes[spec.node].data_address}:{spec.side_channel_port}"
             if spec.side_channel_port is not None and device else None)
     return InstancePlan(spec.name, spec.role, spec.node, argv,

@@ -221,3 +221,13 @@ def test_the_plan_runs_vllms_start_up_memory_check():
     data = json.loads(EXAMPLE.read_text())
     data["vllm"]["tp"]["gpu_memory_utilization"] = 0.85
     assert not plan_of(parse_config(data, str(EXAMPLE)), "tensor-parallel").fits
+
+
+def test_a_headless_rank_runs_no_api_server():
+    """Rank 1 of the split model runs an engine worker and no API server: its processes
+    are not counted as rank 0's."""
+    plan = plan_of(load_config(EXAMPLE), "tensor-parallel")
+    items = {i.name: {it.what: it.bytes for it in i.memory.items} for i in plan.instances}
+    assert items["tp-0"]["API server and engine processes"] == 2 * GiB
+    assert "API server and engine processes" not in items["tp-1"]
+    assert items["tp-1"]["engine process (no API server)"] == GiB
