@@ -272,8 +272,10 @@ class Proxy:
 
     async def pairs(self, request: Request, path: str, body: dict, parts: list[dict]) -> Response:
         """A request of several prompts or choices, as one prefill/decode pair per prompt
-        and choice (`protocol.split`), run side by side; the first error answer is the
-        client's, else the answers merged as one instance would answer."""
+        and choice (`protocol.split`), run side by side, at most `proxy.max_n` at a time
+        (a list of thousands of prompts does not become thousands of requests at once);
+        the first error answer is the client's, else the answers merged as one instance
+        would answer."""
         if body.get("stream"):
             raise ProxyError(400, "BadRequestError",
                              "streaming several prompts or choices (a prompt list, or n > 1) "
@@ -281,9 +283,12 @@ class Proxy:
                              "request per prompt and choice, or set stream to false",
                              param="stream")
 
+        width = asyncio.Semaphore(self.limits.max_n or 1)  # pairs in flight, at most
+
         async def pair(part: dict) -> Response:
-            part = decode_request(part, await self.prefill(request, path, part))
-            return await self.forward(request, path, part, self.front)
+            async with width:
+                part = decode_request(part, await self.prefill(request, path, part))
+                return await self.forward(request, path, part, self.front)
 
         try:
             async with asyncio.TaskGroup() as group:  # one failing cancels the others

@@ -646,3 +646,16 @@ def test_tokenize_is_bounded_by_the_served_context(backends):
         assert r.status_code == 413 and "1600" in r.json()["error"]["message"]
         ok = httpx.post(f"{p.url}/tokenize", json={"model": "fake", "prompt": "x" * 1000}, timeout=10)
         assert ok.status_code == 200
+
+
+def test_a_long_prompt_list_runs_a_few_pairs_at_a_time(backends):
+    """40 prompts in one request become 40 prefill/decode pairs, never more than
+    proxy.max_n of them in flight at once; the answer still holds all 40 choices."""
+    prefill = backends[0][0]
+    prefill.most_in_flight = 0
+    with proxy(pd_settings(backends, max_n=4)) as p, httpx.Client(timeout=30) as c:
+        r = c.post(f"{p.url}/v1/completions",
+                   json=body(model="busy", prompt=[f"p{i}" for i in range(40)]))
+    assert r.status_code == 200, r.text
+    assert [ch["index"] for ch in r.json()["choices"]] == list(range(40))
+    assert len(prefill.requests) == 40 and 1 < prefill.most_in_flight <= 4

@@ -64,6 +64,7 @@ class FakeBackend:
         self.go_ahead = threading.Event()  # "gaps": the test allows the second chunk
         self.first_chunk_sent = threading.Event()
         self.stream_cancelled = threading.Event()
+        self.in_flight = self.most_in_flight = 0  # requests of model "busy" being answered
         self.app = self._build()
 
     def _build(self) -> FastAPI:
@@ -97,6 +98,11 @@ class FakeBackend:
             behaviour = body.get("model", "")
             if behaviour == "hang":
                 await asyncio.sleep(3600)
+            if behaviour == "busy":  # answers after a while, counting how many it holds
+                fake.in_flight += 1
+                fake.most_in_flight = max(fake.most_in_flight, fake.in_flight)
+                await asyncio.sleep(0.05)
+                fake.in_flight -= 1
             if behaviour == "unknown":
                 return JSONResponse({"error": {"message": "The model `unknown` does not exist.",
                                                "type": "NotFoundError", "param": "model",
