@@ -39,16 +39,37 @@ def pytest_configure(config):
     durations.register(config)
 
 
-@pytest.fixture(scope="session", autouse=True)
-def private_tmps_removed():
+_TMPS_BEFORE = pytest.StashKey[set]()
+
+
+def _is_xdist_worker(config) -> bool:
+    """Whether this process is one of pytest-xdist's workers (the fast phase runs on
+    several); the controller process sees every worker's reports."""
+    return hasattr(config, "workerinput")
+
+
+def _private_tmps() -> set[str]:
+    return {p.name for p in Path(tempfile.gettempdir()).glob(f"{PRIVATE_TMP_PREFIX}*")}
+
+
+def pytest_sessionstart(session):
+    if not _is_xdist_worker(session.config):
+        session.config.stash[_TMPS_BEFORE] = _private_tmps()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session, exitstatus):
     """Every process the lab starts with a private TMPDIR (`Node.private_tmp`: the vLLM
-    instances) has it removed when it is stopped or found dead; checked after everything
-    else in the session has been torn down."""
-    tmp = Path(tempfile.gettempdir())
-    before = {p.name for p in tmp.glob(f"{PRIVATE_TMP_PREFIX}*")}
-    yield
-    left = sorted({p.name for p in tmp.glob(f"{PRIVATE_TMP_PREFIX}*")} - before)
-    assert not left, f"the run left these private temporary directories in {tmp}: {left}"
+    instances) has it removed when it is stopped or found dead: checked once the whole
+    session (every worker's tests, every fixture) has been torn down, in the process that
+    started it, so one worker's live instance is never taken for another's leftover."""
+    if _is_xdist_worker(session.config) or _TMPS_BEFORE not in session.config.stash:
+        return
+    left = sorted(_private_tmps() - session.config.stash[_TMPS_BEFORE])
+    if left:
+        print(f"\nFAILED: the run left these private temporary directories in "
+              f"{tempfile.gettempdir()}: {left}")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture

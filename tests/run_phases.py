@@ -35,7 +35,10 @@ from support.durations import DURATIONS_ENV, PHASE_ENV, read_log  # noqa: E402
 PHASES = [
     ("lint (ruff)", [str(BIN / "ruff"), "check", "."]),
     ("types (mypy)", [str(BIN / "mypy")]),
-    ("fast tests", [sys.executable, "-m", "pytest", "-q", "-m", "not slow"]),
+    # the unit tests on every core (pytest-xdist; 150 s instead of 245 s on 2 cores); the
+    # slow ones one at a time, as their engines measure and share the machine's cores
+    ("fast tests", [sys.executable, "-m", "pytest", "-q", "-m", "not slow",
+                    "-n", str(min(4, os.cpu_count() or 1))]),
     ("slow tests (real vLLM + NIXL)", [sys.executable, "-m", "pytest", "-q", "-m", "slow",
                                        "--durations=10"]),
 ]

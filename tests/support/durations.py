@@ -51,7 +51,9 @@ class DurationRecorder:
 def register(config) -> None:
     """Record the durations of this pytest run when `DURATIONS_ENV` names a file."""
     path = os.environ.get(DURATIONS_ENV)
-    if path and not config.pluginmanager.has_plugin("lab-durations"):
+    # under pytest-xdist the controller receives every worker's reports: it alone writes
+    worker = hasattr(config, "workerinput")
+    if path and not worker and not config.pluginmanager.has_plugin("lab-durations"):
         config.pluginmanager.register(DurationRecorder(path, os.environ.get(PHASE_ENV, "")),
                                       "lab-durations")
 
