@@ -62,3 +62,13 @@ def test_own_results_are_kept_and_compared_with_the_reference(test_cfg, tmp_path
 def test_no_reference_shows_nothing(test_cfg, capsys):
     assert versus_reference(test_cfg, "03", model("01", baseline_dict()).sweep) is None
     assert capsys.readouterr().out == ""  # no line of noise in every serving notebook
+
+
+def test_a_results_file_nested_too_deep_is_named_not_a_traceback(test_cfg, tmp_path):
+    ref = tmp_path / "deep"
+    ref.mkdir()
+    (ref / "baseline_metrics.json").write_text("[" * 100_000 + "]" * 100_000)
+    r = subprocess.run([sys.executable, "-m", "lab_utils", "reference", str(ref),
+                        "--config", str(test_cfg.source)], capture_output=True, text=True)
+    assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert "baseline_metrics.json: not a results file (nested too deep to read)" in r.stderr

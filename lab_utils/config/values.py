@@ -201,8 +201,9 @@ def check_args(args: list[str]) -> list[str]:
 
 
 def control_characters(value: Any, where: str = "") -> list[str]:
-    """Strings holding a newline or another control character, by field (such a value
-    would split a command, an environment line or a log line on a node)."""
+    """Strings holding a newline or another control character (such a value would split a
+    command, an environment line or a log line on a node) or a lone surrogate (it cannot
+    be written as UTF-8 at all), by field."""
     if isinstance(value, dict):
         return [p for k, v in value.items() for p in control_characters(v, f"{where}.{k}" if where else str(k))]
     if isinstance(value, list):
@@ -210,6 +211,10 @@ def control_characters(value: Any, where: str = "") -> list[str]:
     if isinstance(value, str) and any(ord(c) < 32 or 127 <= ord(c) < 160 for c in value):
         return [f"{where}: the value (not shown: it may hold a secret) contains a control "
                 "character (a newline?); write the value on one line"]
+    if isinstance(value, str) and any(0xD800 <= ord(c) < 0xE000 for c in value):
+        # half of a \ud83d\ude00-style pair: no file, command or log line can hold it
+        return [f"{where}: the value (not shown: it may hold a secret) contains a lone "
+                "surrogate (a \\udXXX escape without its pair); write the character itself"]
     return []
 
 

@@ -200,6 +200,9 @@ def _load(path: Path, spec: ResultsSpec | None) -> ResultsEnvelope:
     except json.JSONDecodeError as e:
         where = f"line {e.lineno}, column {e.colno}: {e.msg}"
         raise ResultsMissingError(f"{path}: not valid JSON ({where}); {_rerun(spec)}") from None
+    except RecursionError:
+        raise ResultsMissingError(f"{path}: not a results file (nested too deep to read); "
+                                  f"{_rerun(spec)}") from None
     except (OSError, UnicodeDecodeError) as e:
         raise ResultsMissingError(f"{path}: cannot read ({e}); {_rerun(spec)}") from None
     version = data.get("schema_version") if isinstance(data, dict) else None

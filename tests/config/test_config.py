@@ -109,6 +109,20 @@ def test_invalid_json_names_line(tmp_path):
         load_config(p)
 
 
+def test_a_lone_surrogate_is_refused_where_a_pair_is_not(tmp_path):
+    """JSON's \\udXXX escapes can spell half a character, which no file, command line or
+    log can hold; the config names the field instead of a UnicodeEncodeError later."""
+    data = json.loads(DEFAULT_PROFILE.read_text())
+    p = tmp_path / "c.json"
+    data["model"]["name"] = "tiny-\ud83d\ude00"  # a pair: one character, fine
+    p.write_text(json.dumps(data))
+    assert load_config(p).model.name == "tiny-\U0001f600"
+    data["model"]["name"] = "tiny-\ud800llama"
+    p.write_text(json.dumps(data))
+    with pytest.raises(ConfigError, match=r"model\.name: .*lone surrogate"):
+        load_config(p)
+
+
 def test_comments_ignored_and_snapshot_has_no_secrets(tmp_path):
     data = mutated(lambda d: d["vllm"]["decode"].update(extra_env={"HF_TOKEN": "hf_canary"}))
     data["_note"] = "comments are allowed"
