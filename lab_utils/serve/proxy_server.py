@@ -9,7 +9,8 @@ protocol class uvicorn would use (httptools, else h11) with both limits: the clo
 when the connection opens and again when a new request on a kept-alive connection
 begins, and stops when the headers are complete (the body then has the proxy's own
 `body_timeout_s`). A client over a limit gets vLLM's error shape (408 or 431) and the
-connection is closed.
+connection is closed; so does a request uvicorn cannot parse (400, where uvicorn's own
+answer is plain text).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from lab_utils.serve.proxy_settings import ProxySettings
 
 MAX_HEADER_BYTES = 64 * 1024  # a request's headers beyond this are refused
-REASONS = {408: "Request Timeout", 431: "Request Header Fields Too Large"}
+REASONS = {400: "Bad Request", 408: "Request Timeout", 431: "Request Header Fields Too Large"}
 
 
 def _error_response(status: int, kind: str, message: str) -> bytes:
@@ -78,6 +79,12 @@ class _HeaderGuard:
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         super().connection_lost(exc)  # type: ignore[misc]  # uvicorn's protocol class is untyped
+
+    def send_400_response(self, msg: str) -> None:
+        """What uvicorn answers a request it cannot parse, in vLLM's error shape (its own
+        answer is plain text); the connection is closed."""
+        self._refuse(400, "BadRequestError", f"{msg.rstrip('.')}: not an HTTP/1.1 request "
+                     "the proxy can read")
 
     def _too_slow(self) -> None:
         self._header_timer = None

@@ -551,6 +551,22 @@ def test_a_body_sent_too_slowly_is_refused_in_bounded_time(backends):
     assert backends[0][0].requests == []
 
 
+@pytest.mark.parametrize("parser", ["auto", "h11"])
+def test_a_request_the_server_cannot_parse_gets_a_json_400(backends, parser):
+    settings = ProxySettings("replicated", backends=[backends[0][1].url])
+    options = {} if parser == "auto" else {"http": guarded_protocol(10, MAX_HEADER_BYTES, h11=True)}
+    with ServerThread(create_app(settings), ADDR, **{**server_options(settings), **options}) as p:
+        for garbage in (b"HELLO\x00 there\r\n\r\n", b"GET / HTTP/1.1\r\nHost x\r\n\r\n"):
+            with socket.create_connection((ADDR, p.port), timeout=10) as s:
+                s.sendall(garbage)
+                said, closed = _closed_within(s, 3.0)
+            assert closed is not None and said.startswith(b"HTTP/1.1 400"), said
+            head, payload = said.split(b"\r\n\r\n", 1)
+            assert b"content-type: application/json" in head.lower(), head
+            assert json.loads(payload)["error"]["type"] == "BadRequestError", payload
+    assert backends[0][0].requests == []
+
+
 def _closed_within(s: socket.socket, seconds: float) -> tuple[bytes, float | None]:
     """What the server sent on `s` and when (seconds from now) it closed it; None if it
     did not within `seconds`."""
