@@ -202,6 +202,9 @@ class ProxyConfig(_Strict):
     # time would otherwise hold its connection for ever
     header_timeout_s: float = Field(10.0, gt=0, le=3600)
     body_timeout_s: float = Field(15.0, gt=0, le=3600)
+    # a client that reads nothing of its response for this long is dropped (its
+    # connection reset, its upstream request cancelled), as nginx's send_timeout does
+    send_timeout_s: float = Field(60.0, gt=0, le=3600)
     # the most choices (`n`, `best_of`) one request may ask for: each is a KV transfer
     max_n: int = Field(8, ge=1, le=1024)
 

@@ -1,5 +1,6 @@
-"""How the proxy's HTTP server treats a client before its request's headers are complete:
-they must arrive within `header_timeout_s` and stay under `max_header_bytes`.
+"""How the proxy's HTTP server treats a slow client: a request's headers must arrive
+within `header_timeout_s` and stay under `max_header_bytes`, and a client that stops
+reading its response is dropped after `send_timeout_s`.
 
 uvicorn has neither. Its keep-alive timeout starts only after a response, so a fresh
 connection that sends its headers a byte at a time (or nothing at all) is kept forever;
@@ -11,12 +12,20 @@ begins, and stops when the headers are complete (the body then has the proxy's o
 `body_timeout_s`). A client over a limit gets vLLM's error shape (408 or 431) and the
 connection is closed; so does a request uvicorn cannot parse (400, where uvicorn's own
 answer is plain text).
+
+A client that stops reading a response holds its connection, the kernel's send queue
+(megabytes on loopback) and, through it, the upstream stream, for as long as it likes:
+uvicorn waits for the transport to drain without a clock. When the transport stays full
+(paused for writing) for `send_timeout_s`, the connection is reset; the response's
+stream then ends as a client's disconnect does (the upstream request is cancelled). nginx
+does the same with its `send_timeout` (60 s by default, also the lab's default).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from typing import Any
 
 import h11 as h11_
@@ -24,6 +33,8 @@ from uvicorn.protocols.http.auto import AutoHTTPProtocol
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from lab_utils.serve.proxy_settings import ProxySettings
+
+log = logging.getLogger("lab_utils.proxy")
 
 MAX_HEADER_BYTES = 64 * 1024  # a request's headers beyond this are refused
 REASONS = {400: "Bad Request", 408: "Request Timeout", 431: "Request Header Fields Too Large"}
@@ -41,6 +52,7 @@ class _HeaderGuard:
 
     header_timeout_s: float = 10.0
     max_header_bytes: int = 64 * 1024
+    send_timeout_s: float = 60.0
     transport: asyncio.Transport
     loop: asyncio.AbstractEventLoop
 
@@ -51,6 +63,7 @@ class _HeaderGuard:
         super().connection_made(transport)  # type: ignore[misc]  # uvicorn's protocol class is untyped
         self._header_bytes = 0
         self._header_timer: asyncio.TimerHandle | None = None
+        self._send_timer: asyncio.TimerHandle | None = None
         self._arm()
 
     def _arm(self) -> None:
@@ -78,7 +91,28 @@ class _HeaderGuard:
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self._reading_again()
         super().connection_lost(exc)  # type: ignore[misc]  # uvicorn's protocol class is untyped
+
+    def pause_writing(self) -> None:  # the transport's buffer is full: the client is not reading
+        super().pause_writing()  # type: ignore[misc]  # uvicorn's protocol class is untyped
+        if self._send_timer is None:
+            self._send_timer = self.loop.call_later(self.send_timeout_s, self._not_reading)
+
+    def resume_writing(self) -> None:
+        self._reading_again()
+        super().resume_writing()  # type: ignore[misc]  # uvicorn's protocol class is untyped
+
+    def _reading_again(self) -> None:
+        if self._send_timer is not None:
+            self._send_timer.cancel()
+            self._send_timer = None
+
+    def _not_reading(self) -> None:
+        self._send_timer = None
+        log.warning("a client read nothing of its response for %g s (proxy.send_timeout_s): "
+                    "connection reset", self.send_timeout_s)
+        self.transport.abort()  # close() would wait for the client to read the buffer
 
     def send_400_response(self, msg: str) -> None:
         """What uvicorn answers a request it cannot parse, in vLLM's error shape (its own
@@ -118,12 +152,13 @@ class _GuardedHttpTools(_HeaderGuard):  # a base is added in guarded_protocol
         super().on_headers_complete()  # type: ignore[misc]  # uvicorn's protocol class is untyped
 
 
-def guarded_protocol(header_timeout_s: float, max_header_bytes: int,
-                     h11: bool = False) -> type[asyncio.Protocol]:
-    """uvicorn's HTTP protocol class (`http=` of `uvicorn.Config`) with the two limits;
+def guarded_protocol(header_timeout_s: float, max_header_bytes: int, h11: bool = False,
+                     send_timeout_s: float = 60.0) -> type[asyncio.Protocol]:
+    """uvicorn's HTTP protocol class (`http=` of `uvicorn.Config`) with the limits;
     `h11`: on h11 even where httptools is installed."""
     limits: dict[str, Any] = {"header_timeout_s": header_timeout_s,
-                              "max_header_bytes": max_header_bytes}
+                              "max_header_bytes": max_header_bytes,
+                              "send_timeout_s": send_timeout_s}
     if h11 or issubclass(AutoHTTPProtocol, H11Protocol):
         return type("GuardedH11Protocol", (_GuardedH11,), limits)
     return type("GuardedHttpToolsProtocol", (_GuardedHttpTools, AutoHTTPProtocol), limits)
@@ -132,6 +167,7 @@ def guarded_protocol(header_timeout_s: float, max_header_bytes: int,
 def server_options(settings: ProxySettings) -> dict[str, Any]:
     """uvicorn's settings for the proxy (`uvicorn.Config`/`uvicorn.run` keywords): the
     HTTP protocol with the header limits; h11's own limit too, where h11 parses."""
-    return dict(http=guarded_protocol(settings.header_timeout_s, MAX_HEADER_BYTES),
+    return dict(http=guarded_protocol(settings.header_timeout_s, MAX_HEADER_BYTES,
+                                      send_timeout_s=settings.send_timeout_s),
                 h11_max_incomplete_event_size=MAX_HEADER_BYTES, log_level="warning",
                 access_log=False, timeout_graceful_shutdown=5)

@@ -27,6 +27,7 @@ class ProxySettings:
     max_tokens: int | None = None  # the most output tokens a request may ask for
     body_timeout_s: float = 15.0  # a request body not read whole in this time is refused (408)
     header_timeout_s: float = 10.0  # request headers not complete in this time: 408, closed
+    send_timeout_s: float = 60.0  # a client reading nothing of its response for this: reset
     vllm_rules: bool = True  # check requests with vLLM's own rules where vLLM is installed
 
 
@@ -51,7 +52,8 @@ def settings_from_config(cfg, mode: str) -> ProxySettings:
     common = dict(connect_timeout_s=p.connect_timeout_s, request_timeout_s=p.request_timeout_s,
                   max_body_bytes=p.max_body_bytes, api_key=key("proxy"),
                   backend_api_key=key("vllm"), max_n=p.max_n, max_tokens=longest,
-                  header_timeout_s=p.header_timeout_s, body_timeout_s=p.body_timeout_s)
+                  header_timeout_s=p.header_timeout_s, body_timeout_s=p.body_timeout_s,
+                  send_timeout_s=p.send_timeout_s)
     if mode == "replicated":
         return ProxySettings(mode=mode, backends=urls("replicated", "replica"),
                              policy=cfg.topology.replicated.policy, **common)

@@ -567,6 +567,31 @@ def test_a_request_the_server_cannot_parse_gets_a_json_400(backends, parser):
     assert backends[0][0].requests == []
 
 
+def test_a_client_that_stops_reading_is_dropped_and_its_stream_cancelled(backends):
+    """A streamed answer the client never reads: once the proxy's send buffer has stayed
+    full for proxy.send_timeout_s, the connection is reset and the upstream stream ends."""
+    fake, backend = backends[0]
+    settings = ProxySettings("replicated", backends=[backend.url], send_timeout_s=1.0)
+    with ServerThread(create_app(settings), ADDR, **server_options(settings)) as p:
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.connect((ADDR, p.port))
+        payload = json.dumps(body(model="flood", stream=True)).encode()
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n"
+                  + f"content-length: {len(payload)}\r\n\r\n".encode() + payload)
+        assert s.recv(64).startswith(b"HTTP/1.1 200")  # then it reads nothing more
+        t0 = time.monotonic()
+        assert fake.stream_cancelled.wait(20), "the upstream stream still runs"
+        took = time.monotonic() - t0
+        s.settimeout(5)  # what was queued, then the end (a reset, or EOF): not a timeout
+        with contextlib.suppress(ConnectionResetError):
+            while s.recv(1 << 20):
+                pass
+        s.close()
+        # the buffers fill within a second or two, then the 1 s timeout
+        assert 1.0 <= took < 10, took
+
+
 def _closed_within(s: socket.socket, seconds: float) -> tuple[bytes, float | None]:
     """What the server sent on `s` and when (seconds from now) it closed it; None if it
     did not within `seconds`."""

@@ -115,6 +115,21 @@ class FakeBackend:
                                                  "do_remote_prefill": True}
                 return JSONResponse(out)
 
+            async def flood():  # endless 64 KiB events, until the reader goes away
+                pad = "x" * 65536
+                try:
+                    while True:
+                        yield f"data: {json.dumps({'choices': [{'index': 0, 'text': pad}]})}\n\n".encode()
+                        await asyncio.sleep(0)
+                except asyncio.CancelledError:
+                    fake.stream_cancelled.set()
+                    raise
+                finally:
+                    fake.stream_cancelled.set()
+
+            if behaviour == "flood":
+                return StreamingResponse(flood(), media_type="text/event-stream")
+
             async def stream():
                 try:
                     yield chunk(0)
