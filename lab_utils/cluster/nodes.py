@@ -29,6 +29,7 @@ from lab_utils.errors import LabError, PortInUseError
 from lab_utils.on_node import proctools
 from lab_utils.on_node.facts import proc_meminfo
 
+UNIT_MODULE = "lab_utils.on_node.unit"  # leads an instance's process group (start_detached)
 PRIVATE_TMP_PREFIX = "spark-lab-"  # Node.private_tmp's directories, and only those, are removed
 # mktemp -d, then the link to Inductor's cache (named as Inductor names it: the user as
 # Python's getpass.getuser() finds it), made first if missing; the directory, or nothing.
@@ -113,10 +114,15 @@ class Node(ABC):
     def start_detached(self, name: str, argv: list[str], *, log_path: str,
                        env: dict[str, str] | None = None, cwd: str | None = None,
                        kind: str = "process", port: int | None = None, url: str | None = None,
-                       extra: dict | None = None) -> ProcessRecord:
+                       extra: dict | None = None, unit_grace_s: float | None = None) -> ProcessRecord:
         """Start `argv` in its own process group, output to `log_path`, and record it.
-        `env` adds to the node's environment; it never appears on the command line."""
-        pid, ticks = self._spawn(argv, env or {}, log_path, cwd)
+        `env` adds to the node's environment; it never appears on the command line. With
+        `unit_grace_s`, the group is led by `on_node.unit`, which runs `argv` as its child
+        and stops the rest of the group when that child ends (lab_utils must be importable
+        there: `env`'s PYTHONPATH); the record keeps `argv`, its PID is the leader's."""
+        spawned = argv if unit_grace_s is None else [
+            self.python, "-m", UNIT_MODULE, f"{unit_grace_s:g}", "--", *argv]
+        pid, ticks = self._spawn(spawned, env or {}, log_path, cwd)
         rec = ProcessRecord(name=name, node=self.name, pid=pid, pgid=pid, start_ticks=ticks,
                             log_path=log_path, argv=list(argv), kind=kind, port=port, url=url,
                             started_at=time.time(), extra=extra or {})

@@ -173,8 +173,6 @@ def server_env(cfg: LabConfig, spec: InstanceSpec) -> dict[str, str]:
     # the lab's code: the deployed copy on an SSH node
     lab = (node.workdir or "") if node.connection == "ssh" else str(PACKAGE_DIR.parent)
     first = []  # what goes before the node's PYTHONPATH
-    if spec.rank is not None:
-        first.append(lab)  # SERVE_MODULE is the lab's
     if spec.role in KV_ROLES and cfg.nixl_progress_delay_us() > 0:
         # its sitecustomize sets NIXL's progress-thread delay in every process of the
         # instance (lab_utils/on_node/nixl_site)
@@ -185,8 +183,9 @@ def server_env(cfg: LabConfig, spec: InstanceSpec) -> dict[str, str]:
     key = api_key(cfg, "vllm")
     if key:
         env["VLLM_API_KEY"] = key
-        first.append(lab)  # KEY_GUARD is imported from the lab's code
-    first = list(dict.fromkeys(first))
+    # the lab's code: on_node.unit, which leads the instance's group, SERVE_MODULE for a
+    # rank and KEY_GUARD where a key is set (after the sitecustomize directory)
+    first = list(dict.fromkeys([*first, lab]))
     if first:
         env["PYTHONPATH"] = ":".join(p for p in (*first, env.get("PYTHONPATH") or (
             os.environ.get("PYTHONPATH", "") if node.connection == "local" else "")) if p)
@@ -247,7 +246,7 @@ def start_instance(cluster: Cluster, spec: InstanceSpec, *,
         rec = node.start_detached(
             spec.name, server_command(cluster, spec, kv_buffer_device=kv_buffer_device),
             env={"TMPDIR": tmp, **server_env(cfg, spec)},
-            log_path=_log_path(cfg, spec), kind="vllm",
+            log_path=_log_path(cfg, spec), kind="vllm", unit_grace_s=cfg.vllm.stop_grace_s,
             port=None if spec.headless else spec.port, url=instance_url(cfg, spec),
             extra={"topology": spec.topology, "role": spec.role,
                    "side_channel_port": spec.side_channel_port, "tmpdir": tmp,

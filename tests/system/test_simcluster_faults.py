@@ -214,19 +214,27 @@ class Stream:
             self._cm.__exit__(None, None, None)
 
 
+def api_server(rec) -> int:
+    """PID of the instance's API server: the only child of the group's leader
+    (`on_node.unit`, the recorded PID)."""
+    (pid,) = children(rec.pid)
+    return pid
+
+
 def engine_core(rec) -> int:
     """PID of the instance's engine-core process (the API server's child that runs the
     model); the API server stays responsive while it is stopped."""
-    kids = children(rec.pid)
+    kids = children(api_server(rec))
     cores = [k for k in kids if comm(k).startswith("VLLM::Engine")]
     assert len(cores) == 1, (rec.pid, kids)
     return cores[0]
 
 
 def slowed(rec, percent: int = SLOWED_PERCENT):
-    """The instance's model (its processes but the API server) gets `percent` of one CPU;
-    the API server answers as before."""
-    members = [(pid, start_ticks(pid)) for pid in group_members(rec.pgid) if pid != rec.pid]
+    """The instance's model (its processes but the API server and the group's leader)
+    gets `percent` of one CPU; the API server answers as before."""
+    members = [(pid, start_ticks(pid)) for pid in group_members(rec.pgid)
+               if pid not in (rec.pid, api_server(rec))]
     assert members, f"{rec.name} runs no process beside its API server"
     return cpu_limited(members, percent)
 
@@ -465,7 +473,8 @@ def test_frozen_prefill_times_out_and_nothing_reaches_decode(fcfg, pd, tmp_path)
                       request_timeout_s=FROZEN_TIMEOUT_S) as (proxy, log), \
             second_proxy(fcfg, tmp_path, "test-simcluster-frozen-router", offset=2,
                          kind="vllm-router", request_timeout_s=FROZEN_TIMEOUT_S) as (router, _):
-        os.kill(pd["prefill"].pid, signal.SIGSTOP)  # the API server itself: no answer at all
+        frozen = api_server(pd["prefill"])
+        os.kill(frozen, signal.SIGSTOP)  # the API server itself: no answer at all
         try:
             mark = log_mark(log)
             t0 = time.monotonic()
@@ -475,7 +484,7 @@ def test_frozen_prefill_times_out_and_nothing_reaches_decode(fcfg, pd, tmp_path)
             rr = httpx.post(f"{router}/v1/completions", timeout=FROZEN_TIMEOUT_S + 30, json=body)
             took_router = time.monotonic() - t0
         finally:
-            os.kill(pd["prefill"].pid, signal.SIGCONT)
+            os.kill(frozen, signal.SIGCONT)
         stalled, logged = stalls_since(mark)
     assert r.status_code == 504 and "prefill" in r.text, r.text[:300]
     assert FROZEN_TIMEOUT_S - 0.5 <= took <= FROZEN_TIMEOUT_S + 5 + stalled, logged
