@@ -13,8 +13,9 @@ proxy checks with vLLM's own rules instead (`VllmRules`): its request models, th
 sampling parameters its server builds from them, so nothing one instance refuses reaches
 a prefill; a differential test sends a generated corpus to one instance and through the
 proxy and compares. Without vLLM (a CPU controller with the lab only), the hand-written
-checks below cover the fields and ranges listed, and the proxy says at start-up that it
-uses them.
+checks below stand in, and the proxy says at start-up that it uses them; they read
+scalars with pydantic's lax rules, as vLLM's models do, and tests/serve/test_hand_rules.py
+shows them refusing exactly what vLLM's rules refuse over three generated corpora.
 
 Pure functions of the parsed body (no I/O), so each rule is tested without a server.
 """
@@ -26,6 +27,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
 
 INT64 = 2**63 - 1
 MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
@@ -123,34 +126,56 @@ def _is_num(v: Any) -> bool:
             and math.isfinite(v))
 
 
-def _int(body: Mapping, key: str, lo: int, hi: int | None = INT64, *,
-         hint: str = "") -> None:
+# vLLM's request models are pydantic models in lax mode: "2" is 2, 2.0 is 2, True is 1,
+# "no" is False. The hand checks read scalars the same way, with pydantic's own adapters
+# (fastapi, which the proxy runs on, brings pydantic), so they refuse no value vLLM takes.
+_LAX: dict[Any, TypeAdapter[Any]] = {int: TypeAdapter(int), float: TypeAdapter(float), bool: TypeAdapter(bool),
+        str: TypeAdapter(str), "ints": TypeAdapter(list[int]), "strs": TypeAdapter(list[str])}
+
+
+def _lax(body: Mapping, key: str, kind: Any, what: str) -> Any:
+    """The field as vLLM's models read it (None when absent or null), or InvalidRequest."""
     v = body.get(key)
     if v is None:
-        return
-    if not _is_int(v):
-        raise InvalidRequest(key, f"must be an integer, got {_shown(v)}")
+        return None
+    try:
+        return _LAX[kind].validate_python(v)
+    except ValidationError:
+        raise InvalidRequest(key, f"must be {what}, got {_shown(v)}", kind="Bad Request") from None
+
+
+def _int(body: Mapping, key: str, lo: int | None, hi: int | None = INT64, *,
+         hint: str = "") -> int | None:
+    v = _lax(body, key, int, "an integer")
+    if v is None:
+        return None
     top = INT64 if hi is None else hi
-    if not lo <= v <= top:
+    if not (lo is None or lo <= v) or not v <= top:
         rng = f"at least {lo}" if top == INT64 else f"between {lo} and {top}"
         raise InvalidRequest(key, f"must be {rng}, got {v}{hint}")
+    return v
 
 
-def _num(body: Mapping, key: str, lo: float, hi: float, *, lo_open: bool = False) -> None:
+def _strict_int(body: Mapping, key: str, lo: int, hi: int, *, hint: str = "") -> None:
+    """A logprob count: vLLM's sampling check wants an integer itself (not "2")."""
     v = body.get(key)
+    if v is not None and not isinstance(v, int):
+        raise InvalidRequest(key, f"`{key}` must be an integer.")
+    _int(body, key, lo, hi, hint=hint)
+
+
+def _num(body: Mapping, key: str, lo: float, hi: float, *, lo_open: bool = False) -> float | None:
+    v = _lax(body, key, float, "a number")
     if v is None:
-        return
-    if not _is_num(v):
-        raise InvalidRequest(key, f"must be a finite number, got {_shown(v)}")
-    if v < lo or v > hi or (lo_open and v == lo):
+        return None
+    if not math.isfinite(v) or v < lo or v > hi or (lo_open and v == lo):
         left = "(" if lo_open else "["
         raise InvalidRequest(key, f"must be in {left}{lo:g}, {hi:g}], got {v}")
+    return v
 
 
-def _bool(body: Mapping, key: str) -> None:
-    v = body.get(key)
-    if v is not None and not isinstance(v, bool):
-        raise InvalidRequest(key, f"must be true or false, got {_shown(v)}")
+def _bool(body: Mapping, key: str) -> bool | None:
+    return _lax(body, key, bool, "true or false")
 
 
 def _shown(v: Any) -> str:
@@ -176,11 +201,14 @@ def _prompt(body: Mapping) -> None:
 
 def _messages(body: Mapping) -> None:
     m = body.get("messages")
-    if not isinstance(m, list) or not m:
-        raise InvalidRequest("messages", "must be a non-empty list of messages")
+    if not isinstance(m, list):
+        raise InvalidRequest("messages", "must be a list of messages")
     for i, msg in enumerate(m):
         if not isinstance(msg, dict) or not isinstance(msg.get("role"), str):
             raise InvalidRequest(f"messages[{i}]", "must be an object with a string 'role'")
+        if "content" in msg and not isinstance(msg["content"], (str, list)):
+            raise InvalidRequest(f"messages[{i}].content", "must be a string or a list of "
+                                 "content parts", kind="Bad Request")
 
 
 def _stop(body: Mapping) -> None:
@@ -189,6 +217,49 @@ def _stop(body: Mapping) -> None:
         return
     if not (isinstance(v, list) and all(isinstance(s, str) for s in v)):
         raise InvalidRequest("stop", "must be a string or a list of strings")
+
+
+RESPONSE_FORMATS = ("text", "json_object", "json_schema")
+
+
+def _combinations(body: Mapping, chat: bool, stream: bool | None, tokens: int | None) -> None:
+    """vLLM's checks of fields against each other (its sampling parameters' and request
+    models' validators), with its messages."""
+    so = body.get("stream_options")
+    if so is not None:
+        if not isinstance(so, dict):
+            raise InvalidRequest("stream_options", "must be an object", kind="Bad Request")
+        for key in ("include_usage", "continuous_usage_stats"):
+            _lax(so, key, bool, "true or false")
+        if so and not stream:
+            raise InvalidRequest("stream_options", "Stream options can only be defined when "
+                                 "`stream=True`.")
+    if body.get("prompt_logprobs") and stream:
+        raise InvalidRequest("prompt_logprobs", "`prompt_logprobs` are not available when "
+                             "`stream=True`.")
+    ids = _lax(body, "logprob_token_ids", "ints", "a list of token ids")
+    if ids:
+        if body.get("logprobs") in (None, False):
+            raise InvalidRequest("logprob_token_ids", "when using `logprob_token_ids`, "
+                                 "`logprobs` must be set.")
+        if any(t < 0 for t in ids):
+            raise InvalidRequest("logprob_token_ids", "contains out-of-vocab token ids")
+    if chat and body.get("top_logprobs") and not _bool(body, "logprobs"):
+        raise InvalidRequest("top_logprobs", "when using `top_logprobs`, `logprobs` must be "
+                             "set to true.")
+    if chat and body.get("tool_choice") not in (None, "none") and not body.get("tools"):
+        raise InvalidRequest("tool_choice", "When using `tool_choice`, `tools` must be set.")
+    rf = body.get("response_format")
+    if rf is not None and not (isinstance(rf, dict) and rf.get("type") in RESPONSE_FORMATS):
+        raise InvalidRequest("response_format", "must be an object whose type is one of "
+                             f"{', '.join(RESPONSE_FORMATS)}", kind="Bad Request")
+    n = _int(body, "n", 1) or 1
+    if n > 1 and _num(body, "temperature", 0.0, 2.0) == 0.0:
+        raise InvalidRequest(None, f"n must be 1 when using greedy sampling, got {n}.")
+    low = _int(body, "min_tokens", 0, None)
+    if low is not None and tokens is not None and low > tokens:
+        raise InvalidRequest(None, f"min_tokens must be less than or equal to "
+                             f"max_tokens={tokens}, got {low}.")
 
 
 def check_request(body: Mapping, path: str, limits: Limits = Limits(),
@@ -203,21 +274,24 @@ def check_request(body: Mapping, path: str, limits: Limits = Limits(),
     if "model" in body and body["model"] is not None and not isinstance(body["model"], str):
         raise InvalidRequest("model", f"must be a string, got {_shown(body['model'])}")
     _messages(body) if chat else _prompt(body)
-    for key in ("stream", "echo", "ignore_eos", "skip_special_tokens", "return_token_ids",
-                "include_stop_str_in_output", "add_special_tokens",
-                "return_tokens_as_token_ids", "spaces_between_special_tokens"):
+    for key in ("echo", "ignore_eos", "skip_special_tokens", "return_token_ids",
+                "include_stop_str_in_output", "add_special_tokens", "use_beam_search",
+                "return_tokens_as_token_ids", "spaces_between_special_tokens",
+                "add_generation_prompt", "continue_final_message"):
         _bool(body, key)
-    so = body.get("stream_options")
-    if so is not None and not isinstance(so, dict):
-        raise InvalidRequest("stream_options", "must be an object")
-    lowest = 0 if (not chat and body.get("echo") is True) else 1
-    for key in ("max_tokens", "max_completion_tokens"):
-        _int(body, key, lowest)
+    stream = _bool(body, "stream")
+    lowest = 0 if (not chat and _bool(body, "echo") is True) else 1
+    # chat: max_tokens (deprecated) is not read where max_completion_tokens is set
+    read = ("max_completion_tokens",) if chat and body.get("max_completion_tokens") is not None \
+        else ("max_tokens", "max_completion_tokens")
+    asked = {key: _int(body, key, lowest) if key in read else None
+             for key in ("max_tokens", "max_completion_tokens")}
+    tokens = asked["max_completion_tokens"] if asked["max_completion_tokens"] is not None \
+        else asked["max_tokens"]
     _int(body, "min_tokens", 0, limits.max_tokens)
-    for key in ("n", "best_of"):
-        _int(body, key, 1)
-    _limits(body, limits)
-    _num(body, "temperature", 0.0, 1e6)
+    counts = {"n": _int(body, "n", 1), "best_of": _int(body, "best_of", None)}
+    _limits({**asked, **counts}, limits)
+    _num(body, "temperature", 0.0, 2.0)
     _num(body, "top_p", 0.0, 1.0, lo_open=True)
     _num(body, "min_p", 0.0, 1.0)
     _num(body, "presence_penalty", -2.0, 2.0)
@@ -226,16 +300,23 @@ def check_request(body: Mapping, path: str, limits: Limits = Limits(),
     _num(body, "length_penalty", -1e6, 1e6)
     _int(body, "top_k", -1, INT64)
     _int(body, "seed", -INT64 - 1, INT64)
+    _int(body, "truncate_prompt_tokens", -1, INT64)
     if chat:
         _bool(body, "logprobs")
-        _int(body, "top_logprobs", 0, MAX_LOGPROBS)
+        _strict_int(body, "top_logprobs", 0, MAX_LOGPROBS)
     else:
-        _int(body, "logprobs", 0, MAX_LOGPROBS)
-    _int(body, "prompt_logprobs", -1, MAX_LOGPROBS)
+        _strict_int(body, "logprobs", 0, MAX_LOGPROBS)
+    _strict_int(body, "prompt_logprobs", 0, MAX_LOGPROBS, hint=" (-1, every token's, is "
+                f"more than vLLM's --max-logprobs {MAX_LOGPROBS} allows)")
     _stop(body)
+    for key in ("suffix", "user"):
+        _lax(body, key, str, "a string")
+    _lax(body, "stop_token_ids", "ints", "a list of token ids")
+    _lax(body, "bad_words", "strs", "a list of strings")
     lb = body.get("logit_bias")
     if lb is not None and not (isinstance(lb, dict) and all(_is_num(v) for v in lb.values())):
         raise InvalidRequest("logit_bias", "must be an object of token id to finite number")
+    _combinations(body, chat, stream, tokens)
 
 
 def _limits(values: Mapping, limits: Limits) -> None:
