@@ -134,7 +134,9 @@ class KVTransferConfig(_Strict):
     kv_buffer_device: Literal["auto", "cpu", "cuda"] = "auto"
     ucx_tls: str | None = None
     extra_config: dict[str, Any] = {}
-    # The NIXL transfer probe (notebook 02) listens here on the target node's data address.
+    # The NIXL transfer probe (notebook 02) listens here on the target node's data address;
+    # the checklist's link check runs ib_write_bw's server for each rail here and on the
+    # ports after it (one per device in data_netdev: 5800 and 5801 for both halves).
     probe_port: Port = 5800
     # NIXL's progress threads found busy-polling (one per prefill/decode instance without a
     # progress delay, below; none with one) lowered to nice 19 with a 0.1 ms slice once an

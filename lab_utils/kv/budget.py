@@ -207,16 +207,22 @@ def rails(cfg: LabConfig) -> int:
 
 def link_rate(checks: Iterable[Any], cfg: LabConfig | None = None) -> float | None:
     """The data-plane rate (Gb/s) the probe is held to, if the checklist's link check ran
-    (`checks`: notebook 00's check results): one rail's ceiling times the rails (`rails`)
-    with `cfg`, since UCX stripes a transfer over every device in UCX_NET_DEVICES.
+    (`checks`: notebook 00's check results): what ib_write_bw moved over every configured
+    rail at once (UCX stripes a transfer over every device in UCX_NET_DEVICES), scaled to
+    the rails the probe's path uses (`rails`, with `cfg`).
 
-    One rail's ceiling is the link check's `ceiling_gbps`: the lower of one PCIe Gen5 x4
-    half's ~100 Gb/s and the device's reported rate. The reported rate alone would
-    double the limit where a half reports the port's 200 Gb/s (ethtool through a 200G
-    switch, ibstat `Rate: 200` on a Dell Pro Max GB10), while one half moves ~100 at most."""
+    Results of a link check that timed one rail only hold that rail's ceiling: the lower of
+    one PCIe Gen5 x4 half's ~100 Gb/s and the device's reported rate (the reported rate
+    alone would double the limit where a half reports the port's 200 Gb/s), times the
+    rails."""
     for c in checks:
-        if c.check == "link" and c.data.get("reported_gbps"):
-            per_rail = c.data.get("ceiling_gbps") or c.data["reported_gbps"]
+        if c.check != "link":
+            continue
+        d = c.data
+        if d.get("rails") and d.get("measured_gbps"):
+            return d["measured_gbps"] / d["rails"] * (rails(cfg) if cfg is not None else d["rails"])
+        if d.get("reported_gbps"):
+            per_rail = d.get("ceiling_gbps") or d["reported_gbps"]
             return per_rail * (rails(cfg) if cfg is not None else 1)
     return None
 

@@ -75,8 +75,9 @@ def measured_nixl_dram_GBps(payload02: KvTransferPayload | None) -> Observed:
 
 
 def measured_link_Gbps(payload00: EnvironmentPayload | None) -> Observed:
-    """00's data-plane link check: ib_write_bw on one rail (RDMA), or one TCP stream,
-    which says nothing about a rail's RDMA bandwidth."""
+    """00's data-plane link check per rail: ib_write_bw over every configured rail at once
+    (RDMA; their mean), or one TCP stream, which says nothing about a rail's RDMA
+    bandwidth."""
     links = [c for c in checks(payload00) if c.check == "link"]
     measured = [c for c in links if is_number(c.data.get("measured_gbps"))]
     if not measured:
@@ -89,7 +90,11 @@ def measured_link_Gbps(payload00: EnvironmentPayload | None) -> Observed:
     if worst.data.get("method") == "tcp":
         return Observed(gbps, f"00's link check, {worst.node}, one TCP stream",
                         "one TCP stream, not ib_write_bw over RDMA")
-    return Observed(gbps, f"00's link check, {worst.node}, ib_write_bw on one rail")
+    n = int(worst.data.get("rails") or 1)  # a link check that timed one rail holds no count
+    if n == 1:
+        return Observed(gbps, f"00's link check, {worst.node}, ib_write_bw on one rail")
+    return Observed(gbps / n, f"00's link check, {worst.node}, ib_write_bw on {n} rails at "
+                              f"once ({gbps:.1f} Gb/s together), per rail")
 
 
 def measured_memory_bandwidth(data: ReportData) -> Observed:

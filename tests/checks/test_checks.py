@@ -104,9 +104,10 @@ def test_recorded_pair(spark_cfg):
 
     assert got[("gpu", "spark-01")].data["name"] == "NVIDIA GB10"
     assert gpu_name(report.results) == "NVIDIA GB10"
-    # ib_write_bw 11031.78 MiB/s = 92.5 Gb/s on one rail, one PCIe x4 half (~100 Gb/s)
+    # ib_write_bw on both halves at once: 11031.78 MiB/s = 92.5 Gb/s and (reconstructed,
+    # tests/support/replay.py) 97.28 Gb/s, against two PCIe x4 halves (~100 Gb/s each)
     link = got[("link", "spark-02 -> spark-01")]
-    assert link.summary == "93% of one PCIe x4 half's ~100 Gb/s"
+    assert link.summary == "95% of 2 PCIe x4 halves' ~200 Gb/s"
     assert "rocep1s0f1 reports 200 Gb/s (ethtool)" in link.evidence
     # every configured half has an IPv4 address in the recorded `ip addr show`
     assert "enP2p1s0f1np1 192.168.200.17/24" in got[("rails", "spark-01")].evidence
@@ -132,12 +133,21 @@ def test_recorded_scenarios(tmp_path, scenario):
 
 def test_healthy_200g_pair_is_judged_per_half(tmp_path):
     cfg = scenario_cfg(tmp_path, "healthy_200g")
-    got = _by_key(run_checks(cfg, replay_nodes(cfg, "healthy_200g"), show_progress=False))
+    nodes = replay_nodes(cfg, "healthy_200g")
+    got = _by_key(run_checks(cfg, nodes, show_progress=False))
     link = got[("link", "spark-02 -> spark-01")]
-    # 92.57 Gb/s against the device's 200 would be 46%; one half moves ~100 at most
-    assert link.summary == "93% of one PCIe x4 half's ~100 Gb/s"
+    # both halves at once, each to the peer's matching half: 92.57 + 97.28 Gb/s against
+    # the two halves' ~200 (against the devices' 2 x 200 it would read 47%)
+    assert link.summary == "95% of 2 PCIe x4 halves' ~200 Gb/s"
+    assert "both rails at once: rocep1s0f0 92.6 Gb/s, roceP2p1s0f0 97.3 Gb/s" in link.evidence
     assert "rocep1s0f0 reports 200 Gb/s (ibstat)" in link.evidence
-    assert link.data["ceiling_gbps"] == 100 and link.data["reported_gbps"] == 200
+    assert link.data["ceiling_gbps"] == 200 and link.data["reported_gbps"] == 400
+    assert link.data["measured_gbps"] == pytest.approx(189.85, abs=0.01)
+    # the servers on spark-01's halves, each on its own port; both clients from spark-02
+    ran = nodes["spark-01"].commands
+    assert "ib_write_bw -d rocep1s0f0 -p 5800 -D 5 -F --report_gbits" in ran
+    assert "ib_write_bw -d roceP2p1s0f0 -p 5801 -D 5 -F --report_gbits" in ran
+    assert all(not n.alive for n in nodes.values())
     speed = got[("link_speed", "spark-01")]
     assert speed.summary == ("enp1s0f0np0 200 Gb/s (ibstat Rate; ethtool printed no Speed), "
                              "enP2p1s0f0np0 200 Gb/s (ibstat Rate; ethtool printed no Speed)")
@@ -199,7 +209,8 @@ def test_replayed_commands_are_the_recorded_ones(spark_cfg):
     ran = set(nodes["spark-01"].commands)
     for cmd in ("nvidia-smi", "ibdev2netdev", "ibv_devinfo", "ethtool enp1s0f1np1"):
         assert cmd in ran
-    assert "ib_write_bw -d rocep1s0f1 -p 5800 192.168.100.10" in nodes["spark-02"].commands
+    assert ("ib_write_bw -d rocep1s0f1 -p 5800 -D 5 -F --report_gbits 192.168.100.10"
+            in nodes["spark-02"].commands)
     # nothing the check started is left running on any node
     assert all(not n.alive for n in nodes.values())
 
@@ -211,20 +222,38 @@ def test_model_snapshots_differ(spark_cfg):
     assert "model.revision" in got[("model", "cluster")].fix
 
 
+def _rails(*pairs: tuple[float | None, float | None]) -> list[dict]:
+    return [{"device": f"dev{i}", "gbps": g, "reported_gbps": r} for i, (g, r) in enumerate(pairs)]
+
+
 def test_link_verdict_judges_one_rail_by_its_pcie_half():
     # healthy halves: 92.57 and 97.28 Gb/s recorded (playbook), behind a port at 200
     for gbps in (92.57, 97.28):
-        assert rdma.link_verdict("a -> b", gbps, 200, "seen").status == "pass"
-    assert rdma.link_verdict("a -> b", 92.5, 100, "seen").status == "pass"
+        assert rdma.link_verdict("a -> b", _rails((gbps, 200)), "seen").status == "pass"
+    assert rdma.link_verdict("a -> b", _rails((92.5, 100)), "seen").status == "pass"
     # the degraded state reported on healthy-looking 200G links: 8-25 Gb/s
     for gbps in (8.0, 13.23, 25.0):
-        slow = rdma.link_verdict("a -> b", gbps, 200, "seen")
+        slow = rdma.link_verdict("a -> b", _rails((gbps, 200)), "seen")
         assert slow.status == "warn" and "reboot" in slow.fix
-    assert rdma.link_verdict("a -> b", 10.0, 200, "seen").summary == (
+    assert rdma.link_verdict("a -> b", _rails((10.0, 200)), "seen").summary == (
         "moves 10% of one PCIe x4 half's ~100 Gb/s")
     # no rate known: still the half's ceiling; a device slower than a half: its rate
-    assert rdma.link_verdict("a -> b", 20.0, None, "seen").status == "warn"
-    assert rdma.link_verdict("a -> b", 22.0, 25, "seen").summary == "88% of the reported 25 Gb/s"
+    assert rdma.link_verdict("a -> b", _rails((20.0, None)), "seen").status == "warn"
+    assert rdma.link_verdict("a -> b", _rails((22.0, 25)), "seen").summary == (
+        "88% of the reported 25 Gb/s")
+
+
+def test_link_verdict_judges_both_rails_together():
+    """NVIDIA's guide: both halves at once, 92.57 + 97.28 Gb/s (recorded); against the two
+    halves' ~200 Gb/s. One degraded half pulls the pair under 80%; a half with no result
+    fails, naming it."""
+    both = rdma.link_verdict("a -> b", _rails((92.57, 200), (97.28, 200)), "seen")
+    assert both.status == "pass" and both.summary == "95% of 2 PCIe x4 halves' ~200 Gb/s"
+    assert both.data["measured_gbps"] == pytest.approx(189.85) and both.data["rails"] == 2
+    one_slow = rdma.link_verdict("a -> b", _rails((92.57, 200), (13.23, 200)), "seen")
+    assert one_slow.status == "warn" and one_slow.summary == "moves 53% of 2 PCIe x4 halves' ~200 Gb/s"
+    lost = rdma.link_verdict("a -> b", _rails((92.57, 200), (None, 200)), "seen")
+    assert lost.status == "fail" and "dev1" in lost.summary
 
 
 def test_rails_warn_on_a_half_without_ipv4():

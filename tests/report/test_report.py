@@ -413,7 +413,7 @@ def test_expected_link_from_rdma_check(tmp_path):
     cfg = cuda_cfg(tmp_path)
     write_baseline(cfg)
     # ib_write_bw on one rail at 40 of the 100 Gb/s it reports: a warn in 00
-    write_environment(cfg, link_verdict("spark-b -> spark-a", 40.0, 100.0,
+    write_environment(cfg, link_verdict("spark-b -> spark-a", [{"gbps": 40.0, "reported_gbps": 100.0}],
                                         "ib_write_bw on rocep1s0f1: 40.0 Gb/s"))
     row = link_row(cfg)
     assert (row["this run"], row["verdict"]) == ("40", "WARNING: 2.3x below the expected figure")
@@ -421,7 +421,7 @@ def test_expected_link_from_rdma_check(tmp_path):
     md = report.build_report(cfg).md.read_text()
     assert "Blessed: no check failed (1 pass, 1 warn, 0 fail, 0 n/a)." in md
     assert "| link | spark-b -> spark-a | warn | moves 40% of one PCIe x4 half's ~100 Gb/s |" in md
-    write_environment(cfg, link_verdict("spark-b -> spark-a", 94.5, 100.0, "ib_write_bw"))
+    write_environment(cfg, link_verdict("spark-b -> spark-a", [{"gbps": 94.5, "reported_gbps": 100.0}], "ib_write_bw"))
     assert link_row(cfg)["verdict"] == "ok (within 2x)"
 
 

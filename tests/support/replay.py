@@ -78,7 +78,15 @@ RECORDED = {
     "ethtool enp1s0f1np1": "ethtool.grep-Speed.enp1s0f1np1.gb10.via-switch.200G.txt",
     "ethtool enP2p1s0f1np1": "ethtool.grep-Speed.enP2p1s0f1np1.gb10.via-switch.200G.txt",
     "ibstat": "ibstat.gb10.txt",
-    "ib_write_bw -d rocep1s0f1 -p 5800 192.168.100.10": "ib_write_bw.gb10-pair.client.mtu1024.link2.txt",
+    # the check runs `-D 5 -F --report_gbits`; this recording ran perftest's default
+    # iterations and printed MB/s (the parser reads both forms)
+    "ib_write_bw -d rocep1s0f1 -p 5800 -D 5 -F --report_gbits 192.168.100.10":
+        "ib_write_bw.gb10-pair.client.mtu1024.link2.txt",
+    # reconstructed: this pair's second half (roceP2p1s0f1) was never timed; its client
+    # is answered with the playbook's second-half client (roceP2p1s0f0, run beside the
+    # first), so the check sees two halves at once
+    "ib_write_bw -d roceP2p1s0f1 -p 5801 -D 5 -F --report_gbits 192.168.100.10":
+        "ib_write_bw.gb10-pair.report_gbits.rail2-roceP2p1s0f0.txt",
     "cat /proc/meminfo": "proc-meminfo.head-20.gb10.txt",
     "ip addr show": "ip-addr-show.gb10.txt",
 }
@@ -114,8 +122,9 @@ SCENARIOS: dict[str, dict] = {
     "data_ifname_right": {"nodes": {"spark-02": {"data_ifname": "enp1s0f1np1",
                                                  "data_address": "192.168.200.13"}}},
     # A healthy pair at 200G with the cable in port 0: both halves of it configured, each
-    # reporting Rate 200 (ibstat of a Dell Pro Max GB10, source J), ib_write_bw on one half
-    # 92.57 Gb/s (the playbook's rail 1, the same pair as the port-0 ibdev2netdev).
+    # reporting Rate 200 (ibstat of a Dell Pro Max GB10, source J), ib_write_bw on both
+    # halves at once 92.57 and 97.28 Gb/s (the playbook's two clients, run together, on
+    # the same pair as the port-0 ibdev2netdev; recorded with --run_infinitely).
     # No ethtool of a port-0 netdev is recorded: link_speed reads ibstat's Rate instead.
     "healthy_200g": {
         "nodes": {n: {"data_netdev": "rocep1s0f0:1,roceP2p1s0f0:1"}
@@ -124,8 +133,10 @@ SCENARIOS: dict[str, dict] = {
         "ibstat": "ibstat.gb10.dell-pro-max.port0-rate200.excerpt.txt",
         "ip link show enp1s0f0np0": "ip-link-show.enp1s0f0np0.gb10.mtu9000.txt",
         "ip link show enP2p1s0f0np0": "ip-link-show.gb10.mtu1500.txt",
-        "ib_write_bw -d rocep1s0f0 -p 5800 192.168.100.10":
+        "ib_write_bw -d rocep1s0f0 -p 5800 -D 5 -F --report_gbits 192.168.100.10":
             "ib_write_bw.gb10-pair.report_gbits.rail1-rocep1s0f0.txt",
+        "ib_write_bw -d roceP2p1s0f0 -p 5801 -D 5 -F --report_gbits 192.168.100.10":
+            "ib_write_bw.gb10-pair.report_gbits.rail2-roceP2p1s0f0.txt",
     },
 }
 
@@ -151,6 +162,7 @@ class ReplayNode(Node):
         self.snapshot = snapshot
         self.commands: list[str] = []
         self.alive: set[int] = set()
+        self.finished: dict[int, str] = {}  # pid -> its output, of a recorded process that ended
 
     def run(self, argv, *, timeout=60.0, env=None, input=None) -> RunResult:
         self.commands.append(" ".join(argv))
@@ -205,7 +217,12 @@ class ReplayNode(Node):
 
     def _spawn(self, argv, env, log_path, cwd):
         pid = next(self._pids)
-        self.alive.add(pid)
+        self.commands.append(" ".join(argv))
+        answer = self.answers.get(" ".join(argv))
+        if answer:  # a recorded command that ends by itself (an ib_write_bw client): done
+            self.finished[pid] = rec(answer)
+        else:
+            self.alive.add(pid)
         return pid, 1
 
     def is_alive(self, rec) -> bool:
@@ -214,7 +231,7 @@ class ReplayNode(Node):
     def log_tail(self, rec, lines=40) -> str:
         if "listen" in rec.argv:
             return json.dumps({"ready": True, "bound": len(rec.argv) - 5, "failed": []}) + "\n"
-        return ""
+        return "\n".join(self.finished.get(rec.pid, "").splitlines()[-lines:])
 
     def _stop_group(self, rec, grace_s) -> bool:
         self.alive.discard(rec.pid)
