@@ -60,6 +60,9 @@ def grade_rows(fc: Forecast, measured: dict[str, BenchmarkResult | None]) -> lis
             out.append({"architecture": fc.architecture, "workload": row["workload"],
                         "load": row["load"], "metric": k, "predicted": pred, "lo": lo, "hi": hi,
                         "measured": meas, "error %": err,
+                        # the repeats' range, which the rule holds against the interval
+                        "measured_lo": got.min if got is not None and got.ranged else None,
+                        "measured_hi": got.max if got is not None and got.ranged else None,
                         "in interval": (lo is not None and hi is not None and meas is not None
                                         and lo <= meas <= hi),
                         "differs": compare(got, predicted(pred, lo, hi)).differs,
@@ -124,8 +127,9 @@ def sentences(arch: str, rows: list[dict[str, Any]]) -> list[str]:
             f"{shown}% over {s['points']} graded values "
             f"({'within' if s['within_goal'] else 'outside'} the {GOAL_PCT:g}% goal); "
             f"{s['in_interval']} of them inside the forecast's interval, {s['differ']} "
-            "different from it by the lab's rule (more than 10% apart and, where the "
-            "measurement has repeats, its range clear of the interval)"
+            "different from it by the lab's rule (the measured median more than 10% from "
+            "the predicted one, and the measured min-max range over the repeats clear of "
+            "the interval; a single run, more than 10% beyond the interval's nearer end)"
             + (f"; {s['ungraded']} not graded (flagged)" if s["ungraded"] else ""),
             f"  every metric: {coverage_sentence(coverage(rows))}"]
     graded = [r for r in rows if r["graded"] and r["error %"] is not None]

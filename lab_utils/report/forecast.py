@@ -46,7 +46,9 @@ def grade_table(rows: list[dict[str, Any]]) -> pd.DataFrame:
     return pd.DataFrame([{
         "workload": r["workload"], "load": r["load"], "metric": BY_KEY[r["metric"]].heading,
         "predicted [interval]": f"{fmt(r['predicted'])} [{fmt(r['lo'])}-{fmt(r['hi'])}]",
-        "measured": fmt(r["measured"]),
+        "measured [range]": fmt(r["measured"]) + (
+            f" [{fmt(r['measured_lo'])}-{fmt(r['measured_hi'])}]"
+            if r.get("measured_lo") is not None else " (one run)"),
         "error %": "–" if r["error %"] is None else f"{r['error %']:+.0f}",
         "inside": "yes" if r["in interval"] else "no",
         "verdict": "differs" if r["differs"] else "agrees",

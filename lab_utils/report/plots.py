@@ -191,9 +191,9 @@ def roofline_text(data: ReportData) -> str:
         return ("The memory-bandwidth roofline is unknown for this hardware (notebook 01 "
                 "recorded no memory bandwidth or weight size), so the curve is shown alone.")
     return (f"Roofline (dotted line): at most {fmt_num(roof)} tokens/s per stream, memory "
-            "bandwidth / bytes read per decode step (every weight once per step). Batching "
-            "shares that read among streams, so per-stream speed falls slowly while the total "
-            "grows.")
+            "bandwidth / bytes read per decode step (every weight once per step). The model "
+            "behind the line expects batching to share that read among streams, per-stream "
+            "speed falling slowly while the total grows; the points are what this run did.")
 
 
 def _kv_plot(payload02: KvTransferPayload | None, device: str | None) -> Plot | None:
@@ -211,8 +211,9 @@ def _kv_plot(payload02: KvTransferPayload | None, device: str | None) -> Plot | 
     ax.grid(True, alpha=0.3)
     _legend(ax)
     unmeasured = len(kv) - len(meas)
-    caption = ("Predicted: bytes moved (whole blocks) / the highest bandwidth notebook 02's probe "
-               "reached. Measured: the transfer in notebook 02.")
+    caption = ("Predicted: bytes moved (whole blocks) / the highest READ bandwidth notebook 02's "
+               "probe reached (a decode reads the prefill's KV). Measured: the transfer in "
+               "notebook 02.")
     if unmeasured:
         caption += f" {unmeasured} prompt length(s) have no measurement and show no square."
     return Plot("kv_transfer", "KV transfer: predicted vs measured", caption, _png(fig))

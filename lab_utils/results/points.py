@@ -144,6 +144,13 @@ class Measured(BaseModel):
         """Whether the min-max range says something: measured at least twice."""
         return self.n >= 2
 
+    @property
+    def runs(self) -> list[float] | None:
+        """Each repeat's value, where the median and range pin them down (up to three
+        repeats: the min, the median, the max); None for more."""
+        return {1: [self.median], 2: [self.min, self.max],
+                3: [self.min, self.median, self.max]}.get(self.n)
+
     @classmethod
     def of(cls, values: Iterable[float | None]) -> Measured | None:
         """The median, min and max of `values`, one per repeat; None when there are none."""
@@ -223,16 +230,20 @@ class Point(BaseModel):
 
 def pooled(points: list[Point]) -> Point:
     """One configuration measured in several runs (one `Point` each, at the same load) as
-    one point: per metric the median of the runs' medians, the min-max range over all of
-    them and their repeats together; valid when every run was."""
+    one point: per metric the median over every repeat of them all (where each point's
+    repeats are known: up to three each, `Measured.runs`; else the median of the points'
+    medians), the min-max range over all of them and their repeats together; valid when
+    every run was."""
     first = points[0]
     fields: dict[str, Any] = {}
     for k in KEYS:
         got = [m for p in points if (m := p.of(k)) is not None]
         if got:
-            fields[k] = Measured(median=statistics.median(m.median for m in got),
-                                 min=min(m.min for m in got), max=max(m.max for m in got),
-                                 n=sum(m.n for m in got))
+            each = [m.runs for m in got]
+            middle = (statistics.median(v for vs in each if vs for v in vs)
+                      if all(each) else statistics.median(m.median for m in got))
+            fields[k] = Measured(median=middle, min=min(m.min for m in got),
+                                 max=max(m.max for m in got), n=sum(m.n for m in got))
     hits = [p.prefix_cache_hit_pct for p in points if p.prefix_cache_hit_pct is not None]
     return Point(mode=first.mode, value=first.value, mixed=first.mixed,
                  repeats=sum(p.repeats for p in points), valid=all(p.valid for p in points),

@@ -257,3 +257,20 @@ def test_points_imports_nothing_from_lab_utils():
     names |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
     assert {n.split(".")[0] for n in names} <= {"__future__", "collections", "dataclasses",
                                                   "math", "pydantic", "statistics", "typing"}
+
+
+def test_a_pooled_point_is_the_median_over_every_run_it_names():
+    """03's configured policy: its own run (6.64 req/s) and the mixed sweep's two repeats
+    (5.97, 6.33) are three runs, and the sentence says so: their median is 6.33, not the
+    median of the two points' medians (6.40), which no three runs have."""
+    own = Point(mode="concurrency", value=4.0, mixed=True, repeats=1, valid=True,
+                request_throughput=Measured.of([6.64]))
+    sweep = Point(mode="concurrency", value=4.0, mixed=True, repeats=2, valid=True,
+                  request_throughput=Measured.of([6.33, 5.97]))
+    both = points.pooled([own, sweep])
+    m = both.of("request_throughput")
+    assert (m.median, m.min, m.max, m.n, both.repeats) == (6.33, 5.97, 6.64, 3, 3)
+    # more than three repeats in one point: its values are not known, the medians pooled
+    many = Point(mode="concurrency", value=4.0, mixed=True, repeats=4, valid=True,
+                 request_throughput=Measured.of([1.0, 2.0, 3.0, 10.0]))
+    assert points.pooled([own, many]).of("request_throughput").median == statistics.median([6.64, 2.5])
