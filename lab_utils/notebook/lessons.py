@@ -68,8 +68,14 @@ def forecast_said(fc: Forecast | None, runs: dict[str, BenchmarkResult | None], 
     m = BY_KEY[key]
     grade = [Graded(notebook=notebook, workload=workload, load=load, metric=key,
                     inside=row["in interval"])]
-    where = ("inside its interval" if row["in interval"] else
-             "above its interval" if row["measured"] > row["hi"] else "below its interval")
+    if row["in interval"]:
+        where = "inside its interval"
+    else:
+        edge = row["hi"] if row["measured"] > row["hi"] else row["lo"]
+        side = "above" if row["measured"] > row["hi"] else "below"
+        where = (f"{side} its interval ({abs(row['measured'] - edge) / edge:.1%} {side} its "
+                 + ("end; different from the forecast by the lab's rule)" if row["differs"] else
+                    "end; not different from the forecast by the lab's rule)"))
     return (f"the forecast made before the sweep predicted {m.text(row['predicted'])} "
             f"(interval {m.text(row['lo'], False)}-{m.text(row['hi'])}); the measurement, "
             f"{m.text(row['measured'])}, fell {where}", grade)
@@ -173,7 +179,8 @@ def best_transfer_sentence(rows: list[dict], seg_type: str = "DRAM") -> str | No
         return None
     best = max(mine, key=lambda r: r["bandwidth_GBps"])
     largest = max(mine, key=lambda r: r["bytes"])
-    head = (f"The estimate divides by the best bandwidth the probe reached, "
+    head = (f"The estimate divides by the best READ bandwidth the probe reached (a decode "
+            f"reads the prefill's KV), "
             f"{best['bandwidth_GBps']:.3g} GB/s, at {_mib(best['bytes'])}")
     if best is largest:
         return head + (", its largest transfer: there the two agree by construction, so read "
