@@ -22,6 +22,8 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from datetime import date
 from pathlib import Path
@@ -34,6 +36,7 @@ from support.durations import DURATIONS_ENV, PHASE_ENV, read_log  # noqa: E402
 
 PHASES = [
     ("lint (ruff)", [str(BIN / "ruff"), "check", "."]),
+    # mypy runs beside the fast tests (BESIDE_NEXT): its output is printed when it ends
     ("types (mypy)", [str(BIN / "mypy")]),
     # the unit tests on every core (pytest-xdist; 150 s instead of 245 s on 2 cores); the
     # slow ones one at a time, as their engines measure and share the machine's cores
@@ -43,6 +46,7 @@ PHASES = [
                                        "--durations=10"]),
 ]
 
+BESIDE_NEXT = {"types (mypy)"}  # phases that run beside the phase after them
 DURATIONS_LOG = ROOT / "results" / "test-durations.jsonl"  # this run's, git-ignored
 REFERENCE = ROOT / "tests" / "durations.json"  # committed: a measured run's
 # The slow phase's budget on the 2-core rehearsal machine CI runs on (docs/DEVELOPING.md,
@@ -165,16 +169,40 @@ def main() -> int:
     timings = []
     failed = []
     t_all = time.monotonic()
-    for name, cmd in PHASES:
-        print(f"\n=== {name} ===", flush=True)
-        t0 = time.monotonic()
-        code = subprocess.call(cmd, cwd=ROOT, env={**env, PHASE_ENV: name})
-        secs = time.monotonic() - t0
+    def ended(name: str, secs: float, code: int) -> None:
         timings.append((name, secs, code))
         with open(DURATIONS_LOG, "a", encoding="utf-8") as f:
             f.write(json.dumps({"phase": name, "phase_seconds": round(secs, 1), "exit": code}) + "\n")
         if code:
             failed.append(name)
+
+    beside = None  # (name, process, its output file, start) of a phase running beside
+    for name, cmd in PHASES:
+        t0 = time.monotonic()
+        if name in BESIDE_NEXT:
+            out = tempfile.TemporaryFile()  # noqa: SIM115  (closed once the next phase ends)
+            proc = subprocess.Popen(cmd, cwd=ROOT, env={**env, PHASE_ENV: name}, stdout=out,
+                                    stderr=subprocess.STDOUT)
+            done_at: list[float] = []  # when it ended, for its own time
+            threading.Thread(target=lambda p=proc, d=done_at: (p.wait(), d.append(time.monotonic())),
+                             daemon=True).start()
+            print(f"\n=== {name} (beside the next phase; its output when it ends) ===", flush=True)
+            beside = (name, proc, out, t0, done_at)
+            continue
+        print(f"\n=== {name} ===", flush=True)
+        code = subprocess.call(cmd, cwd=ROOT, env={**env, PHASE_ENV: name})
+        ended(name, time.monotonic() - t0, code)
+        if beside is not None:
+            b_name, proc, out, b_t0, done_at = beside
+            code = proc.wait()
+            while not done_at:  # the thread notes the time right after its own wait
+                time.sleep(0.01)
+            out.seek(0)
+            print(f"\n=== {b_name}: its output ===\n" + out.read().decode(errors="replace"),
+                  flush=True)
+            out.close()
+            ended(b_name, done_at[0] - b_t0, code)
+            beside = None
     rows = read_log(DURATIONS_LOG)
     reference = load_reference()
     for name, secs, _ in timings:

@@ -146,10 +146,8 @@ class Measured(BaseModel):
 
     @property
     def runs(self) -> list[float] | None:
-        """Each repeat's value, where the median and range pin them down (up to three
-        repeats: the min, the median, the max); None for more."""
-        return {1: [self.median], 2: [self.min, self.max],
-                3: [self.min, self.median, self.max]}.get(self.n)
+        """Each repeat's value where median and range pin them down (n <= 3), else None."""
+        return {1: [self.median], 2: [self.min, self.max], 3: [self.min, self.median, self.max]}.get(self.n)
 
     @classmethod
     def of(cls, values: Iterable[float | None]) -> Measured | None:
