@@ -13,6 +13,7 @@ tokens together, late (their gaps are the client's, not the server's).
 
 from __future__ import annotations
 
+import math
 import statistics
 from typing import Any
 
@@ -132,10 +133,17 @@ def sentences(arch: str, rows: list[dict[str, Any]]) -> list[str]:
             "the interval; a single run, more than 10% beyond the interval's nearer end)"
             + (f"; {s['ungraded']} not graded (flagged)" if s["ungraded"] else ""),
             f"  every metric: {coverage_sentence(coverage(rows))}"]
-    graded = [r for r in rows if r["graded"] and r["error %"] is not None]
+    graded = [r for r in rows if r["graded"] and r["error %"] is not None
+              and r["predicted"] and r["predicted"] > 0 and r["measured"] > 0]
     if graded:
-        worst = max(graded, key=lambda r: abs(r["error %"]))
-        said.append(f"  worst: {BY_KEY[worst['metric']].heading} at {worst['workload']} "
+        # furthest off as a factor either way: the error % is bounded at -100% below and
+        # unbounded above, so ranking by it would favour over-predictions
+        worst = max(graded, key=lambda r: abs(math.log(r["predicted"] / r["measured"])))
+        factor = max(worst["predicted"], worst["measured"]) / min(worst["predicted"],
+                                                                  worst["measured"])
+        said.append(f"  furthest off: {BY_KEY[worst['metric']].heading} at {worst['workload']} "
                     f"{worst['load']}: predicted {worst['predicted']:.3g}, measured "
-                    f"{worst['measured']:.3g} ({worst['error %']:+.0f}%)")
+                    f"{worst['measured']:.3g} ({factor:.2f}x "
+                    f"{'over' if worst['predicted'] > worst['measured'] else 'under'}, "
+                    f"{worst['error %']:+.0f}%)")
     return said

@@ -370,7 +370,8 @@ def conclude_04(replicated: BenchmarkResult | None, disaggregated: BenchmarkResu
         text = (f"mixed workload at concurrency {c:g} (one load point), ITL p99: "
                 f"{_ms(mr[c].median('p99_itl_ms'))} on replicas, "
                 f"{_ms(md[c].median('p99_itl_ms'))} disaggregated ({_margin(itl)})"
-                + (f"; {_ms(alone.median('p99_itl_ms'))} on 01's single instance" if alone else ""))
+                + (f"; {_ms(alone.median('p99_itl_ms'))} on 01's single instance (01's mixed "
+                   f"sweep at the same load, baseline_metrics.json)" if alone else ""))
         costs = [comparison(k, pd_mixed(md[c]), rep_mixed(mr[c])) for k in COMPARED_KEYS
                  if md[c].median(k) is not None and mr[c].median(k) is not None]
         lost = [x for x in costs if x.better == "reference"]

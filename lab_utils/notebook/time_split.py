@@ -33,7 +33,7 @@ from lab_utils.on_node import nixl_threads
 from lab_utils.on_node.proctools import group_cpu_seconds, thread_cpu_seconds
 from lab_utils.results.claims import Claim, claim, comparison, save_claims
 from lab_utils.results.forecast import TimedProfile
-from lab_utils.results.points import MetricKey
+from lab_utils.results.points import MARGIN, MetricKey
 from lab_utils.results.sweep import BenchmarkResult
 from lab_utils.serve.metrics import MetricsSnapshot, fetch_metrics
 from lab_utils.serve.topology import Served
@@ -94,16 +94,24 @@ def split_sentence(parts: dict[str, float], client_ttft_ms: float,
                    sweep_median_ms: float | None = None, when: str = "after") -> str:
     """Which part of TTFT dominated, with every part's share, from this run's figures; a
     mean far above the sweep's median (`sweep_median_ms`) is said to be one. `when`: "before" or "after" the sweep."""
-    top = max(PARTS, key=lambda k: parts[k])
+    ranked = sorted(PARTS, key=lambda k: -parts[k])
+    top = ranked[0]
     total = sum(parts[k] for k in PARTS) or 1.0
+    # the next part within the lab's 10% margin of the largest: a tie, not a ranking
+    tied = [k for k in ranked[1:] if parts[k] >= parts[top] * (1 - MARGIN)]
     against = ("" if single_ttft_ms is None else
                f" ({client_ttft_ms - single_ttft_ms:+.1f} ms against the mean TTFT of 01's "
                f"single instance at concurrency 1, {single_ttft_ms:.1f} ms)")
-    others = ", ".join(f"{k} {parts[k]:.1f} ms" for k in PARTS if k != top)
+    others = ", ".join(f"{k} {parts[k]:.1f} ms" for k in PARTS if k != top and k not in tied)
     over = f"over {requests} fresh requests" if requests else "over a few fresh requests"
     said = (f"Where TTFT went: {over} sent one at a time {when} the sweep, the mean TTFT "
-            f"through the pair was {client_ttft_ms:.1f} ms{against}; the {top} took the most, "
-            f"{parts[top]:.1f} ms ({parts[top] / total:.0%} of it); {others}.")
+            f"through the pair was {client_ttft_ms:.1f} ms{against}; "
+            + (f"the {top} took the most, {parts[top]:.1f} ms ({parts[top] / total:.0%} of it)"
+               if not tied else
+               f"the {' and the '.join([top, *tied])} took the most, within 10% of each "
+               "other: " + ", ".join(f"{parts[k]:.1f} ms ({parts[k] / total:.0%})"
+                                     for k in [top, *tied]))
+            + (f"; {others}." if others else "."))
     if sweep_median_ms and client_ttft_ms > 2 * sweep_median_ms:
         said += (f" The sweep's median at concurrency 1 was {sweep_median_ms:.1f} ms: a few "
                  "slow first tokens raise this mean, so its parts describe those.")

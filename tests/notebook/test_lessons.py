@@ -168,7 +168,7 @@ def test_04_names_what_01_measured_beside_nixls_threads():
                                   profile=SimpleNamespace(beside_busy=None))
     said = conclude_04(rep, dis, result({4: point(250, itl_p99=15)}),
                        result({4: point(180, itl_p99=19)}), None, "cpu", with_single)
-    assert "19 ms disaggregated (1.3x higher); 25 ms on 01's single instance;" in said[0], said[0]
+    assert "19 ms disaggregated (1.3x higher); 25 ms on 01's single instance (01's mixed sweep at the same load, baseline_metrics.json);" in said[0], said[0]
     waiting = conclude_04(rep, dis, result({4: point(250, itl_p99=15)}),
                           result({4: point(180, itl_p99=19)}), None, "cpu", without, "waiting")
     assert "polls without pause" not in waiting[0]

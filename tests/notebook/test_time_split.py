@@ -103,3 +103,13 @@ def test_cpu_counts_the_model_thread_put_back_with_its_instance_not_with_nixl(te
     out = time_split.cpu_now(test_cfg, SimpleNamespace(records=[rec]))
     assert out[time_split.BUSY_NIXL] == 0.0
     assert out["decode-0 (engine, worker)"] > 0
+
+
+def test_two_parts_within_the_margin_are_a_tie_not_a_ranking():
+    """A run's split had the first decode step at 12.7 ms and prefill at 12.6 ms: neither
+    is named the larger."""
+    said = time_split.split_sentence({"prefill": 12.6, "proxy hop": 3.0, "KV move": 8.0,
+                                      "first decode step": 12.7}, 36.3, 17.1)
+    assert ("the first decode step and the prefill took the most, within 10% of each other: "
+            "12.7 ms (35%), 12.6 ms (35%); proxy hop 3.0 ms, KV move 8.0 ms.") in said
+    assert "took the most, 12.7 ms" not in said
