@@ -33,7 +33,7 @@ from lab_utils.on_node import nixl_threads
 from lab_utils.on_node.proctools import group_cpu_seconds, thread_cpu_seconds
 from lab_utils.results.claims import Claim, claim, comparison, save_claims
 from lab_utils.results.forecast import TimedProfile
-from lab_utils.results.points import MARGIN, MetricKey
+from lab_utils.results.points import Measured, MetricKey, differs
 from lab_utils.results.sweep import BenchmarkResult
 from lab_utils.serve.metrics import MetricsSnapshot, fetch_metrics
 from lab_utils.serve.topology import Served
@@ -97,8 +97,9 @@ def split_sentence(parts: dict[str, float], client_ttft_ms: float,
     ranked = sorted(PARTS, key=lambda k: -parts[k])
     top = ranked[0]
     total = sum(parts[k] for k in PARTS) or 1.0
-    # the next part within the lab's 10% margin of the largest: a tie, not a ranking
-    tied = [k for k in ranked[1:] if parts[k] >= parts[top] * (1 - MARGIN)]
+    # a part no different from the largest by the lab's rule: a tie, not a ranking
+    tied = [k for k in ranked[1:]
+            if not differs(Measured.one(parts[k]), Measured.one(parts[top]))]
     against = ("" if single_ttft_ms is None else
                f" ({client_ttft_ms - single_ttft_ms:+.1f} ms against the mean TTFT of 01's "
                f"single instance at concurrency 1, {single_ttft_ms:.1f} ms)")

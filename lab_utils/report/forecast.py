@@ -20,7 +20,7 @@ from lab_utils.forecast.model import Architecture, forecast, loads_of
 from lab_utils.forecast.run import rank
 from lab_utils.report.data import ReportData, graded
 from lab_utils.results import calibration
-from lab_utils.results.points import BY_KEY, FORECAST, MARGIN
+from lab_utils.results.points import BY_KEY, FORECAST, MARGIN, Measured, differs
 from lab_utils.util.numbers import fmt_num
 
 EXAMPLE_CONFIG = Path(__file__).resolve().parents[2] / "environment_config.json.example"
@@ -146,8 +146,9 @@ def what_if(data: ReportData, *, input_len: int | None = None, output_len: int |
                        for p in preds]).round(2)
     best = max(preds, key=rank)
     by = "goodput" if best.metrics["request_goodput"] is not None else "requests"
-    # the runner-up within the lab's 10% margin: a tie, no winner named
-    close = [p for p in preds if p is not best and rank(p)[0] >= rank(best)[0] * (1 - MARGIN)]
+    # a runner-up no different from the best by the lab's rule: a tie, no winner named
+    close = [p for p in preds if p is not best
+             and not differs(Measured.one(rank(p)[0]), Measured.one(rank(best)[0]))]
     print(f"FORECAST (not measured): {nodes} nodes, {w.input_len} in / {w.output_len} out, "
           f"concurrency {load.concurrency}"
           + (f", one {w.mixed_long_len}-token prompt every {w.mixed_long_every}"
