@@ -4,7 +4,9 @@ on the address it will use; and a short measured transfer on the data-plane link
 Ports are tried for real before anything is launched: a short-lived listener binds each
 address and port on the node that will serve it (which also proves the port is free),
 and the connecting node opens a TCP connection to it. HTTP goes over the LAN (proxy to
-instances); NIXL side channels and the probe go over the data plane (decode to prefill).
+instances); NIXL side channels and the probe go over the data plane (decode to prefill),
+and so do the tensor-parallel ranks, each way, on a port the system picks as well as the
+rendezvous.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from lab_utils.errors import LabError
 from lab_utils.results.checklist import CheckResult
 
 LINK_FRACTION_WARN = 0.8
+EPHEMERAL = 0  # a port the listener's system picks
 
 
 class Connection(NamedTuple):
@@ -63,6 +66,16 @@ def connections(cfg: LabConfig) -> list[Connection]:
             first, port = spec.master
             add(Connection(spec.node, first, cfg.nodes[first].data_address, port,
                            f"tensor-parallel rendezvous (from {spec.name})"))
+    # beyond the rendezvous, vLLM's multi-node mode listens on ZMQ ports it picks at
+    # VLLM_HOST_IP and NCCL (Gloo on the CPU build) on its own, in both directions: a
+    # firewall that opens only the configured ports lets the ranks meet, then hangs them
+    ranks = [s.node for s in cfg.instances("tensor-parallel")]
+    for src in ranks:
+        for dst in ranks:
+            if src != dst:
+                add(Connection(src, dst, cfg.nodes[dst].data_address, EPHEMERAL,
+                               f"a port the system picks, as vLLM's ZMQ queues and NCCL/Gloo "
+                               f"do (from {src})"))
     target, initiator = cfg.probe_pair()
     add(Connection(initiator, target, cfg.nodes[target].data_address, cfg.kv_transfer.probe_port,
                    "NIXL transfer probe"))
@@ -111,29 +124,42 @@ def check_ports(ctx: Context) -> list[CheckResult]:
         by_dst[c.dst].append(c)
     running = []
     try:
-        unbound = set()
+        unbound, picked = set(), {}
         for dst, cs in by_dst.items():
             targets = sorted({c.target for c in cs})
             rec = _start(ctx, dst, "listen", "listen", "120", *targets)
             running.append((dst, rec))
-            for failure in _wait_ready(ctx, dst, rec)["failed"]:
+            ready = _wait_ready(ctx, dst, rec)
+            for failure in ready["failed"]:
                 unbound.add((dst, failure["target"]))
+            picked.update({(dst, t): got for t, got in ready.get("ports", {}).items()})
         by_src: dict[str, list[Connection]] = defaultdict(list)
         for c in conns:
             by_src[c.src].append(c)
         for src, cs in by_src.items():
-            answers = ctx.facts(src, "connect", "3", *sorted({c.target for c in cs}))
-            out += [_port_result(ctx, c, answers[c.target], (c.dst, c.target) in unbound)
-                    for c in cs]
+            real = {c: picked.get((c.dst, c.target), c.target) for c in cs}
+            answers = ctx.facts(src, "connect", "3", *sorted(set(real.values())))
+            out += [_port_result(ctx, c, answers[real[c]], (c.dst, c.target) in unbound,
+                                 real[c]) for c in cs]
     finally:
         for dst, rec in running:
             ctx.node(dst).stop(rec, grace_s=2)
     return out
 
 
-def _port_result(ctx: Context, c: Connection, answer: dict, unbound: bool) -> CheckResult:
-    label = f"{c.target} ({c.what})"
+def _port_result(ctx: Context, c: Connection, answer: dict, unbound: bool,
+                 tried: str) -> CheckResult:
+    label = f"{c.target if c.port != EPHEMERAL else tried} ({c.what})"
     where = f"{c.src} -> {c.dst}"
+    if c.port == EPHEMERAL and not unbound and not answer["ok"]:
+        src_addr = ctx.cfg.nodes[c.src].data_address
+        return CheckResult(
+            "ports", where, "fail", f"{label}: not reachable from {c.src}",
+            evidence=answer["error"],
+            fix=f"allow TCP on every port from {c.src} ({src_addr}) to {c.dst} ({c.address}) "
+                f"on the data-plane network: vLLM's multi-node mode and NCCL listen on ports "
+                f"they pick at start, so opening the configured ports is not enough, e.g. "
+                f"`sudo ufw allow from {src_addr} to {c.address} proto tcp` on {c.dst}")
     if unbound:
         holders, fix = _holder_fix(ctx, c)
         return CheckResult("ports", where, "fail", f"{label}: port already in use on {c.dst}",

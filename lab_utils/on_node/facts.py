@@ -10,7 +10,8 @@ interpreter. Each command prints one JSON line:
     clock                   the node's time.time()
     disk PATH...            free and total bytes of the file system holding each path
     logs DIR                the tail of every *.log file under DIR
-    listen SECONDS A:P...   bind every address:port, answer "ok" to each connection
+    listen SECONDS A:P...   bind every address:port (P 0: one the system picks), answer "ok"
+                            to each connection
     connect TIMEOUT A:P...  whether each address:port accepts a connection and answers
     sink A:P                receive one stream, then report the byte count back
     send A:P BYTES          send BYTES to a sink and time it until the count comes back
@@ -130,7 +131,9 @@ def _split(target):
 
 
 def listen(seconds, targets):
-    socks, failed = [], []
+    """Port 0 in a target: a port the system picks, as vLLM's ZMQ queues and NCCL do;
+    "ports" in the ready line says which one it got."""
+    socks, failed, ports = [], [], {}
     for t in targets:
         try:
             s = socket.socket()
@@ -140,9 +143,11 @@ def listen(seconds, targets):
             s.listen(16)
             s.setblocking(False)
             socks.append(s)
+            ports[t] = f"{_split(t)[0]}:{s.getsockname()[1]}"
         except OSError as e:
             failed.append({"target": t, "error": str(e)})
-    print(json.dumps({"ready": True, "bound": len(socks), "failed": failed}), flush=True)
+    print(json.dumps({"ready": True, "bound": len(socks), "failed": failed, "ports": ports}),
+          flush=True)
     deadline = time.time() + seconds
     while time.time() < deadline and socks:
         for s in socks:

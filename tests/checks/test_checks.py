@@ -4,6 +4,7 @@ port taken (with none taken, notebook 00 in the series runs them: test_series.py
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -117,6 +118,51 @@ def test_recorded_pair(spark_cfg):
                for r in ports)  # side channel from decode to prefill on the data plane
     assert any("192.168.1.12:8400" in r.summary and r.node == "controller -> spark-02"
                for r in ports)  # HTTP from the proxy on the LAN
+
+
+def tp_cfg(tmp_path):
+    """The recorded pair with the tensor-parallel topology across both nodes."""
+    data = profile_data()
+    data["results_root"] = str(tmp_path / "results")
+    data["topology"]["tensor_parallel"] = {"nodes": ["spark-01", "spark-02"]}
+    data["vllm"]["tp"] = {"port": 8500}
+    for node in ("spark-01", "spark-02"):
+        data["nodes"][node]["data_ifname"] = "enp1s0f1np1"
+    return parse_config(data, str(PROFILE))
+
+
+def test_tensor_parallel_ranks_are_tried_each_way_on_a_port_the_system_picks(tmp_path):
+    report = run_checks(tp_cfg(tmp_path), replay_nodes(tp_cfg(tmp_path)), show_progress=False)
+    ports = [r for r in report.results if r.check == "ports"]
+    assert {r.status for r in ports} == {"pass"}
+    picked = [r for r in ports if "a port the system picks" in r.summary]
+    assert sorted(r.node for r in picked) == ["spark-01 -> spark-02", "spark-02 -> spark-01"]
+    # the port the replayed listener reported, not the 0 it was asked for
+    assert all(":45678 (" in r.summary for r in picked)
+    assert any(":29500 (tensor-parallel rendezvous" in r.summary for r in ports)
+
+
+def test_a_firewall_open_only_for_the_configured_ports_fails_with_its_rule(tmp_path):
+    cfg = tp_cfg(tmp_path)
+    nodes = replay_nodes(cfg)
+    for node in nodes.values():  # every port the system picks is refused
+        answer = node._facts
+
+        def refusing(args, answer=answer):
+            got = answer(args)
+            if args[0] == "connect":
+                got.update({t: {"ok": False, "ms": None, "error": "TimeoutError: timed out"}
+                            for t in got if t.endswith(":45678")})
+            return got
+        node._facts = refusing
+    report = run_checks(cfg, nodes, show_progress=False)
+    bad = [r for r in report.results if r.check == "ports" and r.status == "fail"]
+    assert {r.node for r in bad} == {"spark-01 -> spark-02", "spark-02 -> spark-01"}
+    one = next(r for r in bad if r.node == "spark-02 -> spark-01")
+    assert "192.168.100.10:45678" in one.summary and "not reachable from spark-02" in one.summary
+    assert ("`sudo ufw allow from 192.168.100.11 to 192.168.100.10 proto tcp` on spark-01"
+            in one.fix)
+    assert report.failed
 
 
 @pytest.mark.parametrize("scenario", sorted(GOLDEN))
@@ -489,3 +535,36 @@ def test_data_ifname_is_checked_against_the_recorded_interfaces():
     assert verdict("enp1s0f1np1", "192.168.200.13").status == "pass"
     assert ifname_verdict("spark-02", SimpleNamespace(data_ifname="x", data_address="y"),
                           chosen, None).status == "warn"
+
+
+def test_nccl_device_order_is_read_from_the_system_list_on_the_split_models_nodes(tmp_path):
+    cfg = tp_cfg(tmp_path)
+    got = _by_key(run_checks(cfg, replay_nodes(cfg), show_progress=False))
+    hca = got[("nccl_hca", "spark-01 / spark-02")]
+    assert hca.status == "pass", hca
+    # the recorded ibv_devinfo lists rocep1s0f1 before roceP2p1s0f1 on both
+    assert "spark-01: rocep1s0f1, roceP2p1s0f1" in hca.evidence
+    # without the split model across the nodes there is nothing for NCCL to pair
+    assert ("nccl_hca", "spark-01 / spark-02") not in _by_key(
+        run_checks(scenario_cfg(tmp_path), replay_nodes(scenario_cfg(tmp_path)),
+                   show_progress=False))
+
+
+def test_a_different_device_order_on_one_node_fails_before_nccl_times_out(tmp_path):
+    cfg = tp_cfg(tmp_path)
+    # the recorded ibv_devinfo with the second PCIe half's devices listed first
+    text = REC.joinpath("ibv_devinfo.gb10.mtu9000-on-enp1s0f0-f1.txt").read_text()
+    blocks = ["hca_id:" + b for b in text.split("hca_id:")[1:]]
+    swapped = "".join(blocks[2:] + blocks[:2])
+    nodes = replay_nodes(cfg)
+    run = nodes["spark-02"].run
+
+    def run_swapped(argv, **kw):
+        got = run(argv, **kw)
+        return dataclasses.replace(got, stdout=swapped) if argv == ["ibv_devinfo"] else got
+    nodes["spark-02"].run = run_swapped
+    got = _by_key(run_checks(cfg, nodes, show_progress=False))
+    hca = got[("nccl_hca", "spark-01 / spark-02")]
+    assert hca.status == "fail" and "different halves" in hca.summary
+    assert "spark-02: roceP2p1s0f1, rocep1s0f1" in hca.evidence
+    assert "one half" in hca.fix

@@ -229,8 +229,11 @@ class ReplayNode(Node):
         return rec.pid in self.alive
 
     def log_tail(self, rec, lines=40) -> str:
-        if "listen" in rec.argv:
-            return json.dumps({"ready": True, "bound": len(rec.argv) - 5, "failed": []}) + "\n"
+        if "listen" in rec.argv:  # port 0: the system picks one
+            ports = {t: t[:-2] + ":45678" if t.endswith(":0") else t
+                     for t in rec.argv if t.count(":") == 1 and t[0].isdigit()}
+            return json.dumps({"ready": True, "bound": len(rec.argv) - 5, "failed": [],
+                               "ports": ports}) + "\n"
         return "\n".join(self.finished.get(rec.pid, "").splitlines()[-lines:])
 
     def _stop_group(self, rec, grace_s) -> bool:
