@@ -35,8 +35,11 @@ def _stood_still(result: BenchmarkResult, mode: str, value: float) -> str | None
     return f"the machine stood still {held:.1f} s" if held else None
 
 
-def grade_rows(fc: Forecast, measured: dict[str, BenchmarkResult | None]) -> list[dict[str, Any]]:
-    """One row per metric and load point. `measured`: {"standard": sweep, "mixed": run}."""
+def grade_rows(fc: Forecast, measured: dict[str, BenchmarkResult | None],
+               not_graded: str | None = None) -> list[dict[str, Any]]:
+    """One row per metric and load point. `measured`: {"standard": sweep, "mixed": run}.
+    `not_graded`: why no row is graded (the run measured something else than the forecast
+    was fed, e.g. `results.payloads.TensorParallelPayload.not_graded`)."""
     out = []
     for row in fc.rows:
         result = measured.get(row["workload"])
@@ -53,7 +56,7 @@ def grade_rows(fc: Forecast, measured: dict[str, BenchmarkResult | None]) -> lis
             got = entry.of(m)
             pred, meas = row.get(k), None if got is None else got.median
             lo, hi = row.get(f"{k}_lo"), row.get(f"{k}_hi")
-            why = ("invalid point" if not entry.valid else stall
+            why = not_graded or ("invalid point" if not entry.valid else stall
                    or ("tokens read together, late" if late and k in PER_TOKEN else None))
             if pred is None or meas is None:
                 why = why or "not predicted or not measured"
@@ -119,6 +122,9 @@ def grade_frame(rows: list[dict[str, Any]]):
 def sentences(arch: str, rows: list[dict[str, Any]]) -> list[str]:
     """What the grading says, in words, with the numbers."""
     s = summary(rows)
+    reasons = {r["not graded because"] for r in rows}
+    if not s["points"] and len(reasons) == 1 and None not in reasons:
+        return [f"{arch}: not graded: {reasons.pop()}"]
     if not s["points"]:
         return [f"{arch}: no graded point (the forecast or the measurement is missing, or "
                 "every point was flagged)"]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from lab_utils.cluster import Cluster
 from lab_utils.config import LabConfig
 from lab_utils.errors import LabError
 from lab_utils.forecast.grade import grade_claims, grade_frame, grade_rows
@@ -36,7 +37,10 @@ from lab_utils.notebook.starts import startup_seconds
 from lab_utils.results import calibration, load_optional, load_results
 from lab_utils.results.claims import claim, save_claims
 from lab_utils.results.forecast import EngineProfile, Forecast, TimedProfile
+from lab_utils.results.payloads import not_graded
 from lab_utils.results.sweep import BenchmarkResult
+from lab_utils.serve.tp import TOPOLOGY as TP_ARCH
+from lab_utils.serve.tp import collective
 
 TOPOLOGY = {"01": "baseline", "03": "replicated", "04": "disaggregated"}  # what each starts
 
@@ -177,8 +181,10 @@ FORECAST_NOTEBOOK = {"baseline": "01", "replicated": "03", "disaggregated": "04"
 def grade_forecast(cfg: LabConfig, fc: Forecast, result: BenchmarkResult,
                    mixed: BenchmarkResult | None = None):
     """The forecast against this notebook's measurements: what it says (printed, and saved
-    as claims the audit re-grades from the notebook's results file), and the table."""
-    rows = grade_rows(fc, {"standard": result, "mixed": mixed})
+    as claims the audit re-grades from the notebook's results file), and the table. The
+    split model's is not graded when its ranks' NCCL fell back to sockets."""
+    why = (not_graded(collective(Cluster(cfg))) if fc.architecture == TP_ARCH else None)
+    rows = grade_rows(fc, {"standard": result, "mixed": mixed}, not_graded=why)
     nb = FORECAST_NOTEBOOK[fc.architecture]
     say(cfg, f"{nb}:forecast", grade_claims(nb, nb, fc.architecture, rows))
     return grade_frame(rows)

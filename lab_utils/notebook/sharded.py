@@ -9,15 +9,23 @@ from pathlib import Path
 
 import pandas as pd
 
+from lab_utils.cluster import Cluster
 from lab_utils.config import LabConfig, api_key
 from lab_utils.errors import LabError
-from lab_utils.notebook.record import instances
+from lab_utils.notebook.record import instances, say
 from lab_utils.notebook.session import ServingSession
-from lab_utils.results import Reference, SameOutputRow, TensorParallelPayload, write_results
+from lab_utils.results import (
+    Reference,
+    SameOutputRow,
+    TensorParallelPayload,
+    collective_said,
+    write_results,
+)
+from lab_utils.results.claims import claim
 from lab_utils.results.forecast import Forecast
 from lab_utils.results.sweep import BenchmarkResult
 from lab_utils.serve.topology import Served
-from lab_utils.serve.tp import TOPOLOGY, SameOutput, prove_same_output
+from lab_utils.serve.tp import TOPOLOGY, SameOutput, collective, prove_same_output
 
 
 def start_tensor_parallel(cfg: LabConfig, session: ServingSession) -> Served | None:
@@ -28,7 +36,9 @@ def start_tensor_parallel(cfg: LabConfig, session: ServingSession) -> Served | N
               "and vllm.tp; configs/local-cpu.json and environment_config.json.example have "
               "both)")
         return None
-    return session.start(TOPOLOGY)
+    served = session.start(TOPOLOGY)
+    say(cfg, "tp:collective", [claim("tp", collective_said(collective(Cluster(cfg))))])
+    return served
 
 
 def prove_split(cfg: LabConfig, served: Served, reference: Reference) -> list[SameOutputRow]:
@@ -65,8 +75,9 @@ def record_tensor_parallel(cfg: LabConfig, served: Served, result: BenchmarkResu
                            mixed: BenchmarkResult | None, same: list[SameOutputRow],
                            forecast: Forecast | None = None) -> Path:
     """Write the section's results (tensor_parallel_metrics.json): the sweep, the mixed
-    run, how many ranks, the output check and the forecast made before the sweep."""
+    run, how many ranks, the output check, the forecast made before the sweep and how each
+    rank's all-reduces travelled."""
     ranks = len([r for r in served.instance_records() if r.extra.get("role") == "tp"])
     return write_results(cfg, "tp", TensorParallelPayload(
         topology=served.topology, instances=instances(served), sweep=result, mixed=mixed,
-        ranks=ranks, same_output=same, forecast=forecast))
+        ranks=ranks, same_output=same, forecast=forecast, collective=collective(Cluster(cfg))))

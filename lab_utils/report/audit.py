@@ -94,7 +94,8 @@ def check_graded(g: Graded, payloads: dict[str, Any]) -> list[str]:
     fc = getattr(payload, "forecast", None)
     if payload is None or fc is None:
         return [f"no forecast in notebook {g.notebook}'s results"]
-    rows = grade_rows(fc, {"standard": payload.sweep, "mixed": payload.mixed})
+    rows = grade_rows(fc, {"standard": payload.sweep, "mixed": payload.mixed},
+                      not_graded=getattr(payload, "not_graded", None))
     if g.tally is not None:
         now = summary(rows)
         return [f"forecast of {g.notebook}, {k}: the claim says {v}, the results give {now[k]}"

@@ -152,5 +152,7 @@ def recorded_forecasts(data: ReportData) -> dict[str, Forecast]:
 def graded(data: ReportData) -> dict[str, list[dict[str, Any]]]:
     """Each recorded forecast against its notebook's sweep and mixed run."""
     return {arch: g.grade_rows(fc, {"standard": data.sweeps.get(arch),
-                                    "mixed": data.mixed.get(arch)})
+                                    "mixed": data.mixed.get(arch)},
+                               not_graded=getattr(data.payload(FORECAST_NB[arch]), "not_graded",
+                                                  None))
             for arch, fc in recorded_forecasts(data).items()}

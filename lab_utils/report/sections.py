@@ -44,7 +44,7 @@ from lab_utils.report.tables import (
     scalar_table,
     workload_rows,
 )
-from lab_utils.results import RESULTS, reference_origin
+from lab_utils.results import RESULTS, collective_said, reference_origin
 from lab_utils.results.claims import Comparison
 from lab_utils.results.points import BY_KEY, RULE, MetricKey
 from lab_utils.results.sweep import BenchmarkResult
@@ -416,7 +416,9 @@ def _tp_blocks(data: ReportData) -> list[Block]:
             f"{len(rows)} prompts gave the same greedy tokens, "
             f"{sum(r.tokens_ok and not r.tokens_equal for r in rows)} parted at a near tie. "
             f"{_sweep_text(data.sweeps['tensor-parallel'])}")
-    return [P(text) if p.output_ok else W(text), T(scalar_table([r.model_dump() for r in rows]))]
+    said = collective_said(p.collective)
+    return [P(text) if p.output_ok else W(text), T(scalar_table([r.model_dump() for r in rows])),
+            W(said) if p.not_graded else P(said)]
 
 
 def _files_blocks(data: ReportData) -> list[Block]:

@@ -19,6 +19,7 @@ from lab_utils.results.hardware import hardware_facts, software_versions
 from lab_utils.results.payloads import (
     PAYLOADS,
     BaselinePayload,
+    CollectiveRow,
     DisaggregatedPayload,
     EnvironmentPayload,
     FrontDoors,
@@ -34,6 +35,8 @@ from lab_utils.results.payloads import (
     SameOutputRow,
     ServingPayload,
     TensorParallelPayload,
+    collective_said,
+    fell_back,
 )
 from lab_utils.results.points import COMPARED, METRICS, Measured, Point, compare, differs
 from lab_utils.results.store import (
@@ -55,10 +58,10 @@ from lab_utils.results.store import (
 
 __all__ = [
     "COMPARED", "METRICS", "Measured", "Point", "compare", "differs",
-    "PAYLOADS", "RESULTS", "SCHEMA_VERSION", "BaselinePayload", "DisaggregatedPayload",
+    "PAYLOADS", "RESULTS", "SCHEMA_VERSION", "BaselinePayload", "CollectiveRow", "DisaggregatedPayload",
     "EnvironmentPayload", "FrontDoors", "Instance", "KvRecommendation", "KvTransferPayload",
     "Payload", "Proof", "ProofRow", "Reference", "ReplicatedPayload", "ResultsEnvelope",
-    "ResultsSpec", "Roofline", "SameOutputRow", "ServingPayload", "TensorParallelPayload", "hardware_facts", "load_envelope",
+    "ResultsSpec", "Roofline", "SameOutputRow", "ServingPayload", "TensorParallelPayload", "collective_said", "fell_back", "hardware_facts", "load_envelope",
     "load_optional", "load_reference", "load_reference_results", "load_results",
     "reference_note", "reference_origin", "results_spec", "software_versions",
     "write_envelope", "write_results",

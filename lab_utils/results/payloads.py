@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from lab_utils.results.checklist import CheckResult
 from lab_utils.results.forecast import EngineProfile, Forecast
@@ -248,6 +248,45 @@ class SameOutputRow(Record):
     tokens_why: str = ""
 
 
+class CollectiveRow(Record):
+    """How one rank's all-reduces travelled, read from its log (`serve.startup.collective`):
+    backend "nccl" or "gloo", net "IB" (RDMA, RoCE included), "Socket" (NCCL's TCP
+    fall-back) or "TCP" (Gloo); None where the log does not say."""
+
+    rank: int
+    node: str
+    backend: str | None = None
+    net: str | None = None
+    devices: list[str] = Field(default_factory=list)
+    line: str | None = None
+
+    @property
+    def said(self) -> str:
+        if self.backend is None:
+            return f"rank {self.rank} ({self.node}): its log does not say"
+        how = {"IB": "RDMA (NCCL's IB transport)", "Socket": "TCP sockets (NCCL's fall-back)",
+               "TCP": "TCP (Gloo, the CPU build's collectives)"}.get(self.net or "", "not logged")
+        on = f" on {', '.join(self.devices)}" if self.devices else ""
+        return f"rank {self.rank} ({self.node}): {self.backend.upper()}, {how}{on}"
+
+
+def fell_back(rows: list[CollectiveRow]) -> list[CollectiveRow]:
+    """The ranks whose NCCL ran over sockets, not the RDMA link the forecast was fed."""
+    return [r for r in rows if r.backend == "nccl" and r.net == "Socket"]
+
+
+def collective_said(rows: list[CollectiveRow]) -> str:
+    """One sentence: each rank's collectives, and what a fall-back to sockets means here."""
+    if not rows:
+        return "The ranks' all-reduces: not read (no rank's log)."
+    text = "The ranks' all-reduces, from their logs: " + "; ".join(r.said for r in rows) + "."
+    if fell_back(rows):
+        text += (" NCCL fell back to sockets: this run's split model is not graded against "
+                 "the forecast, which was fed the RDMA link's rate (00's link check). Check "
+                 "data_netdev and the checklist's nccl_hca and rdma checks.")
+    return text
+
+
 class TensorParallelPayload(ServingPayload):
     """Notebook 04's optional section (tensor_parallel_metrics.json): one model split over
     `ranks` nodes, its output against 01's, measured as the other topologies are."""
@@ -255,10 +294,25 @@ class TensorParallelPayload(ServingPayload):
     ranks: int
     same_output: list[SameOutputRow]
     forecast: Forecast | None = None  # made before the sweep, from 00, 01 and its timed requests
+    collective: list[CollectiveRow] = Field(default_factory=list)  # per rank, from its log
 
     @property
     def output_ok(self) -> bool:
         return bool(self.same_output) and all(r.tokens_ok for r in self.same_output)
+
+    @property
+    def not_graded(self) -> str | None:
+        """Why the forecast is not graded against this run: NCCL fell back to sockets, and
+        the forecast was fed the RDMA link's rate (grading it would blame the model for the
+        transport). None: it is graded."""
+        return not_graded(self.collective)
+
+
+def not_graded(rows: list[CollectiveRow]) -> str | None:
+    """See `TensorParallelPayload.not_graded`."""
+    gone = fell_back(rows)
+    return (f"NCCL fell back to sockets on rank {', '.join(str(r.rank) for r in gone)}, and "
+            "the forecast was fed the RDMA link's rate (00's link check)") if gone else None
 
 
 Payload = (EnvironmentPayload | BaselinePayload | KvTransferPayload | ReplicatedPayload

@@ -199,12 +199,16 @@ def rank_env(cfg: LabConfig, spec: InstanceSpec) -> dict[str, str]:
     the whole TP traffic on the CPU build) and on a CUDA profile NCCL_SOCKET_IFNAME
     ("=" + name: exactly that interface, NCCL's bootstrap and its socket fallback) and
     NCCL_IB_HCA ("=" + data_netdev: exactly those RDMA devices and ports, both halves of
-    a Spark's ConnectX-7 port, for the all-reduces over RoCE)."""
+    a Spark's ConnectX-7 port, for the all-reduces over RoCE), with NCCL_DEBUG=INFO for
+    its INIT and NET lines (which network it chose)."""
     node = cfg.nodes[spec.node]
     env = {"VLLM_HOST_IP": node.data_address}
     if node.data_ifname:
         env["GLOO_SOCKET_IFNAME"] = node.data_ifname
     if cfg.vllm.device == "cuda":
+        # NCCL says which network it chose only at INFO; INIT,NET keeps it to those lines
+        # (serve.startup.collective reads them: an RDMA run or a fall-back to sockets)
+        env |= {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}
         if node.data_ifname:
             env["NCCL_SOCKET_IFNAME"] = "=" + node.data_ifname
         if node.data_netdev:

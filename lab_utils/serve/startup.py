@@ -98,6 +98,34 @@ def figures(log_text: str) -> dict:
     return out
 
 
+def collective(log_text: str) -> dict:
+    """How a tensor-parallel rank's all-reduces travel, from its log: `backend` ("nccl",
+    "gloo" or None: not logged), `net` (NCCL's network: "IB" for RDMA, RoCE included, or
+    "Socket"; "TCP" for Gloo; None: not logged), `devices` (NCCL's devices or interfaces,
+    in its order) and `line` (the line that says so). NCCL says it only with NCCL_DEBUG=INFO
+    (the launcher sets it, with NCCL_DEBUG_SUBSYS=INIT,NET, on a CUDA profile's ranks)."""
+    text = clean(log_text)
+    out: dict = {"backend": None, "net": None, "devices": [], "line": None}
+    if m := _last(r"world_size=\d+ rank=\d+ .*?backend=(\w+)", text):
+        out["backend"], out["line"] = m[1].lower(), m[0]
+    if out["backend"] == "gloo":  # torch's CPU collectives: TCP on GLOO_SOCKET_IFNAME
+        out["net"] = "TCP"
+        return out
+    using = _last(r"NCCL INFO NET/(IB|Socket) : Using (.*)", text)
+    chosen = _last(r"NCCL INFO Using network (\w+)", text)
+    if chosen or using:
+        out["backend"] = "nccl"
+        out["net"] = chosen[1] if chosen else using[1]  # type: ignore[index]
+        listed = using if using and using[1] == out["net"] else None
+        if listed:  # "[0]rocep1s0f1:1/RoCE [1]..." or "[0]enp1s0f1np1:192.168.100.10<0>"
+            out["devices"] = re.findall(r"\[\d+\](\S+?)(?:/\w+|<\d+>)?(?=\s|$|;)",
+                                        listed[2].split(";")[0])
+        out["line"] = (chosen or using)[0]  # type: ignore[index]
+    elif re.search(r"NCCL INFO NET/IB : No device found", text):
+        out["backend"], out["line"] = "nccl", "NET/IB : No device found"
+    return out
+
+
 class Watch:
     """What each instance still starting is doing, for the wait's progress line: its
     step, how long the wait has lasted, and how long its log has been quiet (a long

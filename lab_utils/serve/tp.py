@@ -7,6 +7,9 @@ next request and exits (seen on the CPU build); when rank 0 dies, the other rank
 for it for ever. So a rank is never left alone: `lone_ranks` finds the live ranks of an
 instance that lost one, `stop_lone_ranks` stops them, and `serve` and `status` call it.
 
+`collective` reads from each rank's log how its all-reduces travel (NCCL over RDMA, NCCL's
+socket fall-back, or Gloo on the CPU build), for notebook 04 and the report.
+
 `prove_same_output` sends notebook 01's reference prompts to rank 0 and judges its greedy
 tokens against the single instance's with `pd.judge_tokens`, not exactly but allowing a
 near tie: the ranks sum their halves of every layer's output in another order than one
@@ -25,9 +28,25 @@ import httpx
 from lab_utils.cluster import Cluster
 from lab_utils.cluster.state import ProcessRecord
 from lab_utils.measure.loadgen import auth_headers
+from lab_utils.results.payloads import CollectiveRow
 from lab_utils.serve.pd import TokenVerdict, complete_scored, judge_tokens
+from lab_utils.serve.startup import collective as read_collective
 
 TOPOLOGY = "tensor-parallel"
+HEAD_LINES = 4000  # the collectives start before the first request: the log's head holds them
+
+
+def collective(cluster: Cluster) -> list[CollectiveRow]:
+    """Per running rank, in rank order: how its all-reduces travel (`startup.collective`).
+    Read from the head of each rank's log."""
+    ranks = sorted((r for r in cluster.running(TOPOLOGY) if r.kind == "vllm"),
+                   key=lambda r: int(r.extra.get("rank", 0)))
+    out = []
+    for r in ranks:
+        got = cluster.node(r.node).run(["head", "-n", str(HEAD_LINES), r.log_path], timeout=30)
+        out.append(CollectiveRow(rank=int(r.extra.get("rank", 0)), node=r.node,
+                                 **read_collective(got.stdout if got.ok else "")))
+    return out
 
 
 def lone_ranks(cluster: Cluster, records: list[ProcessRecord]) -> tuple[list[ProcessRecord],

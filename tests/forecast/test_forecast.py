@@ -362,3 +362,44 @@ def test_the_profile_table_has_no_nan_and_no_column_of_one_value():
     assert not frame.isna().any().any() and "nan" not in frame.to_string().lower()
     cores = frame[frame["measured"].str.startswith("CPU cores")].iloc[0]
     assert (cores["median"], cores["min"], cores["max"]) == (1.9, "", "")
+
+
+def test_a_split_model_whose_nccl_fell_back_to_sockets_is_not_graded(test_cfg):
+    """The forecast was fed the RDMA link's rate: a run over NCCL's sockets is labelled in
+    the report and left out of the grading, and the audit re-derives the same."""
+    from lab_utils import report
+    from lab_utils.report.audit import check_graded
+
+    write_01_02(test_cfg)
+    fc = make_forecast(test_cfg, "replicated").model_copy(
+        update={"architecture": "tensor-parallel"})
+    sweep = measured_sweep({c: (10.0, 3.0) for c in test_cfg.workload.concurrency})
+    rank = {"backend": "nccl", "net": "IB", "devices": ["rocep1s0f1:1", "roceP2p1s0f1:1"]}
+    tp = {"topology": "tensor-parallel", "instances": [], "mixed": None, "sweep": sweep,
+          "ranks": 2, "forecast": fc.model_dump(),
+          "same_output": [{"prompt_tokens": 8, "tokens_equal": True, "tokens_ok": True}],
+          "collective": [{"rank": 0, "node": "spark-01", **rank},
+                         {"rank": 1, "node": "spark-02", "backend": "nccl", "net": "Socket",
+                          "devices": ["enp1s0f1np1:192.168.100.11"]}]}
+    write_results(test_cfg, "tp", model("tp", tp), software={}, hardware={})
+    rows = g.grade_rows(fc, {"standard": model("tp", tp).sweep},
+                        not_graded=model("tp", tp).not_graded)
+    assert rows and not any(r["graded"] for r in rows)
+    assert g.sentences("tensor-parallel", rows) == [
+        "tensor-parallel: not graded: NCCL fell back to sockets on rank 1, and the forecast "
+        "was fed the RDMA link's rate (00's link check)"]
+    md = report.build_report(test_cfg).md.read_text()
+    assert "tensor-parallel: not graded: NCCL fell back to sockets on rank 1" in md
+    assert "rank 1 (spark-02): NCCL, TCP sockets (NCCL's fall-back)" in md
+    # over RDMA on both ranks, the same run is graded
+    fell = model("tp", tp)
+    tp["collective"][1] = {"rank": 1, "node": "spark-02", **rank}
+    write_results(test_cfg, "tp", model("tp", tp), software={}, hardware={})
+    md = report.build_report(test_cfg).md.read_text()
+    assert re.search(r"tensor-parallel: TTFT p50 and TPOT predicted with a median absolute "
+                     r"error of \d+% over \d+ graded values", md)
+    # the audit re-grades a stated tally: true of the RDMA run, false of the fallen-back one
+    rows = g.grade_rows(fc, {"standard": model("tp", tp).sweep})
+    (stated,) = g.grade_claims("tp", "tp", "tensor-parallel", rows)[0].graded
+    assert check_graded(stated, {"tp": model("tp", tp)}) == []
+    assert check_graded(stated, {"tp": fell})

@@ -86,11 +86,13 @@ def test_stream_chunks_pass_through_unbuffered(backends):
 
 def test_refused_backend_gives_502_naming_it_quickly():
     dead = f"http://127.0.0.5:{free_port('127.0.0.5')}"
-    with proxy(ProxySettings("replicated", backends=[dead])) as p:
+    with proxy(ProxySettings("replicated", backends=[dead], request_timeout_s=20.0)) as p:
         t0 = time.monotonic()
-        r = httpx.post(f"{p.url}/v1/completions", json=body(), timeout=10)
+        r = httpx.post(f"{p.url}/v1/completions", json=body(), timeout=30)
         elapsed = time.monotonic() - t0
-    assert r.status_code == 502 and elapsed < 1.0
+    # a refused connection is answered at once, not after the request timeout (the bound
+    # is far below the timeout and far above a busy machine's scheduling delays)
+    assert r.status_code == 502 and elapsed < 5.0
     assert r.json()["error"]["backend"] == dead and dead in r.json()["error"]["message"]
 
 

@@ -67,3 +67,42 @@ def test_the_wait_line_says_what_each_instance_does_and_how_quiet_its_log_is():
     assert "prefill-0: profiling memory" in line and "log quiet 40 s" in line
     log["decode-0"] = "Starting to load model"
     assert "decode-0: loading the weights" in w.line(150.0, 62.0, tails())
+
+
+# NCCL's own lines (NCCL_DEBUG=INFO, NCCL_DEBUG_SUBSYS=INIT,NET), in the format of its
+# source (src/transport/net_ib/init.cc: "NET/IB : Using [i]dev:port/link ... ; OOB if:addr";
+# the "Using network" line of its init), with the devices of the recorded GB10 pair; the
+# host, PIDs and timestamps are illustrative
+NCCL_RDMA = (
+    "spark-01:5771:5771 [0] NCCL INFO NCCL_IB_HCA set to =rocep1s0f1:1,roceP2p1s0f1:1\n"
+    "spark-01:5771:5771 [0] NCCL INFO NET/IB : Using [0]rocep1s0f1:1/RoCE "
+    "[1]roceP2p1s0f1:1/RoCE [RO]; OOB enp1s0f1np1:192.168.100.10<0>\n"
+    "spark-01:5771:5771 [0] NCCL INFO Using network IB\n"
+    "(Worker pid=5771) INFO 11-29 10:00:01 [parallel_state.py:1906] world_size=2 rank=0 "
+    "local_rank=0 distributed_init_method=tcp://192.168.100.10:29500 backend=nccl\n")
+NCCL_SOCKETS = (
+    "spark-02:6102:6102 [0] NCCL INFO NET/IB : No device found.\n"
+    "spark-02:6102:6102 [0] NCCL INFO NET/Socket : Using [0]enp1s0f1np1:192.168.100.11<0>\n"
+    "spark-02:6102:6102 [0] NCCL INFO Using network Socket\n")
+
+
+def test_collectives_over_rdma_over_sockets_and_unsaid():
+    got = startup.collective(NCCL_RDMA)
+    assert (got["backend"], got["net"]) == ("nccl", "IB")
+    assert got["devices"] == ["rocep1s0f1:1", "roceP2p1s0f1:1"]  # NCCL's order, its [0] first
+    got = startup.collective(NCCL_SOCKETS)
+    assert (got["backend"], got["net"], got["devices"]) == (
+        "nccl", "Socket", ["enp1s0f1np1:192.168.100.11"])
+    # without NCCL_DEBUG=INFO (a rank started by hand): vLLM names the backend, not the net
+    quiet = NCCL_RDMA.split("\n")[-2]
+    assert startup.collective(quiet)["backend"] == "nccl"
+    assert startup.collective(quiet)["net"] is None
+    assert startup.collective("no such lines")["backend"] is None
+
+
+def test_the_rehearsals_ranks_say_gloo():
+    # vLLM 0.32's CPU build, as it logs a rank's process group
+    line = ("(Worker pid=8233) INFO 11-28 20:06:02 [parallel_state.py:1906] world_size=2 "
+            "rank=1 local_rank=0 distributed_init_method=tcp://127.0.0.2:29500 backend=gloo")
+    got = startup.collective(line)
+    assert (got["backend"], got["net"]) == ("gloo", "TCP")

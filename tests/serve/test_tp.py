@@ -87,7 +87,9 @@ def test_nccl_and_gloo_are_named_the_data_plane_link(spark_cfg, test_cfg):
         node = spark_cfg.nodes[spec.node]
         assert rank_env(spark_cfg, spec) == {
             "VLLM_HOST_IP": node.data_address, "GLOO_SOCKET_IFNAME": "enp1s0f1np1",
-            "NCCL_SOCKET_IFNAME": "=enp1s0f1np1", "NCCL_IB_HCA": "=rocep1s0f1:1,roceP2p1s0f1:1"}
+            "NCCL_SOCKET_IFNAME": "=enp1s0f1np1", "NCCL_IB_HCA": "=rocep1s0f1:1,roceP2p1s0f1:1",
+            # which network NCCL chose, in the rank's log (serve.startup.collective)
+            "NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}
     # the CPU build has no NCCL: Gloo carries the all-reduces
     env = rank_env(test_cfg, test_cfg.instances("tensor-parallel")[1])
     assert env == {"VLLM_HOST_IP": "127.0.0.3", "GLOO_SOCKET_IFNAME": "lo"}
@@ -206,3 +208,21 @@ def test_only_a_split_model_may_tie_at_its_first_token():
     assert v.ok and v.diverged_at == 0 and abs(v.margin - 0.1) < 1e-9
     far = [{7: -0.1, 9: -2.0}]
     assert not judge_tokens([7], [9], strict=False, pd_logprobs=far, first_may_tie=True).ok
+
+
+def test_a_fall_back_to_sockets_is_labelled_and_not_graded():
+    from lab_utils.results import CollectiveRow, collective_said
+    from lab_utils.results.payloads import not_graded
+
+    rdma = CollectiveRow(rank=0, node="spark-01", backend="nccl", net="IB",
+                         devices=["rocep1s0f1:1", "roceP2p1s0f1:1"])
+    sockets = CollectiveRow(rank=1, node="spark-02", backend="nccl", net="Socket",
+                            devices=["enp1s0f1np1:192.168.100.11"])
+    assert not_graded([rdma, rdma.model_copy(update={"rank": 1})]) is None
+    why = not_graded([rdma, sockets])
+    assert why is not None and "rank 1" in why and "RDMA link's rate" in why
+    said = collective_said([rdma, sockets])
+    assert "rank 0 (spark-01): NCCL, RDMA (NCCL's IB transport) on rocep1s0f1:1" in said
+    assert "rank 1 (spark-02): NCCL, TCP sockets (NCCL's fall-back)" in said
+    assert "not graded against the forecast" in said
+    assert "not graded" not in collective_said([rdma])

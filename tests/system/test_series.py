@@ -74,10 +74,16 @@ def test_the_split_model_ran_and_kept_the_output(series):
     assert ranks == {"tp-0": "spark-01", "tp-1": "spark-02"} and tp.ranks == 2
     assert tp.output_ok and len(tp.same_output) >= 3, [r.tokens_why for r in tp.same_output]
     assert tp.forecast is not None and tp.forecast.timed is not None
+    # each rank's log says its collectives are Gloo's, over TCP (the CPU build), so the
+    # forecast is graded
+    assert [(r.rank, r.node, r.backend, r.net) for r in tp.collective] == [
+        (0, "spark-01", "gloo", "TCP"), (1, "spark-02", "gloo", "TCP")]
+    assert tp.not_graded is None
     for run in (tp.sweep, tp.mixed):
         assert run is not None and all(p.summary.failed == 0 for p in run.points)
     md = (cfg.results_dir / "report.md").read_text()
     assert "tensor-parallel" in md and "one model across the nodes" in md
+    assert "rank 1 (spark-02): GLOO, TCP (Gloo, the CPU build's collectives)" in md
 
 
 def test_report_with_conclusions(series):
