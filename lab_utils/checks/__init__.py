@@ -16,7 +16,7 @@ fail, the fix. `run_checks(cfg)` runs them all; `python -m lab_utils check` prin
 
 from __future__ import annotations
 
-from lab_utils.checks import gpu, network, nixl, rdma, resources, software, views
+from lab_utils.checks import collective, gpu, network, nixl, rdma, resources, software, views
 from lab_utils.checks.frame import ChecklistReport, Context, run_checklist
 from lab_utils.cluster.nodes import Node
 from lab_utils.config import LabConfig
@@ -26,7 +26,7 @@ __all__ = ["CHECKS", "ChecklistReport", "Context", "run_checks", "views"]
 CHECKS = [software.check_ssh, software.check_code, software.check_python,
           software.check_os_packages, gpu.check_gpu, gpu.check_cuda_build, rdma.check_rdma, nixl.check_nixl, nixl.check_memlock,
           network.check_ports,
-          network.check_link, software.check_model, resources.check_resources,
+          network.check_link, collective.check_collective, software.check_model, resources.check_resources,
           software.check_clock, software.check_hf_token, software.check_logs]
 
 

@@ -161,6 +161,16 @@ def model_config(cfg: LabConfig, hf_config: dict | None = None) -> tuple[dict, P
                    "model fetch`, or pass the model's config.json to the plan")
 
 
+def hidden_state(cfg: LabConfig, hf_config: dict | None = None) -> tuple[int, int, int]:
+    """(layers, hidden size, bytes per element) of the served model: what one token's
+    hidden state weighs, which a split model's ranks all-reduce twice per layer."""
+    hf, _, _ = model_config(cfg, hf_config)
+    c = hf.get("text_config", hf)
+    dtype = cfg.model.dtype if cfg.model.dtype != "auto" else str(
+        c.get("torch_dtype") or "bfloat16").removeprefix("torch.")
+    return int(c["num_hidden_layers"]), int(c["hidden_size"]), DTYPE_BYTES[dtype]
+
+
 def weight_bits(hf: dict) -> int | None:
     """Bits per weight of the quantized linear layers, from config.json's
     quantization_config (`bits`, a compressed-tensors group's `num_bits`, or FP8's 8);

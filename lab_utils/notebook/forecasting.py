@@ -30,8 +30,7 @@ from lab_utils.forecast.timing import (
     switches_seconds,
 )
 from lab_utils.kv.budget import kv_buffer_device
-from lab_utils.kv.memory import model_config
-from lab_utils.kv.shapes import DTYPE_BYTES
+from lab_utils.kv.memory import hidden_state
 from lab_utils.notebook.record import say
 from lab_utils.notebook.starts import startup_seconds
 from lab_utils.results import calibration, load_optional, load_results
@@ -143,17 +142,14 @@ def allreduce_inputs(cfg: LabConfig) -> tuple[int, float | None, str]:
     model's element size) and the link's rate as notebook 00 measured it (None: not
     measured), with the sentence that says where they come from."""
 
-    hf, _, _ = model_config(cfg)
-    c = hf.get("text_config", hf)
-    dtype = cfg.model.dtype if cfg.model.dtype != "auto" else str(
-        c.get("torch_dtype") or "bfloat16").removeprefix("torch.")
-    per_token = 2 * c["num_hidden_layers"] * c["hidden_size"] * DTYPE_BYTES[dtype]
+    layers, hidden, size = hidden_state(cfg)
+    per_token = 2 * layers * hidden * size
     env = load_optional(cfg, "00")
     link = next((c.data for c in (env.payload.checks if env else []) if c.check == "link"
                  and (c.data or {}).get("measured_gbps")), None)
     rate = link["measured_gbps"] * 1e9 / 8 / 1e3 if link else None
-    said = (f"2 all-reduces per layer x {c['num_hidden_layers']} layers x {c['hidden_size']} x "
-            f"{DTYPE_BYTES[dtype]} B = {per_token:,} B per token in a step, over the link at "
+    said = (f"2 all-reduces per layer x {layers} layers x {hidden} x "
+            f"{size} B = {per_token:,} B per token in a step, over the link at "
             + (f"{link['measured_gbps']:.1f} Gb/s (00's link check)" if link else
                "an unmeasured rate (00's link check did not run): the bytes are left out"))
     return per_token, rate, said

@@ -568,3 +568,42 @@ def test_a_different_device_order_on_one_node_fails_before_nccl_times_out(tmp_pa
     assert hca.status == "fail" and "different halves" in hca.summary
     assert "spark-02: roceP2p1s0f1, rocep1s0f1" in hca.evidence
     assert "one half" in hca.fix
+
+
+def _allreduce(tmp_path, kind: str):
+    cfg = tp_cfg(tmp_path)
+    nodes = replay_nodes(cfg)
+    for node in nodes.values():
+        node.allreduce = kind
+    got = _by_key(run_checks(cfg, nodes, show_progress=False))
+    return got[("collective", "spark-01 / spark-02")], nodes
+
+
+def test_the_all_reduce_runs_as_the_ranks_will_and_says_nccls_network(tmp_path):
+    check, nodes = _allreduce(tmp_path, "rdma")
+    assert check.status == "pass", check
+    assert "all-reduce across the nodes (nccl): 8 KiB in 0.05 ms; 16 MiB in 1.90 ms" in check.summary
+    assert "spark-02: nccl over IB (rocep1s0f1:1, roceP2p1s0f1:1)" in check.evidence
+    # each rank with its environment: the data-plane interface, the HCAs, NCCL's INFO lines,
+    # and rank 0's rendezvous from the config
+    (argv, env), = [(a, e) for a, e in nodes["spark-02"].envs.items()
+                    if a.split()[-7:-5] == ["allreduce", "1"]]
+    assert env["NCCL_IB_HCA"] == "=rocep1s0f1:1,roceP2p1s0f1:1"
+    assert env["NCCL_SOCKET_IFNAME"] == "=enp1s0f1np1" and env["NCCL_DEBUG"] == "INFO"
+    assert "allreduce 1 2 192.168.100.10:29500 nccl" in argv
+    assert "check-allreduce" not in " ".join(r.name for r in nodes["spark-01"].state.records())
+
+
+def test_an_all_reduce_over_sockets_warns_and_a_queue_pair_timeout_fails_with_its_fix(tmp_path):
+    check, _ = _allreduce(tmp_path, "sockets")
+    assert check.status == "warn" and "did not use RDMA" in check.summary
+    assert "nccl over Socket (enp1s0f1np1:192.168.100.11)" in check.evidence
+    check, _ = _allreduce(tmp_path / "qp", "qp_timeout")
+    assert check.status == "fail" and "did not complete" in check.summary
+    assert check.evidence.startswith("nccl_queue_pair_timeout:")
+    assert "nccl_hca check" in check.fix
+
+
+def test_the_all_reduce_is_not_tried_without_a_split_model(spark_cfg):
+    got = _by_key(run_checks(spark_cfg, replay_nodes(spark_cfg), show_progress=False))
+    assert got[("collective", "cluster")].status == "n/a"

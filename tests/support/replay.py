@@ -149,6 +149,32 @@ def profile_data(scenario: str = "recorded") -> dict:
     return data
 
 
+# Reconstructed, not recorded (no GB10 NCCL log is at hand): the all-reduce check's rank
+# logs, NCCL's INFO lines in the format of its source (src/transport/net_ib/init.cc's
+# "NET/IB : Using [i]dev:port/link ...; OOB if:addr<0>", its init's "Using network"), with
+# the recorded pair's devices and addresses; the times are illustrative, not measured.
+def allreduce_log(kind: str, rank: int, node_cfg) -> str:
+    ip, ifname = node_cfg.data_address, node_cfg.data_ifname or "enp1s0f1np1"
+    host = f"spark-0{rank + 1}:{4100 + rank}:{4100 + rank} [0] NCCL INFO "
+    if kind == "qp_timeout":
+        return (host + f"NET/IB : Using [0]rocep1s0f1:1/RoCE [1]roceP2p1s0f1:1/RoCE [RO]; OOB "
+                f"{ifname}:{ip}<0>\n" + host + "Using network IB\n"
+                + host.replace("INFO", "WARN").replace(" [0] ", " [0] misc/ibvwrap.cc:262 ")
+                + "Call to ibv_modify_qp failed with 110 Connection timed out, on dev "
+                "roceP2p1s0f1:1, curr state INIT, next state RTR\n"
+                "torch.distributed.DistBackendError: NCCL error: remote process exited or "
+                "there was a network error\n")
+    if kind == "sockets":
+        lines = (host + "NET/IB : No device found.\n" + host
+                 + f"NET/Socket : Using [0]{ifname}:{ip}<0>\n" + host + "Using network Socket\n")
+    else:
+        lines = (host + "NET/IB : Using [0]rocep1s0f1:1/RoCE [1]roceP2p1s0f1:1/RoCE [RO]; OOB "
+                 f"{ifname}:{ip}<0>\n" + host + "Using network IB\n")
+    sizes = [{"bytes": 8192, "ms": 0.05, "sum_ok": True},
+             {"bytes": 16 * 2**20, "ms": 1.9, "sum_ok": True}]
+    return lines + json.dumps({"rank": rank, "backend": "nccl", "sizes": sizes}) + "\n"
+
+
 class ReplayNode(Node):
     """A node whose commands are answered from recordings (nothing is executed)."""
 
@@ -163,6 +189,8 @@ class ReplayNode(Node):
         self.commands: list[str] = []
         self.alive: set[int] = set()
         self.finished: dict[int, str] = {}  # pid -> its output, of a recorded process that ended
+        self.allreduce = "rdma"  # which reconstructed all-reduce log answers (allreduce_log)
+        self.envs: dict[str, dict] = {}  # the environment each detached process got, by argv
 
     def run(self, argv, *, timeout=60.0, env=None, input=None) -> RunResult:
         self.commands.append(" ".join(argv))
@@ -219,7 +247,11 @@ class ReplayNode(Node):
         pid = next(self._pids)
         self.commands.append(" ".join(argv))
         answer = self.answers.get(" ".join(argv))
-        if answer:  # a recorded command that ends by itself (an ib_write_bw client): done
+        self.envs[" ".join(argv)] = env
+        if "allreduce" in argv:  # the check's rank, answered by a reconstruction: done
+            i = argv.index("allreduce")
+            self.finished[pid] = allreduce_log(self.allreduce, int(argv[i + 1]), self.cfg)
+        elif answer:  # a recorded command that ends by itself (an ib_write_bw client): done
             self.finished[pid] = rec(answer)
         else:
             self.alive.add(pid)

@@ -38,8 +38,13 @@ def test_the_checklist_passed_on_the_rehearsal(series):
     assert "Gb/s" in got[("link", "spark-02 -> spark-01")].summary
     ports = [c for c in env.checks if c.check == "ports"]
     # every instance's HTTP port (the split model's rank 0 only), the proxy, the side
-    # channel, the probe and the split model's rendezvous
-    assert len(ports) == 10 and all(c.status == "pass" for c in ports)
+    # channel, the probe, the split model's rendezvous and, each way between its ranks'
+    # nodes, a port the system picked
+    assert len(ports) == 12 and all(c.status == "pass" for c in ports)
+    assert sum("a port the system picks" in c.summary for c in ports) == 2
+    # the split model's all-reduce across the two nodes, for real, with Gloo
+    reduce = got[("collective", "spark-01 / spark-02")]
+    assert reduce.status == "pass" and "(gloo)" in reduce.summary and "16 MiB in" in reduce.summary
 
 
 def test_results_are_valid(series):
