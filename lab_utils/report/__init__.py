@@ -29,11 +29,19 @@ from lab_utils.report.plots import PLOT_NAMES, Plot, plot_values, render_plots, 
 from lab_utils.report.render import ReportPaths, build_report, render_html, render_markdown
 from lab_utils.report.sections import Block, report_blocks, verdict_table
 from lab_utils.report.summary import REHEARSAL_BANNER, system_under_test, verdict_sentence
-from lab_utils.report.tables import display_table, headline_table, kv_table, points_table
+from lab_utils.report.tables import (
+    display_table,
+    headline_table,
+    kv_table,
+    points_table,
+    whole_tables,
+)
 from lab_utils.report.when_pd import show_when_pd_pays
 from lab_utils.results.points import COMPARED as METRICS
 from lab_utils.results.points import MARGIN
 from lab_utils.util.numbers import fmt_num
+
+whole_tables()  # the notebooks that import the report show its tables whole
 
 __all__ = [
     "Audit", "audit",

@@ -51,8 +51,22 @@ def grade_table(rows: list[dict[str, Any]]) -> pd.DataFrame:
             if r.get("measured_lo") is not None else " (one run)"),
         "error %": "–" if r["error %"] is None else f"{r['error %']:+.0f}",
         "inside": "yes" if r["in interval"] else "no",
-        "verdict": "differs" if r["differs"] else "agrees",
+        "verdict": _verdict(r),
         "graded": "yes" if r["graded"] else f"no: {r['not graded because']}"} for r in rows])
+
+
+def _verdict(r: dict[str, Any]) -> str:
+    """The lab's rule on one graded value, in words that do not overstate it: inside the
+    interval, outside it but not different (the repeats' range reaches into it, or the miss
+    is within the margin), or different."""
+    if not r["graded"]:
+        return "–"
+    if r["differs"]:
+        return "differs"
+    if r["in interval"]:
+        return "inside"
+    return ("outside; no difference by the lab's rule (the repeats' range reaches the "
+            f"interval, or the miss is within {MARGIN:.0%})")
 
 
 # ---- two Sparks --------------------------------------------------------------------------------

@@ -46,7 +46,7 @@ from lab_utils.report.tables import (
 )
 from lab_utils.results import RESULTS, collective_said, reference_origin
 from lab_utils.results.claims import Comparison
-from lab_utils.results.points import BY_KEY, RULE, MetricKey
+from lab_utils.results.points import BY_KEY, MARGIN, RULE, MetricKey
 from lab_utils.results.sweep import BenchmarkResult
 from lab_utils.util.numbers import fmt_num
 
@@ -148,10 +148,24 @@ def _ranking(fs: list[Comparison]) -> str:
         for upper, lower in zip(tiers, tiers[1:], strict=False):
             gap = min(by_pair[frozenset((u, lo))].ratio for u in upper for lo in lower)
             out += f" > {' = '.join(lower)} ({times(gap)})"
-        return out
-    return "; ".join(f"{f.winner} > {f.subject.name if f.winner == f.reference.name else f.reference.name}"
-                     f" ({times(f.ratio)})" if f.winner else
-                     f"{f.subject.name} = {f.reference.name}" for f in fs)
+    else:
+        out = "; ".join(
+            f"{f.winner} > {f.subject.name if f.winner == f.reference.name else f.reference.name}"
+            f" ({times(f.ratio)})" if f.winner else f"{f.subject.name} = {f.reference.name}"
+            for f in fs)
+    notes = [_tie_beyond_margin(f) for f in fs if f.winner is None and f.ratio > 1 + MARGIN]
+    return out + (f" [{'; '.join(notes)}]" if notes else "")
+
+
+def _tie_beyond_margin(f: Comparison) -> str:
+    """Why two sides further apart than the margin are still "=": the ranges over their
+    repeats (shown, so the tie can be checked here), or the reason the rule gives."""
+    a, b = f.subject, f.reference
+    if a.value.n > 1 and b.value.n > 1:
+        return (f"{a.name} = {b.name} though {times(f.ratio)} apart: their ranges over the "
+                f"repeats overlap ({fmt_num(a.value.min)}-{fmt_num(a.value.max)} and "
+                f"{fmt_num(b.value.min)}-{fmt_num(b.value.max)})")
+    return f"{a.name} = {b.name} though {times(f.ratio)} apart: {f.basis}"
 
 
 def _tier(tiers: list[list[str]], arch: str) -> int:

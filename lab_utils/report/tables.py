@@ -169,6 +169,14 @@ def _spread_text(row: pd.Series) -> str:
     return f"{pct:.1f}% ({row['repeats']} repeats)" if math.isfinite(pct) else "–"
 
 
+def whole_tables() -> None:
+    """Show a notebook's tables whole: every cell's full text (a verdict or a basis cut at
+    50 characters cannot be checked) and every row up to 200 (a sentence that counts over
+    a table's rows is checked against them all)."""
+    pd.set_option("display.max_colwidth", None)
+    pd.set_option("display.max_rows", 200)
+
+
 def display_table(df: pd.DataFrame) -> pd.DataFrame:
     """The headline table for people: formatted numbers, invalid points as INVALID with
     their reason, spread as (max-min)/median of the widest metric over the repeats; the
