@@ -169,6 +169,9 @@ def _spread_text(row: pd.Series) -> str:
     return f"{pct:.1f}% ({row['repeats']} repeats)" if math.isfinite(pct) else "–"
 
 
+SPREAD = "spread (widest metric)"  # (max - min) / median over the repeats, the row's widest
+
+
 def whole_tables() -> None:
     """Show a notebook's tables whole: every cell's full text (a verdict or a basis cut at
     50 characters cannot be checked) and every row up to 200 (a sentence that counts over
@@ -188,11 +191,11 @@ def display_table(df: pd.DataFrame) -> pd.DataFrame:
         for m in COMPARED:
             rec[m.heading] = (percentile_text(m.key, m.text(row[m.key], unit=False), row)
                               if row["valid"] else "INVALID")
-        rec["spread"] = _spread_text(row)
+        rec[SPREAD] = _spread_text(row)
         notes = [row.get(k) for k in ("invalid_reason", "repeat_note")]
         rec["note"] = "; ".join(n for n in notes if isinstance(n, str) and n)
         out.append(rec)
-    cols = ["architecture", "load", "valid", *(m.heading for m in COMPARED), "spread", "note"]
+    cols = ["architecture", "load", "valid", *(m.heading for m in COMPARED), SPREAD, "note"]
     return pd.DataFrame(out, columns=cols)
 
 
