@@ -25,6 +25,7 @@ from lab_utils.forecast import band as band_mod
 from lab_utils.forecast import grade
 from lab_utils.notebook import lessons, time_split
 from lab_utils.report import expected, plots, tables
+from lab_utils.report import forecast as forecast_mod
 from lab_utils.results.sweep import BenchmarkPoint, BenchmarkResult, RequestRecord
 
 conclusions = importlib.import_module("lab_utils.report.conclusions")  # the package's
@@ -204,7 +205,29 @@ def roof(limit: float | None) -> SimpleNamespace:
 
 # builder -> (its text where the claim holds, its text where it does not, a phrase of the
 # first that must not be in the second)
+def pair(replicated: float, baseline: float) -> list:
+    """replicated against baseline on ITL p99 at concurrency 1, each one run."""
+    from lab_utils.results.claims import comparison
+    from lab_utils.results.points import Point
+
+    def pt(v: float) -> Point:
+        return Point.model_validate({"mode": "concurrency", "value": 1.0, "repeats": 1,
+                                     "p99_itl_ms": {"median": v, "min": v, "max": v, "n": 1}})
+    return [comparison("p99_itl_ms", ("replicated", "03", "sweep", pt(replicated)),
+                       ("baseline", "01", "sweep", pt(baseline)))]
+
+
 FLIPS = {
+    "report/conclusions.py:_pair_claim": lambda: (
+        conclusions._pair_claim(pair(4.0, 8.0), "standard", "replicated", "baseline",
+                                "the single instance").text,
+        conclusions._pair_claim(pair(8.0, 4.0), "standard", "replicated", "baseline",
+                                "the single instance").text,
+        "won on ITL p99 at concurrency 1"),
+    "report/forecast.py:_verdict": lambda: (
+        forecast_mod._verdict({"graded": True, "differs": False, "in interval": True}),
+        forecast_mod._verdict({"graded": True, "differs": False, "in interval": False}),
+        "inside"),
     "notebook/lessons.py:best_transfer_sentence": lambda: (
         lessons.best_transfer_sentence(probe({1 << 20: 2.0, 4 << 20: 3.0})),
         lessons.best_transfer_sentence(probe({1 << 19: 3.5, 4 << 20: 1.0})),

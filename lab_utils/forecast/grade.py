@@ -122,7 +122,7 @@ def grade_frame(rows: list[dict[str, Any]]):
 def sentences(arch: str, rows: list[dict[str, Any]]) -> list[str]:
     """What the grading says, in words, with the numbers."""
     s = summary(rows)
-    reasons = {r["not graded because"] for r in rows}
+    reasons = {r.get("not graded because") for r in rows}
     if not s["points"] and len(reasons) == 1 and None not in reasons:
         return [f"{arch}: not graded: {reasons.pop()}"]
     if not s["points"]:

@@ -362,6 +362,39 @@ def _stall_warning(data: ReportData) -> list[str]:
             "it; the runs are in the numbers as measured."]
 
 
+# Beside disaggregation's verdicts, one sentence per workload for these pairs: what a
+# reader of the verdict table asks next (why the replicas lost to one instance, how the
+# split model did), each metric it won or lost named with its loads and largest margin.
+OTHER_PAIRS = (("replicated", "baseline"), ("tensor-parallel", "replicated"))
+NAMES = {"replicated": "replicated serving", "tensor-parallel": "the split model (tensor-parallel)"}
+
+
+def _pair_claim(findings: list[Comparison], workload: str, subject: str, reference: str,
+                ref_name: str, why: str = "") -> Claim | None:
+    """"Replicated serving against the single instance (...): lost on ... at ... (up to
+    1.7x ...); won on none; no difference on ..." for one workload."""
+    fs = [f for f in findings if f.workload == workload and f.subject.name == subject
+          and f.reference.name == reference]
+    if not fs:
+        return None
+    parts: dict[str, list[str]] = {"lost": [], "won": []}
+    tied = []
+    for m in COMPARED:
+        mine = [f for f in fs if f.metric == m.key]
+        for side, word in (("reference", "lost"), ("subject", "won")):
+            hit = [f for f in mine if f.better == side]
+            if hit:
+                parts[word].append(f"{m.label} at {_loads(hit)} ({_up_to(hit)} "
+                                   f"{'better' if side == 'subject' else 'worse'})")
+        if mine and all(f.better is None for f in mine):
+            tied.append(m.label)
+    said = "; ".join(f"{word} on {join_words(items)}" if items else f"{word} on none"
+                     for word, items in parts.items())
+    text = (f"{WORKLOADS[workload]}{NAMES[subject]} against {ref_name}: {said}"
+            + (f"; no difference on {join_words(tied)}" if tied else "") + f".{why}")
+    return claim("report", text[0].upper() + text[1:], *fs)
+
+
 def conclusions(data: ReportData, table: pd.DataFrame | None = None) -> Conclusions:
     """Plain sentences and the comparisons behind them, computed from the numbers; invalid
     points are excluded and named. `table`: the points table, when already built (for the
@@ -377,6 +410,14 @@ def conclusions(data: ReportData, table: pd.DataFrame | None = None) -> Conclusi
         verdicts += _verdicts(findings, workload, ref, reference_name(data, ref))
     doc = documentation_claim(findings)
     verdicts += [doc] if doc else []
+    why = (" On this machine the replicas shared the cores the single instance had to itself."
+           if shared_machine(data) else "")
+    for workload in WORKLOADS:
+        for subject, reference in OTHER_PAIRS:
+            c = _pair_claim(findings, workload, subject, reference,
+                            reference_name(data, reference),
+                            why if (subject, reference) == ("replicated", "baseline") else "")
+            verdicts += [c] if c else []
     tail = []
     if excluded:
         tail.append("Excluded from the conclusions as invalid: " + "; ".join(excluded) + ".")
