@@ -178,4 +178,39 @@ def what_if(data: ReportData, *, input_len: int | None = None, output_len: int |
     else:
         print(f"predicted winner by {by}: {best.architecture} ({rank(best)[0]:.3g} req/s); its "
               f"busiest pool: {best.bottleneck()}")
+    if not spark and nodes == 2 and load.concurrency and (
+            said := _measured_beside(data, w, load.concurrency, preds)):
+        print(said)
     return df
+
+
+MEASURED_AS = {"2 replicas": "replicated", "1P1D": "disaggregated"}
+
+
+def _shape(w: WorkloadConfig) -> tuple:
+    """What makes two workloads the same requests (their loads aside)."""
+    return (w.input_len, w.output_len, w.mixed_long_len, w.mixed_long_len and w.mixed_long_every,
+            w.chat)
+
+
+def _measured_beside(data: ReportData, w: WorkloadConfig, concurrency: int,
+                     preds: list) -> str | None:
+    """When the what-if is a point this run measured (its own workload, two nodes), what
+    was measured there beside what the forecast says, so neither is read for the other."""
+    runs = data.mixed if w.mixed_long_len else data.sweeps
+    pairs = []
+    for p in preds:
+        run = runs.get(MEASURED_AS.get(p.architecture, ""))
+        if run is None or _shape(workload_of(run.workload)) != _shape(w):
+            continue
+        entry = next((c for c in run.combined if c.mode == "concurrency"
+                      and float(c.value) == concurrency and c.valid), None)
+        got = entry.of("request_throughput") if entry else None
+        if got is not None:
+            pairs.append(f"{p.architecture} measured {got.median:.3g} req/s, forecast "
+                         f"{p.metrics['request_throughput']:.3g}")
+    if not pairs:
+        return None
+    return (f"This is a point this run measured ({'mixed' if w.mixed_long_len else 'standard'} "
+            f"workload, concurrency {concurrency}): " + "; ".join(pairs) + ". The forecast's "
+            "own grading is in 'Predicted, then measured' above.")
