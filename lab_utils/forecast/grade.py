@@ -21,7 +21,7 @@ from lab_utils.forecast.band import coverage, coverage_sentence
 from lab_utils.measure.benchmark import read_late
 from lab_utils.results.claims import Claim, Graded, claim
 from lab_utils.results.forecast import Forecast
-from lab_utils.results.points import BY_KEY, FORECAST, Measured, compare
+from lab_utils.results.points import BY_KEY, FORECAST, MARGIN, Measured, compare
 from lab_utils.results.sweep import BenchmarkResult
 
 HEADLINE_GRADE = ("median_ttft_ms", "median_tpot_ms")  # the issue's yardstick
@@ -119,6 +119,15 @@ def grade_frame(rows: list[dict[str, Any]]):
     return df.round(2)
 
 
+def _over(rows: list[dict[str, Any]]) -> str:
+    """Which runs the values come from, so counts of different sizes read right."""
+    loads = {w: len({r["load"] for r in rows if r["workload"] == w})
+             for w in dict.fromkeys(r["workload"] for r in rows)}
+    said = " and ".join(f"{n} load point{'s' if n > 1 else ''} of the {w} workload"
+                        for w, n in loads.items())
+    return f"; from {said}" + ("" if "mixed" in loads else " (no mixed point was forecast)")
+
+
 def sentences(arch: str, rows: list[dict[str, Any]]) -> list[str]:
     """What the grading says, in words, with the numbers."""
     s = summary(rows)
@@ -134,10 +143,11 @@ def sentences(arch: str, rows: list[dict[str, Any]]) -> list[str]:
             f"{shown}% over {s['points']} graded values "
             f"({'within' if s['within_goal'] else 'outside'} the {GOAL_PCT:g}% goal); "
             f"{s['in_interval']} of them inside the forecast's interval, {s['differ']} "
-            "different from it by the lab's rule (the measured median more than 10% from "
-            "the predicted one, and the measured min-max range over the repeats clear of "
-            "the interval; a single run, more than 10% beyond the interval's nearer end)"
-            + (f"; {s['ungraded']} not graded (flagged)" if s["ungraded"] else ""),
+            f"different from it by the lab's rule (the measured median more than {MARGIN:.0%} "
+            "from the predicted one, and the measured min-max range over the repeats clear of "
+            f"the interval; a single run, more than {MARGIN:.0%} beyond the interval's nearer "
+            "end)" + (f"; {s['ungraded']} not graded (flagged)" if s["ungraded"] else "")
+            + _over(rows),
             f"  every metric: {coverage_sentence(coverage(rows))}"]
     graded = [r for r in rows if r["graded"] and r["error %"] is not None
               and r["predicted"] and r["predicted"] > 0 and r["measured"] > 0]
