@@ -105,7 +105,7 @@ def _times(key: MetricKey, x: Point, y: Point) -> str:
 
 def conclude_01(payload: BaselinePayload, device: str = "cpu") -> list[Claim]:
     """Batching: output throughput from the lowest to the highest concurrency, at what
-    cost in TPOT, and whether the forecast of the sweep held there."""
+    cost in TPOT and TTFT, and whether the forecast of the sweep held there."""
     pts = _points(payload.sweep)
     if len(pts) < 2:
         return [claim("01", "Only one valid load point: nothing to compare across concurrency.")]
@@ -113,6 +113,7 @@ def conclude_01(payload: BaselinePayload, device: str = "cpu") -> list[Claim]:
     at = lambda p: ("single instance", "01", "sweep", p)  # noqa: E731
     tps = comparison("output_throughput", at(hi), at(lo))
     tpot = comparison("median_tpot_ms", at(hi), at(lo))
+    ttft = comparison("median_ttft_ms", at(hi), at(lo))
     fc, grade = forecast_said(getattr(payload, "forecast", None), {"standard": payload.sweep},
                               "output_throughput", "standard", max(pts), "01")
     fc = f" At concurrency {max(pts):g}, {fc}." if fc else ""
@@ -122,8 +123,11 @@ def conclude_01(payload: BaselinePayload, device: str = "cpu") -> list[Claim]:
                           f"from concurrency {min(pts):g} to {max(pts):g} ({_tps(lo)} -> "
                           f"{_tps(hi)} tok/s) while TPOT p50 was {_margin(tpot)} "
                           f"({_ms(lo.median('median_tpot_ms'))} -> "
-                          f"{_ms(hi.median('median_tpot_ms'))}): {max(pts):g} requests shared "
-                          f"each step.{fc}", tps, tpot, graded=grade))
+                          f"{_ms(hi.median('median_tpot_ms'))}) and TTFT p50 {_margin(ttft)} "
+                          f"({_ms(lo.median('median_ttft_ms'))} -> "
+                          f"{_ms(hi.median('median_ttft_ms'))}): {max(pts):g} requests shared "
+                          f"each step.{fc}",
+                          tps, tpot, ttft, graded=grade))
     else:
         said.append(claim("01", f"Batching did not pay: output throughput at concurrency "
                           f"{max(pts):g} was {_margin(tps)} against {min(pts):g} ({_tps(lo)} "
@@ -202,9 +206,17 @@ def conclude_02(kv: KvTransferPayload, input_len: int | None = None) -> list[Cla
     return [claim("02", t) for t in _said_02(kv, input_len)]
 
 
+def _spread_ms(kv: KvTransferPayload, nbytes: int) -> float:
+    """The run-to-run variation of one size's READs in the probe: p90 - p50 (ms); 0 when
+    the probe did not record that size."""
+    row = next((r for r in kv.probe.rows if r.get("op") == "READ" and r.get("bytes") == nbytes
+                and r.get("p90_us") is not None and r.get("p50_us") is not None), None)
+    return (row["p90_us"] - row["p50_us"]) / 1e3 if row else 0.0
+
+
 def _said_02(kv: KvTransferPayload, input_len: int | None) -> list[str]:
-    ratios = [(r.prompt_tokens, r.measured_ms / r.predicted_ms)
-              for r in kv.predicted_vs_measured if r.measured_ms and r.predicted_ms]
+    rows = [r for r in kv.predicted_vs_measured if r.measured_ms and r.predicted_ms]
+    ratios = [(r.prompt_tokens, r.measured_ms / r.predicted_ms) for r in rows]
     said = []
     per_token = kv.kv_per_token_bytes
     if input_len:
@@ -216,10 +228,21 @@ def _said_02(kv: KvTransferPayload, input_len: int | None) -> list[str]:
         return said + ["The probe measured fewer than two prompt sizes: no comparison."]
     short, long = ratios[0], ratios[-1]
     over = [f"{n} tokens x{q:.2f}" for n, q in ratios if _above(q)]
-    if _above(short[1]) and short[1] > long[1]:
+    first = rows[0]
+    excess_us = (first.measured_ms - first.predicted_ms) * 1e3
+    spread_us = _spread_ms(kv, first.kv_bytes) * 1e3
+    if _above(short[1]) and short[1] > long[1] and excess_us <= spread_us:
+        said.insert(0, f"The shortest prompt's transfer took {short[1]:.2f}x the size / "
+                       f"best-bandwidth estimate, the longest {long[1]:.2f}x, but the shortest's "
+                       f"excess ({excess_us:.0f} µs) is no larger than its own run-to-run "
+                       f"variation (p90 - p50: {spread_us:.0f} µs): no fixed cost per transfer "
+                       f"stands out of the noise ({ABOVE} at: {', '.join(over)}).")
+    elif _above(short[1]) and short[1] > long[1]:
         said.insert(0, f"The shortest prompt paid a fixed cost: its transfer "
                        f"took {short[1]:.2f}x the size / best-bandwidth estimate, the longest "
-                       f"{long[1]:.2f}x ({ABOVE} at: {', '.join(over)}).")
+                       f"{long[1]:.2f}x; its excess ({excess_us:.0f} µs) is larger than its "
+                       f"run-to-run variation (p90 - p50: {spread_us:.0f} µs) ({ABOVE} at: "
+                       f"{', '.join(over)}).")
     elif _above(long[1]) and _above(short[1]):
         said.insert(0, f"Both ends took longer than the size / best-bandwidth estimate: the "
                        f"shortest prompt's transfer {short[1]:.2f}x (a fixed cost per transfer, "

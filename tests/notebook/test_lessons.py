@@ -81,6 +81,14 @@ def test_02_fixed_cost_seen_or_not():
     said = conclude_02(kv([0.1, 0.4, 1.7]))
     assert said[0].startswith("The shortest prompt's transfer took") and "1.00x" in said[0]
     assert "too small to see" in said[0]
+    # the same excess (200 µs) inside the shortest size's own variation (p90 - p50 of its
+    # READs: 300 µs): no fixed cost is claimed out of the noise
+    noisy = kv([0.3, 0.5, 1.6])
+    for r in noisy.probe.rows:
+        r.update({"p50_us": r["median_us"], "p90_us": r["median_us"] + 300.0})
+    said = conclude_02(noisy)
+    assert "no fixed cost per transfer stands out of the noise" in said[0]
+    assert "excess (200 µs)" in said[0] and "p90 - p50: 300 µs" in said[0]
     # the bandwidth collapsed at the largest size: said so, not read as "no fixed cost"
     said = conclude_02(kv([0.1, 0.4, 5.1]))
     assert said[0].startswith("The longest prompt's transfer took") and "3.19x" in said[0]
