@@ -79,7 +79,8 @@ class Metric:
         if small == 0:
             return f"∞ {way}"
         r = big / small
-        return f"{r:.1f}x {way}" if r < 10 else f"{r:.0f}x {way}"
+        # never "1.0x higher": two decimals where one would round the gap away
+        return f"{r:.2f}x {way}" if r < 1.05 else f"{r:.1f}x {way}" if r < 10 else f"{r:.0f}x {way}"
 
 
 METRICS = (

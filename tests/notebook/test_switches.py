@@ -79,10 +79,14 @@ def test_chunking_sentence_follows_the_numbers():
     won = chunking_claim(_sw(8.0, 90.0, 120.0, 90.0))
     assert "cut the streams' tail (11x lower)" in won.text and "1.3x higher" in won.text
     assert "(one load point, concurrency 4)" in won.text
-    c, served = won.comparisons
+    c, served, bare = won.comparisons
     assert (c.better, c.subject.run, c.reference.run) == ("subject", "switch steps256",
                                                           "switch unchunked")
     assert (served.better, served.reference.run) == ("subject", "switch served")
+    # chunking off against as served as well (ITL p99 90 ms against 30 ms)
+    assert (bare.subject.run, bare.reference.run, bare.better) == (
+        "switch unchunked", "switch served", "reference")
+    assert "chunking off against as served: off did not cut it (3.0x higher)" in won.text
     assert "and 30 ms as served" in won.text and "as served they cut it (3.8x lower)" in won.text
     # the first tokens of the lower tail against each setting ranked (served: long 80 ms)
     assert ("first tokens with the lower tail (steps256 against unchunked): the long prompts' "
@@ -94,13 +98,22 @@ def test_chunking_sentence_follows_the_numbers():
                                       _run("unchunked", 4096, 90.0, 90.0, 30.0)])
     assert "the short prompts' median first token 400 ms against 25 ms (16x higher)" in (
         chunking_claim(short).text)
+    # the lowest tail (chunking off) held against as served, with what it cost there
+    off_best = Switches(chunked_prefill=[_run("served", 2048, 190.0, 380.0, 29.0),
+                                         _run("steps256", SMALL_BUDGET, 48.0, 400.0, 396.0),
+                                         _run("unchunked", 4096, 9.7, 382.0, 367.0)])
+    text = chunking_claim(off_best).text
+    assert "chunking off against as served: off cut the tail (20x lower)" in text
+    assert ("first tokens with the lower tail (unchunked against served): the long prompts' "
+            "first token 382 ms against 380 ms (1.01x higher), the short prompts' median first "
+            "token 367 ms against 29 ms (13x higher)") in text
     lost = chunking_claim(_sw(50.0, 25.0, 90.0, 90.0))
     assert "did not shorten the tail (2.0x higher)" in lost.text
     # chunking off had the lower tail: its first tokens are set against the small steps'
     lower = chunking_claim(_sw(50.0, 25.0, 120.0, 300.0))
     assert ("first tokens with the lower tail (unchunked against steps256): the long prompts' "
             "first token 300 ms against 120 ms (2.5x higher)") in lower.text
-    assert "cut" not in lost.text
+    assert "steps cut" not in lost.text and "they cut" not in lost.text
     even = chunking_claim(_sw(26.0, 25.0, 90.0, 90.0))
     assert "no difference by the lab's rule (26.00 ms in one run vs 25.00 ms in one run: gap" in even.text
     assert "nothing to compare" in chunking_claim(_sw(None, 25.0, 90.0, 90.0)).text
