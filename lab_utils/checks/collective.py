@@ -13,6 +13,7 @@ in another order, a kernel that cannot register memory, a firewall).
 
 from __future__ import annotations
 
+import inspect
 import json
 import time
 
@@ -20,6 +21,7 @@ from lab_utils.checks.frame import Context
 from lab_utils.errors import LabError
 from lab_utils.known_failures import match_failures
 from lab_utils.kv.memory import hidden_state
+from lab_utils.on_node import allreduce as on_node
 from lab_utils.results.checklist import CheckResult
 from lab_utils.serve.launcher import rank_env
 from lab_utils.serve.startup import collective
@@ -28,6 +30,7 @@ TOPOLOGY = "tensor-parallel"
 LARGE = 16 * 2**20  # NVIDIA's NCCL tests on a Spark pair reach the link's rate from here up
 WAIT_S = 180.0  # torch's import and NCCL's set-up on each node, then the all-reduces
 FALLBACK_HIDDEN = (4096, 2)  # an 8B model's hidden state in bf16, when no config is at hand
+_SOURCE = inspect.getsource(on_node)  # sent with -c: the lab need not be deployed yet
 
 
 def decode_bytes(ctx: Context) -> tuple[int, str]:
@@ -68,8 +71,8 @@ def check_collective(ctx: Context) -> list[CheckResult]:
             node = ctx.node(spec.node)
             log = f"{ctx.cfg.log_dir_on(spec.node)}/check-allreduce-{spec.name}.log"
             node.run(["rm", "-f", log])
-            argv = ctx.facts_argv(spec.node, "allreduce", str(spec.rank), str(len(specs)),
-                                  master, backend, str(small), str(LARGE))
+            argv = [node.python, "-c", _SOURCE, "allreduce", str(spec.rank), str(len(specs)),
+                    master, backend, str(small), str(LARGE)]
             running.append((spec, node.start_detached(
                 f"check-allreduce-{spec.name}", argv, log_path=log, kind="check",
                 env=rank_env(ctx.cfg, spec))))

@@ -78,10 +78,10 @@ from lab_utils.notebook.switches import two_switches
 from lab_utils.notebook.time_split import time_instances, where_time_went
 from lab_utils.notebook.timings import whole_notebook_lines
 from lab_utils.notebook.triage import triage_text
-from lab_utils.report.tables import whole_tables
 from lab_utils.results.guesses import guess, guesses_frame
+from lab_utils.util.tables import whole_tables
 
-whole_tables()  # the notebooks show their tables whole (`report.tables.whole_tables`)
+whole_tables()  # the notebooks show their tables whole (`util.tables.whole_tables`)
 
 __all__ = [
     "ServingSession", "cache_meter", "check_alive", "compare_frame", "compare_front_doors", "compare_policies",

@@ -24,6 +24,7 @@ from lab_utils.results.kv_transfer import KvTransferPayload
 from lab_utils.results.payloads import Policies
 from lab_utils.results.points import BY_KEY, COMPARED, MARGIN, Measured, MetricKey, Point, differs
 from lab_utils.results.sweep import BenchmarkResult
+from lab_utils.util.numbers import join_words
 
 # what NIXL's progress threads did in a run: as vLLM gets them, busy and lowered by the lab
 # (kv_transfer.lower_nixl_threads), or waiting in poll() (kv_transfer.nixl_progress_delay_us)
@@ -215,8 +216,9 @@ def _spread_ms(kv: KvTransferPayload, nbytes: int) -> float:
 
 
 def _said_02(kv: KvTransferPayload, input_len: int | None) -> list[str]:
-    rows = [r for r in kv.predicted_vs_measured if r.measured_ms and r.predicted_ms]
-    ratios = [(r.prompt_tokens, r.measured_ms / r.predicted_ms) for r in rows]
+    rows = [(r, r.measured_ms, r.predicted_ms) for r in kv.predicted_vs_measured
+            if r.measured_ms and r.predicted_ms]
+    ratios = [(r.prompt_tokens, m / p) for r, m, p in rows]
     said = []
     per_token = kv.kv_per_token_bytes
     if input_len:
@@ -228,8 +230,8 @@ def _said_02(kv: KvTransferPayload, input_len: int | None) -> list[str]:
         return said + ["The probe measured fewer than two prompt sizes: no comparison."]
     short, long = ratios[0], ratios[-1]
     over = [f"{n} tokens x{q:.2f}" for n, q in ratios if _above(q)]
-    first = rows[0]
-    excess_us = (first.measured_ms - first.predicted_ms) * 1e3
+    first, measured, predicted = rows[0]
+    excess_us = (measured - predicted) * 1e3
     spread_us = _spread_ms(kv, first.kv_bytes) * 1e3
     if _above(short[1]) and short[1] > long[1] and excess_us <= spread_us:
         said.insert(0, f"The shortest prompt's transfer took {short[1]:.2f}x the size / "
@@ -299,8 +301,10 @@ def conclude_03(baseline: BenchmarkResult, replicated: BenchmarkResult,
         lost = [f"{c.value:g}: {_margin(c)}" for c in cmps]
         said.append(claim("03", "Two replicas did not add capacity (output throughput "
                           f"against one instance at concurrency {', '.join(lost)})"
-                          + (f": {CPU_NOTE}, so two busy replicas share what one had alone; on "
-                             "two Sparks each has its own GPU." if device == "cpu"
+                          + (f": {CPU_NOTE}, so a second replica brings no cores of its own "
+                             "and cannot add capacity here; this run does not split the loss "
+                             "it measured into its causes. On two Sparks each has its own GPU."
+                             if device == "cpu"
                              else "; check that both nodes serve (status).") + fc, *cmps,
                           graded=grade))
     keys: tuple[MetricKey, ...] = ("median_ttft_ms", "median_itl_ms")
@@ -355,12 +359,19 @@ def _against_policies(pd: Point, policies: Policies | None, mixed_rep: Benchmark
     for name, (run, p) in policy_sides(policies.runs, mixed_rep, policy).items():
         if name == policy or (p.mode, p.value) != (pd.mode, pd.value):
             continue
-        x = comparison("p99_itl_ms", ("disaggregated", "04", "mixed", pd),
-                       (f"replicated, {name}", "03", run, p))
-        cmps.append(x)
+        side = (f"replicated, {name}", "03", run, p)
+        x = comparison("p99_itl_ms", ("disaggregated", "04", "mixed", pd), side)
+        costs = [comparison(k, ("disaggregated", "04", "mixed", pd), side)
+                 for k in COMPARED_KEYS if k != "p99_itl_ms" and pd.median(k) is not None
+                 and p.median(k) is not None]
+        lost = [c for c in costs if c.better == "reference"]
+        cmps += [x, *lost]
         verdict = x.margin() if x.better else x.no_difference()
         out.append(f"against 03's same replicas routed {name.replace('_', '-')} (one run), "
-                   f"ITL p99 {x.values()} ({verdict})")
+                   f"ITL p99 {x.values()} ({verdict})"
+                   + (", at the cost of " + ", ".join(
+                       f"{BY_KEY[c.metric].label} {c.values()} ({c.margin()})" for c in lost)
+                      if lost else ", the replicas winning no other metric there"))
     return ("; " + "; ".join(out)) if out else "", cmps
 
 
@@ -429,21 +440,24 @@ def conclude_04(replicated: BenchmarkResult | None, disaggregated: BenchmarkResu
         c, one = both[-1], both[0]
         pd_at = lambda p: ("disaggregated", "04", "sweep", p)  # noqa: E731
         rep_at = lambda p: ("replicated", "03", "sweep", p)  # noqa: E731
-        tps = comparison("output_throughput", pd_at(d[c]), rep_at(r[c]))
-        doc = {"reference": ": lower, which agrees with vLLM's documentation (disaggregated "
-                            "prefill does not raise throughput)",
-               "subject": ": higher, which vLLM's documentation does not lead one to expect "
-                          "(it says disaggregated prefill does not raise throughput)"}
-        said.append(claim("04", f"Throughput at concurrency {c:g}: {_tps(r[c])} tok/s "
-                          f"replicated, {_tps(d[c])} disaggregated ({_margin(tps)})"
-                          + doc.get(tps.better or "", "") + ".", tps))
+        every = [comparison("output_throughput", pd_at(d[x]), rep_at(r[x])) for x in both]
+        higher = [f"{t.value:g}" for t in every if t.better == "subject"]
+        doc = (": vLLM's documentation says disaggregated prefill does not raise throughput; "
+               + (f"here it did at concurrency {join_words(higher)}" if higher else
+                  "here it did not at any load measured") + ".")
+        said.append(claim("04", "Output throughput, replicated against disaggregated, at every "
+                          "load both measured: " + "; ".join(
+                              f"concurrency {t.value:g}: {_tps(r[t.value])} against "
+                              f"{_tps(d[t.value])} tok/s ({_margin(t)})" for t in every)
+                          + doc, *every))
         ttft = comparison("median_ttft_ms", pd_at(d[one]), rep_at(r[one]))
         said.append(claim("04", f"TTFT p50 at concurrency {one:g}: "
                           f"{_ms(r[one].median('median_ttft_ms'))} replicated, "
                           f"{_ms(d[one].median('median_ttft_ms'))} disaggregated "
                           f"({_margin(ttft)})"
-                          + (": every request pays a prefill round trip, the KV move and the "
-                             "hop." if ttft.better == "reference" else "."), ttft))
+                          + ("; 'Where the time went' above splits a request's TTFT into its "
+                             "parts (the prefill, the proxy hop, the KV move, the first decode "
+                             "step)." if ttft.better == "reference" else "."), ttft))
         p50, p99 = d[one].median("median_ttft_ms"), d[one].median("p99_ttft_ms")
         if p50 and p99 and p99 > TAIL_FACTOR * p50:
             said.append(claim(

@@ -15,12 +15,6 @@ interpreter. Each command prints one JSON line:
     connect TIMEOUT A:P...  whether each address:port accepts a connection and answers
     sink A:P                receive one stream, then report the byte count back
     send A:P BYTES          send BYTES to a sink and time it until the count comes back
-    allreduce RANK WORLD A:P BACKEND BYTES...
-                            one rank of an all-reduce across the nodes, as the split
-                            model's ranks run it (torch.distributed, rendezvous at rank
-                            0's A:P; nccl on the GPU, gloo on the CPU build): the median
-                            time of each size, and whether every rank's sum came back right
-                            (torch is imported only by this command)
 """
 
 from __future__ import annotations
@@ -257,43 +251,6 @@ def disk(paths):
     return out
 
 
-def allreduce(rank, world, target, backend, sizes, iters=5):
-    import datetime
-    import statistics
-
-    import torch
-    import torch.distributed as dist
-
-    host, port = _split(target)
-    cuda = backend == "nccl"
-    if cuda:
-        torch.cuda.set_device(0)
-    dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=rank,
-                            world_size=world, timeout=datetime.timedelta(seconds=60))
-    dtype = torch.bfloat16 if cuda else torch.float32
-    each = torch.tensor([], dtype=dtype).element_size()
-    out = []
-    try:
-        for nbytes in sizes:
-            x = torch.ones(max(1, nbytes // each), dtype=dtype, device="cuda" if cuda else "cpu")
-            times = []
-            for i in range(iters + 1):  # the first warms the connections up
-                x.fill_(1)
-                dist.barrier()
-                start = time.perf_counter()
-                dist.all_reduce(x)
-                if cuda:
-                    torch.cuda.synchronize()
-                if i:
-                    times.append(time.perf_counter() - start)
-            ok = bool((x == world).all().item())
-            out.append({"bytes": x.numel() * each, "ms": statistics.median(times) * 1e3,
-                        "sum_ok": ok})
-    finally:
-        dist.destroy_process_group()
-    return {"rank": rank, "backend": backend, "sizes": out}
-
-
 def main(argv):
     cmd, args = argv[0], argv[1:]
     if cmd == "python":
@@ -312,9 +269,6 @@ def main(argv):
         return sink(args[0])
     elif cmd == "send":
         result = send(args[0], int(args[1]))
-    elif cmd == "allreduce":
-        result = allreduce(int(args[0]), int(args[1]), args[2], args[3],
-                           [int(a) for a in args[4:]])
     else:
         raise SystemExit(f"unknown command {cmd!r}")
     print(json.dumps(result))

@@ -34,12 +34,12 @@ from lab_utils.report.tables import (
     headline_table,
     kv_table,
     points_table,
-    whole_tables,
 )
 from lab_utils.report.when_pd import show_when_pd_pays
 from lab_utils.results.points import COMPARED as METRICS
 from lab_utils.results.points import MARGIN
 from lab_utils.util.numbers import fmt_num
+from lab_utils.util.tables import whole_tables
 
 whole_tables()  # the notebooks that import the report show its tables whole
 

@@ -22,11 +22,12 @@ from typing import NamedTuple
 import pandas as pd
 
 from lab_utils.measure.benchmark import READ_TOGETHER_NOTE, read_late, read_together_share
-from lab_utils.report.data import ARCH_NOTEBOOK, ARCHITECTURES, ReportData, join_words, run_hint
+from lab_utils.report.data import ARCH_NOTEBOOK, ARCHITECTURES, ReportData, run_hint
 from lab_utils.report.tables import points_table
 from lab_utils.results.claims import WORKLOAD_OF, Claim, Comparison, Located, claim, comparison
 from lab_utils.results.points import BY_KEY, COMPARED, MARGIN, MetricKey
 from lab_utils.results.sweep import BenchmarkResult
+from lab_utils.util.numbers import join_words
 
 WORKLOADS = {"standard": "", "mixed": "Mixed long/short workload, "}
 # Pairs compared in the conclusions: (subject, reference).

@@ -119,11 +119,6 @@ def run_hint(notebook: str) -> str:
             f"(or `python -m lab_utils run --from {n} --to {n}`)")
 
 
-def join_words(items: list[str]) -> str:
-    """"a", "a and b", "a, b and c"."""
-    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
-
-
 def load_label(mode: str, value: float) -> str:
     return f"concurrency {value:g}" if mode == "concurrency" else f"rate {value:g} req/s"
 

@@ -22,7 +22,7 @@ import pandas as pd
 
 from lab_utils.report.blocks import UL, Block, H, P, T, W, fold
 from lab_utils.report.conclusions import Conclusions, times
-from lab_utils.report.data import ARCHITECTURES, ReportData, join_words, run_hint
+from lab_utils.report.data import ARCHITECTURES, ReportData, run_hint
 from lab_utils.report.expected import EXPECTED_TWO_SPARK, expected_figures
 from lab_utils.report.export import fields_table
 from lab_utils.report.forecast_sections import forecast_blocks, spark_forecast_blocks
@@ -48,7 +48,7 @@ from lab_utils.results import RESULTS, collective_said, reference_origin
 from lab_utils.results.claims import Comparison
 from lab_utils.results.points import BY_KEY, MARGIN, RULE, MetricKey
 from lab_utils.results.sweep import BenchmarkResult
-from lab_utils.util.numbers import fmt_num
+from lab_utils.util.numbers import fmt_num, join_words
 
 FILE_MEANINGS = {
     "00": "the bring-up checklist on every node: SSH, GPU, CUDA, vLLM build, NIXL and UCX, "

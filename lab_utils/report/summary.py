@@ -16,11 +16,12 @@ import pandas as pd
 from lab_utils.forecast.band import coverage, coverage_sentence
 from lab_utils.forecast.grade import grade_claims
 from lab_utils.report.conclusions import Conclusions, shared_machine
-from lab_utils.report.data import ARCH_NOTEBOOK, FORECAST_NB, ReportData, graded, join_words
+from lab_utils.report.data import ARCH_NOTEBOOK, FORECAST_NB, ReportData, graded
 from lab_utils.results import RESULTS
 from lab_utils.results.claims import Claim, Comparison, claim
 from lab_utils.results.experiments import policy_claims, switch_claims
 from lab_utils.results.points import BY_KEY, MetricKey
+from lab_utils.util.numbers import join_words
 
 HEADLINE: tuple[MetricKey, ...] = ("output_throughput", "median_ttft_ms", "p99_itl_ms")  # the verdict's
 NAMES = {"baseline": "the single instance", "replicated": "replicated serving",

@@ -21,7 +21,6 @@ from lab_utils.report.data import (
     ARCHITECTURES,
     PER_STREAM,
     ReportData,
-    join_words,
     load_label,
     num_or_nan,
 )
@@ -30,7 +29,7 @@ from lab_utils.results.checklist import CheckResult
 from lab_utils.results.kv_transfer import KvTransferPayload
 from lab_utils.results.points import COMPARED, Point
 from lab_utils.results.sweep import BenchmarkResult
-from lab_utils.util.numbers import fmt_num
+from lab_utils.util.numbers import fmt_num, join_words
 
 CHECK_COLUMNS = ["check", "node", "status", "summary", "fix"]
 
@@ -170,14 +169,6 @@ def _spread_text(row: pd.Series) -> str:
 
 
 SPREAD = "spread (widest metric)"  # (max - min) / median over the repeats, the row's widest
-
-
-def whole_tables() -> None:
-    """Show a notebook's tables whole: every cell's full text (a verdict or a basis cut at
-    50 characters cannot be checked) and every row up to 200 (a sentence that counts over
-    a table's rows is checked against them all)."""
-    pd.set_option("display.max_colwidth", None)
-    pd.set_option("display.max_rows", 200)
 
 
 def display_table(df: pd.DataFrame) -> pd.DataFrame:

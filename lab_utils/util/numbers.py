@@ -30,3 +30,8 @@ def titled(title: str, device: str | None) -> str:
     """A plot's title; on the CPU rehearsal it says so, so that no image of its numbers is
     taken for a GPU's."""
     return f"{title} (CPU rehearsal)" if device == "cpu" else title
+
+
+def join_words(items: list[str]) -> str:
+    """"a", "a and b", "a, b and c"."""
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
