@@ -17,6 +17,7 @@ import inspect
 import json
 import time
 
+from lab_utils.checks import parsers, rdma
 from lab_utils.checks.frame import Context
 from lab_utils.errors import LabError
 from lab_utils.known_failures import match_failures
@@ -31,6 +32,66 @@ LARGE = 16 * 2**20  # NVIDIA's NCCL tests on a Spark pair reach the link's rate 
 WAIT_S = 180.0  # torch's import and NCCL's set-up on each node, then the all-reduces
 FALLBACK_HIDDEN = (4096, 2)  # an 8B model's hidden state in bf16, when no config is at hand
 _SOURCE = inspect.getsource(on_node)  # sent with -c: the lab need not be deployed yet
+
+
+def check_hca_order(ctx: Context) -> list[CheckResult]:
+    """NCCL's device order on the split model's nodes (`hca_order_verdict`), where they
+    use RDMA and their data_netdev is found."""
+    nodes = [s.node for s in ctx.cfg.instances(TOPOLOGY)
+             if ctx.cfg.uses_rdma(s.node) and s.node not in ctx.unreachable]
+    if len(set(nodes)) < 2:
+        return []
+    order = {}
+    for name in nodes:
+        chosen, _, unknown = rdma.configured_devices(ctx, name)
+        if unknown or not chosen:
+            return []  # the rdma check fails it, with the fix
+        order[name] = nccl_order(ctx, name, chosen)
+    return [hca_order_verdict(order)]
+
+
+def nccl_order(ctx: Context, name: str, chosen: list[dict]) -> list[str] | None:
+    """data_netdev's devices in the order NCCL numbers them: the system's device list
+    (what `ibv_devinfo` prints, hca_id by hca_id); NCCL_IB_HCA only filters it, so the
+    order written in data_netdev changes nothing. None: ibv_devinfo did not run."""
+    res = ctx.run(name, ["ibv_devinfo"])
+    if not res.ok:
+        return None
+    mine = {r["ibdev"] for r in chosen}
+    return [dev for dev in parsers.ibv_devinfo(res.stdout) if dev in mine]
+
+
+def hca_order_verdict(order: dict[str, list[str] | None]) -> CheckResult:
+    """The split model's ranks: NCCL pairs the nodes' devices by position in its list
+    (device 0 with device 0), so position i must be the same half of the port on every
+    node, or its queue pairs time out (`ibv_modify_qp` ... Connection timed out)."""
+    where = " / ".join(order)
+    seen = "; ".join(f"{n}: {', '.join(d) if d is not None else 'ibv_devinfo did not run'}"
+                     for n, d in order.items())
+    if any(d is None for d in order.values()):
+        return CheckResult("nccl_hca", where, "warn", "NCCL's device order not read",
+                           evidence=seen, fix=f"install ibverbs-utils (`{rdma.IBVERBS_INSTALL}`) "
+                                              "on every serving node, then run the checklist")
+    halves = {n: [_half(d) for d in devs] for n, devs in order.items() if devs is not None}
+    if len({tuple(h) for h in halves.values()}) == 1:
+        return CheckResult("nccl_hca", where, "pass",
+                           "NCCL's device order pairs the same half of the port on each node",
+                           evidence=seen + " (the system's order, as ibv_devinfo lists it)")
+    return CheckResult(
+        "nccl_hca", where, "fail",
+        "NCCL would pair different halves of the port across the nodes (device order differs)",
+        evidence=seen + " (the system's order, as ibv_devinfo lists it; NCCL_IB_HCA only "
+                        "filters it)",
+        fix="NCCL ignores the order written in data_netdev. Give each node's data_netdev the "
+            "one half that is cabled to the same half on the other node (NCCL then has one "
+            "device to pair), or bring the device names and order back in line (a driver or "
+            "udev rename on one node), then run the checklist again")
+
+
+def _half(ibdev: str) -> str:
+    """Which PCIe half of the port: GB10 names them rocep1s0fN and roceP2p1s0fN (the PCI
+    domain and bus before the slot/function)."""
+    return ibdev[: -len(rdma._rails_key(ibdev))] if rdma._rails_key(ibdev) != ibdev else ibdev
 
 
 def decode_bytes(ctx: Context) -> tuple[int, str]:

@@ -63,7 +63,6 @@ def _rdma_nodes(ctx: Context, check: str) -> tuple[list[str], list[CheckResult]]
 def check_rdma(ctx: Context) -> list[CheckResult]:
     names, out = _rdma_nodes(ctx, "rdma")
     ports: dict[str, set[str]] = {}  # the physical port each node's data_netdev is on
-    order: dict[str, list[str] | None] = {}  # data_netdev's devices in NCCL's order
     for name in names:
         chosen, rows, unknown = configured_devices(ctx, name)
         listing = "; ".join(f"{r['ibdev']} port {r['port']} => {r['netdev']} ({r['state']})"
@@ -92,7 +91,6 @@ def check_rdma(ctx: Context) -> list[CheckResult]:
             out.append(ifname_verdict(name, ctx.cfg.nodes[name], chosen,
                                       parsers.ip_addr(r.stdout) if r.ok else None))
         ports[name] = {_rails_key(r["ibdev"]) for r in chosen}
-        order[name] = nccl_order(ctx, name, chosen)
     if len({frozenset(v) for v in ports.values()}) > 1:
         seen = "; ".join(f"{n}: {', '.join(sorted(k))}" for n, k in ports.items())
         out.append(CheckResult(
@@ -100,54 +98,7 @@ def check_rdma(ctx: Context) -> list[CheckResult]:
             evidence=seen, fix="cable the same port on every node (both halves of it in "
                                "data_netdev), or set each node's data_netdev to its cabled "
                                "port: NCCL pairs the HCAs of the two nodes by their order"))
-    ranks = [s.node for s in ctx.cfg.instances("tensor-parallel") if s.node in order]
-    if len(ranks) > 1:
-        out.append(hca_order_verdict({n: order[n] for n in ranks}))
     return out
-
-
-def nccl_order(ctx: Context, name: str, chosen: list[dict]) -> list[str] | None:
-    """data_netdev's devices in the order NCCL numbers them: the system's device list
-    (what `ibv_devinfo` prints, hca_id by hca_id); NCCL_IB_HCA only filters it, so the
-    order written in data_netdev changes nothing. None: ibv_devinfo did not run."""
-    res = ctx.run(name, ["ibv_devinfo"])
-    if not res.ok:
-        return None
-    mine = {r["ibdev"] for r in chosen}
-    return [dev for dev in parsers.ibv_devinfo(res.stdout) if dev in mine]
-
-
-def hca_order_verdict(order: dict[str, list[str] | None]) -> CheckResult:
-    """The split model's ranks: NCCL pairs the nodes' devices by position in its list
-    (device 0 with device 0), so position i must be the same half of the port on every
-    node, or its queue pairs time out (`ibv_modify_qp` ... Connection timed out)."""
-    where = " / ".join(order)
-    seen = "; ".join(f"{n}: {', '.join(d) if d is not None else 'ibv_devinfo did not run'}"
-                     for n, d in order.items())
-    if any(d is None for d in order.values()):
-        return CheckResult("nccl_hca", where, "warn", "NCCL's device order not read",
-                           evidence=seen, fix=f"install ibverbs-utils (`{IBVERBS_INSTALL}`) "
-                                              "on every serving node, then run the checklist")
-    halves = {n: [_half(d) for d in devs] for n, devs in order.items() if devs is not None}
-    if len({tuple(h) for h in halves.values()}) == 1:
-        return CheckResult("nccl_hca", where, "pass",
-                           "NCCL's device order pairs the same half of the port on each node",
-                           evidence=seen + " (the system's order, as ibv_devinfo lists it)")
-    return CheckResult(
-        "nccl_hca", where, "fail",
-        "NCCL would pair different halves of the port across the nodes (device order differs)",
-        evidence=seen + " (the system's order, as ibv_devinfo lists it; NCCL_IB_HCA only "
-                        "filters it)",
-        fix="NCCL ignores the order written in data_netdev. Give each node's data_netdev the "
-            "one half that is cabled to the same half on the other node (NCCL then has one "
-            "device to pair), or bring the device names and order back in line (a driver or "
-            "udev rename on one node), then run the checklist again")
-
-
-def _half(ibdev: str) -> str:
-    """Which PCIe half of the port: GB10 names them rocep1s0fN and roceP2p1s0fN (the PCI
-    domain and bus before the slot/function)."""
-    return ibdev[: -len(_rails_key(ibdev))] if _rails_key(ibdev) != ibdev else ibdev
 
 
 def ifname_verdict(name: str, node, chosen: list[dict],

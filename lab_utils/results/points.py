@@ -78,9 +78,8 @@ class Metric:
             return "the same"
         if small == 0:
             return f"∞ {way}"
-        r = big / small
-        # never "1.0x higher": two decimals where one would round the gap away
-        return f"{r:.2f}x {way}" if r < 1.05 else f"{r:.1f}x {way}" if r < 10 else f"{r:.0f}x {way}"
+        r = big / small  # two decimals where one would round the gap away ("1.0x higher")
+        return f"{r:.{2 if r < 1.05 else 1 if r < 10 else 0}f}x {way}"
 
 
 METRICS = (

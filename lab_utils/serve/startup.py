@@ -112,15 +112,13 @@ def collective(log_text: str) -> dict:
         out["net"] = "TCP"
         return out
     using = _last(r"NCCL INFO NET/(IB|Socket) : Using (.*)", text)
-    chosen = _last(r"NCCL INFO Using network (\w+)", text)
-    if chosen or using:
-        out["backend"] = "nccl"
-        out["net"] = chosen[1] if chosen else using[1]  # type: ignore[index]
-        listed = using if using and using[1] == out["net"] else None
-        if listed:  # "[0]rocep1s0f1:1/RoCE [1]..." or "[0]enp1s0f1np1:192.168.100.10<0>"
+    said = _last(r"NCCL INFO Using network (\w+)", text) or using
+    if said is not None:
+        out["backend"], out["net"], out["line"] = "nccl", said[1], said[0]
+        if using is not None and using[1] == out["net"]:
+            # "[0]rocep1s0f1:1/RoCE [1]..." or "[0]enp1s0f1np1:192.168.100.10<0>"
             out["devices"] = re.findall(r"\[\d+\](\S+?)(?:/\w+|<\d+>)?(?=\s|$|;)",
-                                        listed[2].split(";")[0])
-        out["line"] = (chosen or using)[0]  # type: ignore[index]
+                                        using[2].split(";")[0])
     elif re.search(r"NCCL INFO NET/IB : No device found", text):
         out["backend"], out["line"] = "nccl", "NET/IB : No device found"
     return out
