@@ -276,7 +276,8 @@ def _said_02(kv: KvTransferPayload, input_len: int | None) -> list[str]:
 
 def conclude_03(baseline: BenchmarkResult, replicated: BenchmarkResult,
                 mixed: BenchmarkResult | None = None, device: str = "cpu",
-                forecast: Forecast | None = None) -> list[Claim]:
+                forecast: Forecast | None = None, policy: str | None = None,
+                policies: Policies | None = None) -> list[Claim]:
     """Capacity: two replicas against one instance at the highest common concurrency (and
     whether 03's forecast held there); a request alone at the lowest; the long prompts'
     effect on the ITL tail."""
@@ -321,12 +322,18 @@ def conclude_03(baseline: BenchmarkResult, replicated: BenchmarkResult,
     m = _points(mixed)
     if m and top in m and b.get(top) and m[top].median("p99_itl_ms") is not None:
         c = comparison("p99_itl_ms", ("replicated, mixed", "03", "mixed", m[top]), reps(b[top]))
-        said.append(claim("03", f"Mixed workload at concurrency {top:g} (one load point): ITL "
-                          f"p99 {_ms(m[top].median('p99_itl_ms'))} against "
+        routed = f", replicas routed {policy.replace('_', '-')}" if policy else ""
+        others = [(name, p) for name, p in (policies.runs.items() if policies else [])
+                  if name != policy and (p.mode, p.value) == (m[top].mode, m[top].value)
+                  and p.median("p99_itl_ms") is not None]
+        said.append(claim("03", f"Mixed workload at concurrency {top:g} (one load point"
+                          f"{routed}): ITL p99 {_ms(m[top].median('p99_itl_ms'))} against "
                           f"{_ms(b[top].median('p99_itl_ms'))} without long prompts "
-                          f"({_margin(c)})" + (": a long prefill held up the decodes that "
-                                               "shared its steps." if c.better == "reference"
-                                               else "."), c))
+                          f"({_margin(c)})" + "".join(
+                              f"; routed {name.replace('_', '-')} (03's policy comparison, one "
+                              f"run) {_ms(p.median('p99_itl_ms'))}" for name, p in others)
+                          + ".", c, figures={f"p99_itl_{name}": p.median("p99_itl_ms")
+                                             for name, p in others}))
     return said
 
 

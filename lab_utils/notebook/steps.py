@@ -294,7 +294,7 @@ def conclude(cfg: LabConfig, notebook: str) -> list[str]:
     elif notebook == "03":
         rep = load_results(cfg, "03").payload
         said = lessons.conclude_03(load_results(cfg, "01").payload.sweep, rep.sweep, rep.mixed,
-                                   device, rep.forecast)
+                                   device, rep.forecast, rep.policy, rep.policies)
     elif notebook == "04":
         dis, rep03 = load_results(cfg, "04").payload, load_optional(cfg, "03")
         said = lessons.conclude_04(rep03.payload.sweep if rep03 else None, dis.sweep,

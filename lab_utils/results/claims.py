@@ -98,15 +98,19 @@ class Comparison(BaseModel):
     def no_difference(self) -> str:
         """Why the rule named no winner, with what each side measured: "no difference by
         the lab's rule (45.0-60.0 ms over 2 runs vs 140.0-220.0 ms over 2 runs: ...)"."""
+        return f"no difference by the lab's rule ({self.spans()}: {self.basis})"
+
+    def spans(self) -> str:
+        """What each side measured, as the rule reads it: "45.0-60.0 ms over 2 runs vs
+        140.0 ms in one run" (subject first)."""
         m = BY_KEY[self.metric]
 
         def span(v: Measured) -> str:
             if v.n < 2:
                 return f"{m.text(v.median)} in one run"
-            return (f"{m.text(v.min, unit=False)}-{m.text(v.max)} over {v.n} runs")
+            return f"{m.text(v.min, unit=False)}-{m.text(v.max)} over {v.n} runs"
 
-        return (f"no difference by the lab's rule ({span(self.subject.value)} vs "
-                f"{span(self.reference.value)}: {self.basis})")
+        return f"{span(self.subject.value)} vs {span(self.reference.value)}"
 
     def values(self) -> str:
         """"12.3 ms vs 31.0 ms" (subject first)."""

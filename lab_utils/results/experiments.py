@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from lab_utils.results.claims import RUNS_JOINED, Claim, Located, claim, comparison
 from lab_utils.results.payloads import PrefixTwice, Switches, SwitchRun
-from lab_utils.results.points import BY_KEY, COMPARED, MetricKey, Point, pooled
+from lab_utils.results.points import BY_KEY, COMPARED, Measured, MetricKey, Point, differs, pooled
 from lab_utils.results.sweep import BenchmarkResult
 from lab_utils.util.numbers import fmt_num
 
@@ -18,6 +18,14 @@ SMALL_BUDGET = 256  # tokens per step of 01's chunked-prefill switch: a long pro
 
 def _at(r: SwitchRun) -> Located:
     return (r.label, "01", f"switch {r.suffix}", r.point)
+
+
+def _apart(mine: float, theirs: float) -> str:
+    """Two single runs' values: the ratio where the lab's rule sees a difference, else
+    that it does not (a 7% gap is not "1.1x lower")."""
+    if differs(Measured.one(mine), Measured.one(theirs)):
+        return BY_KEY["median_ttft_ms"].times(mine, theirs)
+    return f"{abs(mine - theirs) / min(mine, theirs):.0%} apart: no difference by the lab's rule"
 
 
 def chunking_claim(sw: Switches, where: str = "01") -> Claim:
@@ -61,8 +69,7 @@ def chunking_claim(sw: Switches, where: str = "01") -> Claim:
               if x.better is not None and r is not None]
     figures: dict[str, float | None] = {}
     for low, high in ranked:
-        firsts = [f"{what} {fmt_num(mine)} ms against {fmt_num(theirs)} ms "
-                  f"({BY_KEY['median_ttft_ms'].times(mine, theirs)})"
+        firsts = [f"{what} {fmt_num(mine)} ms against {fmt_num(theirs)} ms ({_apart(mine, theirs)})"
                   for what, mine, theirs in (
                       ("the long prompts' first token", low.long_ttft_ms, high.long_ttft_ms),
                       ("the short prompts' median first token", low.other_ttft_ms,
@@ -159,10 +166,13 @@ def policy_claims(runs: dict[str, Point], where: str = "03", mixed: BenchmarkRes
     parts = []
     for c in cmps:
         m = BY_KEY[c.metric]
-        verdict = (c.no_difference() if c.better is None
-                   else f"{c.margin()}, {'better' if c.better == 'subject' else 'worse'}")
-        parts.append(f"{m.label} {m.text(c.subject.value.median)} against "
-                     f"{m.text(c.reference.value.median)} ({verdict})")
+        if c.better is None:
+            parts.append(f"{m.label} {m.text(c.subject.value.median)} against "
+                         f"{m.text(c.reference.value.median)} ({c.no_difference()})")
+        else:  # the medians, and the runs the rule held apart
+            parts.append(f"{m.label} {m.text(c.subject.value.median)} against "
+                         f"{m.text(c.reference.value.median)} ({c.margin()}, "
+                         f"{'better' if c.better == 'subject' else 'worse'}: {c.spans()})")
     won = [BY_KEY[c.metric].label for c in cmps if c.better == "subject"]
     lost = [BY_KEY[c.metric].label for c in cmps if c.better == "reference"]
     head = ("Least-outstanding against round-robin, " + at + ": " + "; ".join(parts) + ".")

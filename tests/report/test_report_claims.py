@@ -76,7 +76,8 @@ def test_the_policy_sentence_names_the_win_and_its_cost():
                                      "output_throughput": 300.0})
 
     (won,) = policy_claims({"round_robin": pt(91.5, 24.6), "least_outstanding": pt(12.8, 60.0)})
-    assert "ITL p99 12.80 ms against 91.50 ms (7.1x lower, better)" in won.text
+    assert ("ITL p99 12.80 ms against 91.50 ms (7.1x lower, better: 12.80 ms in one run vs "
+            "91.50 ms in one run)") in won.text
     assert "(one load point)" in won.text
     assert won.text.endswith("Least-outstanding won on ITL p99 and cost TTFT p50, TTFT p99.")
     (lost,) = policy_claims({"round_robin": pt(12.8, 24.6), "least_outstanding": pt(91.5, 24.0)})
