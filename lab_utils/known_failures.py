@@ -194,14 +194,13 @@ KNOWN_FAILURES: tuple[KnownFailure, ...] = (
         "nccl_queue_pair_timeout",
         r"Call to ibv_modify_qp failed with (?:error )?(?:110 )?Connection timed out",
         "NCCL's RDMA queue pairs between the two nodes did not connect. NCCL pairs the "
-        "devices of NCCL_IB_HCA (the lab's data_netdev) by their position in each node's "
-        "device list, so a different device order, or another physical port cabled, on one "
-        "node pairs devices that cannot reach each other.",
-        "NCCL takes the devices in the system's order (what `ibv_devinfo` lists), not in "
-        "data_netdev's: run the checklist, whose nccl_hca check compares that order on the "
-        "split model's nodes and whose rdma check flags a different cabled port; with a "
-        "different order, give each node's data_netdev the one half cabled to the same half "
-        "on the other node.",
+        "devices of NCCL_IB_HCA (the lab's data_netdev) by their position in the list it "
+        "logs on each node, so a different device order, or another physical port cabled, "
+        "on one node pairs devices that cannot reach each other.",
+        "NCCL does not take the order written in data_netdev: run the checklist, whose "
+        "collective check compares the device lists NCCL logs on the split model's nodes and "
+        "whose rdma check flags a different cabled port; with a different order, give each "
+        "node's data_netdev the one half cabled to the same half on the other node.",
     ),
     KnownFailure(
         "nixl_backend_create_failed",

@@ -79,7 +79,7 @@ LINES = {
         "spark-01:5771:5783 [0] misc/ibvwrap.cc:262 NCCL WARN Call to ibv_modify_qp failed "
         "with 110 Connection timed out, on dev rocep1s0f1:1, curr state INIT, next state "
         "RTR\n",
-        "nccl_hca check",
+        "collective check",
     ),
     "nixl_side_channel_port_in_use": (
         "Exception in thread nixl_handshake_listener:\n"

@@ -24,7 +24,7 @@ from lab_utils.config import LabConfig
 __all__ = ["CHECKS", "ChecklistReport", "Context", "run_checks", "views"]
 
 CHECKS = [software.check_ssh, software.check_code, software.check_python,
-          software.check_os_packages, gpu.check_gpu, gpu.check_cuda_build, rdma.check_rdma, collective.check_hca_order, nixl.check_nixl, nixl.check_memlock,
+          software.check_os_packages, gpu.check_gpu, gpu.check_cuda_build, rdma.check_rdma, nixl.check_nixl, nixl.check_memlock,
           network.check_ports,
           network.check_link, collective.check_collective, software.check_model, resources.check_resources,
           software.check_clock, software.check_hf_token, software.check_logs]

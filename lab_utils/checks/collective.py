@@ -1,11 +1,15 @@
 """The split model's collectives, tried before it starts: one all-reduce across the nodes
 of `topology.tensor_parallel`, run as its ranks will run theirs (their environment from
 `serve.launcher.rank_env`, the rendezvous at rank 0's data_address:master_port), at the
-size a decode step all-reduces per token (one hidden state) and at 16 MiB.
+size of one of the 2 x layers all-reduces a decode step makes per token (one hidden state)
+and at 16 MiB.
 
 On a GPU profile NCCL logs which network it chose (NCCL_DEBUG=INFO in the ranks'
-environment): over RDMA ("IB", RoCE included) the check passes; a fall-back to sockets
-warns, because the forecast of the split model is fed the RDMA link's rate. On the CPU
+environment, in their own line-buffered file): over RDMA ("IB", RoCE included) the check
+passes; a fall-back to sockets warns, because the forecast of the split model is fed the
+RDMA link's rate. NCCL pairs the two nodes' devices by their position in the list it logs,
+so the check compares those lists (NCCL's own order: versions differ in how they sort
+devices, so the system's device order is not read in its place). On the CPU
 rehearsal the same check runs with Gloo over TCP. A rank that fails or hangs fails the
 check with its log and, where the lab recognises the failure, the known fix (HCAs paired
 in another order, a kernel that cannot register memory, a firewall).
@@ -17,14 +21,14 @@ import inspect
 import json
 import time
 
-from lab_utils.checks import parsers, rdma
+from lab_utils.checks import rdma
 from lab_utils.checks.frame import Context
 from lab_utils.errors import LabError
 from lab_utils.known_failures import match_failures
 from lab_utils.kv.memory import hidden_state
 from lab_utils.on_node import allreduce as on_node
 from lab_utils.results.checklist import CheckResult
-from lab_utils.serve.launcher import rank_env
+from lab_utils.serve.launcher import nccl_log, rank_env
 from lab_utils.serve.startup import collective
 
 TOPOLOGY = "tensor-parallel"
@@ -32,66 +36,6 @@ LARGE = 16 * 2**20  # NVIDIA's NCCL tests on a Spark pair reach the link's rate 
 WAIT_S = 180.0  # torch's import and NCCL's set-up on each node, then the all-reduces
 FALLBACK_HIDDEN = (4096, 2)  # an 8B model's hidden state in bf16, when no config is at hand
 _SOURCE = inspect.getsource(on_node)  # sent with -c: the lab need not be deployed yet
-
-
-def check_hca_order(ctx: Context) -> list[CheckResult]:
-    """NCCL's device order on the split model's nodes (`hca_order_verdict`), where they
-    use RDMA and their data_netdev is found."""
-    nodes = [s.node for s in ctx.cfg.instances(TOPOLOGY)
-             if ctx.cfg.uses_rdma(s.node) and s.node not in ctx.unreachable]
-    if len(set(nodes)) < 2:
-        return []
-    order = {}
-    for name in nodes:
-        chosen, _, unknown = rdma.configured_devices(ctx, name)
-        if unknown or not chosen:
-            return []  # the rdma check fails it, with the fix
-        order[name] = nccl_order(ctx, name, chosen)
-    return [hca_order_verdict(order)]
-
-
-def nccl_order(ctx: Context, name: str, chosen: list[dict]) -> list[str] | None:
-    """data_netdev's devices in the order NCCL numbers them: the system's device list
-    (what `ibv_devinfo` prints, hca_id by hca_id); NCCL_IB_HCA only filters it, so the
-    order written in data_netdev changes nothing. None: ibv_devinfo did not run."""
-    res = ctx.run(name, ["ibv_devinfo"])
-    if not res.ok:
-        return None
-    mine = {r["ibdev"] for r in chosen}
-    return [dev for dev in parsers.ibv_devinfo(res.stdout) if dev in mine]
-
-
-def hca_order_verdict(order: dict[str, list[str] | None]) -> CheckResult:
-    """The split model's ranks: NCCL pairs the nodes' devices by position in its list
-    (device 0 with device 0), so position i must be the same half of the port on every
-    node, or its queue pairs time out (`ibv_modify_qp` ... Connection timed out)."""
-    where = " / ".join(order)
-    seen = "; ".join(f"{n}: {', '.join(d) if d is not None else 'ibv_devinfo did not run'}"
-                     for n, d in order.items())
-    if any(d is None for d in order.values()):
-        return CheckResult("nccl_hca", where, "warn", "NCCL's device order not read",
-                           evidence=seen, fix=f"install ibverbs-utils (`{rdma.IBVERBS_INSTALL}`) "
-                                              "on every serving node, then run the checklist")
-    halves = {n: [_half(d) for d in devs] for n, devs in order.items() if devs is not None}
-    if len({tuple(h) for h in halves.values()}) == 1:
-        return CheckResult("nccl_hca", where, "pass",
-                           "NCCL's device order pairs the same half of the port on each node",
-                           evidence=seen + " (the system's order, as ibv_devinfo lists it)")
-    return CheckResult(
-        "nccl_hca", where, "fail",
-        "NCCL would pair different halves of the port across the nodes (device order differs)",
-        evidence=seen + " (the system's order, as ibv_devinfo lists it; NCCL_IB_HCA only "
-                        "filters it)",
-        fix="NCCL ignores the order written in data_netdev. Give each node's data_netdev the "
-            "one half that is cabled to the same half on the other node (NCCL then has one "
-            "device to pair), or bring the device names and order back in line (a driver or "
-            "udev rename on one node), then run the checklist again")
-
-
-def _half(ibdev: str) -> str:
-    """Which PCIe half of the port: GB10 names them rocep1s0fN and roceP2p1s0fN (the PCI
-    domain and bus before the slot/function)."""
-    return ibdev[: -len(rdma._rails_key(ibdev))] if rdma._rails_key(ibdev) != ibdev else ibdev
 
 
 def decode_bytes(ctx: Context) -> tuple[int, str]:
@@ -130,13 +74,16 @@ def check_collective(ctx: Context) -> list[CheckResult]:
                                          "master_port)")
         for spec in specs:
             node = ctx.node(spec.node)
-            log = f"{ctx.cfg.log_dir_on(spec.node)}/check-allreduce-{spec.name}.log"
-            node.run(["rm", "-f", log])
+            name = f"check-allreduce-{spec.name}"
+            log = f"{ctx.cfg.log_dir_on(spec.node)}/{name}.log"
+            node.run(["sh", "-c", f"rm -f {log} " + nccl_log(ctx.cfg, spec.node, name, "*")])
             argv = [node.python, "-c", _SOURCE, "allreduce", str(spec.rank), str(len(specs)),
                     master, backend, str(small), str(LARGE)]
-            running.append((spec, node.start_detached(
-                f"check-allreduce-{spec.name}", argv, log_path=log, kind="check",
-                env=rank_env(ctx.cfg, spec))))
+            env = rank_env(ctx.cfg, spec) | {"PYTHONUNBUFFERED": "1"}
+            if "NCCL_DEBUG_FILE" in env:  # the check's own, not the instance's
+                env["NCCL_DEBUG_FILE"] = nccl_log(ctx.cfg, spec.node, name)
+            running.append((spec, node.start_detached(name, argv, log_path=log, kind="check",
+                                                      env=env)))
         logs = _wait(ctx, running)
     except LabError as e:
         return [CheckResult("collective", where, "fail", f"the all-reduce did not start: {e}",
@@ -152,13 +99,25 @@ def _wait(ctx: Context, running: list) -> dict[str, str]:
     deadline = time.time() + WAIT_S
     while time.time() < deadline and any(ctx.node(s.node).is_alive(r) for s, r in running):
         time.sleep(0.5)
-    return {s.node: ctx.node(s.node).log_tail(r, 4000) for s, r in running}
+    out = {}
+    for s, r in running:
+        node = ctx.node(s.node)
+        nccl = node.run(["sh", "-c", "cat " + nccl_log(ctx.cfg, s.node, r.name, "*")
+                         + " 2>/dev/null; true"])
+        out[s.node] = node.log_tail(r, 4000) + "\n" + (nccl.stdout if nccl.ok else "")
+    return out
 
 
 def _answer(log: str) -> dict | None:
+    """The rank's JSON line, wherever it starts on its line (another library's output
+    may precede it without a newline)."""
     for line in reversed(log.splitlines()):
-        if line.startswith("{") and '"sizes"' in line:
-            return json.loads(line)
+        at = line.find('{"rank"')
+        if at >= 0:
+            try:
+                return json.loads(line[at:])
+            except ValueError:
+                continue
     return None
 
 
@@ -166,9 +125,46 @@ def _size(n: int) -> str:
     return f"{n / 2**20:g} MiB" if n >= 2**20 else f"{n / 2**10:g} KiB"
 
 
+def _half(device: str) -> str:
+    """Which PCIe half of the port an RDMA device is ("rocep1s0f1:1" -> "rocep1"): GB10
+    names the halves rocep1s0fN and roceP2p1s0fN (the PCI domain and bus before slot and
+    function)."""
+    dev = device.split(":")[0]
+    key = rdma._rails_key(dev)
+    return dev[: -len(key)] if key != dev else dev
+
+
+def _pairing(nets: dict[str, dict]) -> CheckResult | None:
+    """NCCL pairs the nodes' devices by their position in the list it logged ("NET/IB :
+    Using [0]... [1]..."): position i must be the same half of the port on every node.
+    Read from NCCL's own lines, so whatever order a NCCL version picks is the one judged.
+    None: the orders agree, or a node did not log its list."""
+    lists = {n: c["devices"] for n, c in nets.items() if c["net"] == "IB" and c["devices"]}
+    if len(lists) < 2 or len(lists) < len(nets):
+        return None
+    halves = {n: [_half(d) for d in devs] for n, devs in lists.items()}
+    if len({tuple(h) for h in halves.values()}) == 1:
+        return None
+    return CheckResult(
+        "collective", " / ".join(nets), "fail",
+        "NCCL lists the port's halves in a different order on the nodes: it would pair "
+        "devices that cannot reach each other",
+        evidence="; ".join(f"{n}: {', '.join(d)}" for n, d in lists.items())
+        + " (NCCL's own list, 'NET/IB : Using [0]...')",
+        fix="NCCL ignores the order written in data_netdev. Give each node's data_netdev the "
+            "one half cabled to the same half on the other node (NCCL then has one device to "
+            "pair), or bring the device names back in line on both nodes, then run the "
+            "checklist again")
+
+
 def collective_verdict(where: str, backend: str, logs: dict[str, str],
                        small_why: str) -> CheckResult:
     """The check's verdict from the ranks' logs (node: log text)."""
+    # Gloo says nothing of its network: it is TCP, on GLOO_SOCKET_IFNAME
+    nets = {n: collective(t) if backend == "nccl" else
+            {"backend": "gloo", "net": "TCP", "devices": []} for n, t in logs.items()}
+    if (paired := _pairing(nets)) is not None:  # the likeliest cause of a hang, named first
+        return paired
     answers = {n: _answer(t) for n, t in logs.items()}
     bad = [n for n, a in answers.items() if a is None]
     if bad:
@@ -181,7 +177,7 @@ def collective_verdict(where: str, backend: str, logs: dict[str, str],
             evidence=(f"{known[0].name}: {known[0].explanation} " if known else "") + tail,
             fix=(known[0].fix if known else
                  "read the rank's log above; check the ports check (a port the system picks "
-                 "between the nodes), data_ifname, and on a GPU the rdma and nccl_hca checks"))
+                 "between the nodes), data_ifname, and on a GPU the rdma check"))
     got = {n: a for n, a in answers.items() if a is not None}
     wrong = [n for n, a in got.items() if not all(s["sum_ok"] for s in a["sizes"])]
     sizes = next(a for a in got.values() if a["rank"] == 0)["sizes"]
@@ -190,9 +186,6 @@ def collective_verdict(where: str, backend: str, logs: dict[str, str],
         f"{_size(s['bytes'])} in {s['ms']:.2f} ms"
         + (f" ({s['bytes'] * 8 * 2 * (world - 1) / world / s['ms'] / 1e6:.1f} Gb/s bus "
            "bandwidth)" if s["bytes"] >= LARGE else "") for s in sizes)
-    # Gloo says nothing of its network: it is TCP, on GLOO_SOCKET_IFNAME
-    nets = {n: collective(t) if backend == "nccl" else
-            {"backend": "gloo", "net": "TCP", "devices": []} for n, t in logs.items()}
     how = "; ".join(f"{n}: {c['backend'] or backend} over {c['net'] or 'a network not logged'}"
                     + (f" ({', '.join(c['devices'])})" if c["devices"] else "")
                     for n, c in nets.items())
@@ -207,7 +200,7 @@ def collective_verdict(where: str, backend: str, logs: dict[str, str],
             "NCCL did not use RDMA on every node (sockets, or not logged): the split model "
             "would run slower than its forecast",
             evidence=evidence,
-            fix="check the rdma and nccl_hca checks and data_netdev (NCCL_IB_HCA); the log "
+            fix="check the rdma check and data_netdev (NCCL_IB_HCA); the log "
                 "line 'NET/IB : No device found' means NCCL saw no usable RDMA device")
     return CheckResult("collective", where, "pass",
                        f"all-reduce across the nodes ({backend}): {timed}", evidence=evidence,

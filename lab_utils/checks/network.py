@@ -160,6 +160,10 @@ def _port_result(ctx: Context, c: Connection, answer: dict, unbound: bool,
                 f"on the data-plane network: vLLM's multi-node mode and NCCL listen on ports "
                 f"they pick at start, so opening the configured ports is not enough, e.g. "
                 f"`sudo ufw allow from {src_addr} to {c.address} proto tcp` on {c.dst}")
+    if unbound and c.port == EPHEMERAL:  # no port is taken: the address is not there
+        return CheckResult("ports", where, "fail", f"{label}: cannot listen on {c.address} on "
+                           f"{c.dst}", fix=f"check that {c.address} (data_address) is "
+                           f"{c.dst}'s address on the data-plane network (`ip addr` there)")
     if unbound:
         holders, fix = _holder_fix(ctx, c)
         return CheckResult("ports", where, "fail", f"{label}: port already in use on {c.dst}",

@@ -116,7 +116,7 @@ def check_local_dir(value: str, base: str) -> str:
 LAB_OWNED_ENV = ("VLLM_NIXL_SIDE_CHANNEL_HOST", "VLLM_NIXL_SIDE_CHANNEL_PORT", "UCX_TLS",
                  "UCX_NET_DEVICES", "VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND",
                  "VLLM_HOST_IP", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "NCCL_IB_HCA",
-                 "NCCL_DEBUG", "NCCL_DEBUG_SUBSYS",
+                 "NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_DEBUG_FILE",
                  "HF_HUB_OFFLINE", "VLLM_API_KEY", "CUDA_HOME", "PATH", "PYTHONPATH",
                  "LAB_NIXL_PROGRESS_DELAY_US")
 

@@ -283,7 +283,7 @@ def collective_said(rows: list[CollectiveRow]) -> str:
     if fell_back(rows):
         text += (" NCCL fell back to sockets: this run's split model is not graded against "
                  "the forecast, which was fed the RDMA link's rate (00's link check). Check "
-                 "data_netdev and the checklist's nccl_hca and rdma checks.")
+                 "data_netdev and the checklist's collective and rdma checks.")
     return text
 
 

@@ -192,6 +192,13 @@ def server_env(cfg: LabConfig, spec: InstanceSpec) -> dict[str, str]:
     return env
 
 
+def nccl_log(cfg: LabConfig, node: str, name: str, pid: str = "%p") -> str:
+    """Where a rank's NCCL writes its lines (NCCL_DEBUG_FILE, one file per process: NCCL
+    puts %p's PID in). NCCL line-buffers that file; on stdout, redirected to the log, C's
+    stdio would hold its lines back in blocks until the process ends."""
+    return posixpath.join(cfg.log_dir_on(node), f"{name}-nccl.{pid}.log")
+
+
 def rank_env(cfg: LabConfig, spec: InstanceSpec) -> dict[str, str]:
     """What a tensor-parallel rank needs to find the others over the data-plane link:
     VLLM_HOST_IP (the node's own address as vLLM reports it) and, where the profile names
@@ -200,7 +207,7 @@ def rank_env(cfg: LabConfig, spec: InstanceSpec) -> dict[str, str]:
     ("=" + name: exactly that interface, NCCL's bootstrap and its socket fallback) and
     NCCL_IB_HCA ("=" + data_netdev: exactly those RDMA devices and ports, both halves of
     a Spark's ConnectX-7 port, for the all-reduces over RoCE), with NCCL_DEBUG=INFO for
-    its INIT and NET lines (which network it chose)."""
+    its INIT and NET lines (which network it chose) in their own file (`nccl_log`)."""
     node = cfg.nodes[spec.node]
     env = {"VLLM_HOST_IP": node.data_address}
     if node.data_ifname:
@@ -208,7 +215,8 @@ def rank_env(cfg: LabConfig, spec: InstanceSpec) -> dict[str, str]:
     if cfg.vllm.device == "cuda":
         # NCCL says which network it chose only at INFO; INIT,NET keeps it to those lines
         # (serve.startup.collective reads them: an RDMA run or a fall-back to sockets)
-        env |= {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}
+        env |= {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET",
+                "NCCL_DEBUG_FILE": nccl_log(cfg, spec.node, spec.name)}
         if node.data_ifname:
             env["NCCL_SOCKET_IFNAME"] = "=" + node.data_ifname
         if node.data_netdev:
@@ -238,13 +246,15 @@ def start_instance(cluster: Cluster, spec: InstanceSpec, *,
     node_cfg = cfg.nodes[spec.node]
     if not spec.headless:
         node.ensure_port_free(node_cfg.lan_address, spec.port, f"vLLM instance {spec.name}")
-    if spec.rank == 0 and spec.master is not None:
-        node.ensure_port_free(node_cfg.data_address, spec.master[1],
+    if spec.rank == 0 and spec.master is not None:  # torch's store listens on every address
+        node.ensure_port_free("0.0.0.0", spec.master[1],
                               "the tensor-parallel rendezvous (topology.tensor_parallel.master_port)")
     if spec.side_channel_port is not None:
         node.ensure_port_free(node_cfg.data_address, spec.side_channel_port,
                               f"the NIXL side channel of {spec.name}")
     ensure_model_on(cluster, spec.node)
+    if spec.rank is not None and cfg.vllm.device == "cuda":  # an earlier start's NCCL lines
+        node.run(["sh", "-c", "rm -f " + nccl_log(cfg, spec.node, spec.name, "*")])
     tmp = node.private_tmp(spec.name)  # removed when the instance is stopped
     try:
         rec = node.start_detached(

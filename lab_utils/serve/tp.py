@@ -21,6 +21,7 @@ split model chose, by the split model's own logprobs.
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 
 import httpx
@@ -29,6 +30,7 @@ from lab_utils.cluster import Cluster
 from lab_utils.cluster.state import ProcessRecord
 from lab_utils.measure.loadgen import auth_headers
 from lab_utils.results.payloads import CollectiveRow
+from lab_utils.serve.launcher import nccl_log
 from lab_utils.serve.pd import TokenVerdict, complete_scored, judge_tokens
 from lab_utils.serve.startup import collective as read_collective
 
@@ -38,12 +40,14 @@ HEAD_LINES = 4000  # the collectives start before the first request: the log's h
 
 def collective(cluster: Cluster) -> list[CollectiveRow]:
     """Per running rank, in rank order: how its all-reduces travel (`startup.collective`).
-    Read from the head of each rank's log."""
+    Read from the head of each rank's log and its NCCL files (`launcher.nccl_log`)."""
     ranks = sorted((r for r in cluster.running(TOPOLOGY) if r.kind == "vllm"),
                    key=lambda r: int(r.extra.get("rank", 0)))
     out = []
     for r in ranks:
-        got = cluster.node(r.node).run(["head", "-n", str(HEAD_LINES), r.log_path], timeout=30)
+        nccl = nccl_log(cluster.cfg, r.node, r.name, "*")
+        got = cluster.node(r.node).run(["sh", "-c", f"head -n {HEAD_LINES} {shlex.quote(r.log_path)}"
+                                        f"; cat {nccl} 2>/dev/null; true"], timeout=30)
         out.append(CollectiveRow(rank=int(r.extra.get("rank", 0)), node=r.node,
                                  **read_collective(got.stdout if got.ok else "")))
     return out

@@ -537,39 +537,6 @@ def test_data_ifname_is_checked_against_the_recorded_interfaces():
                           chosen, None).status == "warn"
 
 
-def test_nccl_device_order_is_read_from_the_system_list_on_the_split_models_nodes(tmp_path):
-    cfg = tp_cfg(tmp_path)
-    got = _by_key(run_checks(cfg, replay_nodes(cfg), show_progress=False))
-    hca = got[("nccl_hca", "spark-01 / spark-02")]
-    assert hca.status == "pass", hca
-    # the recorded ibv_devinfo lists rocep1s0f1 before roceP2p1s0f1 on both
-    assert "spark-01: rocep1s0f1, roceP2p1s0f1" in hca.evidence
-    # without the split model across the nodes there is nothing for NCCL to pair
-    assert ("nccl_hca", "spark-01 / spark-02") not in _by_key(
-        run_checks(scenario_cfg(tmp_path), replay_nodes(scenario_cfg(tmp_path)),
-                   show_progress=False))
-
-
-def test_a_different_device_order_on_one_node_fails_before_nccl_times_out(tmp_path):
-    cfg = tp_cfg(tmp_path)
-    # the recorded ibv_devinfo with the second PCIe half's devices listed first
-    text = REC.joinpath("ibv_devinfo.gb10.mtu9000-on-enp1s0f0-f1.txt").read_text()
-    blocks = ["hca_id:" + b for b in text.split("hca_id:")[1:]]
-    swapped = "".join(blocks[2:] + blocks[:2])
-    nodes = replay_nodes(cfg)
-    run = nodes["spark-02"].run
-
-    def run_swapped(argv, **kw):
-        got = run(argv, **kw)
-        return dataclasses.replace(got, stdout=swapped) if argv == ["ibv_devinfo"] else got
-    nodes["spark-02"].run = run_swapped
-    got = _by_key(run_checks(cfg, nodes, show_progress=False))
-    hca = got[("nccl_hca", "spark-01 / spark-02")]
-    assert hca.status == "fail" and "different halves" in hca.summary
-    assert "spark-02: roceP2p1s0f1, rocep1s0f1" in hca.evidence
-    assert "one half" in hca.fix
-
-
 def _allreduce(tmp_path, kind: str):
     cfg = tp_cfg(tmp_path)
     nodes = replay_nodes(cfg)
@@ -601,7 +568,22 @@ def test_an_all_reduce_over_sockets_warns_and_a_queue_pair_timeout_fails_with_it
     check, _ = _allreduce(tmp_path / "qp", "qp_timeout")
     assert check.status == "fail" and "did not complete" in check.summary
     assert check.evidence.startswith("nccl_queue_pair_timeout:")
-    assert "nccl_hca check" in check.fix
+    assert "collective check" in check.fix
+
+
+def test_nccls_own_device_order_is_compared_across_the_nodes(tmp_path):
+    check, _ = _allreduce(tmp_path, "swapped")
+    assert check.status == "fail" and "different order" in check.summary
+    assert "spark-02: roceP2p1s0f1:1, rocep1s0f1:1" in check.evidence
+    assert "one half" in check.fix
+
+
+def test_the_ranks_answer_is_found_after_anothers_unfinished_line():
+    from lab_utils.checks.collective import _answer
+
+    glued = ('spark-01:1:1 [0] NCCL INFO NET/IB : Using [0]roc{"rank": 0, "backend": "nccl", '
+             '"sizes": []}')
+    assert _answer(glued) == {"rank": 0, "backend": "nccl", "sizes": []}
 
 
 def test_the_all_reduce_is_not_tried_without_a_split_model(spark_cfg):

@@ -89,7 +89,10 @@ def test_nccl_and_gloo_are_named_the_data_plane_link(spark_cfg, test_cfg):
             "VLLM_HOST_IP": node.data_address, "GLOO_SOCKET_IFNAME": "enp1s0f1np1",
             "NCCL_SOCKET_IFNAME": "=enp1s0f1np1", "NCCL_IB_HCA": "=rocep1s0f1:1,roceP2p1s0f1:1",
             # which network NCCL chose, in the rank's log (serve.startup.collective)
-            "NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}
+            "NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET",
+            # in a line-buffered file of its own, one per process (NCCL fills in %p)
+            "NCCL_DEBUG_FILE": f"/home/REPLACE-user/spark-disagg-lab/logs/dgx-spark/"
+                               f"{spec.name}-nccl.%p.log"}
     # the CPU build has no NCCL: Gloo carries the all-reduces
     env = rank_env(test_cfg, test_cfg.instances("tensor-parallel")[1])
     assert env == {"VLLM_HOST_IP": "127.0.0.3", "GLOO_SOCKET_IFNAME": "lo"}

@@ -156,6 +156,11 @@ def profile_data(scenario: str = "recorded") -> dict:
 def allreduce_log(kind: str, rank: int, node_cfg) -> str:
     ip, ifname = node_cfg.data_address, node_cfg.data_ifname or "enp1s0f1np1"
     host = f"spark-0{rank + 1}:{4100 + rank}:{4100 + rank} [0] NCCL INFO "
+    if kind == "swapped":  # the second node lists the port's halves the other way round
+        first, second = (("rocep1s0f1", "roceP2p1s0f1") if rank == 0 else
+                         ("roceP2p1s0f1", "rocep1s0f1"))
+        return (host + f"NET/IB : Using [0]{first}:1/RoCE [1]{second}:1/RoCE [RO]; OOB "
+                f"{ifname}:{ip}<0>\n" + host + "Using network IB\n")  # then it hangs
     if kind == "qp_timeout":
         return (host + f"NET/IB : Using [0]rocep1s0f1:1/RoCE [1]roceP2p1s0f1:1/RoCE [RO]; OOB "
                 f"{ifname}:{ip}<0>\n" + host + "Using network IB\n"
