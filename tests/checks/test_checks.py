@@ -4,7 +4,6 @@ port taken (with none taken, notebook 00 in the series runs them: test_series.py
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import subprocess
 import sys
