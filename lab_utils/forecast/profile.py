@@ -205,9 +205,10 @@ def profile_frame(profile: EngineProfile):
                     (profile.beside_replicas, "idle replicas' yielding workers")):
         if b is None:
             continue
-        ratio = (f"; {b.alone.median:.2f} ms alone: "
+        ratio = (f"; {b.alone.median:.2f} ms alone ({b.alone.lo:.2f}-{b.alone.hi:.2f} over "
+                 f"{b.alone.n}): "
                  + (f"{b.ratio:.2f}x" if b.beside is None or _differ(b.beside, b.alone) else
-                    "no difference by the lab's rule") if b.ratio else "")
+                    "no difference by the lab's rule, the ranges overlap") if b.ratio else "")
         rows.append(row(f"decode step beside {b.threads} {like}: ms ({b.policy}; CPUs "
                         f"{', '.join(b.binds)})", f"1 decoding{ratio}", b.beside))
     if profile.active_cores is not None:

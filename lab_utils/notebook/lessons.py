@@ -215,6 +215,12 @@ def _spread_ms(kv: KvTransferPayload, nbytes: int) -> float:
     return (row["p90_us"] - row["p50_us"]) / 1e3 if row else 0.0
 
 
+def _fastest_is(kv: KvTransferPayload, nbytes: int) -> bool:
+    """Whether the probe's best READ bandwidth was at `nbytes` (the estimate's divisor)."""
+    reads = [r for r in kv.probe.rows if r.get("op") == "READ" and r.get("bandwidth_GBps")]
+    return bool(reads) and max(reads, key=lambda r: r["bandwidth_GBps"]).get("bytes") == nbytes
+
+
 def _said_02(kv: KvTransferPayload, input_len: int | None) -> list[str]:
     rows = [(r, r.measured_ms, r.predicted_ms) for r in kv.predicted_vs_measured
             if r.measured_ms and r.predicted_ms]
@@ -251,6 +257,13 @@ def _said_02(kv: KvTransferPayload, input_len: int | None) -> list[str]:
                        f"or the lower bandwidth of small sizes), the longest {long[1]:.2f}x "
                        f"(the bandwidth fell at the larger sizes); {ABOVE} at: "
                        f"{', '.join(over)}.")
+    elif _above(long[1]) and _fastest_is(kv, first.kv_bytes):
+        said.insert(0, f"The shortest prompt's transfer was the fastest per byte of the "
+                       f"probe, so the estimate, which divides by that best bandwidth, matches "
+                       f"it by construction ({short[1]:.2f}x); the longer ones took more, up to "
+                       f"{long[1]:.2f}x at the longest ({ABOVE} at: {', '.join(over)}). "
+                       "With the smallest transfer the fastest per byte, no fixed cost per "
+                       "transfer can show in this run.")
     elif _above(long[1]):
         said.insert(0, f"The longest prompt's transfer took {long[1]:.2f}x "
                        f"the size / best-bandwidth estimate, the shortest {short[1]:.2f}x, "

@@ -89,6 +89,10 @@ def test_02_fixed_cost_seen_or_not():
     said = conclude_02(noisy)
     assert "no fixed cost per transfer stands out of the noise" in said[0]
     assert "excess (200 µs)" in said[0] and "p90 - p50: 300 µs" in said[0]
+    # the shortest was the fastest per byte: its 1.00x is by construction, said so
+    said = conclude_02(kv([0.1, 0.4, 5.1], {1 << 18: 3.0, 1 << 20: 2.0, 1 << 22: 1.0}))
+    assert said[0].startswith("The shortest prompt's transfer was the fastest per byte")
+    assert "by construction (1.00x)" in said[0] and "up to 3.19x" in said[0]
     # the bandwidth collapsed at the largest size: said so, not read as "no fixed cost"
     said = conclude_02(kv([0.1, 0.4, 5.1]))
     assert said[0].startswith("The longest prompt's transfer took") and "3.19x" in said[0]
