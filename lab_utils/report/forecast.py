@@ -20,7 +20,7 @@ from lab_utils.forecast.model import Architecture, forecast, loads_of
 from lab_utils.forecast.run import rank
 from lab_utils.report.data import ReportData, graded
 from lab_utils.results import calibration
-from lab_utils.results.points import BY_KEY, FORECAST, MARGIN, Measured, differs
+from lab_utils.results.points import BY_KEY, FORECAST, MARGIN, Measured, compare, differs
 from lab_utils.util.numbers import fmt_num
 
 EXAMPLE_CONFIG = Path(__file__).resolve().parents[2] / "environment_config.json.example"
@@ -196,21 +196,33 @@ def _shape(w: WorkloadConfig) -> tuple:
 def _measured_beside(data: ReportData, w: WorkloadConfig, concurrency: int,
                      preds: list) -> str | None:
     """When the what-if is a point this run measured (its own workload, two nodes), what
-    was measured there beside what the forecast says, so neither is read for the other."""
+    was measured there beside what this forecast says, how far off it is, and what the
+    lab's rule says of the measured ones, so neither is read for the other."""
     runs = data.mixed if w.mixed_long_len else data.sweeps
-    pairs = []
+    pairs, got = [], {}
     for p in preds:
         run = runs.get(MEASURED_AS.get(p.architecture, ""))
         if run is None or _shape(workload_of(run.workload)) != _shape(w):
             continue
         entry = next((c for c in run.combined if c.mode == "concurrency"
                       and float(c.value) == concurrency and c.valid), None)
-        got = entry.of("request_throughput") if entry else None
-        if got is not None:
-            pairs.append(f"{p.architecture} measured {got.median:.3g} req/s, forecast "
-                         f"{p.metrics['request_throughput']:.3g}")
+        m = entry.of("request_throughput") if entry else None
+        if m is not None:
+            got[p.architecture] = m
+            fc = p.metrics["request_throughput"]
+            pairs.append(f"{p.architecture} measured {m.median:.3g} req/s, forecast here "
+                         f"{fc:.3g} ({(fc - m.median) / m.median:+.0%})")
     if not pairs:
         return None
-    return (f"This is a point this run measured ({'mixed' if w.mixed_long_len else 'standard'} "
-            f"workload, concurrency {concurrency}): " + "; ".join(pairs) + ". The forecast's "
-            "own grading is in 'Predicted, then measured' above.")
+    said = (f"This is a point this run measured ({'mixed' if w.mixed_long_len else 'standard'} "
+            f"workload, concurrency {concurrency}): " + "; ".join(pairs) + ". This what-if "
+            "runs the model on 01's and 02's curves alone, without the requests 03 and 04 "
+            "timed before their sweeps (their forecasts, so calibrated, are graded in "
+            "'Predicted, then measured').")
+    if len(got) == 2:
+        (a, ma), (b, mb) = got.items()
+        v = compare(ma, mb, "request_throughput")
+        said += (f" Measured, by the lab's rule: {a} " + (
+            f"{BY_KEY['request_throughput'].times(ma.median, mb.median)} than {b}."
+            if v.differs else f"and {b} do not differ."))
+    return said
