@@ -339,14 +339,28 @@ def conclude_03(baseline: BenchmarkResult, replicated: BenchmarkResult,
         others = [(name, p) for name, p in (policies.runs.items() if policies else [])
                   if name != policy and (p.mode, p.value) == (m[top].mode, m[top].value)
                   and p.median("p99_itl_ms") is not None]
+
+        def cost(name: str, p: Point) -> tuple[str, list[Comparison]]:
+            """What routing `name` cost against the mixed sweep's policy at that point."""
+            lost = [x for k in COMPARED_KEYS if k != "p99_itl_ms" and p.median(k) is not None
+                    and m[top].median(k) is not None
+                    for x in [comparison(k, (f"replicated, {name}", "03", f"policy {name}", p),
+                                         ("replicated, mixed", "03", "mixed", m[top]))]
+                    if x.better == "reference"]
+            return ((", at the cost of " + ", ".join(f"{BY_KEY[x.metric].label} {x.margin()}"
+                                                     for x in lost)) if lost else
+                    ", no other metric worse"), lost
+        costs = {name: cost(name, p) for name, p in others}
         said.append(claim("03", f"Mixed workload at concurrency {top:g} (one load point"
                           f"{routed}): ITL p99 {_ms(m[top].median('p99_itl_ms'))} against "
                           f"{_ms(b[top].median('p99_itl_ms'))} without long prompts "
                           f"({_margin(c)})" + "".join(
                               f"; routed {name.replace('_', '-')} (03's policy comparison, one "
-                              f"run) {_ms(p.median('p99_itl_ms'))}" for name, p in others)
-                          + ".", c, figures={f"p99_itl_{name}": p.median("p99_itl_ms")
-                                             for name, p in others}))
+                              f"run) {_ms(p.median('p99_itl_ms'))}{costs[name][0]}"
+                              for name, p in others)
+                          + ".", c, *(x for _, lost in costs.values() for x in lost),
+                          figures={f"p99_itl_{name}": p.median("p99_itl_ms")
+                                   for name, p in others}))
     return said
 
 
@@ -461,15 +475,27 @@ def conclude_04(replicated: BenchmarkResult | None, disaggregated: BenchmarkResu
         pd_at = lambda p: ("disaggregated", "04", "sweep", p)  # noqa: E731
         rep_at = lambda p: ("replicated", "03", "sweep", p)  # noqa: E731
         every = [comparison("output_throughput", pd_at(d[x]), rep_at(r[x])) for x in both]
-        higher = [f"{t.value:g}" for t in every if t.better == "subject"]
-        doc = (": vLLM's documentation says disaggregated prefill does not raise throughput; "
-               + (f"here it did at concurrency {join_words(higher)}" if higher else
-                  "here it did not at any load measured") + ".")
-        said.append(claim("04", "Output throughput, replicated against disaggregated, at every "
-                          "load both measured: " + "; ".join(
-                              f"concurrency {t.value:g}: {_tps(r[t.value])} against "
-                              f"{_tps(d[t.value])} tok/s ({_margin(t)})" for t in every)
-                          + doc, *every))
+        single = _points(baseline.sweep) if baseline else {}
+        vs_single = [comparison("output_throughput", pd_at(d[x]),
+                                ("single instance", "01", "sweep", single[x]))
+                     for x in sorted(set(d) & set(single))]
+        mixed_too = ([comparison("output_throughput", pd_mixed(md[x]), rep_mixed(mr[x]))
+                      for x in common] if common else [])
+
+        def raised(cs: list[Comparison], what: str) -> str:
+            up = [f"{c.value:g}" for c in cs if c.better == "subject"]
+            return (f"against {what} it did at concurrency {join_words(up)}" if up else
+                    f"against {what} it did not at any load both measured")
+        said.append(claim(
+            "04", "Output throughput, disaggregated against replicated, at every load both "
+            "measured: " + "; ".join(f"concurrency {t.value:g}: {_tps(d[t.value])} against "
+                                     f"{_tps(r[t.value])} tok/s ({_margin(t)})" for t in every)
+            + ". vLLM's documentation says disaggregated prefill does not raise throughput; "
+            + raised(every, "replicated serving")
+            + (f", {raised(vs_single, chr(48) + '1' + chr(39) + 's single instance')}"
+               if vs_single else "")
+            + (f", and on the mixed workload {raised(mixed_too, 'replicated serving')}"
+               if mixed_too else "") + ".", *every, *vs_single, *mixed_too))
         ttft = comparison("median_ttft_ms", pd_at(d[one]), rep_at(r[one]))
         said.append(claim("04", f"TTFT p50 at concurrency {one:g}: "
                           f"{_ms(r[one].median('median_ttft_ms'))} replicated, "
