@@ -102,7 +102,8 @@ GB10 = {
     "prefill_efficiency": (0.5, "prefill reaching half that peak: a planning figure, not "
                                 "measured"),
     "request_overhead_ms": (5.0, "a guess for HTTP, tokenizing and scheduling per request"),
-    "hop_ms": (1.0, "this lab's proxy, measured by python -m lab_utils.bench.proxy (~1 ms)"),
+    "hop_ms": (1.0, "a planning figure for this lab's proxy on a Spark pair's controller, not "
+                    "measured there (python -m lab_utils.bench.proxy measures it on yours)"),
 }
 # NIXL between two GB10s, one rail, UCX, batch 1: (bytes, average latency in us), as recorded
 # by nixlbench (tests/fixtures/dgx-spark-recorded/nixlbench.gb10-pair.single-rail.*.txt;

@@ -62,7 +62,7 @@ def calibrate(inputs: Inputs, arch: Architecture, timed: TimedProfile, output_le
     """`inputs` with the timed figures in place, and the sentence that says so."""
     context = timed.prompt_tokens + (3 * output_len) // 4  # the settled tail's mean position
     alone = inputs.engine.decode_step(1, context)
-    said_alone = f"{alone:.2f} ms by 01's engine profile at {context} tokens"
+    said_alone = f"{alone:.2f} ms, read off 01's engine profile at {context} tokens"
     if arch.ranks > 1:
         return _calibrate_split(inputs, arch, timed, alone, said_alone)
     kept = inputs.decode_beside if arch.disaggregated else inputs.replica_beside
@@ -71,8 +71,9 @@ def calibrate(inputs: Inputs, arch: Architecture, timed: TimedProfile, output_le
                else replace(inputs, replica_beside=factor, pd_extra_ms=0.0))
     who = "the decode instance's steps" if arch.disaggregated else "a replica's decode steps"
     step = ("no time per token measured: 01's factor kept" if not timed.step_ms else
-            f"{timed.step_ms:.2f} ms per token, {factor:.2f}x 01's decode step alone at that "
-            f"context ({said_alone}), which {who} take in place of 01's stand-ins")
+            f"{timed.step_ms:.2f} ms per token, {factor:.2f}x the model's step for one request "
+            f"at that context ({said_alone}), the factor {who} take in place of 01's "
+            "stand-ins")
     head = (f"{'04' if arch.disaggregated else '03'}'s instances timed before the sweep: "
             f"{timed.requests} fresh requests of {timed.prompt_tokens} tokens one at a time, "
             f"TTFT median {timed.ttft_ms:.1f} ms")
@@ -109,8 +110,9 @@ def _calibrate_split(inputs: Inputs, arch: Architecture, timed: TimedProfile,
     fixed = max(timed.step_ms - share, 0.0)
     return replace(inputs, tp_step_ms=fixed), (
         f"{head}; {timed.step_ms:.2f} ms per token against {share:.2f} ms for 1/{arch.ranks} "
-        f"of 01's step ({said_alone}) and the bytes over the link, so each step's all-reduces cost "
-        f"{fixed:.2f} ms more")
+        f"of 01's step ({said_alone}) and the bytes over the link, so the forecast adds "
+        f"{fixed:.2f} ms to every step: the all-reduces' latency and whatever else the split "
+        "adds, not told apart by this timing")
 
 
 def calibrated_edges(edges_of, calibrated: Inputs):

@@ -141,9 +141,9 @@ def test_the_split_instances_time_per_token_sets_the_all_reduces_fixed_cost(meas
     # 1/2 of 01's 5 ms step and 1 ms of bytes: the rest is the all-reduces' latency
     assert inputs.tp_step_ms == pytest.approx(measured_step - 3.5)
     assert forecast(inputs, SPLIT, ONE).metrics["median_tpot_ms"] == pytest.approx(measured_step)
-    assert f"each step's all-reduces cost {measured_step - 3.5:.2f} ms more" in said
+    assert f"the forecast adds {measured_step - 3.5:.2f} ms to every step" in said
     faster, said = calibrate(split_inputs(), SPLIT, timed(120.0, 2.0), output_len=4)
-    assert faster.tp_step_ms == 0.0 and "cost 0.00 ms more" in said
+    assert faster.tp_step_ms == 0.0 and "adds 0.00 ms to every step" in said
 
 
 def test_the_split_forecast_takes_00s_link_and_its_timed_instance(test_cfg):
