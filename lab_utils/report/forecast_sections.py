@@ -29,7 +29,8 @@ def forecast_blocks(data: ReportData, plots: list[Plot]) -> list[Block]:
                 "10% (lab_utils.forecast.band). Coverage and the median interval width are "
                 "given together: an interval that holds only because it is huge says nothing. "
                 f"'verdict' is the lab's one rule with that interval as the forecast's range: "
-                f"{RULE}. Points where the machine stood "
+                f"{RULE}. Goodput is vLLM bench serve's: the requests per second that met "
+                "every SLO the workload sets (workload.slo). Points where the machine stood "
                 "still are shown but not graded; where the load generator read tokens late, "
                 "ITL and TPOT are not graded."),
               UL([f"{arch}: " + "; ".join(f"{k}: {v}" for k, v in f.sources.items())
