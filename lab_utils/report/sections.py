@@ -163,8 +163,7 @@ def _tie_beyond_margin(f: Comparison) -> str:
     a, b = f.subject, f.reference
     if a.value.n > 1 and b.value.n > 1:
         return (f"{a.name} = {b.name} though {times(f.ratio)} apart: their ranges over the "
-                f"repeats overlap ({fmt_num(a.value.min)}-{fmt_num(a.value.max)} and "
-                f"{fmt_num(b.value.min)}-{fmt_num(b.value.max)})")
+                f"repeats overlap ({f.spans()})")
     return f"{a.name} = {b.name} though {times(f.ratio)} apart: {f.basis}"
 
 

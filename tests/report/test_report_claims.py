@@ -115,7 +115,8 @@ def test_a_verdict_cell_is_a_chain_only_where_every_pair_agrees():
                   "disaggregated": pt(10.99, 9.0, 13.0)})
     assert loose == ("baseline = replicated; baseline = disaggregated; "
                      "replicated > disaggregated (1.4x) [baseline = disaggregated though 1.4x "
-                     "apart: their ranges over the repeats overlap (6-9.50 and 9-13)]")
+                     "apart: their ranges over the repeats overlap (6.00-9.50 ms over 2 runs "
+                     "vs 9.00-13.00 ms over 2 runs)]")
     tight = cell({"baseline": pt(7.8, 7.6, 8.0), "replicated": pt(8.0, 7.9, 8.2),
                   "disaggregated": pt(11.0, 10.8, 11.2)})
     assert tight == "baseline = replicated > disaggregated (1.4x)"
