@@ -41,7 +41,7 @@ from lab_utils.measure.loadgen import run_point, run_sync
 from lab_utils.measure.workload import build_requests, server_tokenizer
 from lab_utils.on_node import nixl_threads
 from lab_utils.on_node.proctools import group_cpu_seconds, thread_cpu_seconds
-from lab_utils.serve.topology import Served, cleanup, serve
+from lab_utils.serve.topology import Served, cleanup, quiet_nixl_threads, serve
 
 TPOT_TARGET = 1.5
 # P/D's variants: name, what the row says, the kv_transfer settings
@@ -93,7 +93,7 @@ def measure_topology(cfg: labconfig.LabConfig, topology: str, prompts: int) -> d
             records = serve(cluster, topology, with_proxy=True, show_progress=False)
             served = Served(topology, records)
             # busy NIXL threads: recorded at start, now again; none when they wait
-            threads = nixl_threads.busy_only(cluster.quiet_nixl_threads(records))
+            threads = nixl_threads.busy_only(quiet_nixl_threads(cluster, records))
             if not cfg.lower_nixl_threads():  # the same threads, left as they are
                 threads = [t for r in records if r.extra.get("role") in ("prefill", "decode")
                            for t in nixl_threads.spinning(r.pgid)]

@@ -28,7 +28,7 @@ from lab_utils.known_failures import match_failures
 from lab_utils.kv.memory import hidden_state
 from lab_utils.on_node import allreduce as on_node
 from lab_utils.results.checklist import CheckResult
-from lab_utils.serve.launcher import nccl_log, rank_env
+from lab_utils.serve.launcher import nccl_lines, nccl_log, rank_env
 from lab_utils.serve.startup import collective
 
 TOPOLOGY = "tensor-parallel"
@@ -102,9 +102,7 @@ def _wait(ctx: Context, running: list) -> dict[str, str]:
     out = {}
     for s, r in running:
         node = ctx.node(s.node)
-        nccl = node.run(["sh", "-c", "cat " + nccl_log(ctx.cfg, s.node, r.name, "*")
-                         + " 2>/dev/null; true"])
-        out[s.node] = node.log_tail(r, 4000) + "\n" + (nccl.stdout if nccl.ok else "")
+        out[s.node] = node.log_tail(r, 4000) + "\n" + nccl_lines(ctx.cfg, node, r)
     return out
 
 
@@ -125,15 +123,6 @@ def _size(n: int) -> str:
     return f"{n / 2**20:g} MiB" if n >= 2**20 else f"{n / 2**10:g} KiB"
 
 
-def _half(device: str) -> str:
-    """Which PCIe half of the port an RDMA device is ("rocep1s0f1:1" -> "rocep1"): GB10
-    names the halves rocep1s0fN and roceP2p1s0fN (the PCI domain and bus before slot and
-    function)."""
-    dev = device.split(":")[0]
-    key = rdma._rails_key(dev)
-    return dev[: -len(key)] if key != dev else dev
-
-
 def _pairing(nets: dict[str, dict]) -> CheckResult | None:
     """NCCL pairs the nodes' devices by their position in the list it logged ("NET/IB :
     Using [0]... [1]..."): position i must be the same half of the port on every node.
@@ -142,7 +131,7 @@ def _pairing(nets: dict[str, dict]) -> CheckResult | None:
     lists = {n: c["devices"] for n, c in nets.items() if c["net"] == "IB" and c["devices"]}
     if len(lists) < 2 or len(lists) < len(nets):
         return None
-    halves = {n: [_half(d) for d in devs] for n, devs in lists.items()}
+    halves = {n: [rdma.half_of(d) for d in devs] for n, devs in lists.items()}
     if len({tuple(h) for h in halves.values()}) == 1:
         return None
     return CheckResult(

@@ -104,8 +104,7 @@ def _start(ctx: Context, name: str, label: str, *args: str) -> ProcessRecord:
 
 
 def _holder_fix(ctx: Context, c: Connection) -> tuple[str, str]:
-    report = ctx.node(c.dst).port_report(c.address, c.port)
-    holders = "; ".join(report.get("holders") or []) or "a process this user cannot see"
+    holders = ctx.node(c.dst).port_report(c.address, c.port).who()
     return holders, (f"stop what holds {c.address}:{c.port} on {c.dst} (if it is the lab's: "
                      f"`python -m lab_utils cleanup --config {ctx.cfg.source_name}`) or change "
                      "that port in the config")

@@ -30,11 +30,19 @@ HALF_GBPS = 100.0  # one PCIe Gen5 x4 half of GB10's ConnectX-7
 # ----- RDMA ---------------------------------------------------------------------------
 
 
-def _rails_key(ibdev: str) -> str:
+def port_of(ibdev: str) -> str:
     """Devices of one physical port share their `s<slot>f<function>` ending (a Spark's
     port is two PCIe halves: rocep1s0f1 and roceP2p1s0f1)."""
     found = re.search(r"s\d+f\d+$", ibdev)
     return found.group(0) if found else ibdev
+
+
+def half_of(device: str) -> str:
+    """Which PCIe half of its port an RDMA device is ("rocep1s0f1:1" -> "rocep1"): GB10
+    names the halves rocep1s0fN and roceP2p1s0fN (PCI domain and bus before the port)."""
+    dev = device.split(":")[0]
+    port = port_of(dev)
+    return dev[: -len(port)] if port != dev else dev
 
 
 def configured_devices(ctx: Context, name: str) -> tuple[list[dict], list[dict], list[str]]:
@@ -90,7 +98,7 @@ def check_rdma(ctx: Context) -> list[CheckResult]:
             r = ctx.run(name, ["ip", "addr", "show"])
             out.append(ifname_verdict(name, ctx.cfg.nodes[name], chosen,
                                       parsers.ip_addr(r.stdout) if r.ok else None))
-        ports[name] = {_rails_key(r["ibdev"]) for r in chosen}
+        ports[name] = {port_of(r["ibdev"]) for r in chosen}
     if len({frozenset(v) for v in ports.values()}) > 1:
         seen = "; ".join(f"{n}: {', '.join(sorted(k))}" for n, k in ports.items())
         out.append(CheckResult(
@@ -151,8 +159,8 @@ def rails_verdict(name: str, chosen: list[dict], rows: list[dict],
     """Both halves of the cabled port up, configured, and each with an IPv4 address: RoCE
     v2's IPv4 GID comes from it, so a half without one is a rail UCX cannot use. `addrs`
     is `parsers.ip_addr` of the node's `ip addr show` (None: it did not run)."""
-    keys = {_rails_key(r["ibdev"]) for r in chosen}
-    rails = [r for r in rows if _rails_key(r["ibdev"]) in keys]
+    keys = {port_of(r["ibdev"]) for r in chosen}
+    rails = [r for r in rows if port_of(r["ibdev"]) in keys]
     up = [r for r in rails if r["state"] == "Up"]
     unused = [r for r in up if r not in chosen]
     seen = ", ".join(f"{r['ibdev']} ({r['state']})" for r in rails)

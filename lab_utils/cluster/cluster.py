@@ -12,7 +12,6 @@ built for the call and closed after it) or a cluster its caller owns.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import threading
 from collections.abc import Iterator, Mapping
@@ -22,7 +21,6 @@ from lab_utils.cluster.ssh import SSHNode
 from lab_utils.cluster.state import ProcessRecord, StateFile
 from lab_utils.config import LabConfig
 from lab_utils.errors import LabError
-from lab_utils.on_node import nixl_threads
 
 log = logging.getLogger("lab_utils.cluster")
 
@@ -101,43 +99,6 @@ class Cluster:
             if self.knows(rec.node) and self.node(rec.node).stop(rec, grace):
                 stopped.append(rec.name)
         return stopped
-
-    def quiet_nixl_threads(self, records: list[ProcessRecord]) -> list[dict]:
-        """With `kv_transfer.lower_nixl_threads` on, lower the NIXL progress threads of
-        the prefill and decode instances among `records` (nice 19, 0.1 ms slice), put each
-        one's worker main thread back on its configured CPUs on the CPU build
-        (`on_node.nixl_threads.repin`), and record in each instance's record
-        (`extra["nixl_threads"]`) which threads got which policy or CPUs; the rows of all of
-        them (instance, role, node, process, thread, tid, before, policy). Safe to call
-        again: threads found before are reported with their policy now (and what the first
-        call found before), new ones are set. [] when the setting is off."""
-        if not self.cfg.lower_nixl_threads():
-            return []
-        binds = {s.name: s.cpu_bind for s in self.cfg.instances("disaggregated")}
-        rows = []
-        for given in records:
-            role = given.extra.get("role")
-            rec = self.state.get(given.name)  # what earlier calls recorded
-            if (given.kind != "vllm" or role not in ("prefill", "decode") or rec is None
-                    or rec.pid != given.pid or not self.knows(rec.node)):
-                continue
-            known = {t["tid"]: t for t in rec.extra.get("nixl_threads", [])}
-            bind = binds.get(rec.name) if self.cfg.vllm.device == "cpu" else None
-            found = self.node(rec.node).run_sent(nixl_threads, "quiet", str(rec.pgid),
-                                                 bind or "-", *map(str, known))
-            now = {t["tid"]: t for t in json.loads(found)}
-            for tid in set(known) - set(now):
-                known[tid]["policy"] = "gone"
-            for tid, t in now.items():
-                first = known.get(tid, {})
-                known[tid] = {**first, **t}
-                if "before" in first:  # what the first call found stays
-                    known[tid]["before"] = first["before"]
-            rec.extra["nixl_threads"] = list(known.values())
-            self.state.add(rec)
-            rows += [{"instance": rec.name, "role": role, "node": rec.node, **t}
-                     for t in rec.extra["nixl_threads"]]
-        return rows
 
     # ----- connections ----------------------------------------------------------------
     def close(self) -> None:

@@ -56,6 +56,16 @@ class RunResult:
         return lines[-1][-300:] if lines else f"exit code {self.code}"
 
 
+@dataclass(frozen=True)
+class PortReport:
+    """A port on a node: free, or the processes that hold it ("PID n: command")."""
+    free: bool
+    holders: list[str]
+
+    def who(self) -> str:
+        return "; ".join(self.holders) or "a process this user cannot see"
+
+
 class Node(ABC):
     """What every node offers. Paths are paths on that node."""
 
@@ -103,9 +113,10 @@ class Node(ABC):
             raise LabError(f"node {self.name}: cannot read /proc/meminfo: {r.why}")
         return proc_meminfo(r.stdout)
 
-    def port_report(self, address: str, port: int) -> dict:
-        """{"free": bool, "holders": [what holds it]} (`on_node.proctools.port_report`)."""
-        return json.loads(self.run_sent(proctools, "port", address, str(port)))
+    def port_report(self, address: str, port: int) -> PortReport:
+        """Whether `address:port` is free here, and what holds it if not
+        (`on_node.proctools.port_report`)."""
+        return PortReport(**json.loads(self.run_sent(proctools, "port", address, str(port))))
 
     def close(self) -> None:
         """Release what the node holds open (an SSH connection); the next use reopens it."""
@@ -166,11 +177,10 @@ class Node(ABC):
 
     def ensure_port_free(self, address: str, port: int, what: str) -> None:
         report = self.port_report(address, port)
-        if not report["free"]:
-            holders = "; ".join(report["holders"]) or "a process this user cannot see"
+        if not report.free:
             raise PortInUseError(
                 f"port {port} on node {self.name} ({address}) is already in use, needed for "
-                f"{what}. Held by: {holders}. Stop that process (if it is the lab's: "
+                f"{what}. Held by: {report.who()}. Stop that process (if it is the lab's: "
                 f"`python -m lab_utils cleanup`) or change the port in the config."
             )
 
@@ -226,7 +236,7 @@ class LocalNode(Node):
     def _stop_group(self, rec, grace_s) -> bool:
         return proctools.stop_group(rec.pgid, rec.start_ticks, grace_s)
 
-    def port_report(self, address, port) -> dict:
-        return proctools.port_report(address, port)  # here: no interpreter to start
+    def port_report(self, address, port) -> PortReport:
+        return PortReport(**proctools.port_report(address, port))  # no interpreter to start
 
 

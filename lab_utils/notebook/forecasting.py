@@ -38,6 +38,7 @@ from lab_utils.results.claims import claim, save_claims
 from lab_utils.results.forecast import EngineProfile, Forecast, TimedProfile
 from lab_utils.results.payloads import not_graded
 from lab_utils.results.sweep import BenchmarkResult
+from lab_utils.serve.topology import Served
 from lab_utils.serve.tp import TOPOLOGY as TP_ARCH
 from lab_utils.serve.tp import collective
 
@@ -175,11 +176,14 @@ FORECAST_NOTEBOOK = {"baseline": "01", "replicated": "03", "disaggregated": "04"
 
 
 def grade_forecast(cfg: LabConfig, fc: Forecast, result: BenchmarkResult,
-                   mixed: BenchmarkResult | None = None):
+                   mixed: BenchmarkResult | None = None, served: Served | None = None):
     """The forecast against this notebook's measurements: what it says (printed, and saved
     as claims the audit re-grades from the notebook's results file), and the table. The
-    split model's is not graded when its ranks' NCCL fell back to sockets."""
-    why = (not_graded(collective(Cluster(cfg))) if fc.architecture == TP_ARCH else None)
+    split model's is not graded when its ranks' NCCL fell back to sockets (`served`'s
+    ranks, as read when they started)."""
+    why = None
+    if fc.architecture == TP_ARCH:
+        why = not_graded(served.collective if served else collective(Cluster(cfg)))
     rows = grade_rows(fc, {"standard": result, "mixed": mixed}, not_graded=why)
     nb = FORECAST_NOTEBOOK[fc.architecture]
     say(cfg, f"{nb}:forecast", grade_claims(nb, nb, fc.architecture, rows))

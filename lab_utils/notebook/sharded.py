@@ -37,7 +37,8 @@ def start_tensor_parallel(cfg: LabConfig, session: ServingSession) -> Served | N
               "both)")
         return None
     served = session.start(TOPOLOGY)
-    say(cfg, "tp:collective", [claim("tp", collective_said(collective(Cluster(cfg))))])
+    served.collective = collective(Cluster(cfg))
+    say(cfg, "tp:collective", [claim("tp", collective_said(served.collective))])
     return served
 
 
@@ -80,4 +81,4 @@ def record_tensor_parallel(cfg: LabConfig, served: Served, result: BenchmarkResu
     ranks = len([r for r in served.instance_records() if r.extra.get("role") == "tp"])
     return write_results(cfg, "tp", TensorParallelPayload(
         topology=served.topology, instances=instances(served), sweep=result, mixed=mixed,
-        ranks=ranks, same_output=same, forecast=forecast, collective=collective(Cluster(cfg))))
+        ranks=ranks, same_output=same, forecast=forecast, collective=served.collective))

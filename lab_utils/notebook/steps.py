@@ -51,7 +51,7 @@ from lab_utils.results.forecast import EngineProfile
 from lab_utils.results.sweep import BenchmarkResult, RequestRecord, SweepCpu
 from lab_utils.serve.metrics import fetch_metrics, read_counters
 from lab_utils.serve.pd import complete, prove_via_proxy
-from lab_utils.serve.topology import Served
+from lab_utils.serve.topology import Served, quiet_nixl_threads
 from lab_utils.serve.tp import stop_lone_ranks
 from lab_utils.util.numbers import titled
 
@@ -128,12 +128,12 @@ def run_sweep(cfg: LabConfig, served: Served, *, mixed: bool = False,
 def nixl_threads(cfg: LabConfig, served: Served) -> list[dict]:
     """Lower the NIXL progress threads of `served`'s prefill and decode instances to the
     lowest normal priority again (new ones too) when `kv_transfer.lower_nixl_threads` is on; one row per
-    thread: instance, role, node, process, thread, tid, policy (`Cluster.quiet_nixl_threads`).
+    thread: instance, role, node, process, thread, tid, policy (`serve.topology.quiet_nixl_threads`).
     [] for a topology without NIXL or with the setting off."""
     if served.topology != "disaggregated":
         return []
     with Cluster(cfg) as cluster:
-        return cluster.quiet_nixl_threads(served.records)
+        return quiet_nixl_threads(cluster, served.records)
 
 
 def nixl_thread_state(cfg: LabConfig) -> str:

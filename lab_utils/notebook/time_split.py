@@ -51,7 +51,7 @@ _XFER = "vllm:nixl_xfer_time_seconds"
 
 def cpu_now(cfg: LabConfig, served: Served) -> dict[str, float] | None:
     """CPU seconds so far of each process group of `served` less its NIXL progress
-    threads found busy (`Cluster.quiet_nixl_threads`; a thread that waits between polls is
+    threads found busy (`serve.topology.quiet_nixl_threads`; a thread that waits between polls is
     not found and counts with its instance), those threads together, and this process
     (the load generator); None when an instance is on a node reached over SSH (its /proc
     is not read from here)."""

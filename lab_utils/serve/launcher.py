@@ -199,6 +199,13 @@ def nccl_log(cfg: LabConfig, node: str, name: str, pid: str = "%p") -> str:
     return posixpath.join(cfg.log_dir_on(node), f"{name}-nccl.{pid}.log")
 
 
+def nccl_lines(cfg: LabConfig, node: Node, rec: ProcessRecord) -> str:
+    """What a rank's NCCL wrote to its files (`nccl_log`), '' when there are none."""
+    got = node.run(["sh", "-c", f"cat {nccl_log(cfg, rec.node, rec.name, '*')} 2>/dev/null; true"],
+                   timeout=30)
+    return got.stdout if got.ok else ""
+
+
 def rank_env(cfg: LabConfig, spec: InstanceSpec) -> dict[str, str]:
     """What a tensor-parallel rank needs to find the others over the data-plane link:
     VLLM_HOST_IP (the node's own address as vLLM reports it) and, where the profile names

@@ -16,6 +16,7 @@ hold it once started: its records, the proxy's URL, its instances' URLs by role.
 from __future__ import annotations
 
 import contextlib
+import json
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from lab_utils.cluster.provision import deploy
 from lab_utils.cluster.state import ProcessRecord
 from lab_utils.config import LabConfig, api_key
 from lab_utils.errors import LabError
+from lab_utils.on_node import nixl_threads
 from lab_utils.serve import calibrate, pd
 from lab_utils.serve.launcher import healthy, process_failure, start_instance, wait_ready
 from lab_utils.serve.plan import make_plan, merge_plans, start_waves
@@ -46,6 +48,8 @@ class Served:
     runs: Counter[str] = field(default_factory=Counter)
     # requests timed one at a time per topology, this session's (`time_split.time_instances`)
     timed: dict[str, Any] = field(default_factory=dict)
+    # how a split model's ranks all-reduce, read once when they are up (`tp.collective`)
+    collective: list[Any] = field(default_factory=list)
 
     @property
     def proxy_url(self) -> str:
@@ -112,7 +116,7 @@ def _serve(cluster: Cluster, topologies: tuple[str, ...], show_progress: bool,
             _warm_up_pairs(cluster, records, started, kv_buffer_device, show_progress)
             # NIXL's progress threads exist once the instances are up and have shaken
             # hands; on the CPU rehearsal they then run only when the engines do not
-            cluster.quiet_nixl_threads(records)
+            quiet_nixl_threads(cluster, records)
         if with_proxy:
             rec, new = start_proxy(cluster, topologies[0])
             records.append(rec)
@@ -241,6 +245,45 @@ def start_proxy(cluster: Cluster, mode: str, kind: str | None = None,
 
 def stop_topology(cluster: Cluster, topology: str) -> list[str]:
     return cluster.stop(cluster.running(topology))
+
+
+def quiet_nixl_threads(cluster: Cluster, records: list[ProcessRecord]) -> list[dict]:
+    """With `kv_transfer.lower_nixl_threads` on, lower the NIXL progress threads of
+    the prefill and decode instances among `records` (nice 19, 0.1 ms slice), put each
+    one's worker main thread back on its configured CPUs on the CPU build
+    (`on_node.nixl_threads.repin`), and record in each instance's record
+    (`extra["nixl_threads"]`) which threads got which policy or CPUs; the rows of all of
+    them (instance, role, node, process, thread, tid, before, policy). Safe to call
+    again: threads found before are reported with their policy now (and what the first
+    call found before), new ones are set. [] when the setting is off."""
+    if not cluster.cfg.lower_nixl_threads():
+        return []
+    binds = {s.name: s.cpu_bind for s in cluster.cfg.instances("disaggregated")}
+    rows = []
+    for given in records:
+        role = given.extra.get("role")
+        rec = cluster.state.get(given.name)  # what earlier calls recorded
+        if (given.kind != "vllm" or role not in ("prefill", "decode") or rec is None
+                or rec.pid != given.pid or not cluster.knows(rec.node)):
+            continue
+        known = {t["tid"]: t for t in rec.extra.get("nixl_threads", [])}
+        bind = binds.get(rec.name) if cluster.cfg.vllm.device == "cpu" else None
+        found = cluster.node(rec.node).run_sent(nixl_threads, "quiet", str(rec.pgid),
+                                             bind or "-", *map(str, known))
+        now = {t["tid"]: t for t in json.loads(found)}
+        for tid in set(known) - set(now):
+            known[tid]["policy"] = "gone"
+        for tid, t in now.items():
+            first = known.get(tid, {})
+            known[tid] = {**first, **t}
+            if "before" in first:  # what the first call found stays
+                known[tid]["before"] = first["before"]
+        rec.extra["nixl_threads"] = list(known.values())
+        cluster.state.add(rec)
+        rows += [{"instance": rec.name, "role": role, "node": rec.node, **t}
+                 for t in rec.extra["nixl_threads"]]
+    return rows
+
 
 
 def cleanup(cluster: Cluster | LabConfig) -> list[str]:

@@ -21,7 +21,6 @@ split model chose, by the split model's own logprobs.
 
 from __future__ import annotations
 
-import shlex
 from dataclasses import dataclass
 
 import httpx
@@ -30,7 +29,7 @@ from lab_utils.cluster import Cluster
 from lab_utils.cluster.state import ProcessRecord
 from lab_utils.measure.loadgen import auth_headers
 from lab_utils.results.payloads import CollectiveRow
-from lab_utils.serve.launcher import nccl_log
+from lab_utils.serve.launcher import nccl_lines
 from lab_utils.serve.pd import TokenVerdict, complete_scored, judge_tokens
 from lab_utils.serve.startup import collective as read_collective
 
@@ -45,11 +44,11 @@ def collective(cluster: Cluster) -> list[CollectiveRow]:
                    key=lambda r: int(r.extra.get("rank", 0)))
     out = []
     for r in ranks:
-        nccl = nccl_log(cluster.cfg, r.node, r.name, "*")
-        got = cluster.node(r.node).run(["sh", "-c", f"head -n {HEAD_LINES} {shlex.quote(r.log_path)}"
-                                        f"; cat {nccl} 2>/dev/null; true"], timeout=30)
+        node = cluster.node(r.node)
+        head = node.run(["head", "-n", str(HEAD_LINES), r.log_path], timeout=30)
+        text = (head.stdout if head.ok else "") + "\n" + nccl_lines(cluster.cfg, node, r)
         out.append(CollectiveRow(rank=int(r.extra.get("rank", 0)), node=r.node,
-                                 **read_collective(got.stdout if got.ok else "")))
+                                 **read_collective(text)))
     return out
 
 

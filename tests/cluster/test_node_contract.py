@@ -279,10 +279,10 @@ def test_port_holder_is_named(place):
         s.listen()
         port = s.getsockname()[1]
         report = node.port_report("127.0.0.2", port)
-        assert not report["free"]
-        assert f"PID {os.getpid()}: {me}" in report["holders"]  # who, and what it runs
+        assert not report.free
+        assert f"PID {os.getpid()}: {me}" in report.holders  # who, and what it runs
         with pytest.raises(PortInUseError) as e:
             node.ensure_port_free("127.0.0.2", port, "a test service")
         assert f"port {port}" in str(e.value) and "spark-01" in str(e.value)
-    assert node.port_report("127.0.0.2", port)["free"]
+    assert node.port_report("127.0.0.2", port).free
 

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from lab_utils.cluster import Node, RunResult, provision
+from lab_utils.cluster.nodes import PortReport
 from lab_utils.errors import LabError
 
 from support import parsers_extra
@@ -277,8 +278,8 @@ class ReplayNode(Node):
         self.alive.discard(rec.pid)
         return True
 
-    def port_report(self, address, port) -> dict:
-        return {"free": True, "holders": []}
+    def port_report(self, address, port) -> PortReport:
+        return PortReport(free=True, holders=[])
 
 
 def replay_nodes(cfg, scenario: str = "recorded", snapshots: dict | None = None) -> dict:

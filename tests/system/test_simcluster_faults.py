@@ -250,8 +250,8 @@ def ports_free(cfg) -> list[str]:
                 ports.append((node.cfg.data_address, spec.side_channel_port))
             for address, port in ports:
                 report = node.port_report(address, port)
-                if not report["free"]:
-                    taken.append(f"{spec.node} {address}:{port} {report['holders']}")
+                if not report.free:
+                    taken.append(f"{spec.node} {address}:{port} {report.holders}")
     # the controller is this profile's local node, but its address lives in the controller
     # namespace: ask there, with the same code the lab's own port check runs
     address = cfg.nodes[cfg.proxy.node].lan_address
