@@ -9,7 +9,7 @@ sweep, and grades it; 03 grades its forecast of replicated serving. Each graded 
 gives a relative error, the log of measured / predicted. For the next forecast, every
 metric's interval [lo, hi] becomes [lo / f, hi x f], f = exp(b), where b is the
 `QUANTILE` of |log error| over the graded values of the same metric family so far in
-this series, and never below `FLOOR` (log 1.1: the lab's 10% margin for "differs";
+this series, and never below `FLOOR` (log(1 + MARGIN): the lab's 10% margin for "differs";
 a model that was exact on three points is not exact everywhere). A family with no
 graded value yet takes the widest band of the others.
 
@@ -27,15 +27,15 @@ from typing import Any
 
 import numpy as np
 
-QUANTILE = 0.9
-FLOOR = math.log(1.1)
+from lab_utils.results.points import MARGIN, METRICS
 
-# metric -> family: metrics the model gets right or wrong for the same reason share a band
-# (the tails miss for reasons of their own: a stall, a late read, one slow request)
-FAMILY = {"median_ttft_ms": "TTFT p50",
-          "median_itl_ms": "per-token", "median_tpot_ms": "per-token",
-          "p99_ttft_ms": "tails", "p99_itl_ms": "tails",
-          "output_throughput": "throughput", "request_goodput": "throughput"}
+QUANTILE = 0.9
+FLOOR = math.log(1 + MARGIN)
+
+# metric -> family (the metric table's): metrics the model gets right or wrong for the same
+# reason share a band (the tails miss for reasons of their own: a stall, a late read, one
+# slow request)
+FAMILY = {m.key: m.family for m in METRICS if m.family}
 
 
 def log_errors(rows: Iterable[dict[str, Any]]) -> dict[str, list[float]]:

@@ -26,7 +26,6 @@ from lab_utils.results.sweep import BenchmarkResult
 
 HEADLINE_GRADE = ("median_ttft_ms", "median_tpot_ms")  # the yardstick
 GOAL_PCT = 25.0
-PER_TOKEN = {"median_itl_ms", "p99_itl_ms", "median_tpot_ms"}
 
 
 def _stood_still(result: BenchmarkResult, mode: str, value: float) -> str | None:
@@ -57,7 +56,7 @@ def grade_rows(fc: Forecast, measured: dict[str, BenchmarkResult | None],
             pred, meas = row.get(k), None if got is None else got.median
             lo, hi = row.get(f"{k}_lo"), row.get(f"{k}_hi")
             why = not_graded or ("invalid point" if not entry.valid else stall
-                   or ("tokens read together, late" if late and k in PER_TOKEN else None))
+                   or ("tokens read together, late" if late and m.per_token else None))
             if pred is None or meas is None:
                 why = why or "not predicted or not measured"
             err = (pred - meas) / meas * 100 if pred is not None and meas else None

@@ -25,7 +25,7 @@ from lab_utils.measure.benchmark import READ_TOGETHER_NOTE, read_late, read_toge
 from lab_utils.report.data import ARCH_NOTEBOOK, ARCHITECTURES, ReportData, run_hint
 from lab_utils.report.tables import points_table
 from lab_utils.results.claims import WORKLOAD_OF, Claim, Comparison, Located, claim, comparison
-from lab_utils.results.points import BY_KEY, COMPARED, MARGIN, MetricKey
+from lab_utils.results.points import BY_KEY, COMPARED, MARGIN, MetricKey, factor
 from lab_utils.results.sweep import BenchmarkResult
 from lab_utils.util.numbers import join_words
 
@@ -35,9 +35,6 @@ PAIRS = (("disaggregated", "replicated"), ("disaggregated", "baseline"),
          ("replicated", "baseline"), ("tensor-parallel", "replicated"),
          ("tensor-parallel", "disaggregated"), ("tensor-parallel", "baseline"))
 THROUGHPUT_KEYS: tuple[MetricKey, ...] = ("request_throughput", "output_throughput")
-# Timed between tokens: not compared at a point where either side's load generator got
-# many tokens in one read (their gaps are 0 ms there; benchmark.read_together_share).
-PER_TOKEN_KEYS: tuple[MetricKey, ...] = ("median_itl_ms", "p99_itl_ms", "median_tpot_ms")
 
 
 @dataclass
@@ -74,15 +71,10 @@ def margin(f: Comparison) -> str:
     lower"); without a winner, how far apart they are ("1.05x apart")."""
     m = BY_KEY[f.metric]
     if f.winner is None:
-        return f"{times(f.ratio)} apart"
+        return f"{factor(f.ratio)} apart"
     win, lose = ((f.subject.value.median, f.reference.value.median) if f.better == "subject"
                  else (f.reference.value.median, f.subject.value.median))
     return m.times(win, lose)
-
-
-def times(r: float) -> str:
-    """A ratio as the margins are written: "1.7x", "12x", "∞"."""
-    return "∞" if not math.isfinite(r) else (f"{r:.1f}x" if r < 10 else f"{r:.0f}x")
 
 
 def located(data: ReportData) -> dict[tuple[str, str, float], dict[str, Located]]:
@@ -113,7 +105,7 @@ def compare(data: ReportData) -> list[Comparison]:
             a, b = at[subject], at[reference]
             late = any(_read_late(data, x[0], x[2], mode, value) for x in (a, b))
             for m in COMPARED:
-                if m.key in PER_TOKEN_KEYS and late:
+                if m.per_token and late:
                     continue
                 if a[3].median(m) is not None and b[3].median(m) is not None:
                     findings.append(comparison(m.key, a, b))
@@ -132,7 +124,7 @@ def _not_compared_per_token(data: ReportData) -> list[str]:
         return []
     where = "; ".join(f"{WORKLOADS[w].lower()}{subject} vs {reference} at {_loads(loads)}"
                       for (w, subject, reference), loads in left.items())
-    labels = join_words([BY_KEY[k].label for k in PER_TOKEN_KEYS])
+    labels = join_words([m.label for m in COMPARED if m.per_token])
     return [f"Not compared on {labels} where the load generator got many tokens in one read "
             f"on either side (the headline table's notes name the runs): {where}."]
 
@@ -156,7 +148,7 @@ def _loads(fs: Sequence[Comparison | _Load]) -> str:
 
 def _ratio_range(fs: list[Comparison]) -> str:
     """"1.4x" or "1.4-1.7x": the margins of `fs` as ratios."""
-    lo, hi = times(min(f.ratio for f in fs)), times(max(f.ratio for f in fs))
+    lo, hi = factor(min(f.ratio for f in fs)), factor(max(f.ratio for f in fs))
     return hi if lo == hi else f"{lo.removesuffix('x')}-{hi}"
 
 
@@ -219,7 +211,7 @@ def documentation_claim(findings: list[Comparison], where: str = "report") -> Cl
 
 def _up_to(fs: list[Comparison]) -> str:
     """The largest margin, "up to" only when there is more than one."""
-    top = times(max(f.ratio for f in fs))
+    top = factor(max(f.ratio for f in fs))
     return top if len(fs) == 1 else f"up to {top}"
 
 

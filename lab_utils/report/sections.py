@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 import pandas as pd
 
 from lab_utils.report.blocks import UL, Block, H, P, T, W, fold
-from lab_utils.report.conclusions import Conclusions, times
+from lab_utils.report.conclusions import Conclusions
 from lab_utils.report.data import ARCHITECTURES, ReportData, run_hint
 from lab_utils.report.expected import EXPECTED_TWO_SPARK, expected_figures
 from lab_utils.report.export import fields_table
@@ -46,7 +46,7 @@ from lab_utils.report.tables import (
 )
 from lab_utils.results import RESULTS, collective_said, reference_origin
 from lab_utils.results.claims import Comparison
-from lab_utils.results.points import BY_KEY, MARGIN, RULE, MetricKey
+from lab_utils.results.points import BY_KEY, MARGIN, RULE, MetricKey, factor
 from lab_utils.results.sweep import BenchmarkResult
 from lab_utils.util.numbers import fmt_num, join_words
 
@@ -147,11 +147,11 @@ def _ranking(fs: list[Comparison]) -> str:
         out = " = ".join(tiers[0])
         for upper, lower in zip(tiers, tiers[1:], strict=False):
             gap = min(by_pair[frozenset((u, lo))].ratio for u in upper for lo in lower)
-            out += f" > {' = '.join(lower)} ({times(gap)})"
+            out += f" > {' = '.join(lower)} ({factor(gap)})"
     else:
         out = "; ".join(
             f"{f.winner} > {f.subject.name if f.winner == f.reference.name else f.reference.name}"
-            f" ({times(f.ratio)})" if f.winner else f"{f.subject.name} = {f.reference.name}"
+            f" ({factor(f.ratio)})" if f.winner else f"{f.subject.name} = {f.reference.name}"
             for f in fs)
     notes = [_tie_beyond_margin(f) for f in fs if f.winner is None and f.ratio > 1 + MARGIN]
     return out + (f" [{'; '.join(notes)}]" if notes else "")
@@ -162,9 +162,9 @@ def _tie_beyond_margin(f: Comparison) -> str:
     repeats (shown, so the tie can be checked here), or the reason the rule gives."""
     a, b = f.subject, f.reference
     if a.value.n > 1 and b.value.n > 1:
-        return (f"{a.name} = {b.name} though {times(f.ratio)} apart: their ranges over the "
+        return (f"{a.name} = {b.name} though {factor(f.ratio)} apart: their ranges over the "
                 f"repeats overlap ({f.spans()})")
-    return f"{a.name} = {b.name} though {times(f.ratio)} apart: {f.basis}"
+    return f"{a.name} = {b.name} though {factor(f.ratio)} apart: {f.basis}"
 
 
 def _tier(tiers: list[list[str]], arch: str) -> int:

@@ -48,6 +48,12 @@ class Metric:
     unit: str
     higher_is_better: bool
     fmt: str  # format spec of a value shown to people
+    # timed between tokens: its gaps are the client's where the load generator read many
+    # tokens at once (`measure.benchmark.read_together_share`), so not compared or graded there
+    per_token: bool = False
+    # the forecast's error band it shares: metrics the model gets right or wrong for the
+    # same reason (`forecast.band`); None: not forecast
+    family: str | None = None
 
     @property
     def heading(self) -> str:
@@ -72,26 +78,28 @@ class Metric:
     def times(self, x: float, y: float) -> str:
         """How far apart two values are, as a ratio with the direction in words, the larger
         over the smaller: "2.6x higher" (x against y), "1.3x lower"; "∞" when one is 0."""
-        big, small = max(abs(x), abs(y)), min(abs(x), abs(y))
-        way = "higher" if x > y else "lower" if x < y else "the same"
         if x == y:
             return "the same"
-        if small == 0:
-            return f"∞ {way}"
-        r = big / small  # two decimals where one would round the gap away ("1.0x higher")
-        return f"{r:.{2 if r < 1.05 else 1 if r < 10 else 0}f}x {way}"
+        big, small = max(abs(x), abs(y)), min(abs(x), abs(y))
+        return f"{factor(big / small if small else math.inf)} {'higher' if x > y else 'lower'}"
+
+
+def factor(r: float) -> str:
+    """A ratio of two values, the larger over the smaller, as the lab writes it: "1.7x",
+    "12x", "∞"; two decimals where one would round the gap away ("1.03x", not "1.0x")."""
+    return "∞" if not math.isfinite(r) else f"{r:.{2 if r < 1.05 else 1 if r < 10 else 0}f}x"
 
 
 METRICS = (
     Metric("request_throughput", "request throughput", "req/s", True, ",.2f"),
-    Metric("output_throughput", "output throughput", "tok/s", True, ",.1f"),
+    Metric("output_throughput", "output throughput", "tok/s", True, ",.1f", family="throughput"),
     Metric("total_token_throughput", "total token throughput", "tok/s", True, ",.1f"),
-    Metric("request_goodput", "goodput", "req/s", True, ",.2f"),
-    Metric("median_ttft_ms", "TTFT p50", "ms", False, ",.2f"),
-    Metric("p99_ttft_ms", "TTFT p99", "ms", False, ",.2f"),
-    Metric("median_itl_ms", "ITL p50", "ms", False, ",.2f"),
-    Metric("p99_itl_ms", "ITL p99", "ms", False, ",.2f"),
-    Metric("median_tpot_ms", "TPOT p50", "ms", False, ",.2f"),
+    Metric("request_goodput", "goodput", "req/s", True, ",.2f", family="throughput"),
+    Metric("median_ttft_ms", "TTFT p50", "ms", False, ",.2f", family="TTFT p50"),
+    Metric("p99_ttft_ms", "TTFT p99", "ms", False, ",.2f", family="tails"),
+    Metric("median_itl_ms", "ITL p50", "ms", False, ",.2f", per_token=True, family="per-token"),
+    Metric("p99_itl_ms", "ITL p99", "ms", False, ",.2f", per_token=True, family="tails"),
+    Metric("median_tpot_ms", "TPOT p50", "ms", False, ",.2f", per_token=True, family="per-token"),
     Metric("p99_tpot_ms", "TPOT p99", "ms", False, ",.2f"),
     Metric("median_e2el_ms", "E2E latency p50", "ms", False, ",.1f"),
     Metric("p99_e2el_ms", "E2E latency p99", "ms", False, ",.1f"),
