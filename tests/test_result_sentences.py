@@ -26,6 +26,7 @@ from lab_utils.forecast import grade
 from lab_utils.notebook import lessons, time_split
 from lab_utils.report import expected, plots, tables
 from lab_utils.report import forecast as forecast_mod
+from lab_utils.results.forecast import GradeRow
 from lab_utils.results.sweep import BenchmarkPoint, BenchmarkResult, RequestRecord
 
 conclusions = importlib.import_module("lab_utils.report.conclusions")  # the package's
@@ -172,11 +173,10 @@ def band_of(factor: float) -> dict:
             "floor_pct": 10, "source": "the model's own error on 01 (6 graded values)"}
 
 
-def graded_rows(errors: list[float]) -> list[dict]:
-    return [{"metric": "median_ttft_ms", "graded": True, "error %": e, "predicted": 10.0,
-             "measured": 10.0 * (1 + e / 100), "lo": 8.0, "hi": 12.0,
-             "in interval": abs(e) <= 20, "differs": abs(e) > 10, "workload": "standard",
-             "load": "concurrency 1"} for e in errors]
+def graded_rows(errors: list[float]) -> list[GradeRow]:
+    """Rows whose measurement is `e`% off the prediction of 10 (interval 8-12)."""
+    return [GradeRow("median_ttft_ms", 10.0 * (1 + e / 100), 10.0, lo=8.0, hi=12.0,
+                     load="concurrency 1", differs=abs(e) > 10) for e in errors]
 
 
 def table(valid: list[bool], repeats: int = 2) -> pd.DataFrame:
@@ -225,8 +225,8 @@ FLIPS = {
                                 "the single instance").text,
         "won on ITL p99 at concurrency 1"),
     "report/forecast.py:_verdict": lambda: (
-        forecast_mod._verdict({"graded": True, "differs": False, "in interval": True}),
-        forecast_mod._verdict({"graded": True, "differs": False, "in interval": False}),
+        forecast_mod._verdict(GradeRow("median_ttft_ms", 10.0, 11.0, lo=9.0, hi=12.0)),
+        forecast_mod._verdict(GradeRow("median_ttft_ms", 10.0, 13.0, lo=9.0, hi=12.0)),
         "inside"),
     "notebook/lessons.py:best_transfer_sentence": lambda: (
         lessons.best_transfer_sentence(probe({1 << 20: 2.0, 4 << 20: 3.0})),

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from lab_utils.results.forecast import GradeRow
 from lab_utils.results.points import MARGIN, METRICS
 
 QUANTILE = 0.9
@@ -38,19 +39,19 @@ FLOOR = math.log(1 + MARGIN)
 FAMILY = {m.key: m.family for m in METRICS if m.family}
 
 
-def log_errors(rows: Iterable[dict[str, Any]]) -> dict[str, list[float]]:
+def log_errors(rows: Iterable[GradeRow]) -> dict[str, list[float]]:
     """|log(measured / predicted)| of every graded row (`grade.grade_rows`), per family."""
     out: dict[str, list[float]] = {}
     for r in rows:
-        fam = FAMILY.get(r["metric"])
-        pred, meas = r.get("predicted"), r.get("measured")
-        if fam is None or not r.get("graded") or not pred or not meas or pred <= 0 or meas <= 0:
+        fam = FAMILY.get(r.metric)
+        pred, meas = r.predicted, r.measured
+        if fam is None or not r.graded or not pred or not meas or pred <= 0 or meas <= 0:
             continue
         out.setdefault(fam, []).append(abs(math.log(meas / pred)))
     return out
 
 
-def error_band(graded: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+def error_band(graded: dict[str, list[GradeRow]]) -> dict[str, Any]:
     """The band from the graded rows of earlier forecasts of this series
     (`{what was forecast: its graded rows}`): per family its log half-width, the factor
     exp(log) and how many values it came from, and the source in words."""
@@ -92,13 +93,13 @@ def widen(row: dict[str, Any], band: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def coverage(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
+def coverage(rows: Iterable[GradeRow]) -> dict[str, Any]:
     """Over the graded rows of every metric: how many, how many inside their interval, and
     the median interval width relative to the prediction ((hi - lo) / predicted)."""
-    graded = [r for r in rows if r.get("graded")]
-    widths = [(r["hi"] - r["lo"]) / r["predicted"] for r in graded
-              if r.get("lo") is not None and r.get("hi") is not None and r.get("predicted")]
-    return {"graded": len(graded), "inside": sum(1 for r in graded if r["in interval"]),
+    graded = [r for r in rows if r.graded]
+    widths = [(r.hi - r.lo) / r.predicted for r in graded
+              if r.lo is not None and r.hi is not None and r.predicted]
+    return {"graded": len(graded), "inside": sum(1 for r in graded if r.inside),
             "median_width": statistics.median(widths) if widths else None}
 
 

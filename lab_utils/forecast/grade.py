@@ -20,7 +20,7 @@ from typing import Any
 from lab_utils.forecast.band import coverage, coverage_sentence
 from lab_utils.measure.benchmark import read_late
 from lab_utils.results.claims import Claim, Graded, claim
-from lab_utils.results.forecast import Forecast
+from lab_utils.results.forecast import Forecast, GradeRow
 from lab_utils.results.points import BY_KEY, FORECAST, MARGIN, Measured, compare
 from lab_utils.results.sweep import BenchmarkResult
 
@@ -35,7 +35,7 @@ def _stood_still(result: BenchmarkResult, mode: str, value: float) -> str | None
 
 
 def grade_rows(fc: Forecast, measured: dict[str, BenchmarkResult | None],
-               not_graded: str | None = None) -> list[dict[str, Any]]:
+               not_graded: str | None = None) -> list[GradeRow]:
     """One row per metric and load point. `measured`: {"standard": sweep, "mixed": run}.
     `not_graded`: why no row is graded (the run measured something else than the forecast
     was fed, e.g. `results.payloads.TensorParallelPayload.not_graded`)."""
@@ -59,17 +59,12 @@ def grade_rows(fc: Forecast, measured: dict[str, BenchmarkResult | None],
                    or ("tokens read together, late" if late and m.per_token else None))
             if pred is None or meas is None:
                 why = why or "not predicted or not measured"
-            err = (pred - meas) / meas * 100 if pred is not None and meas else None
-            out.append({"architecture": fc.architecture, "workload": row["workload"],
-                        "load": row["load"], "metric": k, "predicted": pred, "lo": lo, "hi": hi,
-                        "measured": meas, "error %": err,
-                        # the repeats' range, which the rule holds against the interval
-                        "measured_lo": got.min if got is not None and got.ranged else None,
-                        "measured_hi": got.max if got is not None and got.ranged else None,
-                        "in interval": (lo is not None and hi is not None and meas is not None
-                                        and lo <= meas <= hi),
-                        "differs": compare(got, predicted(pred, lo, hi)).differs,
-                        "graded": why is None, "not graded because": why})
+            spread = (got.min, got.max) if got is not None and got.ranged else (None, None)
+            out.append(GradeRow(
+                metric=k, predicted=pred, measured=meas, lo=lo, hi=hi,
+                architecture=fc.architecture, workload=row["workload"], load=row["load"],
+                measured_lo=spread[0], measured_hi=spread[1],
+                differs=compare(got, predicted(pred, lo, hi)).differs, not_graded=why))
     return out
 
 
@@ -83,23 +78,22 @@ def predicted(median: float | None, lo: float | None, hi: float | None) -> Measu
     return Measured(median=median, min=lo, max=hi, n=2)
 
 
-def summary(rows: list[dict[str, Any]], metrics=HEADLINE_GRADE) -> dict[str, Any]:
+def summary(rows: list[GradeRow], metrics=HEADLINE_GRADE) -> dict[str, Any]:
     """Median absolute error (%) over the graded points of `metrics`, how many points, how
     many inside the interval and how many differ from the forecast by the lab's rule."""
-    errs = [abs(r["error %"]) for r in rows if r["graded"] and r["metric"] in metrics
-            and r["error %"] is not None]
-    inside = [r["in interval"] for r in rows if r["graded"] and r["metric"] in metrics]
-    differ = [r["differs"] for r in rows if r["graded"] and r["metric"] in metrics]
+    mine = [r for r in rows if r.graded and r.metric in metrics]
+    errs = [abs(r.error_pct) for r in mine if r.error_pct is not None]
     return {"median_abs_error_pct": statistics.median(errs) if errs else None,
-            "points": len(errs), "in_interval": sum(inside), "differ": sum(differ),
+            "points": len(errs), "in_interval": sum(r.inside for r in mine),
+            "differ": sum(r.differs for r in mine),
             "within_goal": bool(errs) and statistics.median(errs) <= GOAL_PCT,
-            "ungraded": sum(1 for r in rows if not r["graded"] and r["metric"] in metrics)}
+            "ungraded": sum(1 for r in rows if not r.graded and r.metric in metrics)}
 
 
 TALLY = ("median_abs_error_pct", "points", "in_interval", "differ")
 
 
-def grade_claims(where: str, notebook: str, arch: str, rows: list[dict[str, Any]]) -> list[Claim]:
+def grade_claims(where: str, notebook: str, arch: str, rows: list[GradeRow]) -> list[Claim]:
     """`sentences` as claims: the first carries the tally the audit re-derives from
     `notebook`'s results file (its forecast against its sweep and mixed run)."""
     said = sentences(arch, rows)
@@ -108,29 +102,30 @@ def grade_claims(where: str, notebook: str, arch: str, rows: list[dict[str, Any]
     return [claim(where, said[0], graded=tally)] + [claim(where, t) for t in said[1:]]
 
 
-def grade_frame(rows: list[dict[str, Any]]):
+def grade_frame(rows: list[GradeRow]):
     import pandas as pd
 
-    df = pd.DataFrame(rows)
-    if df.empty:
-        return df
-    df["metric"] = df["metric"].map(lambda k: BY_KEY[k].heading)
-    return df.round(2)
+    return pd.DataFrame([{
+        "architecture": r.architecture, "workload": r.workload, "load": r.load,
+        "metric": BY_KEY[r.metric].heading, "predicted": r.predicted, "lo": r.lo, "hi": r.hi,
+        "measured": r.measured, "error %": r.error_pct, "measured_lo": r.measured_lo,
+        "measured_hi": r.measured_hi, "in interval": r.inside, "differs": r.differs,
+        "graded": r.graded, "not graded because": r.not_graded} for r in rows]).round(2)
 
 
-def _over(rows: list[dict[str, Any]]) -> str:
+def _over(rows: list[GradeRow]) -> str:
     """Which runs the values come from, so counts of different sizes read right."""
-    loads = {w: len({r["load"] for r in rows if r["workload"] == w})
-             for w in dict.fromkeys(r["workload"] for r in rows)}
+    loads = {w: len({r.load for r in rows if r.workload == w})
+             for w in dict.fromkeys(r.workload for r in rows)}
     said = " and ".join(f"{n} load point{'s' if n > 1 else ''} of the {w} workload"
                         for w, n in loads.items())
     return f"; from {said}" + ("" if "mixed" in loads else " (no mixed point was forecast)")
 
 
-def sentences(arch: str, rows: list[dict[str, Any]]) -> list[str]:
+def sentences(arch: str, rows: list[GradeRow]) -> list[str]:
     """What the grading says, in words, with the numbers."""
     s = summary(rows)
-    reasons = {r.get("not graded because") for r in rows}
+    reasons = {r.not_graded for r in rows}
     if not s["points"] and len(reasons) == 1 and None not in reasons:
         return [f"{arch}: not graded: {reasons.pop()}"]
     if not s["points"]:
@@ -148,17 +143,14 @@ def sentences(arch: str, rows: list[dict[str, Any]]) -> list[str]:
             "end)" + (f"; {s['ungraded']} not graded (flagged)" if s["ungraded"] else "")
             + _over(rows),
             f"  every metric: {coverage_sentence(coverage(rows))}"]
-    graded = [r for r in rows if r["graded"] and r["error %"] is not None
-              and r["predicted"] and r["predicted"] > 0 and r["measured"] > 0]
+    pairs = [(r, r.predicted, r.measured, r.error_pct) for r in rows if r.graded]
+    graded = [(r, p, m, e) for r, p, m, e in pairs
+              if p is not None and m is not None and e is not None and p > 0 and m > 0]
     if graded:
         # furthest off as a factor either way: the error % is bounded at -100% below and
         # unbounded above, so ranking by it would favour over-predictions
-        worst = max(graded, key=lambda r: abs(math.log(r["predicted"] / r["measured"])))
-        factor = max(worst["predicted"], worst["measured"]) / min(worst["predicted"],
-                                                                  worst["measured"])
-        said.append(f"  furthest off: {BY_KEY[worst['metric']].heading} at {worst['workload']} "
-                    f"{worst['load']}: predicted {worst['predicted']:.3g}, measured "
-                    f"{worst['measured']:.3g} ({factor:.2f}x "
-                    f"{'over' if worst['predicted'] > worst['measured'] else 'under'}, "
-                    f"{worst['error %']:+.0f}%)")
+        r, p, m, e = max(graded, key=lambda g: abs(math.log(g[1] / g[2])))
+        said.append(f"  furthest off: {BY_KEY[r.metric].heading} at {r.workload} {r.load}: "
+                    f"predicted {p:.3g}, measured {m:.3g} ({max(p, m) / min(p, m):.2f}x "
+                    f"{'over' if p > m else 'under'}, {e:+.0f}%)")
     return said

@@ -32,7 +32,7 @@ from lab_utils.forecast.model import (
     ranged,
 )
 from lab_utils.forecast.timed import calibrate, calibrated_edges, timed_errors
-from lab_utils.results.forecast import EngineProfile, Forecast, TimedProfile
+from lab_utils.results.forecast import EngineProfile, Forecast, GradeRow, TimedProfile
 from lab_utils.results.kv_transfer import KvTransferPayload
 from lab_utils.results.points import FORECAST
 from lab_utils.util.numbers import fmt_num
@@ -111,7 +111,7 @@ def rank(p: Prediction) -> tuple[float, float]:
 
 def forecast_for(cfg: LabConfig, kind: str, profile: EngineProfile | None,
                  kv: KvTransferPayload | None, buffer_device: str,
-                 earlier: dict[str, list[dict[str, Any]]] | None = None,
+                 earlier: dict[str, list[GradeRow]] | None = None,
                  timed: TimedProfile | None = None,
                  allreduce: tuple[int, float | None, str] | None = None) -> Forecast:
     """Forecast `kind` ("baseline", "replicated" or "disaggregated") for this config's

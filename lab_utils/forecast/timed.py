@@ -36,7 +36,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from lab_utils.forecast.model import Architecture, Inputs, Load, forecast
-from lab_utils.results.forecast import TimedProfile
+from lab_utils.results.forecast import GradeRow, TimedProfile
 
 
 def _probe(timed: TimedProfile, output_len: int, seed: int) -> Load:
@@ -45,15 +45,13 @@ def _probe(timed: TimedProfile, output_len: int, seed: int) -> Load:
 
 
 def timed_errors(inputs: Inputs, arch: Architecture, timed: TimedProfile, output_len: int,
-                 seed: int = 0) -> list[dict]:
-    """The uncalibrated model against the timed requests, as graded rows (`grade.grade_rows`
-    shape, for `band.error_band`): TTFT p50 and the time per token."""
+                 seed: int = 0) -> list[GradeRow]:
+    """The uncalibrated model against the timed requests, as graded rows (for
+    `band.error_band`): TTFT p50 and the time per token."""
     m = forecast(inputs, arch, _probe(timed, output_len, seed)).metrics
-    rows = [{"metric": "median_ttft_ms", "predicted": m["median_ttft_ms"],
-             "measured": timed.ttft_ms, "graded": True}]
+    rows = [GradeRow("median_ttft_ms", m["median_ttft_ms"], timed.ttft_ms)]
     if timed.step_ms:
-        rows.append({"metric": "median_tpot_ms", "predicted": m["median_tpot_ms"],
-                     "measured": timed.step_ms, "graded": True})
+        rows.append(GradeRow("median_tpot_ms", m["median_tpot_ms"], timed.step_ms))
     return rows
 
 

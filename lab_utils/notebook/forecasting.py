@@ -15,8 +15,6 @@ in the series (`earlier_gradings`: 01's of its own sweep, then 03's), as
 
 from __future__ import annotations
 
-from typing import Any
-
 from lab_utils.cluster import Cluster
 from lab_utils.config import LabConfig
 from lab_utils.errors import LabError
@@ -35,7 +33,7 @@ from lab_utils.notebook.record import say
 from lab_utils.notebook.starts import startup_seconds
 from lab_utils.results import calibration, load_optional, load_results
 from lab_utils.results.claims import claim, save_claims
-from lab_utils.results.forecast import EngineProfile, Forecast, TimedProfile
+from lab_utils.results.forecast import EngineProfile, Forecast, GradeRow, TimedProfile
 from lab_utils.results.payloads import not_graded
 from lab_utils.results.sweep import BenchmarkResult
 from lab_utils.serve.topology import Served
@@ -108,11 +106,11 @@ EARLIER = {"baseline": (), "replicated": (("01", "01's single-instance sweep"),)
                                ("04", "04's disaggregated serving"))}
 
 
-def earlier_gradings(cfg: LabConfig, kind: str) -> dict[str, list[dict[str, Any]]]:
+def earlier_gradings(cfg: LabConfig, kind: str) -> dict[str, list[GradeRow]]:
     """The recorded forecasts of the notebooks before `kind`'s, graded against their own
     sweeps: {what was forecast: graded rows}. One not run, not forecast, or unreadable
     counts with no row (the band's source says so)."""
-    out: dict[str, list[dict[str, Any]]] = {}
+    out: dict[str, list[GradeRow]] = {}
     for nb, name in EARLIER[kind]:
         try:
             env = load_optional(cfg, nb)

@@ -62,24 +62,24 @@ def forecast_said(fc: Forecast | None, runs: dict[str, BenchmarkResult | None], 
          and float(r["value"]) == value), None)
     if fc is None or load is None:
         return "", []
-    row = next((r for r in grade_rows(fc, runs) if r["metric"] == key
-                and r["workload"] == workload and r["load"] == load and r["graded"]), None)
-    if row is None or row["lo"] is None:
+    row = next((r for r in grade_rows(fc, runs) if r.metric == key
+                and r.workload == workload and r.load == load and r.graded), None)
+    if row is None or row.lo is None or row.hi is None or row.measured is None:
         return "", []
     m = BY_KEY[key]
     grade = [Graded(notebook=notebook, workload=workload, load=load, metric=key,
-                    inside=row["in interval"])]
-    if row["in interval"]:
+                    inside=row.inside)]
+    if row.inside:
         where = "inside its interval"
     else:
-        edge = row["hi"] if row["measured"] > row["hi"] else row["lo"]
-        side = "above" if row["measured"] > row["hi"] else "below"
-        where = (f"{side} its interval ({abs(row['measured'] - edge) / edge:.1%} {side} its "
-                 + ("end; different from the forecast by the lab's rule)" if row["differs"] else
+        edge = row.hi if row.measured > row.hi else row.lo
+        side = "above" if row.measured > row.hi else "below"
+        where = (f"{side} its interval ({abs(row.measured - edge) / edge:.1%} {side} its "
+                 + ("end; different from the forecast by the lab's rule)" if row.differs else
                     "end; not different from the forecast by the lab's rule)"))
-    return (f"the forecast made before the sweep predicted {m.text(row['predicted'])} "
-            f"(interval {m.text(row['lo'], False)}-{m.text(row['hi'])}); the measurement, "
-            f"{m.text(row['measured'])}, fell {where}", grade)
+    return (f"the forecast made before the sweep predicted {m.text(row.predicted)} "
+            f"(interval {m.text(row.lo, False)}-{m.text(row.hi)}); the measurement, "
+            f"{m.text(row.measured)}, fell {where}", grade)
 
 
 COMPARED_KEYS: tuple[MetricKey, ...] = tuple(m.key for m in COMPARED)

@@ -102,13 +102,13 @@ def check_graded(g: Graded, payloads: dict[str, Any]) -> list[str]:
                 for k, v in g.tally.items()
                 if not (v == now[k] or (isinstance(v, float) and isinstance(now[k], float)
                                         and math.isclose(v, now[k], rel_tol=1e-6)))]
-    row = next((r for r in rows if (r["workload"], r["load"], r["metric"])
+    row = next((r for r in rows if (r.workload, r.load, r.metric)
                 == (g.workload, g.load, g.metric)), None)
-    if row is None or not row["graded"]:
+    if row is None or not row.graded:
         return [f"forecast of {g.notebook}: {g.metric} at {g.load} ({g.workload}) not graded"]
-    if row["in interval"] != g.inside:
+    if row.inside != g.inside:
         return [f"forecast of {g.notebook}: {g.metric} at {g.load} ({g.workload}) is "
-                f"{'inside' if row['in interval'] else 'outside'} its interval, the claim "
+                f"{'inside' if row.inside else 'outside'} its interval, the claim "
                 f"says {'inside' if g.inside else 'outside'}"]
     return []
 

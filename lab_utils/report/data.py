@@ -26,7 +26,7 @@ from lab_utils.results import (
     ResultsEnvelope,
     load_results,
 )
-from lab_utils.results.forecast import Forecast
+from lab_utils.results.forecast import Forecast, GradeRow
 from lab_utils.results.kv_transfer import KvTransferPayload
 from lab_utils.results.sweep import BenchmarkResult
 
@@ -144,7 +144,7 @@ def recorded_forecasts(data: ReportData) -> dict[str, Forecast]:
     return out
 
 
-def graded(data: ReportData) -> dict[str, list[dict[str, Any]]]:
+def graded(data: ReportData) -> dict[str, list[GradeRow]]:
     """Each recorded forecast against its notebook's sweep and mixed run."""
     return {arch: g.grade_rows(fc, {"standard": data.sweeps.get(arch),
                                     "mixed": data.mixed.get(arch)},

@@ -20,6 +20,7 @@ from lab_utils.forecast.model import Architecture, forecast, loads_of
 from lab_utils.forecast.run import rank
 from lab_utils.report.data import ReportData, graded
 from lab_utils.results import calibration
+from lab_utils.results.forecast import GradeRow
 from lab_utils.results.points import BY_KEY, FORECAST, MARGIN, Measured, compare, differs
 from lab_utils.util.numbers import fmt_num
 
@@ -38,32 +39,32 @@ def forecast_grades(data: ReportData) -> pd.DataFrame:
                       for arch, rows in by_arch.items()], ignore_index=True)
 
 
-def grade_table(rows: list[dict[str, Any]]) -> pd.DataFrame:
+def grade_table(rows: list[GradeRow]) -> pd.DataFrame:
     """Compact: one row per load point and metric, predicted [interval], measured, error."""
     def fmt(v):
         return "–" if v is None else fmt_num(v)
 
     return pd.DataFrame([{
-        "workload": r["workload"], "load": r["load"], "metric": BY_KEY[r["metric"]].heading,
-        "predicted [interval]": f"{fmt(r['predicted'])} [{fmt(r['lo'])}-{fmt(r['hi'])}]",
-        "measured [range]": fmt(r["measured"]) + (
-            f" [{fmt(r['measured_lo'])}-{fmt(r['measured_hi'])}]"
-            if r.get("measured_lo") is not None else " (one run)"),
-        "error %": "–" if r["error %"] is None else f"{r['error %']:+.0f}",
-        "inside": "yes" if r["in interval"] else "no",
+        "workload": r.workload, "load": r.load, "metric": BY_KEY[r.metric].heading,
+        "predicted [interval]": f"{fmt(r.predicted)} [{fmt(r.lo)}-{fmt(r.hi)}]",
+        "measured [range]": fmt(r.measured) + (
+            f" [{fmt(r.measured_lo)}-{fmt(r.measured_hi)}]"
+            if r.measured_lo is not None else " (one run)"),
+        "error %": "–" if r.error_pct is None else f"{r.error_pct:+.0f}",
+        "inside": "yes" if r.inside else "no",
         "verdict": _verdict(r),
-        "graded": "yes" if r["graded"] else f"no: {r['not graded because']}"} for r in rows])
+        "graded": "yes" if r.graded else f"no: {r.not_graded}"} for r in rows])
 
 
-def _verdict(r: dict[str, Any]) -> str:
+def _verdict(r: GradeRow) -> str:
     """The lab's rule on one graded value, in words that do not overstate it: inside the
     interval, outside it but not different (the repeats' range reaches into it, or the miss
     is within the margin), or different."""
-    if not r["graded"]:
+    if not r.graded:
         return "–"
-    if r["differs"]:
+    if r.differs:
         return "differs"
-    if r["in interval"]:
+    if r.inside:
         return "inside"
     return ("outside; no difference by the lab's rule (the repeats' range reaches the "
             f"interval, or the miss is within {MARGIN:.0%})")

@@ -11,7 +11,6 @@ from __future__ import annotations
 import io
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -21,6 +20,7 @@ from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from lab_utils.report.data import ARCHITECTURES, PER_STREAM, ReportData, graded
 from lab_utils.report.tables import kv_table, workload_rows
+from lab_utils.results.forecast import GradeRow
 from lab_utils.results.kv_transfer import KvTransferPayload
 from lab_utils.results.points import BY_KEY, MetricKey
 from lab_utils.util.atomic import atomic_write_bytes
@@ -245,7 +245,7 @@ def render_plots(data: ReportData, table: pd.DataFrame) -> list[Plot]:
     return [p for p in plots if p is not None]
 
 
-def grade_plot(by_arch: dict[str, list[dict[str, Any]]], device: str | None = None) -> Plot | None:
+def grade_plot(by_arch: dict[str, list[GradeRow]], device: str | None = None) -> Plot | None:
     """Predicted against measured TTFT p50/p99 and ITL p50/p99, a panel each, every
     architecture in its colour and marker (log-log, the diagonal is a perfect forecast;
     hollow markers were not graded)."""
@@ -257,15 +257,16 @@ def grade_plot(by_arch: dict[str, list[dict[str, Any]]], device: str | None = No
         title = BY_KEY[k].heading
         vals = []
         for arch, rows in by_arch.items():
-            pts = [r for r in rows if r["metric"] == k and r["predicted"] and r["measured"]]
+            pts = [(r.measured, r.predicted, r.graded) for r in rows
+                   if r.metric == k and r.predicted and r.measured]
             for graded_only in (True, False):
-                sel = [r for r in pts if r["graded"] == graded_only]
+                sel = [(m, p) for m, p, g in pts if g == graded_only]
                 if sel:
-                    ax.scatter([r["measured"] for r in sel], [r["predicted"] for r in sel],
+                    ax.scatter([m for m, _ in sel], [p for _, p in sel],
                                marker=MARKERS[arch], edgecolors=COLORS[arch],
                                facecolors=COLORS[arch] if graded_only else "none",
                                label=arch + ("" if graded_only else " (not graded)"))
-            vals += [v for r in pts for v in (r["measured"], r["predicted"])]
+            vals += [v for m, p, _ in pts for v in (m, p)]
         if vals:
             lo, hi = min(vals) * 0.7, max(vals) * 1.4
             ax.plot([lo, hi], [lo, hi], "--", color="grey", label="predicted = measured")

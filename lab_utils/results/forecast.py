@@ -1,13 +1,18 @@
 """The forecast's records: notebook 01's engine profile (`EngineProfile`, measured by
-`lab_utils.forecast.profile`: curves of measured `CurvePoint`s) and the forecast notebooks 01
-(of its own sweep), 03 and 04 make before they measure (`Forecast`, from `lab_utils.forecast.run`).
+`lab_utils.forecast.profile`: curves of measured `CurvePoint`s), the forecast notebooks 01
+(of its own sweep), 03 and 04 make before they measure (`Forecast`, from
+`lab_utils.forecast.run`), and its grade at one metric and load (`GradeRow`,
+`lab_utils.forecast.grade`).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
+
+from lab_utils.results.points import MetricKey
 
 Edge = Literal["lo", "median", "hi"]
 
@@ -101,3 +106,38 @@ class Forecast(BaseModel):
     error_band: dict[str, Any] | None = None
     # 03 and 04: their instances timed before the sweep, which the forecast calibrated on
     timed: TimedProfile | None = None
+
+
+@dataclass(frozen=True)
+class GradeRow:
+    """One forecast metric at one load point against what was measured there."""
+
+    metric: MetricKey
+    predicted: float | None
+    measured: float | None
+    lo: float | None = None  # the forecast's interval
+    hi: float | None = None
+    architecture: str = ""
+    workload: str = "standard"
+    load: str = ""
+    measured_lo: float | None = None  # the repeats' range (None: one run)
+    measured_hi: float | None = None
+    differs: bool = False  # by the lab's rule (`points.compare`)
+    not_graded: str | None = None  # why it is shown but not graded
+
+    @property
+    def graded(self) -> bool:
+        return self.not_graded is None
+
+    @property
+    def error_pct(self) -> float | None:
+        """(predicted - measured) in % of the measurement."""
+        if self.predicted is None or not self.measured:
+            return None
+        return (self.predicted - self.measured) / self.measured * 100
+
+    @property
+    def inside(self) -> bool:
+        """Whether the measurement fell inside the forecast's interval."""
+        return (self.lo is not None and self.hi is not None and self.measured is not None
+                and self.lo <= self.measured <= self.hi)

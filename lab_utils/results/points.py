@@ -17,6 +17,9 @@ measures, records, judges or shows a point can import it.
   prefix-cache hit shares differ (`unlike_caches`): a cache hit skips a prefill, so such
   runs did not do the same work. `metric_rows` sets two points side by side, metric by
   metric, with the margin and the better one: the rows of the notebooks' comparison tables.
+
+Over 400 lines on purpose: the table, the point and the rule are read together by every
+judge, and a split would put the rule's definition of a metric two files from the rule.
 """
 
 from __future__ import annotations

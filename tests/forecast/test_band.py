@@ -14,16 +14,16 @@ from lab_utils.forecast import band as b
 from lab_utils.forecast.model import Architecture, Inputs, Load, forecast
 from lab_utils.notebook import make_forecast
 from lab_utils.results import write_results
+from lab_utils.results.forecast import GradeRow
 from lab_utils.results.points import FORECAST
 
 from support.payloads import model
 
 
 def graded(metric: str, predicted: float, measured: float, *, graded: bool = True,
-           lo: float | None = None, hi: float | None = None) -> dict:
-    return {"metric": metric, "predicted": predicted, "measured": measured, "graded": graded,
-            "lo": lo, "hi": hi, "in interval": lo is not None and hi is not None
-            and lo <= measured <= hi}
+           lo: float | None = None, hi: float | None = None) -> GradeRow:
+    return GradeRow(metric, predicted, measured, lo=lo, hi=hi,  # type: ignore[arg-type]  # a test's metric name
+                    not_graded=None if graded else "flagged")
 
 
 def test_band_is_the_quantile_of_log_errors_per_family_with_a_floor():

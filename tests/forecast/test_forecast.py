@@ -256,14 +256,14 @@ def test_grading_errors_intervals_and_flagged_points():
              "median_ttft_ms_hi": 13.0, "median_tpot_ms": 2.0, "median_tpot_ms_lo": 1.9,
              "median_tpot_ms_hi": 2.1} for v in (1, 2, 4)]
     fc = Forecast(architecture="replicated", made_at="t", sources={}, rows=rows)
-    out = {(r["load"], r["metric"]): r for r in g.grade_rows(fc, {"standard": measured})}
+    out = {(r.load, r.metric): r for r in g.grade_rows(fc, {"standard": measured})}
     ttft1 = out[("concurrency 1", "median_ttft_ms")]
-    assert ttft1["error %"] == pytest.approx(20.0) and not ttft1["in interval"]
-    assert out[("concurrency 1", "median_tpot_ms")]["in interval"]
-    assert not out[("concurrency 2", "median_ttft_ms")]["graded"]  # the machine stood still
-    assert "stood still 3.5 s" in out[("concurrency 2", "median_ttft_ms")]["not graded because"]
-    assert out[("concurrency 4", "median_ttft_ms")]["graded"]  # late reads spare TTFT ...
-    assert not out[("concurrency 4", "median_tpot_ms")]["graded"]  # ... not TPOT
+    assert ttft1.error_pct == pytest.approx(20.0) and not ttft1.inside
+    assert out[("concurrency 1", "median_tpot_ms")].inside
+    assert not out[("concurrency 2", "median_ttft_ms")].graded  # the machine stood still
+    assert "stood still 3.5 s" in (out[("concurrency 2", "median_ttft_ms")].not_graded or "")
+    assert out[("concurrency 4", "median_ttft_ms")].graded  # late reads spare TTFT ...
+    assert not out[("concurrency 4", "median_tpot_ms")].graded  # ... not TPOT
     s = g.summary(list(out.values()))
     # graded: TTFT c1 +20%, TPOT c1 0%, TTFT c4 -40%
     assert s["points"] == 3 and s["median_abs_error_pct"] == pytest.approx(20.0)
@@ -384,7 +384,7 @@ def test_a_split_model_whose_nccl_fell_back_to_sockets_is_not_graded(test_cfg):
     write_results(test_cfg, "tp", model("tp", tp), software={}, hardware={})
     rows = g.grade_rows(fc, {"standard": model("tp", tp).sweep},
                         not_graded=model("tp", tp).not_graded)
-    assert rows and not any(r["graded"] for r in rows)
+    assert rows and not any(r.graded for r in rows)
     assert g.sentences("tensor-parallel", rows) == [
         "tensor-parallel: not graded: NCCL fell back to sockets on rank 1, and the forecast "
         "was fed the RDMA link's rate (00's link check)"]

@@ -123,8 +123,8 @@ def forecast_grading(key, a, b) -> str | None:
            "load": f"concurrency {TOP:g}", key: statistics.median(b),
            f"{key}_lo": min(b) if ranged else None, f"{key}_hi": max(b) if ranged else None}
     fc = Forecast(architecture="replicated", made_at="t", sources={}, rows=[row])
-    (r,) = [r for r in g.grade_rows(fc, {"standard": measured}) if r["metric"] == key]
-    return rule(key, a, b) if r["differs"] else None
+    (r,) = [r for r in g.grade_rows(fc, {"standard": measured}) if r.metric == key]
+    return rule(key, a, b) if r.differs else None
 
 
 def comparison_table(key, a, b) -> str | None:
@@ -185,8 +185,8 @@ def test_not_measured_is_no_difference_everywhere():
     fc = Forecast(architecture="replicated", made_at="t", sources={},
                   rows=[{"workload": "standard", "mode": "concurrency", "value": TOP,
                          "load": "concurrency 4", "median_ttft_ms": 12.0}])
-    (r,) = [r for r in g.grade_rows(fc, {"standard": base}) if r["metric"] == "median_ttft_ms"]
-    assert r["measured"] is None and not r["differs"] and not r["graded"]
+    (r,) = [r for r in g.grade_rows(fc, {"standard": base}) if r.metric == "median_ttft_ms"]
+    assert r.measured is None and not r.differs and not r.graded
 
 
 # ---- the typed point and its older flat form ---------------------------------------------------
