@@ -22,6 +22,7 @@ from pathlib import Path
 from lab_utils.cluster import Cluster
 from lab_utils.config import LabConfig, checkout_path
 from lab_utils.errors import LabError
+from lab_utils.notebook.optional import skip_optional
 from lab_utils.notebook.timings import notebook_eta, record_notebook
 from lab_utils.util.atomic import atomic_write_text
 from lab_utils.util.background import Background
@@ -86,15 +87,18 @@ class _Relay(Background):
         self._drain()  # the lines logged after the last look
 
 
-def _execute(path: Path, target: Path, timeout_per_cell: int):
-    """Run one notebook in a fresh kernel; write the executed copy even when a cell fails.
-    Returns the executed notebook (nbformat), with nbclient's timestamps per cell."""
+def _execute(path: Path, target: Path, timeout_per_cell: int, skip: bool = False):
+    """Run one notebook in a fresh kernel (without its optional parts with `skip`); write
+    the executed copy even when a cell fails. Returns the executed notebook (nbformat),
+    with nbclient's timestamps per cell."""
     import nbformat
     from jupyter_client.manager import KernelManager
     from nbclient import NotebookClient
     from nbclient.exceptions import CellExecutionError
 
     nb = nbformat.read(path, as_version=4)
+    if skip and (parts := skip_optional(nb)):
+        print(f"  left out (--skip-optional): {'; '.join(parts)}", flush=True)
     env_before = os.environ.get(PROGRESS_LOG_ENV)
     with tempfile.TemporaryDirectory(prefix="lab-kernel-") as tmp:
         log = Path(tmp) / "progress.log"
@@ -135,11 +139,11 @@ def _stop_leftovers(cluster: Cluster, before: set[str], notebook: str) -> None:
 _NO_ETA = "no ETA: nothing measured on this machine yet"
 
 
-def _eta(cfg: LabConfig, path: Path, series: str):
+def _eta(cfg: LabConfig, path: Path, series: str, skip: bool):
     """The notebook's ETA (`notebook.timings`), or None, saying why, when it fails."""
 
     try:
-        return notebook_eta(cfg, path, series)
+        return notebook_eta(cfg, path, series, skip)
     except Exception as e:  # noqa: BLE001 - an estimate never stops the run
         print(f"  (no ETA: {type(e).__name__}: {e})", flush=True)
         return None
@@ -155,8 +159,9 @@ def _against(eta_s: float | None, took: float) -> str:
 
 def run_notebooks(cfg: LabConfig, start: str | None = None, stop: str | None = None,
                   notebooks_dir: str | os.PathLike | None = None,
-                  timeout_per_cell: int = 3600) -> list[Path]:
-    """Execute the selected notebooks; return the paths of the executed copies."""
+                  timeout_per_cell: int = 3600, skip_optional: bool = False) -> list[Path]:
+    """Execute the selected notebooks (without their optional parts with `skip_optional`);
+    return the paths of the executed copies."""
     notebooks = find_notebooks(notebooks_dir, start, stop)
     if not notebooks:
         raise LabError(f"no notebooks numbered {start or '00'}..{stop or '99'} found")
@@ -170,12 +175,12 @@ def run_notebooks(cfg: LabConfig, start: str | None = None, stop: str | None = N
     try:
         for path in notebooks:
             target = out_dir / path.name
-            eta = _eta(cfg, path, series)
+            eta = _eta(cfg, path, series, skip_optional)
             print(f"running {path.name} ... {eta.line() if eta else _NO_ETA}", flush=True)
             t0 = time.monotonic()
             before = {r.name for r in cluster.running()}
             try:
-                executed = _execute(path, target, timeout_per_cell)
+                executed = _execute(path, target, timeout_per_cell, skip_optional)
             finally:
                 _stop_leftovers(cluster, before, path.name)
                 cluster.close()  # idle while the next notebook runs

@@ -122,6 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--to", dest="stop", default=None, type=notebook_number,
                         help="last notebook number, e.g. 04")
         sp.add_argument("--notebooks-dir", default=None, help=argparse.SUPPRESS)
+        sp.add_argument("--skip-optional", action="store_true",
+                        help="leave out the optional parts (01's two switches, 04's router and "
+                             "split-model sections); `eta` says what each saves")
     return p
 
 

@@ -76,7 +76,7 @@ from lab_utils.notebook.steps import (
 )
 from lab_utils.notebook.switches import two_switches
 from lab_utils.notebook.time_split import time_instances, where_time_went
-from lab_utils.notebook.timings import whole_notebook_lines
+from lab_utils.notebook.timings import optional_lines, whole_notebook_lines
 from lab_utils.notebook.triage import triage_text
 from lab_utils.results.guesses import guess, guesses_frame
 from lab_utils.util.tables import whole_tables
@@ -93,6 +93,6 @@ __all__ = [
     "record_disaggregated", "record_environment", "record_replicated", "reference_outputs",
     "require_environment", "run_sweep", "single_request", "sweep_frame", "tokenizer_of",
     "time_instances", "transfer_lesson", "two_switches", "versus_reference", "watch_scheduler", "where_time_went",
-    "whole_notebook_lines", "prove_split", "record_tensor_parallel", "require_same_output",
+    "whole_notebook_lines", "optional_lines", "prove_split", "record_tensor_parallel", "require_same_output",
     "same_output_frame", "start_tensor_parallel",
 ]

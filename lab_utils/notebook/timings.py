@@ -33,7 +33,6 @@ the workshop), every cell is the last runs'.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import re
@@ -49,6 +48,7 @@ from lab_utils.forecast.run import architecture_of, with_allreduce
 from lab_utils.forecast.timed import calibrate
 from lab_utils.forecast.timing import SWITCH_RESTARTS, minutes, sweep_seconds, switches_seconds
 from lab_utils.notebook.forecasting import TOPOLOGY, allreduce_inputs, eta_inputs
+from lab_utils.notebook.optional import SKIPPED, optional_parts, read_book
 from lab_utils.notebook.starts import start_estimate
 from lab_utils.results import load_optional
 from lab_utils.util.atomic import atomic_write_text
@@ -80,12 +80,14 @@ def _stamp(s: str) -> datetime:
 
 def cell_seconds(executed: Any) -> dict[str, float]:
     """Per code cell id of an executed notebook (an nbformat node), the seconds from its
-    input reaching the kernel to the kernel's reply, as nbclient stamped them."""
+    input reaching the kernel to the kernel's reply, as nbclient stamped them (not a cell
+    `skip_optional` left out: its time is not the cell's)."""
     out = {}
     for cell in executed.cells:
         t = cell.get("metadata", {}).get("execution", {})
         a, b = t.get("iopub.execute_input"), t.get("shell.execute_reply")
-        if cell.cell_type == "code" and a and b and cell.get("id"):
+        skipped = cell.get("metadata", {}).get(SKIPPED)
+        if cell.cell_type == "code" and a and b and cell.get("id") and not skipped:
             out[cell["id"]] = round((_stamp(b) - _stamp(a)).total_seconds(), 2)
     return out
 
@@ -226,16 +228,34 @@ def _notebook_cells(cells: dict[str, dict[str, float]], nb: str) -> dict[str, fl
 
 def _sources(nb: str, path: Path | None = None) -> dict[str, str]:
     """Code cell id -> source of notebook `nb` (from `path`, else the checkout's)."""
+    book = _book(nb, path)
+    return {c["id"]: c.source for c in book.cells if c.cell_type == "code"} if book else {}
+
+
+def _book(nb: str, path: Path | None = None) -> Any:
     found = [path] if path else notebook_files(nb)
-    return _read_sources(str(found[0]), found[0].stat().st_mtime) if found else {}
+    return read_book(found[0]) if found else None
 
 
-@functools.lru_cache(maxsize=16)
-def _read_sources(path: str, mtime: float) -> dict[str, str]:  # read again when it changes
-    import nbformat
+def optional_seconds(cfg: LabConfig) -> list[tuple[str, str, float | None]]:
+    """(notebook, part, seconds its cells took in the last runs here, None when not run)
+    for every optional part of every notebook: what `--skip-optional` saves."""
+    books = load_timings(cfg)["notebooks"]
+    digest = settings_digest(cfg)
+    out = []
+    for path in notebook_files():
+        last = recent_cells(books.get(path.name), digest)
+        for heading, ids in optional_parts(_book(path.name[:2], path)).items():
+            found = [last[i] for i in ids if i in last]
+            out.append((path.name[:2], heading, sum(found) if found else None))
+    return out
 
-    book = nbformat.read(path, as_version=4)
-    return {c["id"]: c.source for c in book.cells if c.cell_type == "code"}
+
+def optional_lines(cfg: LabConfig) -> list[str]:
+    """What `--skip-optional` leaves out, and the time each part took in the last runs."""
+    return ["optional parts (`run --skip-optional` leaves them out):"] + [
+        f"  {nb} {part}: " + (f"{s:.0f} s in the last runs here" if s is not None
+                              else "not run here yet") for nb, part, s in optional_seconds(cfg)]
 
 
 def forecast_cell(cfg: LabConfig, nb: str, kind: str, found: Found, overhead: float,
@@ -321,9 +341,11 @@ def _swap_seconds(cfg: LabConfig, series_cells: dict[str, dict[str, float]], fou
     return max((nb03[cid] - runs) / SWAPS, 0.0)
 
 
-def notebook_eta(cfg: LabConfig, path: Path, series: str) -> NotebookEta | None:
-    """The ETA of the notebook at `path` (see the module's docstring); None when nothing at
-    all was measured yet (no earlier run, no notebook of this series)."""
+def notebook_eta(cfg: LabConfig, path: Path, series: str,
+                 skip: bool = False) -> NotebookEta | None:
+    """The ETA of the notebook at `path` (see the module's docstring), without its optional
+    parts with `skip`; None when nothing at all was measured yet (no earlier run, no
+    notebook of this series)."""
     nb = path.name[:2]
     data = load_timings(cfg)
     digest = settings_digest(cfg)
@@ -343,8 +365,10 @@ def notebook_eta(cfg: LabConfig, path: Path, series: str) -> NotebookEta | None:
     parts = {"kernel start": kernel, "last runs": 0.0, "forecast": 0.0, "median cell": 0.0}
     guessed: list[str] = []
     missing: list[str] = []
+    left_out = ({cid for ids in optional_parts(_book(nb, path)).values() for cid in ids}
+                if skip else set())
     for cid, source in _sources(nb, path).items():
-        if not source.strip():
+        if not source.strip() or cid in left_out:
             continue
         if cid in last:
             parts["last runs"] += last[cid]

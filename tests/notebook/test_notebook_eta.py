@@ -13,6 +13,7 @@ from lab_utils.forecast.model import loads_of
 from lab_utils.forecast.run import architecture_of
 from lab_utils.forecast.timing import minutes, sweep_seconds
 from lab_utils.notebook import eta_inputs, forecasting
+from lab_utils.notebook.optional import SKIPPED, optional_parts, skip_optional
 from lab_utils.notebook.starts import start_estimate
 from lab_utils.notebook.timings import (
     cell_eta,
@@ -290,3 +291,56 @@ def test_the_session_prints_a_serving_cells_eta_before_it_runs(test_cfg, capsys)
     assert capsys.readouterr().out.startswith("this cell: about ")
     session._before_cell(SimpleNamespace(raw_cell="print(1)"))
     assert capsys.readouterr().out == ""
+
+
+# ---- optional parts (`run --skip-optional`) -----------------------------------------------
+
+
+def _names(source: str, ctx: type) -> set[str]:
+    import ast
+
+    tree = ast.parse("\n".join(ln for ln in source.splitlines() if not ln.startswith("%")))
+    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ctx)}
+
+
+@pytest.mark.parametrize("path", find_notebooks(), ids=lambda p: p.name)
+def test_a_skipped_part_leaves_no_name_undefined_for_the_cells_after_it(path):
+    """Every name an optional cell sets and a later cell that still runs reads is set by
+    the stand-in `skip_optional` runs in its place; the parts are the ones the kit names."""
+    import ast
+
+    nb = nbformat.read(path, as_version=4)
+    parts = optional_parts(nb)
+    expected = {"01": ["Optional: two switches, chunked prefill and prefix caching"],
+                "04": ["Optional: vLLM's router as the front door",
+                       "Optional: the third way, one model across both nodes"]}
+    assert list(parts) == expected.get(path.name[:2], [])
+    skipped = nbformat.read(path, as_version=4)
+    assert skip_optional(skipped) == list(parts)
+    optional = {cid for ids in parts.values() for cid in ids}
+    set_by_optional: set[str] = set()
+    for original, now in zip(nb.cells, skipped.cells, strict=True):
+        if original.cell_type != "code":
+            continue
+        if original["id"] in optional:
+            assert now.metadata[SKIPPED] and "skipped (run --skip-optional)" in now.source
+            set_by_optional |= _names(original.source, ast.Store)
+            set_by_optional -= _names(now.source, ast.Store)  # the stand-in sets it
+        else:
+            left = _names(original.source, ast.Load) & set_by_optional
+            assert not left, f"cell {original['id']} reads {left}, set only by a skipped part"
+
+
+def test_skipped_cells_are_not_timed_and_the_eta_leaves_them_out(test_cfg, tmp_path):
+    path, nb = book(tmp_path, "04_x.ipynb", {"a": "x = 1", "o": "tp = lab.start()",
+                                             "p": "if tp:\n    lab.run_sweep(cfg, tp)"},
+                    {"a": 2.0, "o": 40.0, "p": 60.0})
+    for cid in ("o", "p"):
+        nb.cells[[c["id"] for c in nb.cells].index(cid)].metadata["tags"] = ["optional"]
+    nb.cells[1].metadata["skipped_as"] = "tp = None"
+    nbformat.write(nb, path)
+    record_notebook(test_cfg, path.name, nb, wall_s=103.0, series="first")
+    assert notebook_eta(test_cfg, path, "second").parts["last runs"] == 102.0
+    assert notebook_eta(test_cfg, path, "second", skip=True).parts["last runs"] == 2.0
+    skip_optional(nb)
+    assert nb.cells[1].source.startswith("tp = None\n") and cell_seconds(nb) == {"a": 2.0}
