@@ -33,7 +33,16 @@ def _drop(obj) -> None:
     gc.collect()
 
 
-def test_a_real_sigint_in_a_del_is_raised_at_the_next_check():
+@pytest.fixture
+def default_sigint():
+    """Python's own SIGINT handler for the test, whatever started the suite: a shell that
+    runs it in the background leaves SIGINT ignored, and the handler is what is tested."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
+def test_a_real_sigint_in_a_del_is_raised_at_the_next_check(default_sigint):
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     with pytest.raises(KeyboardInterrupt), interrupts.watched():
         _drop(_ClosesOnDelete())  # swallowed by Python here: no exception
