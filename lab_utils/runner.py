@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import subprocess
 import sys
 import tempfile
@@ -20,7 +19,7 @@ import time
 from pathlib import Path
 
 from lab_utils.cluster import Cluster
-from lab_utils.config import LabConfig, checkout_path
+from lab_utils.config import LabConfig, checkout_path, jupyter_token
 from lab_utils.errors import LabError
 from lab_utils.notebook.optional import skip_optional
 from lab_utils.notebook.timings import notebook_eta, record_notebook
@@ -235,16 +234,19 @@ def serve_jupyter(cfg: LabConfig, notebooks_dir: str | os.PathLike | None = None
     (`notebooks_dir`: serve another copy of the notebooks, e.g. in a test)."""
 
     host = cfg.notebook_host()
-    token = secrets.token_urlsafe(24)
+    token = jupyter_token(cfg)  # the pair's, kept across restarts (`jupyter.token_file`)
     argv, env, url = jupyter_plan(cfg, token, notebooks_dir)
     if host is not None:
         Cluster(cfg).node(host).ensure_port_free(cfg.nodes[host].lan_address, cfg.jupyter.port,
                                                  "JupyterLab (jupyter.port)")
+    public = cfg.jupyter.public_url
     print(f"JupyterLab for profile {cfg.profile}, notebooks in "
           f"{notebooks_dir or checkout_path('notebooks')}\n"
-          f"open: {url}\n(anyone with this URL can run code as {os.environ.get('USER', 'you')}"
-          " on this machine: share it only with the people at this cluster; Ctrl-C stops it)",
-          flush=True)
+          f"open: {url}\n"
+          + (f"attendees open: {public.rstrip('/')}/lab?token=<the same token>\n" if public else "")
+          + f"(the token is in {cfg.jupyter_token_path()}, the same at every start; anyone with "
+          f"this URL can run code as {os.environ.get('USER', 'you')} on this machine: share it "
+          "only with the people at this cluster; Ctrl-C stops it)", flush=True)
     child_env = {**os.environ, **{k: v for k, v in env.items() if v}}
     with subprocess.Popen(argv, env=child_env) as proc:
         try:

@@ -1,6 +1,6 @@
 """`python -m lab_utils jupyter`: JupyterLab on the notebook host's LAN address and
 `jupyter.port`, its token in the environment (never on a command line), the URL printed;
-the token is required; Ctrl-C stops it; a taken port is refused with its holder named."""
+the token is required and kept in the pair's token file; Ctrl-C stops it; a taken port is refused with its holder named."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def free_port(address: str) -> int:
 @pytest.fixture
 def jupyter_cfg(tmp_path):
     data = make_profile_data(str(tmp_path / "results"))
-    data["jupyter"] = {"port": free_port("127.0.0.4")}
+    data["jupyter"] = {"port": free_port("127.0.0.4"), "token_file": str(tmp_path / "token")}
     return write_profile(tmp_path, data)
 
 
@@ -45,6 +45,9 @@ def test_jupyter_serves_the_notebooks_with_a_token_and_stops_on_ctrl_c(jupyter_c
         url = re.search(r"open: (\S+)", line).group(1)
         base, token = url.split("/lab?token=")
         assert base == f"http://127.0.0.4:{jupyter_cfg.jupyter.port}"
+        # the pair's token, kept in its file (owner only) for the next start and the card
+        kept = jupyter_cfg.jupyter_token_path()
+        assert kept.read_text().strip() == token and kept.stat().st_mode & 0o777 == 0o600
         status = None
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from lab_utils.config import parse_config
 from lab_utils.notebook import eta_inputs
+from lab_utils.notebook.agenda import AGENDA, agenda_table, timetable
 
 ROOT = Path(__file__).resolve().parents[1]
 KIT = (ROOT / "docs" / "FACILITATOR.md").read_text()
@@ -20,15 +21,14 @@ MARGIN_MIN = 15
 
 
 def agenda() -> dict[str, int]:
-    rows = re.findall(r"^\| (\d:\d\d) \| (\d+) \| ([^|]+?) \|", KIT, re.M)
-    assert rows, "the agenda table is missing"
-    return {part.strip(): int(minutes) for _, minutes, part in rows}
+    return {p.name: p.minutes for p in AGENDA}
 
 
-def test_the_agenda_fits_three_hours_with_margin():
+def test_the_agenda_fits_three_hours_with_margin_and_the_kit_shows_it():
     parts = agenda()
     assert sum(parts.values()) <= 180 - MARGIN_MIN
     assert f"adds up to {sum(parts.values())} minutes" in KIT
+    assert "\n".join(agenda_table()) in KIT
 
 
 def test_the_serving_notebooks_fit_their_slots_on_two_sparks(tmp_path):
@@ -62,3 +62,19 @@ def test_the_triage_table_names_every_check():
     assert len(names) > 15
     listed = set(re.findall(r"^\| `([a-z_]+)` \|", KIT, re.M))
     assert names <= listed, sorted(names - listed)
+
+
+def test_the_timetable_sets_a_dress_runs_times_beside_each_slot(tmp_path):
+    (tmp_path / "executed").mkdir()
+    (tmp_path / "executed" / "times.json").write_text(json.dumps(
+        {"00_a.ipynb": 120.0, "01_b.ipynb": 600.0, "04_c.ipynb": 1500.0}))
+    rows = timetable(tmp_path, {"04": 300.0})
+    row = {r.split(" | ")[2]: r for r in rows if r.startswith("| ")}
+    assert row["notebook 00"] == "| 0:15 | 20 | notebook 00 | 2.0 | 18.0 | 20 |"
+    assert row["notebook 02"].endswith("| not run | – | 15 |")
+    # 25 min of run leaves 5 to read in 04's 30: the slot grows to run + 10, later ones move
+    assert row["notebook 04"] == ("| 1:50 | 30 | notebook 04 | 25.0 (5.0 optional) | 5.0 | "
+                                  "35 (was 30) |")
+    assert row["notebook 05"].startswith("| 2:25 |")
+    assert rows[-1] == "Total with the rebuilt slots: 170 min of 180"
+    assert timetable(tmp_path / "none")[0].startswith("no dress run in")

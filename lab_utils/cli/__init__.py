@@ -110,6 +110,15 @@ def build_parser() -> argparse.ArgumentParser:
              "the commands that get a stuck pair going again); connects to nothing")
     sp.add_argument("configs", nargs="*", help="one config per pair (a page each); "
                     "default: --config's")
+    sp.add_argument("--checkout", default="~/spark-disagg-lab", help="the lab's checkout on "
+                    "each pair's notebook host, its config there environment_config.json "
+                    "(default: %(default)s)")
+    sp.add_argument("--reference", default="~/reference-results", help="where the reference "
+                    "results are on each pair's notebook host (default: %(default)s)")
+    sp = cmd("timetable", "the workshop day's timetable from a dress run's results "
+             "directory: each slot beside the notebook's measured run, what is left to read, "
+             "the slots to rebuild, the measured start-ups")
+    sp.add_argument("results_dir", help="the dress run's results/<profile> directory")
     cmd("triage", "the triage sheet for failures while serving (docs/TRIAGE.md), "
         "from the failures the lab recognises in logs (the same for every config)")
     lab = cmd("lab", "the main job: run the notebooks (or the demo while there are none)")

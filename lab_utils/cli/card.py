@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
-from lab_utils.config import load_config
-from lab_utils.notebook import print_card
+import sys
+
+from lab_utils.config import jupyter_token, load_config
+from lab_utils.notebook import print_card, require_card
 
 
 def run(args) -> int:
     sources = args.configs or [args.config]
     for i, source in enumerate(sources):
+        cfg = load_config(source)
+        require_card(cfg)  # before a token is made for it
+        token = jupyter_token(cfg)  # made here on first use: the pair's, printed on its card
         if i:
             print("\f")  # a page break between pairs when printed
-        print_card(load_config(source))
+        print_card(cfg, token, args.checkout, args.reference)
+        print(f"{cfg.profile}: its JupyterLab token is in {cfg.jupyter_token_path()}; copy it "
+              f"to the same path on {cfg.notebook_host() or 'its notebook host'} (for the user "
+              "that runs `make jupyter`) so the card's URL opens it", file=sys.stderr)
     return 0

@@ -18,7 +18,13 @@ with `_` are comments and are ignored, so example files can explain every field.
 """
 
 from lab_utils.config.checks import loopback_problems
-from lab_utils.config.credentials import api_key, hf_token, read_secret_file, secret_file_problem
+from lab_utils.config.credentials import (
+    api_key,
+    hf_token,
+    jupyter_token,
+    read_secret_file,
+    secret_file_problem,
+)
 from lab_utils.config.loading import (
     DEFAULT_PROFILE,
     EXAMPLE_NAME,
@@ -45,7 +51,7 @@ from lab_utils.config.values import VLLM_DTYPES, is_system_dir, scrub
 __all__ = [
     "DEFAULT_PROFILE", "EXAMPLE_NAME", "PACKAGE_DIR", "REPO_ROOT", "TOPOLOGIES", "USER_CONFIG",
     "VLLM_DTYPES", "InstanceSettings", "InstanceSpec", "LabConfig", "NodeConfig",
-    "WorkloadConfig", "api_key", "checkout_path", "find_config_path", "hf_token",
+    "WorkloadConfig", "api_key", "checkout_path", "find_config_path", "hf_token", "jupyter_token",
     "in_checkout", "is_system_dir", "known_secrets", "load_config", "loopback_problems",
     "parse_config", "read_secret_file", "scrub", "secret_file_problem", "secrets_in", "with_model",
     "with_proxy",

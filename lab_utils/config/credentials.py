@@ -4,12 +4,13 @@ only their owner can read (or from the environment), one rule for every command.
 from __future__ import annotations
 
 import os
+import secrets
 import shlex
 from typing import Literal
 
 from lab_utils.config.schema import LabConfig
 from lab_utils.errors import LabError
-from lab_utils.util.atomic import read_bounded
+from lab_utils.util.atomic import atomic_write_text, read_bounded
 
 MIN_API_KEY_CHARS = 16  # a shorter API key is refused (one character was accepted)
 
@@ -66,6 +67,19 @@ def read_secret_file(cfg: LabConfig, path: str | None, what: str) -> str | None:
     if problem:
         raise LabError(f"{problem[0]}: {problem[1]}")
     return _read(cfg.resolve_path(path))
+
+
+def jupyter_token(cfg: LabConfig, make: bool = True) -> str:
+    """This pair's JupyterLab token, from `jupyter.token_file` (by default
+    ~/.config/spark-disagg-lab/<profile>.jupyter-token); made (random, mode 600) when the
+    file does not exist yet and `make`, so every later start and the pair's card agree."""
+    path = cfg.jupyter_token_path()
+    if not path.exists():
+        if not make:
+            raise LabError(f"no JupyterLab token yet at {path}: `python -m lab_utils card` or "
+                           "`make jupyter` makes one")
+        atomic_write_text(path, secrets.token_urlsafe(24) + "\n", private=True)
+    return read_secret_file(cfg, str(path), "JupyterLab token (jupyter.token_file)") or ""
 
 
 def api_key(cfg: LabConfig, service: Literal["proxy", "vllm"]) -> str | None:

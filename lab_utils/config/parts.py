@@ -215,6 +215,14 @@ class JupyterConfig(_Strict):
     # `python -m lab_utils jupyter` serves the notebooks on this port of the notebook host
     # (this machine: the local node with the controller role, at its lan_address)
     port: Port = 8888
+    # the file holding this pair's token (mode 600), made by `card` or the first `jupyter`
+    # and the same at every start after, so the URL on the pair's card stays valid;
+    # None: ~/.config/spark-disagg-lab/<profile>.jupyter-token
+    token_file: str | None = None
+    # where attendees' browsers open this pair's JupyterLab when the venue's network cannot
+    # reach the notebook host (e.g. the controller's venue-side address, forwarded to the
+    # host: docs/FACILITATOR.md); None: the host's lan_address and port
+    public_url: str | None = Field(None, pattern=r"^https?://[^\s/]+(:\d+)?/?$")
 
 
 class SLOConfig(_Strict):

@@ -101,6 +101,10 @@ class LabConfig(_Strict):
         p = Path(value).expanduser()
         return p if p.is_absolute() else (REPO_ROOT if in_checkout() else Path.cwd()) / p
 
+    def jupyter_token_path(self) -> Path:
+        return self.resolve_path(self.jupyter.token_file
+                                 or f"~/.config/spark-disagg-lab/{self.profile}.jupyter-token")
+
     @property
     def results_dir(self) -> Path:
         return self.resolve_path(self.results_root) / self.profile

@@ -31,7 +31,8 @@ Modules inside import each other, never this front door.
 from lab_utils.forecast.profile import profile_frame
 from lab_utils.kv.budget import kv_buffer_device
 from lab_utils.notebook import hood, lessons, transfer_lesson
-from lab_utils.notebook.card import print_card
+from lab_utils.notebook.agenda import start_lines, timetable
+from lab_utils.notebook.card import print_card, require_card
 from lab_utils.notebook.compare import (
     compare_frame,
     compare_front_doors,
@@ -76,7 +77,7 @@ from lab_utils.notebook.steps import (
 )
 from lab_utils.notebook.switches import two_switches
 from lab_utils.notebook.time_split import time_instances, where_time_went
-from lab_utils.notebook.timings import optional_lines, whole_notebook_lines
+from lab_utils.notebook.timings import optional_lines, optional_seconds, whole_notebook_lines
 from lab_utils.notebook.triage import triage_text
 from lab_utils.results.guesses import guess, guesses_frame
 from lab_utils.util.tables import whole_tables
@@ -94,5 +95,6 @@ __all__ = [
     "require_environment", "run_sweep", "single_request", "sweep_frame", "tokenizer_of",
     "time_instances", "transfer_lesson", "two_switches", "versus_reference", "watch_scheduler", "where_time_went",
     "whole_notebook_lines", "optional_lines", "prove_split", "record_tensor_parallel", "require_same_output",
-    "same_output_frame", "start_tensor_parallel",
+    "same_output_frame", "start_tensor_parallel", "require_card", "start_lines", "timetable",
+    "optional_seconds",
 ]

@@ -237,14 +237,15 @@ def _book(nb: str, path: Path | None = None) -> Any:
     return read_book(found[0]) if found else None
 
 
-def optional_seconds(cfg: LabConfig) -> list[tuple[str, str, float | None]]:
-    """(notebook, part, seconds its cells took in the last runs here, None when not run)
-    for every optional part of every notebook: what `--skip-optional` saves."""
-    books = load_timings(cfg)["notebooks"]
-    digest = settings_digest(cfg)
+def optional_seconds(books: dict[str, Any], digest: str | None = None
+                     ) -> list[tuple[str, str, float | None]]:
+    """(notebook, part, seconds its cells took in the last runs, None when not run) for
+    every optional part of every notebook: what `--skip-optional` saves. `books`:
+    timings.json's "notebooks"; `digest`: only runs with these settings (None: any)."""
     out = []
     for path in notebook_files():
-        last = recent_cells(books.get(path.name), digest)
+        entry = books.get(path.name)
+        last = recent_cells(entry, digest or (entry or {}).get("digest", ""))
         for heading, ids in optional_parts(_book(path.name[:2], path)).items():
             found = [last[i] for i in ids if i in last]
             out.append((path.name[:2], heading, sum(found) if found else None))
@@ -253,9 +254,10 @@ def optional_seconds(cfg: LabConfig) -> list[tuple[str, str, float | None]]:
 
 def optional_lines(cfg: LabConfig) -> list[str]:
     """What `--skip-optional` leaves out, and the time each part took in the last runs."""
+    found = optional_seconds(load_timings(cfg)["notebooks"], settings_digest(cfg))
     return ["optional parts (`run --skip-optional` leaves them out):"] + [
         f"  {nb} {part}: " + (f"{s:.0f} s in the last runs here" if s is not None
-                              else "not run here yet") for nb, part, s in optional_seconds(cfg)]
+                              else "not run here yet") for nb, part, s in found]
 
 
 def forecast_cell(cfg: LabConfig, nb: str, kind: str, found: Found, overhead: float,

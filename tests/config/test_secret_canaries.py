@@ -146,7 +146,7 @@ ARGS = {
     "proxy": [["--mode", "disaggregated"]],
     "report": [[]], "check": [[]], "status": [[]], "cleanup": [[]], "deploy": [[]],
     "model": [["fetch"]], "demo": [[]], "run": [[]], "eta": [[]], "jupyter": [[]],
-    "lab": [[]], "card": [[]], "triage": [[]], "audit": [["{tmp}"]],
+    "lab": [[]], "card": [[]], "triage": [[]], "audit": [["{tmp}"]], "timetable": [["{tmp}"]],
     "bench": [["--url", "http://127.0.0.1:9", "--out", "{tmp}/bench.json"]],
     "reference": [["{tmp}/no-such-run"]],
     "tiny-model": [["{tmp}/tiny"]],
@@ -186,7 +186,8 @@ def test_no_command_shows_a_secret(base, keyed_bases, tmp_path):
             for extra in variants:
                 argvs.append([command, *(a.format(tmp=tmp_path) for a in extra),
                               *([] if command == "tiny-model" else ["--config", str(config)])])
-    env = {**os.environ, "HF_TOKEN": CANARY_HF_TOKEN, "OPENAI_API_KEY": CANARY_API_KEY}
+    env = {**os.environ, "HF_TOKEN": CANARY_HF_TOKEN, "OPENAI_API_KEY": CANARY_API_KEY,
+           "HOME": str(tmp_path / "home")}  # where `card` and `jupyter` keep a pair's token
     p = subprocess.run([sys.executable, str(Path(__file__).parents[1] / "support" / "cli_guarded.py"),
                         json.dumps(argvs)], capture_output=True, text=True, timeout=900, env=env,
                        cwd=tmp_path)

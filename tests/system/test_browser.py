@@ -79,7 +79,7 @@ def test_notebook_00_runs_in_jupyterlab_in_a_browser(tmp_path, request):
     from selenium.webdriver.support.ui import WebDriverWait
 
     data = make_profile_data(str(tmp_path / "results"))
-    data["jupyter"] = {"port": free_port("127.0.0.4")}
+    data["jupyter"] = {"port": free_port("127.0.0.4"), "token_file": str(tmp_path / "token")}
     cfg = write_profile(tmp_path, data)
     notebooks = tmp_path / "notebooks"  # a copy: the UI may autosave outputs into it
     shutil.copytree(ROOT / "notebooks", notebooks)
