@@ -78,3 +78,19 @@ def test_the_timetable_sets_a_dress_runs_times_beside_each_slot(tmp_path):
     assert row["notebook 05"].startswith("| 2:25 |")
     assert rows[-1] == "Total with the rebuilt slots: 170 min of 180"
     assert timetable(tmp_path / "none")[0].startswith("no dress run in")
+
+
+def test_the_timetable_names_the_start_ups_the_dress_run_measured(tmp_path):
+    from lab_utils.notebook.agenda import start_lines
+    from lab_utils.results.calibration import Calibration
+
+    results = tmp_path / "pair-01"
+    assert "none measured" in start_lines(results)[0]  # before the dress run: the allowance
+    (results / "calibration").mkdir(parents=True)
+    cal = Calibration(node="spark-01", profile="pair-01", device="cuda", starts=[
+        {"role": "baseline", "s": 240.0, "first": True}, {"role": "replica", "s": 90.0},
+        {"role": "prefill", "s": 70.0}])
+    (results / "calibration" / "spark-01.json").write_text(cal.to_json())
+    lines = start_lines(results)
+    assert "instead of the agenda's 5 min per topology" in lines[0]
+    assert lines[1:] == ["  spark-01: first start 240 s, later starts 80 s (median)"]

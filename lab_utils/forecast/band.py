@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from lab_utils.results.forecast import GradeRow
+from lab_utils.results.forecast import ForecastPoint, GradeRow, Interval
 from lab_utils.results.points import MARGIN, METRICS
 
 QUANTILE = 0.9
@@ -80,17 +80,16 @@ def error_band(graded: dict[str, list[GradeRow]]) -> dict[str, Any]:
             "source": source, "graded_values": sum(counts.values())}
 
 
-def widen(row: dict[str, Any], band: dict[str, Any]) -> dict[str, Any]:
-    """A forecast row (`Ranged.row`) with every metric's interval widened by the band."""
-    out = dict(row)
+def widen(point: ForecastPoint, band: dict[str, Any]) -> ForecastPoint:
+    """A forecast point with every metric's interval widened by the band."""
+    metrics = dict(point.metrics)
     for k, fam in FAMILY.items():
-        lo, hi = row.get(f"{k}_lo"), row.get(f"{k}_hi")
-        f = band["families"][fam]["factor"]
-        if lo is not None:
-            out[f"{k}_lo"] = lo / f
-        if hi is not None:
-            out[f"{k}_hi"] = hi * f
-    return out
+        got, f = point.interval(k), band["families"][fam]["factor"]
+        if k in metrics:
+            metrics[k] = Interval(median=got.median,
+                                  lo=None if got.lo is None else got.lo / f,
+                                  hi=None if got.hi is None else got.hi * f)
+    return point.model_copy(update={"metrics": metrics})
 
 
 def coverage(rows: Iterable[GradeRow]) -> dict[str, Any]:
@@ -115,7 +114,9 @@ def coverage_sentence(c: dict[str, Any]) -> str:
 def band_sentence(band: dict[str, Any] | None) -> str:
     if not band:
         return "no error band (recorded before the lab measured the model's own error)"
-    fams = ", ".join(f"{fam} x/÷{f['factor']:.2f} ({f['n']})" for fam, f in band["families"].items())
-    return (f"widened by the model's error band: {fams}; the {band['quantile']:.0%} "
-            f"quantile of |log(measured/predicted)| per family, at least {band['floor_pct']}%, "
+    fams = ", ".join(f"{fam} by a factor of {f['factor']:.2f} either way ({f['n']} graded "
+                     f"value{'s' if f['n'] != 1 else ''})" for fam, f in band["families"].items())
+    return (f"widened by how far the model's own forecasts missed so far: {fams}. Each factor "
+            f"is the one that {band['quantile']:.0%} of those misses stayed within (measured "
+            f"over predicted, or its inverse), and at least {1 + band['floor_pct'] / 100:.2f}; "
             f"from {band['source']}")

@@ -41,20 +41,20 @@ def grade_rows(fc: Forecast, measured: dict[str, BenchmarkResult | None],
     was fed, e.g. `results.payloads.TensorParallelPayload.not_graded`)."""
     out = []
     for row in fc.rows:
-        result = measured.get(row["workload"])
+        result = measured.get(row.workload)
         if result is None:
             continue
-        entry = next((c for c in result.combined if c.mode == row["mode"]
-                      and float(c.value) == row["value"]), None)
+        entry = next((c for c in result.combined if c.mode == row.mode
+                      and float(c.value) == row.value), None)
         if entry is None:
             continue
-        stall = _stood_still(result, row["mode"], row["value"])
-        late = read_late(result, row["mode"], row["value"])
+        stall = _stood_still(result, row.mode, row.value)
+        late = read_late(result, row.mode, row.value)
         for m in FORECAST:
             k = m.key
             got = entry.of(m)
-            pred, meas = row.get(k), None if got is None else got.median
-            lo, hi = row.get(f"{k}_lo"), row.get(f"{k}_hi")
+            pred, meas = row.median(k), None if got is None else got.median
+            lo, hi = row.interval(k).lo, row.interval(k).hi
             why = not_graded or ("invalid point" if not entry.valid else stall
                    or ("tokens read together, late" if late and m.per_token else None))
             if pred is None or meas is None:
@@ -62,7 +62,7 @@ def grade_rows(fc: Forecast, measured: dict[str, BenchmarkResult | None],
             spread = (got.min, got.max) if got is not None and got.ranged else (None, None)
             out.append(GradeRow(
                 metric=k, predicted=pred, measured=meas, lo=lo, hi=hi,
-                architecture=fc.architecture, workload=row["workload"], load=row["load"],
+                architecture=fc.architecture, workload=row.workload, load=row.load,
                 measured_lo=spread[0], measured_hi=spread[1],
                 differs=compare(got, predicted(pred, lo, hi)).differs, not_graded=why))
     return out

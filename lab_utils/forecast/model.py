@@ -75,13 +75,12 @@ import random
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
 from lab_utils.forecast.curves import Curve
 from lab_utils.measure.loadgen import arrival_offsets
-from lab_utils.results.forecast import Edge
+from lab_utils.results.forecast import Edge, ForecastPoint, Interval
 
 
 # vLLM's default token budget per step for an OpenAI server (EngineArgs.get_batch_defaults):
@@ -500,14 +499,13 @@ class Ranged:
     lo: dict[str, float | None]
     hi: dict[str, float | None]
 
-    def row(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"architecture": self.median.architecture, "load": self.median.load}
-        for k, v in self.median.metrics.items():
-            out[k] = v
-            out[f"{k}_lo"], out[f"{k}_hi"] = self.lo.get(k), self.hi.get(k)
-        out["bottleneck"] = self.median.bottleneck()
-        out["transfer_ms"] = self.median.transfer_ms
-        return out
+    def point(self, workload: str, mode: str, value: float) -> ForecastPoint:
+        return ForecastPoint(
+            workload=workload, mode=mode, value=value, load=self.median.load,
+            architecture=self.median.architecture,
+            metrics={k: Interval(median=v, lo=self.lo.get(k), hi=self.hi.get(k))
+                     for k, v in self.median.metrics.items()},
+            bottleneck=self.median.bottleneck(), transfer_ms=self.median.transfer_ms)
 
 
 def ranged(inputs: Inputs, arch: Architecture, load: Load,

@@ -32,9 +32,15 @@ from lab_utils.forecast.model import (
     ranged,
 )
 from lab_utils.forecast.timed import calibrate, calibrated_edges, timed_errors
-from lab_utils.results.forecast import EngineProfile, Forecast, GradeRow, TimedProfile
+from lab_utils.results.forecast import (
+    EngineProfile,
+    Forecast,
+    ForecastPoint,
+    GradeRow,
+    TimedProfile,
+)
 from lab_utils.results.kv_transfer import KvTransferPayload
-from lab_utils.results.points import FORECAST
+from lab_utils.results.points import FORECAST, MetricKey
 from lab_utils.util.numbers import fmt_num
 
 SPLIT_NODES = (2, 4, 8)
@@ -66,15 +72,13 @@ def with_allreduce(inputs: Inputs, allreduce: tuple[int, float | None, str]) -> 
 
 
 def predict_rows(inputs: Inputs, edges_of, arch: Architecture, loads: list[Load],
-                 workload: str) -> list[dict[str, Any]]:
+                 workload: str) -> list[ForecastPoint]:
     rows = []
     for load in loads:
-        row = ranged(inputs, arch, load, edges_of).row()
         value = load.concurrency or load.rate
         assert value is not None  # a Load has a concurrency or a rate
-        row.update(workload=workload, mode="concurrency" if load.concurrency else "rate",
-                   value=float(value))
-        rows.append(row)
+        rows.append(ranged(inputs, arch, load, edges_of).point(
+            workload, "concurrency" if load.concurrency else "rate", float(value)))
     return rows
 
 
@@ -153,21 +157,22 @@ def forecast_for(cfg: LabConfig, kind: str, profile: EngineProfile | None,
                     timed=timed if said else None)
 
 
-def forecast_frame(rows: list[dict[str, Any]]):
+def forecast_frame(rows: list[ForecastPoint]):
     """One row per workload and load point: each metric as `median [lo-hi]`."""
     import pandas as pd
 
-    def cell(r: dict, k: str) -> str:
-        v, lo, hi = r.get(k), r.get(f"{k}_lo"), r.get(f"{k}_hi")
+    def cell(r: ForecastPoint, k: MetricKey) -> str:
+        got = r.interval(k)
+        v, lo, hi = got.median, got.lo, got.hi
         if v is None:
             return "–"
         if lo is None or hi is None or abs(hi - lo) < 0.005 * max(abs(v), 1e-9):
             return fmt_num(v)
         return f"{fmt_num(v)} [{fmt_num(lo)}-{fmt_num(hi)}]"
 
-    return pd.DataFrame([{"workload": r["workload"], "load": r["load"],
+    return pd.DataFrame([{"workload": r.workload, "load": r.load,
                           **{m.heading: cell(r, m.key) for m in FORECAST},
-                          "bottleneck": r["bottleneck"]} for r in rows])
+                          "bottleneck": r.bottleneck} for r in rows])
 
 
 SPLITS_HEAD = ("Predicted best prefill/decode split for 2, 4 and 8 nodes, each instance on a "

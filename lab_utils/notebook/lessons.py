@@ -58,8 +58,8 @@ def forecast_said(fc: Forecast | None, runs: dict[str, BenchmarkResult | None], 
     640-980 tok/s, measured 739 tok/s)", or "not as ...: outside its interval"), and the
     grade that makes it true; ("", []) without a graded forecast there."""
     load = None if fc is None else next(
-        (r["load"] for r in fc.rows if r["workload"] == workload and r["mode"] == "concurrency"
-         and float(r["value"]) == value), None)
+        (r.load for r in fc.rows if r.workload == workload and r.mode == "concurrency"
+         and float(r.value) == value), None)
     if fc is None or load is None:
         return "", []
     row = next((r for r in grade_rows(fc, runs) if r.metric == key

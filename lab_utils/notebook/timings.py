@@ -43,22 +43,12 @@ from pathlib import Path
 from typing import Any
 
 from lab_utils.config import LabConfig, checkout_path
-from lab_utils.forecast.model import loads_of
-from lab_utils.forecast.run import architecture_of, with_allreduce
-from lab_utils.forecast.timed import calibrate
-from lab_utils.forecast.timing import SWITCH_RESTARTS, minutes, sweep_seconds, switches_seconds
-from lab_utils.notebook.forecasting import TOPOLOGY, allreduce_inputs, eta_inputs
+from lab_utils.forecast.run import architecture_of
+from lab_utils.forecast.timing import minutes, sweep_seconds
+from lab_utils.notebook.cell_forecast import SWAPS, Found, forecast_cell, runs_of, unmeasured
+from lab_utils.notebook.forecasting import TOPOLOGY, eta_inputs
 from lab_utils.notebook.optional import SKIPPED, optional_parts, read_book
-from lab_utils.notebook.starts import start_estimate
-from lab_utils.results import load_optional
 from lab_utils.util.atomic import atomic_write_text
-
-Found = tuple | None  # what `forecasting.eta_inputs` returns: (inputs, cores, source) or None
-
-
-def _runs(w, mixed: bool = False) -> int:
-    """Measured runs of `w`'s sweep (or mixed run): a load point's repeats, every point."""
-    return len(loads_of(w, mixed=mixed)) * w.repeats
 
 
 def notebook_files(nb: str | None = None) -> list[Path]:
@@ -162,6 +152,8 @@ class NotebookEta:
     parts: dict[str, float] = field(default_factory=dict)  # source -> seconds
     guessed: list[str] = field(default_factory=list)  # cells not measured before
     missing: list[str] = field(default_factory=list)  # steps nothing can predict yet
+    # what a forecast cell leaves out because this machine has not measured it yet
+    unmeasured: list[str] = field(default_factory=list)
 
     def line(self) -> str:
         if self.missing:
@@ -169,6 +161,9 @@ class NotebookEta:
                     "(01 measures the engine, and each start is recorded, for the ETAs after)")
         said = ", ".join(f"{src} {s:.0f} s" for src, s in self.parts.items() if s >= 0.5)
         text = f"ETA about {self.seconds:.0f} s ({said})"
+        if self.unmeasured:
+            text = (f"ETA at least {self.seconds:.0f} s ({said}), more by what it does not "
+                    f"know until this run measures it: {'; '.join(self.unmeasured)}")
         if self.guessed:
             text += (f"; {len(self.guessed)} cell(s) not measured before, counted as this "
                      f"series' median cell: {', '.join(self.guessed[:4])}"
@@ -192,7 +187,7 @@ def _per_run_overhead(cfg: LabConfig, series_cells: dict[str, dict[str, float]],
         if kind in ("sweep", "mixed") and cid in nb01:
             mixed = kind == "mixed"
             extra.append((nb01[cid] - sweep_seconds(inputs, arch, w, mixed=mixed))
-                         / _runs(w, mixed))
+                         / runs_of(w, mixed))
     return max(statistics.median(extra), 0.0) if extra else 0.0
 
 
@@ -260,74 +255,6 @@ def optional_lines(cfg: LabConfig) -> list[str]:
                               else "not run here yet") for nb, part, s in found]
 
 
-def forecast_cell(cfg: LabConfig, nb: str, kind: str, found: Found, overhead: float,
-                  swap: float = 0.0, timed: Any = None) -> float | None:
-    """The forecast's seconds for a cell of `kind` in notebook `nb` (`found`: the forecast's
-    inputs, `forecasting.eta_inputs`; `overhead`: seconds per run the forecast leaves out;
-    `swap`: seconds to put a front door in place); None when it cannot say (no engine
-    profile yet, no start measured, a notebook that starts nothing); `timed`: see
-    `_split_inputs`."""
-
-    topology = TOPOLOGY.get(nb)
-    if topology is None:
-        return None
-    if kind == "start":
-        return _start(cfg, topology)
-    if kind == "tp start":  # 04's optional section (`notebook.sharded`)
-        return _start(cfg, "tensor-parallel") if cfg.instances("tensor-parallel") else 0.0
-    if kind in ("tp sweep", "tp mixed") and not cfg.instances("tensor-parallel"):
-        return 0.0
-    if found is None:
-        return None
-    inputs, cores, _ = found
-    arch, w = architecture_of(cfg, topology, cores), cfg.workload
-    one = w.model_copy(update={"repeats": 1})
-    if kind in ("sweep", "mixed"):
-        mixed = kind == "mixed"
-        return sweep_seconds(inputs, arch, w, mixed=mixed) + overhead * _runs(w, mixed)
-    if kind in ("tp sweep", "tp mixed"):
-        mixed = kind == "tp mixed"
-        split, tp_arch = _split_inputs(cfg, inputs, cores, timed)
-        return sweep_seconds(split, tp_arch, w, mixed=mixed) + overhead * _runs(w, mixed)
-    if kind == "policies":
-        return 2 * (sweep_seconds(inputs, arch, one, mixed=True) + overhead) + SWAPS * swap
-    if kind == "front doors":
-        return 2 * (sweep_seconds(inputs, arch, _lowest(one)) + overhead) + SWAPS * swap
-    if kind == "switches":
-        start = _start(cfg, topology)
-        if start is None:
-            return None
-        return (switches_seconds(inputs, cfg, cores)
-                + SWITCH_RESTARTS * (start + 2 * w.repeats * overhead))
-    return None
-
-
-SWAPS = 3  # front doors started by each comparison: one per run, and the configured one back
-
-
-def _split_inputs(cfg: LabConfig, inputs, cores, timed: Any = None):
-    """The forecast's inputs for the split model (its all-reduces, `forecasting.
-    allreduce_inputs`), calibrated on the split instance's timed requests: `timed` (this
-    kernel's, `Served.timed`), else an earlier run's recorded ones; else without the
-    all-reduces' latency, which only timing the split instance shows."""
-    split = with_allreduce(inputs, allreduce_inputs(cfg))
-    arch = architecture_of(cfg, "tensor-parallel", cores)
-    if timed is None and (last := load_optional(cfg, "tp")) and last.payload.forecast:
-        timed = last.payload.forecast.timed
-    if timed is not None:
-        split, _ = calibrate(split, arch, timed, cfg.workload.output_len, cfg.workload.seed)
-    return split, arch
-
-
-def _lowest(w):
-    return w.model_copy(update={"concurrency": [min(w.concurrency or [1])], "request_rates": []})
-
-
-def _start(cfg: LabConfig, topology: str) -> float | None:
-    found = start_estimate(cfg, topology)
-    return found[0] if found else None
-
-
 def _swap_seconds(cfg: LabConfig, series_cells: dict[str, dict[str, float]], found: Found,
                   overhead: float) -> float:
     """Seconds to put a front door in place, as 03's policy comparison of this series
@@ -367,6 +294,7 @@ def notebook_eta(cfg: LabConfig, path: Path, series: str,
     parts = {"kernel start": kernel, "last runs": 0.0, "forecast": 0.0, "median cell": 0.0}
     guessed: list[str] = []
     missing: list[str] = []
+    unknown: list[str] = []
     left_out = ({cid for ids in optional_parts(_book(nb, path)).values() for cid in ids}
                 if skip else set())
     for cid, source in _sources(nb, path).items():
@@ -379,6 +307,8 @@ def notebook_eta(cfg: LabConfig, path: Path, series: str,
         s = forecast_cell(cfg, nb, kind, found, overhead, swap) if kind else None
         if s is not None:
             parts["forecast"] += s
+            if nb == "04" and kind and (why := unmeasured(cfg, kind)):
+                unknown.append(why)
             continue
         if kind:
             missing.append(kind)
@@ -386,7 +316,8 @@ def notebook_eta(cfg: LabConfig, path: Path, series: str,
         first = next((ln.strip() for ln in source.splitlines() if ln.strip()), "")
         guessed.append(f"{cid} `{first[:40]}`")
     return NotebookEta(seconds=sum(parts.values()), parts={k: v for k, v in parts.items() if v},
-                       guessed=guessed, missing=list(dict.fromkeys(missing)))
+                       guessed=guessed, missing=list(dict.fromkeys(missing)),
+                       unmeasured=list(dict.fromkeys(unknown)))
 
 
 def whole_notebook_lines(cfg: LabConfig) -> list[str]:

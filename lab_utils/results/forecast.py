@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
-from lab_utils.results.points import MetricKey
+from lab_utils.results.points import KEYS, MetricKey
 
 Edge = Literal["lo", "median", "hi"]
 
@@ -91,6 +91,53 @@ class TimedProfile(BaseModel):
     parts: dict[str, float] = {}
 
 
+class Interval(BaseModel):
+    """One metric of a forecast: the predicted value and its interval."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    median: float | None = None
+    lo: float | None = None
+    hi: float | None = None
+
+
+class ForecastPoint(BaseModel):
+    """One load point of a forecast (`forecast.model.Ranged.point`): each metric predicted,
+    with its interval (widened by the model's error band: `forecast.band.widen`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    workload: str  # "standard" | "mixed"
+    mode: str  # "concurrency" | "rate"
+    value: float
+    load: str  # "concurrency 4"
+    architecture: str = ""
+    metrics: dict[MetricKey, Interval] = {}
+    bottleneck: str | None = None  # the busiest pool
+    transfer_ms: float | None = None  # P/D: one median prompt's KV move
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_flat(cls, data: Any) -> Any:
+        """Results files written before the point was typed hold each metric flat, its
+        interval as `<key>_lo` and `<key>_hi`: they load unchanged."""
+        if isinstance(data, dict) and "load" not in data and "mode" in data and "value" in data:
+            data = {**data, "load": f"{data['mode']} {float(data['value']):g}"}
+        if not isinstance(data, dict) or "metrics" in data:
+            return data
+        fields = set(cls.model_fields) - {"metrics"}
+        return {**{k: v for k, v in data.items() if k in fields},
+                "metrics": {k: {"median": data[k], "lo": data.get(f"{k}_lo"),
+                                "hi": data.get(f"{k}_hi")} for k in KEYS if k in data}}
+
+    def median(self, key: MetricKey) -> float | None:
+        got = self.metrics.get(key)
+        return None if got is None else got.median
+
+    def interval(self, key: MetricKey) -> Interval:
+        return self.metrics.get(key) or Interval()
+
+
 class Forecast(BaseModel):
     """A forecast as a notebook records it, before it measures."""
 
@@ -99,7 +146,7 @@ class Forecast(BaseModel):
     architecture: str  # "baseline" (01's own sweep) | "replicated" | "disaggregated"
     made_at: str
     sources: dict[str, str]
-    rows: list[dict[str, Any]]  # Ranged.row() + workload, mode, value; intervals widened
+    rows: list[ForecastPoint]
     splits: list[dict[str, Any]] = []
     # the model's own error measured earlier in the series (lab_utils.forecast.band), by
     # which the intervals were widened; None: recorded before the band existed

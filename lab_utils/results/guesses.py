@@ -97,8 +97,8 @@ def _forecast_and_measured(cfg: LabConfig, notebook: str, what: tuple[MetricKey,
                   if c.mode == "concurrency" and float(c.value) == level), None)
     fc = getattr(p, "forecast", None)
     row = next((r for r in (fc.rows if fc else [])
-                if r["workload"] == workload and r["value"] == level), None)
-    return (row.get(key) if row else None), (point.median(key) if point is not None else None)
+                if r.workload == workload and r.value == level), None)
+    return (row.median(key) if row else None), (point.median(key) if point is not None else None)
 
 
 def guesses_frame(cfg: LabConfig, quiet: bool = False) -> pd.DataFrame | None:

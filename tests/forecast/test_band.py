@@ -14,7 +14,7 @@ from lab_utils.forecast import band as b
 from lab_utils.forecast.model import Architecture, Inputs, Load, forecast
 from lab_utils.notebook import make_forecast
 from lab_utils.results import write_results
-from lab_utils.results.forecast import GradeRow
+from lab_utils.results.forecast import ForecastPoint, GradeRow
 from lab_utils.results.points import FORECAST
 
 from support.payloads import model
@@ -53,12 +53,16 @@ def test_widen_multiplies_the_edges_by_the_family_factor():
     band = b.error_band({"x": [graded("median_tpot_ms", 2.0, 3.0)]})
     f = band["families"]["per-token"]["factor"]
     assert f == pytest.approx(1.5)
-    row = {"median_tpot_ms": 2.0, "median_tpot_ms_lo": 1.8, "median_tpot_ms_hi": 2.2,
-           "median_itl_ms": 2.0, "median_itl_ms_lo": None, "median_itl_ms_hi": None}
+    # a point as an older results file holds it, flat: it loads as the typed point
+    row = ForecastPoint.model_validate({
+        "workload": "standard", "mode": "concurrency", "value": 1.0, "load": "concurrency 1",
+        "median_tpot_ms": 2.0, "median_tpot_ms_lo": 1.8, "median_tpot_ms_hi": 2.2,
+        "median_itl_ms": 2.0, "median_itl_ms_lo": None, "median_itl_ms_hi": None})
     out = b.widen(row, band)
-    assert out["median_tpot_ms_lo"] == pytest.approx(1.2)
-    assert out["median_tpot_ms_hi"] == pytest.approx(3.3)
-    assert out["median_tpot_ms"] == 2.0 and out["median_itl_ms_lo"] is None
+    tpot = out.interval("median_tpot_ms")
+    assert tpot.lo == pytest.approx(1.2) and tpot.hi == pytest.approx(3.3)
+    assert tpot.median == 2.0 and out.interval("median_itl_ms").lo is None
+    assert row.interval("median_tpot_ms").lo == 1.8  # the point widened is a copy
 
 
 def test_coverage_counts_graded_values_inside_and_the_median_width():
@@ -85,9 +89,9 @@ def test_04s_forecast_is_widened_by_01s_and_03s_graded_errors(test_cfg):
     # 01 forecasts its own sweep and measures it 30% slower than predicted on TTFT
     base = load_results(test_cfg, "01").payload
     fc01 = make_forecast(test_cfg, "baseline", base.profile)
-    by_c = {r["value"]: r for r in fc01.rows}
-    sweep = measured_sweep({c: (1.3 * by_c[float(c)]["median_ttft_ms"],
-                                by_c[float(c)]["median_tpot_ms"]) for c in concurrency})
+    by_c = {r.value: r for r in fc01.rows}
+    sweep = measured_sweep({c: (1.3 * by_c[float(c)].median("median_ttft_ms"),
+                                by_c[float(c)].median("median_tpot_ms")) for c in concurrency})
     data = base.model_dump()
     data.update(forecast=fc01.model_dump(), sweep=sweep)
     write_results(test_cfg, "01", model("01", data), software={}, hardware={})
@@ -103,11 +107,11 @@ def test_04s_forecast_is_widened_by_01s_and_03s_graded_errors(test_cfg):
     pd_ = make_forecast(test_cfg, "disaggregated")
     assert "03's replicated serving (no graded value)" in pd_.error_band["source"]
     for row, before in zip(pd_.rows, first.rows, strict=True):
-        assert row["median_ttft_ms"] == pytest.approx(before["median_ttft_ms"])  # same model
-        assert row["median_ttft_ms_hi"] > before["median_ttft_ms_hi"]
-        assert row["median_ttft_ms_hi"] == pytest.approx(
-            before["median_ttft_ms_hi"] / math.exp(b.FLOOR)
-            * pd_.error_band["families"]["TTFT p50"]["factor"])
+        now, then = row.interval("median_ttft_ms"), before.interval("median_ttft_ms")
+        assert now.median == pytest.approx(then.median)  # the same model
+        assert now.hi is not None and then.hi is not None and now.hi > then.hi
+        assert now.hi == pytest.approx(then.hi / math.exp(b.FLOOR)
+                                       * pd_.error_band["families"]["TTFT p50"]["factor"])
 
 
 def test_the_proxys_and_clients_cpu_slows_instances_sharing_a_machine():

@@ -77,8 +77,8 @@ def test_04s_forecast_records_its_timed_pair(test_cfg):
     assert "superseded by the timed" in with_pair.sources.get("NIXL's threads",
                                                               "superseded by the timed")
     assert without.timed is None and "timed before the sweep" not in without.sources
-    c1 = next(r for r in with_pair.rows if r["workload"] == "standard" and r["value"] == 1.0)
-    assert c1["median_ttft_ms"] == pytest.approx(300.0, rel=0.25)
+    c1 = next(r for r in with_pair.rows if r.workload == "standard" and r.value == 1.0)
+    assert c1.median("median_ttft_ms") == pytest.approx(300.0, rel=0.25)
     assert with_pair.splits == without.splits  # the splits: a machine per instance, untimed
 
 
@@ -86,18 +86,18 @@ def test_03s_forecast_takes_the_replicas_time_per_token_and_nothing_else(test_cf
     fc, base, said = with_and_without(test_cfg, "replicated", 300.0, 4.0)
     assert said.startswith("03's instances timed before the sweep")
     assert "a replica's decode steps" in said and "decode leg" not in said
-    one = lambda f: next(r for r in f.rows if r["workload"] == "standard" and r["value"] == 1.0)  # noqa: E731
+    one = lambda f: next(r for r in f.rows if r.workload == "standard" and r.value == 1.0)  # noqa: E731
     # per token: the timed replicas' (4 ms), not 01's; TTFT keeps the model's own path
-    assert one(fc)["median_tpot_ms"] == pytest.approx(4.0, rel=0.05)
-    assert one(base)["median_tpot_ms"] < 3.0
-    assert one(fc)["median_ttft_ms"] < 100.0  # the timed 300 ms TTFT is not copied in
+    assert one(fc).median("median_tpot_ms") == pytest.approx(4.0, rel=0.05)
+    assert one(base).median("median_tpot_ms") < 3.0
+    assert one(fc).median("median_ttft_ms") < 100.0  # the timed 300 ms TTFT is not copied in
 
 
 def test_the_uncalibrated_miss_at_the_timed_point_widens_the_interval(test_cfg):
     write_01_02(test_cfg)
     base = make_forecast(test_cfg, "replicated")
     close = make_forecast(test_cfg, "replicated", timed=timed(
-        base.rows[0]["median_ttft_ms"], base.rows[0]["median_tpot_ms"], n=6,
+        base.rows[0].median("median_ttft_ms"), base.rows[0].median("median_tpot_ms"), n=6,
         tokens=test_cfg.workload.input_len))
     far = make_forecast(test_cfg, "replicated", timed=timed(
         300.0, 4.0, n=6, tokens=test_cfg.workload.input_len))
@@ -151,6 +151,6 @@ def test_the_split_forecast_takes_00s_link_and_its_timed_instance(test_cfg):
     assert said.startswith("the split instance timed before the sweep")
     assert "2 all-reduces per layer x 4 layers x 256 x 2 B = 4,096 B" in fc.sources["all-reduce"]
     assert "00's link check did not run" in fc.sources["all-reduce"]  # none written here
-    one = lambda f: next(r for r in f.rows if r["workload"] == "standard" and r["value"] == 1.0)  # noqa: E731
-    assert one(fc)["median_tpot_ms"] == pytest.approx(20.0, rel=0.05)
-    assert one(base)["median_tpot_ms"] < 5.0  # untimed: half of 01's step, no latency
+    one = lambda f: next(r for r in f.rows if r.workload == "standard" and r.value == 1.0)  # noqa: E731
+    assert one(fc).median("median_tpot_ms") == pytest.approx(20.0, rel=0.05)
+    assert one(base).median("median_tpot_ms") < 5.0  # untimed: half of 01's step, no latency

@@ -20,12 +20,17 @@ from lab_utils.notebook.timings import (
     cell_seconds,
     load_timings,
     notebook_eta,
+    optional_lines,
     record_notebook,
+    settings_digest,
     step_of,
 )
+from lab_utils.results import write_results
+from lab_utils.results.forecast import Forecast, TimedProfile
 from lab_utils.runner import _against, find_notebooks
 
 from support.eta_records import starts, write_01_02
+from support.payloads import model, sweep_dict
 
 
 def book(tmp_path, name: str, cells: dict[str, str], took: dict[str, float] | None = None):
@@ -157,8 +162,8 @@ def test_the_split_models_cells_are_forecast_as_the_split_model(test_cfg, tmp_pa
     from dataclasses import replace
 
     from lab_utils.forecast.timed import calibrate
+    from lab_utils.notebook.cell_forecast import forecast_cell
     from lab_utils.notebook.forecasting import allreduce_inputs
-    from lab_utils.notebook.timings import forecast_cell
 
     write_01_02(test_cfg)
     starts(test_cfg, "spark-01", ("replica", 20.0, True, "2026-11-27"))
@@ -344,3 +349,55 @@ def test_skipped_cells_are_not_timed_and_the_eta_leaves_them_out(test_cfg, tmp_p
     assert notebook_eta(test_cfg, path, "second", skip=True).parts["last runs"] == 2.0
     skip_optional(nb)
     assert nb.cells[1].source.startswith("tp = None\n") and cell_seconds(nb) == {"a": 2.0}
+
+
+def test_eta_says_what_each_optional_part_took_in_the_last_runs(test_cfg):
+    """`optional_lines`: per optional part of the checkout's notebooks, the sum of its cells'
+    last-run times here, or that it has not run here yet."""
+    import json
+
+    (nb04,) = [p for p in find_notebooks() if p.name.startswith("04")]
+    parts = optional_parts(nbformat.read(nb04, as_version=4))
+    router, split = parts.values()
+    cells = {router[0]: 20.0, **{cid: 10.0 for cid in split}, "not-optional": 99.0}
+    test_cfg.results_dir.mkdir(parents=True, exist_ok=True)
+    (test_cfg.results_dir / "timings.json").write_text(json.dumps({"notebooks": {nb04.name: {
+        "cells": cells, "digest": settings_digest(test_cfg), "s": 200.0}}}))
+    lines = optional_lines(test_cfg)
+    assert lines[0].startswith("optional parts (`run --skip-optional` leaves them out)")
+    assert "  04 Optional: vLLM's router as the front door: 20 s in the last runs here" in lines
+    assert (f"  04 Optional: the third way, one model across both nodes: {10 * len(split)} s "
+            "in the last runs here") in lines
+    assert ("  01 Optional: two switches, chunked prefill and prefix caching: not run here yet"
+            in lines)
+
+
+def test_04s_first_eta_is_a_lower_bound_naming_what_nothing_measured_yet(test_cfg, tmp_path):
+    """Before prefill/decode or the split model ever ran here, 04's forecast cannot know
+    their first start or the all-reduces' latency: its ETA says "at least" and names them;
+    once they were measured (a P/D start and a split instance timed), it is "about"."""
+    write_01_02(test_cfg)
+    starts(test_cfg, "spark-01", ("replica", 20.0, True, "2026-11-27"))
+    starts(test_cfg, "spark-02", ("replica", 22.0, True, "2026-11-27"))
+    p00, nb00 = book(tmp_path, "00_x.ipynb", {"a": "1"}, {"a": 1.0})
+    record_notebook(test_cfg, p00.name, nb00, wall_s=3.0, series="s")
+    p04, _ = book(tmp_path, "04_x.ipynb", {
+        "s": 'served = session.start("disaggregated")',
+        "w": "result = lab.run_sweep(cfg, served)",
+        "t": "tp = lab.start_tensor_parallel(cfg, session)",
+        "ts": "if tp:\n    tp_result = lab.run_sweep(cfg, tp)"})
+    eta = notebook_eta(test_cfg, p04, series="s")
+    assert eta.unmeasured == ["the first prefill/decode start (its handshake, each pair's "
+                              "warm-up)", "the split model's first start",
+                              "the split model's all-reduce latency (sweep)"]
+    assert eta.line().startswith(f"ETA at least {eta.seconds:.0f} s (")
+    assert "more by what it does not know until this run measures it" in eta.line()
+    starts(test_cfg, "spark-01", ("prefill", 30.0, False, "2026-11-28"), ("tp", 25.0, False,
+                                                                           "2026-11-28"))
+    timed = TimedProfile(requests=3, prompt_tokens=64, ttft_ms=40.0, step_ms=5.0)
+    fc = Forecast(architecture="tensor-parallel", made_at="t", sources={}, rows=[], timed=timed)
+    write_results(test_cfg, "tp", model("tp", {
+        "topology": "tensor-parallel", "instances": [], "mixed": None, "sweep": sweep_dict(),
+        "ranks": 2, "forecast": fc.model_dump(), "same_output": []}), software={}, hardware={})
+    again = notebook_eta(test_cfg, p04, series="s")
+    assert again.unmeasured == [] and again.line().startswith("ETA about ")
