@@ -18,10 +18,11 @@ from lab_utils.forecast import grade as g
 from lab_utils.forecast.inputs import from_results, spark_inputs_for
 from lab_utils.forecast.model import Architecture, forecast, loads_of
 from lab_utils.forecast.run import rank
-from lab_utils.report.data import ReportData, graded
+from lab_utils.report.data import ARCH_NOTEBOOK, ReportData, graded
 from lab_utils.results import calibration
+from lab_utils.results.claims import Comparison, claim, comparison, save_claims
 from lab_utils.results.forecast import GradeRow
-from lab_utils.results.points import BY_KEY, FORECAST, MARGIN, Measured, compare, differs
+from lab_utils.results.points import BY_KEY, FORECAST, MARGIN, Measured, differs
 from lab_utils.util.numbers import fmt_num
 
 EXAMPLE_CONFIG = Path(__file__).resolve().parents[2] / "environment_config.json.example"
@@ -180,8 +181,11 @@ def what_if(data: ReportData, *, input_len: int | None = None, output_len: int |
         print(f"predicted winner by {by}: {best.architecture} ({rank(best)[0]:.3g} req/s); its "
               f"busiest pool: {best.bottleneck()}")
     if not spark and nodes == 2 and load.concurrency and (
-            said := _measured_beside(data, w, load.concurrency, preds)):
+            found := _measured_beside(data, w, load.concurrency, preds)):
+        said, compared = found
         print(said)
+        save_claims(data.results_dir, f"what-if:{w.mixed_long_len or 0}:{load.concurrency}",
+                    [claim("05", said, *compared)])
     return df
 
 
@@ -195,11 +199,13 @@ def _shape(w: WorkloadConfig) -> tuple:
 
 
 def _measured_beside(data: ReportData, w: WorkloadConfig, concurrency: int,
-                     preds: list) -> str | None:
+                     preds: list) -> tuple[str, list[Comparison]] | None:
     """When the what-if is a point this run measured (its own workload, two nodes), what
     was measured there beside what this forecast says, how far off it is, and what the
-    lab's rule says of the measured ones, so neither is read for the other."""
+    lab's rule says of the measured ones, so neither is read for the other; with the
+    comparison that makes the last true."""
     runs = data.mixed if w.mixed_long_len else data.sweeps
+    run_name = "mixed" if w.mixed_long_len else "sweep"
     pairs, got = [], {}
     for p in preds:
         run = runs.get(MEASURED_AS.get(p.architecture, ""))
@@ -208,8 +214,9 @@ def _measured_beside(data: ReportData, w: WorkloadConfig, concurrency: int,
         entry = next((c for c in run.combined if c.mode == "concurrency"
                       and float(c.value) == concurrency and c.valid), None)
         m = entry.of("request_throughput") if entry else None
-        if m is not None:
-            got[p.architecture] = m
+        if entry is not None and m is not None:
+            arch = MEASURED_AS[p.architecture]
+            got[p.architecture] = (p.architecture, ARCH_NOTEBOOK[arch], run_name, entry)
             fc = p.metrics["request_throughput"]
             pairs.append(f"{p.architecture} measured {m.median:.3g} req/s, forecast here "
                          f"{fc:.3g} ({(fc - m.median) / m.median:+.0%})")
@@ -220,10 +227,10 @@ def _measured_beside(data: ReportData, w: WorkloadConfig, concurrency: int,
             "runs the model on 01's and 02's curves alone, without the requests 03 and 04 "
             "timed before their sweeps (their forecasts, so calibrated, are graded in "
             "'Predicted, then measured').")
-    if len(got) == 2:
-        (a, ma), (b, mb) = got.items()
-        v = compare(ma, mb, "request_throughput")
-        said += (f" Measured, by the lab's rule: {a} " + (
-            f"{BY_KEY['request_throughput'].times(ma.median, mb.median)} than {b}."
-            if v.differs else f"and {b} do not differ."))
-    return said
+    if len(got) != 2:
+        return said, []
+    c = comparison("request_throughput", *got.values())
+    a, b = c.subject.name, c.reference.name
+    said += (f" Measured, by the lab's rule: {a} {c.margin()} than {b}." if c.better
+             else f" Measured, by the lab's rule: {a} and {b} do not differ.")
+    return said, [c]

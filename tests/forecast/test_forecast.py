@@ -26,7 +26,7 @@ from lab_utils.forecast.model import (
     loads_of,
 )
 from lab_utils.notebook import make_forecast
-from lab_utils.results import results_spec, write_results
+from lab_utils.results import load_results, results_spec, write_results
 from lab_utils.results.forecast import CurvePoint, DecodeLine, EngineProfile, Forecast
 
 from support.payloads import baseline_dict, kv_dict, model
@@ -305,8 +305,9 @@ def test_loads_of_a_workload(test_cfg):
 # ---- the report ------------------------------------------------------------------------------
 
 
-def measured_sweep(per_load: dict[int, tuple[float, float]]) -> dict:
-    """A one-repeat sweep with these (TTFT p50, TPOT p50) per concurrency."""
+def measured_sweep(per_load: dict[int, tuple[float, float]], rps: float = 15.0) -> dict:
+    """A one-repeat sweep with these (TTFT p50, TPOT p50) per concurrency, `rps` requests
+    per second per concurrent stream."""
     from lab_utils.measure.benchmark import combine
     from lab_utils.results.sweep import BenchmarkPoint, BenchmarkResult, RepeatSummary
 
@@ -314,7 +315,7 @@ def measured_sweep(per_load: dict[int, tuple[float, float]]) -> dict:
     for c, (ttft, tpot) in per_load.items():
         s = {"median_ttft_ms": ttft, "p99_ttft_ms": 1.5 * ttft, "median_tpot_ms": tpot,
              "median_itl_ms": tpot, "p99_itl_ms": 2 * tpot, "output_throughput": 500.0 * c,
-             "request_throughput": 15.0 * c, "request_goodput": 15.0 * c, "valid": True,
+             "request_throughput": rps * c, "request_goodput": rps * c, "valid": True,
              "mode": "concurrency", "value": float(c), "repeat": 0}
         points.append(BenchmarkPoint(mode="concurrency", value=c, repeat=0, summary=s,
                                      requests=[]))
@@ -404,3 +405,40 @@ def test_a_split_model_whose_nccl_fell_back_to_sockets_is_not_graded(test_cfg):
     (stated,) = g.grade_claims("tp", "tp", "tensor-parallel", rows)[0].graded
     assert check_graded(stated, {"tp": model("tp", tp)}) == []
     assert check_graded(stated, {"tp": fell})
+
+
+def what_if_beside(test_cfg, capsys, rps_03: float, rps_04: float) -> str:
+    """05's what-if at a point 03 and 04 measured, with these request rates; what it printed
+    (its claim saved, checked)."""
+    from lab_utils import report
+    from lab_utils.report.audit import audit
+    from lab_utils.results.claims import load_claims
+
+    write_01_02(test_cfg)
+    workload = load_results(test_cfg, "01").payload.sweep.workload
+    for nb, topology, rps in (("03", "replicated", rps_03), ("04", "disaggregated", rps_04)):
+        sweep = measured_sweep({c: (10.0, 3.0) for c in test_cfg.workload.concurrency}, rps)
+        sweep["workload"] = workload
+        payload = {"topology": topology, "instances": [], "mixed": None, "sweep": sweep}
+        if nb == "03":
+            payload["policy"] = "round_robin"
+        else:
+            payload.update(proof={"ok": True, "prompts": []}, kv_buffer_device="cpu")
+        write_results(test_cfg, nb, model(nb, payload), software={}, hardware={})
+    data = report.load_report_data(test_cfg)
+    top = max(test_cfg.workload.concurrency)
+    report.what_if(data, concurrency=top)
+    said = next(ln for ln in capsys.readouterr().out.splitlines()
+                if ln.startswith("This is a point this run measured"))
+    (saved,) = load_claims(test_cfg.results_dir)[f"what-if:0:{top}"]
+    assert saved.text == said and len(saved.comparisons) == 1
+    assert audit(test_cfg.results_dir).false == []  # the audit re-checks it from the results
+    return said
+
+
+def test_the_what_if_at_a_measured_point_says_what_was_measured_there(test_cfg, capsys):
+    alike = what_if_beside(test_cfg, capsys, 15.0, 15.0)
+    assert "2 replicas measured" in alike and "1P1D measured" in alike
+    assert alike.endswith("Measured, by the lab's rule: 2 replicas and 1P1D do not differ.")
+    apart = what_if_beside(test_cfg, capsys, 15.0, 7.5)
+    assert apart.endswith("Measured, by the lab's rule: 2 replicas 2.0x higher than 1P1D.")
