@@ -22,7 +22,16 @@ from lab_utils.results.experiments import policy_sides
 from lab_utils.results.forecast import Forecast
 from lab_utils.results.kv_transfer import KvTransferPayload
 from lab_utils.results.payloads import Policies
-from lab_utils.results.points import BY_KEY, COMPARED, MARGIN, Measured, MetricKey, Point, differs
+from lab_utils.results.points import (
+    BY_KEY,
+    COMPARED,
+    MARGIN,
+    Measured,
+    MetricKey,
+    Point,
+    compare,
+    differs,
+)
 from lab_utils.results.sweep import BenchmarkResult
 from lab_utils.util.numbers import join_words
 
@@ -104,6 +113,29 @@ def _times(key: MetricKey, x: Point, y: Point) -> str:
 # ---- 01 ---------------------------------------------------------------------------------
 
 
+def _single_request(payload: BaselinePayload, lo: Point) -> list[Claim]:
+    """The request measured alone at the top of 01 against the sweep's lowest load: apart
+    by the lab's rule, it is said why they are not the same kind of request."""
+    one, at = getattr(payload, "single_request", None), lo.of("median_ttft_ms")
+    if one is None or one.ttft_ms is None or at is None or lo.value != 1:
+        return []
+    alone = Measured.one(one.ttft_ms)
+    v = compare(alone, at, "median_ttft_ms")
+    sweep = f"the sweep's TTFT p50 at concurrency 1 ({at.median:.3g} ms"
+    sweep += f", {at.min:.3g}-{at.max:.3g} ms over its {at.n} runs)" if at.ranged else ")"
+    if not v.differs:
+        text = (f"The request measured alone at the top took {one.ttft_ms:.3g} ms to its first "
+                f"token, as {sweep} did by the lab's rule.")
+    else:
+        text = (f"The request measured alone at the top took {one.ttft_ms:.3g} ms to its first "
+                f"token, {BY_KEY['median_ttft_ms'].times(one.ttft_ms, at.median)} than {sweep}: "
+                "it was the instance's first request since it started"
+                + (", while the sweep sends warm-up requests first and leaves them out"
+                   if (payload.sweep.workload or {}).get("warmup") else "")
+                + ", so the two are not the same kind of request.")
+    return [claim("01", text, single_ttft_ms=one.ttft_ms, sweep_ttft_p50_ms=at.median)]
+
+
 def conclude_01(payload: BaselinePayload, device: str = "cpu") -> list[Claim]:
     """Batching: output throughput from the lowest to the highest concurrency, at what
     cost in TPOT and TTFT, and whether the forecast of the sweep held there."""
@@ -136,6 +168,7 @@ def conclude_01(payload: BaselinePayload, device: str = "cpu") -> list[Claim]:
                           "already saturated with one request"
                           + (f"; {CPU_NOTE}." if device == "cpu" else ".") + fc, tps,
                           graded=grade))
+    said += _single_request(payload, lo)
     roof = payload.roofline
     if roof and roof.max_tokens_per_s_per_stream and (lo_tpot := lo.median("median_tpot_ms")):
         per_stream = 1000 / lo_tpot

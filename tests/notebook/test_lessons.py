@@ -59,6 +59,23 @@ def test_01_batching_paid_or_not():
     assert said[0].startswith("Batching paid") and "rose ∞ from concurrency 1" in said[0]
 
 
+def test_01_says_why_the_request_measured_alone_is_slower_than_the_sweep():
+    sweep = result({1: point(15, ttft=12.0), 4: point(55)})
+    sweep.workload = {"warmup": 1}
+    alone = SimpleNamespace(ttft_ms=43.6)
+    said = conclude_01(SimpleNamespace(sweep=sweep, roofline=None, profile=None,
+                                       single_request=alone), "cpu")
+    (text,) = [str(c) for c in said if str(c).startswith("The request measured alone")]
+    assert "took 43.6 ms to its first token, 3.6x higher than the sweep's TTFT p50 at " \
+           "concurrency 1 (12 ms)" in text
+    assert "the instance's first request since it started, while the sweep sends warm-up" in text
+    alone.ttft_ms = 12.5  # within the margin: the same, and no reason given
+    said = conclude_01(SimpleNamespace(sweep=sweep, roofline=None, profile=None,
+                                       single_request=alone), "cpu")
+    (text,) = [str(c) for c in said if str(c).startswith("The request measured alone")]
+    assert text.endswith("as the sweep's TTFT p50 at concurrency 1 (12 ms) did by the lab's rule.")
+
+
 def probe_rows(gbps: dict[int, float]) -> list[dict]:
     return [{"seg_type": "DRAM", "op": "READ", "bytes": b, "bandwidth_GBps": g,
              "median_us": b / g / 1e3, "p99_us": b / g / 1e3, "iterations": 10,
