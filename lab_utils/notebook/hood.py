@@ -148,7 +148,10 @@ def watch_scheduler(cfg: LabConfig, served: Served):
               + ("" if not pct else " (prompts the instance had seen: their prefills were "
                  "skipped, so the picture is not of this workload as fresh)"))
     if not frame.empty:
-        print(f"{len(frame)} /metrics samples: at most {frame['running'].max():.0f} running and "
+        span = float(frame["t (s)"].max() - frame["t (s)"].min())
+        every = f", one every {span / (len(frame) - 1) * 1000:.0f} ms" if len(frame) > 1 else ""
+        print(f"{len(frame)} /metrics samples over {span:.1f} s{every}: at most "
+              f"{frame['running'].max():.0f} running and "
               f"{frame['waiting'].max():.0f} waiting; KV cache at most "
               f"{frame['KV cache used'].max():.1%} used")
     return fig

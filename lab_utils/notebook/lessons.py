@@ -269,6 +269,7 @@ def _said_02(kv: KvTransferPayload, input_len: int | None) -> list[str]:
         return said + ["The probe measured fewer than two prompt sizes: no comparison."]
     short, long = ratios[0], ratios[-1]
     over = [f"{n} tokens x{q:.2f}" for n, q in ratios if _above(q)]
+    fell = "at the largest size only" if len(over) == 1 else "at the larger sizes"
     first, measured, predicted = rows[0]
     excess_us = (measured - predicted) * 1e3
     spread_us = _spread_ms(kv, first.kv_bytes) * 1e3
@@ -288,7 +289,7 @@ def _said_02(kv: KvTransferPayload, input_len: int | None) -> list[str]:
         said.insert(0, f"Both ends took longer than the size / best-bandwidth estimate: the "
                        f"shortest prompt's transfer {short[1]:.2f}x (a fixed cost per transfer, "
                        f"or the lower bandwidth of small sizes), the longest {long[1]:.2f}x "
-                       f"(the bandwidth fell at the larger sizes); {ABOVE} at: "
+                       f"(the bandwidth fell {fell}); {ABOVE} at: "
                        f"{', '.join(over)}.")
     elif _above(long[1]) and _fastest_is(kv, first.kv_bytes):
         said.insert(0, f"The shortest prompt's transfer was the fastest per byte of the "
@@ -300,8 +301,8 @@ def _said_02(kv: KvTransferPayload, input_len: int | None) -> list[str]:
     elif _above(long[1]):
         said.insert(0, f"The longest prompt's transfer took {long[1]:.2f}x "
                        f"the size / best-bandwidth estimate, the shortest {short[1]:.2f}x, "
-                       "within the estimate: here the bandwidth fell at the larger sizes, and "
-                       f"no fixed cost per transfer shows ({ABOVE} at: "
+                       f"within {MARGIN:.0%} of the estimate: here the bandwidth fell {fell}, "
+                       f"and no fixed cost per transfer shows ({ABOVE} at: "
                        f"{', '.join(over)}).")
     else:
         said.insert(0, f"The shortest prompt's transfer took {short[1]:.2f}x "
@@ -373,15 +374,23 @@ def conclude_03(baseline: BenchmarkResult, replicated: BenchmarkResult,
                   if name != policy and (p.mode, p.value) == (m[top].mode, m[top].value)
                   and p.median("p99_itl_ms") is not None]
 
+        # the configured policy as the policy comparison judges it: its runs together
+        ref_run, ref = (policy_sides(policies.runs, mixed, policy).get(policy or "")
+                        if policies else None) or ("mixed", m[top])
+
         def cost(name: str, p: Point) -> tuple[str, list[Comparison]]:
-            """What routing `name` cost against the mixed sweep's policy at that point."""
+            """What routing `name` cost against the configured policy, as 03's policy
+            comparison judged it (`policy_sides`)."""
             lost = [x for k in COMPARED_KEYS if k != "p99_itl_ms" and p.median(k) is not None
-                    and m[top].median(k) is not None
+                    and ref.median(k) is not None
                     for x in [comparison(k, (f"replicated, {name}", "03", f"policy {name}", p),
-                                         ("replicated, mixed", "03", "mixed", m[top]))]
+                                         (f"replicated, {policy or 'mixed'}", "03", ref_run,
+                                          ref))]
                     if x.better == "reference"]
             return ((", at the cost of " + ", ".join(f"{BY_KEY[x.metric].label} {x.margin()}"
-                                                     for x in lost)) if lost else
+                                                     for x in lost)
+                     + f" (against {(policy or 'the mixed sweep').replace('_', '-')}, as the "
+                       "policy comparison judged it)") if lost else
                     ", no other metric worse"), lost
         costs = {name: cost(name, p) for name, p in others}
         said.append(claim("03", f"Mixed workload at concurrency {top:g} (one load point"
@@ -614,8 +623,8 @@ def conclude_tp(baseline: BenchmarkResult, tp: TensorParallelPayload,
             c = comparison("output_throughput", split(b[top]), (name, nb, "sweep", o[top]))
             said.append(claim("tp", f"Throughput at concurrency {top:g}: {_tps(o[top])} tok/s "
                               f"{name}, {_tps(b[top])} split ({_margin(c)})"
-                              + (f": {name} was ahead on this model, which fits one node."
-                                 if c.better == "reference" else "."), c))
+                              + (f": {name} was ahead in this run." if c.better == "reference"
+                                 else "."), c))
     return said
 
 

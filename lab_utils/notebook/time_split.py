@@ -91,9 +91,12 @@ def ttft_parts(client_ttft_ms: float, prefill: tuple[MetricsSnapshot, MetricsSna
 
 def split_sentence(parts: dict[str, float], client_ttft_ms: float,
                    single_ttft_ms: float | None, requests: int | None = None,
-                   sweep_median_ms: float | None = None, when: str = "after") -> str:
+                   sweep_median_ms: float | None = None, when: str = "after",
+                   single_median_ms: float | None = None) -> str:
     """Which part of TTFT dominated, with every part's share, from this run's figures; a
-    mean far above the sweep's median (`sweep_median_ms`) is said to be one. `when`: "before" or "after" the sweep."""
+    mean far above the sweep's median (`sweep_median_ms`) is said to be one. `when`:
+    "before" or "after" the sweep; `single_median_ms`: the median 01's table shows beside
+    the mean it is set against (`single_ttft_ms`), which 01 does not show."""
     ranked = sorted(PARTS, key=lambda k: -parts[k])
     top = ranked[0]
     total = sum(parts[k] for k in PARTS) or 1.0
@@ -102,7 +105,9 @@ def split_sentence(parts: dict[str, float], client_ttft_ms: float,
             if not differs(Measured.one(parts[k]), Measured.one(parts[top]))]
     against = ("" if single_ttft_ms is None else
                f" ({client_ttft_ms - single_ttft_ms:+.1f} ms against the mean TTFT of 01's "
-               f"single instance at concurrency 1, {single_ttft_ms:.1f} ms)")
+               f"single instance at concurrency 1, {single_ttft_ms:.1f} ms"
+               + (f"; 01's table shows the median there, {single_median_ms:.1f} ms)"
+                  if single_median_ms is not None else ")"))
     others = ", ".join(f"{k} {parts[k]:.1f} ms" for k in PARTS if k != top and k not in tied)
     over = f"over {requests} fresh requests" if requests else "over a few fresh requests"
     said = (f"Where TTFT went: {over} sent one at a time {when} the sweep, the mean TTFT "
@@ -231,7 +236,8 @@ def where_time_went(cfg: LabConfig, served: Served, baseline: BenchmarkResult,
     cpu = None if result.cpu is None else result.cpu.by_process
     said = [itl_claim(baseline, result),
             claim("04", split_sentence(split["parts"], split["client_ttft_ms"], single,
-                                       split["requests"], _c1(result, "median_ttft_ms"), when))]
+                                       split["requests"], _c1(result, "median_ttft_ms"), when,
+                                       _c1(baseline, "median_ttft_ms")))]
     if cpu is None:
         said.append(claim("04", "CPU seconds per process: not read (an instance is on a node "
                           "reached over SSH, or no sweep ran in this kernel)."))

@@ -190,8 +190,12 @@ def roofline_text(data: ReportData) -> str:
     if roof is None:
         return ("The memory-bandwidth roofline is unknown for this hardware (notebook 01 "
                 "recorded no memory bandwidth or weight size), so the curve is shown alone.")
+    r = data.baseline.roofline if data.baseline else None
+    bw, weights = (getattr(r, "memory_bandwidth_GBps", None), getattr(r, "weight_bytes", None))
+    inputs = (f" ({fmt_num(bw)} GB/s, {getattr(r, 'bandwidth_source', '') or 'as 01 recorded'}"
+              f", / {weights / 1e6:,.1f} MB of weights)" if bw and weights else "")
     return (f"Roofline (dotted line): at most {fmt_num(roof)} tokens/s per stream, memory "
-            "bandwidth / bytes read per decode step (every weight once per step). The model "
+            f"bandwidth / bytes read per decode step{inputs} (every weight once per step). The model "
             "behind the line expects batching to share that read among streams, per-stream "
             "speed falling slowly while the total grows; the points are what this run did.")
 

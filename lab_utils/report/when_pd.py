@@ -113,11 +113,16 @@ def sentences(frame: pd.DataFrame, nodes: int, model: str, w) -> list[str]:
     if len(won):
         ratio = won["its goodput (req/s)"] / won["replicas' goodput (req/s)"].where(
             won["replicas' goodput (req/s)"] > 0)
-        at = int(ratio.fillna(float("inf")).to_numpy().argmax())
+        # by the ratio of the goodputs (where the replicas met none, the largest), ties by
+        # the split's own goodput
+        key = list(zip(ratio.fillna(float("inf")), won["its goodput (req/s)"], strict=True))
+        at = max(range(len(key)), key=lambda i: key[i])
         top, best = won.iloc[at], ratio.iloc[at]
         margin: str = ("where the replicas met none" if pd.isna(best)
                        else f"{best:.1f}x the replicas' goodput")
-        out.append(f"- its largest win: {top['best split']} at {top['prompt / output']}"
+        out.append(f"- its largest win (the highest ratio of its goodput to the replicas', "
+                   f"a case where they met none first): {top['best split']} at "
+                   f"{top['prompt / output']}"
                    + (f" with an ITL SLO of {fmt_num(top['ITL SLO ms'])} ms"
                       if pd.notna(top["ITL SLO ms"]) else "")
                    + f": {fmt_num(top['its goodput (req/s)'])} req/s, {margin}")

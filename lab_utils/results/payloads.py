@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from lab_utils.results.checklist import CheckResult
 from lab_utils.results.forecast import EngineProfile, Forecast
 from lab_utils.results.kv_transfer import KvRecommendation, KvTransferPayload
-from lab_utils.results.points import Point, compare_points, metric_rows, pooled, rounded
+from lab_utils.results.points import MARGIN, Point, compare_points, metric_rows, pooled, rounded
 from lab_utils.results.proof import ProofRow
 from lab_utils.results.sweep import BenchmarkResult, RequestRecord
 
@@ -220,7 +220,7 @@ class FrontDoors(Record):
                 if row["better"] not in ("=", "invalid"):
                     row["better"] = {"a": "lab proxy", "b": router}.get(
                         compare_points(both, b, key).better or "",
-                        "= (within the lab proxy's range over its two runs)")
+                        f"= (within {MARGIN:.0%} of the lab proxy's range over its two runs)")
         rows.append({"metric": "valid", "lab proxy": a.valid, router: b.valid})
         rows.append({"metric": "prefix-cache hits %", "lab proxy": a.prefix_cache_hit_pct,
                      router: b.prefix_cache_hit_pct})

@@ -113,7 +113,8 @@ def test_02_fixed_cost_seen_or_not():
     # the bandwidth collapsed at the largest size: said so, not read as "no fixed cost"
     said = conclude_02(kv([0.1, 0.4, 5.1]))
     assert said[0].startswith("The longest prompt's transfer took") and "3.19x" in said[0]
-    assert "bandwidth fell at the larger sizes" in said[0] and "too small" not in said[0]
+    assert "bandwidth fell at the largest size only" in said[0] and "too small" not in said[0]
+    assert "within 10% of the estimate" in said[0]
 
 
 def test_02_says_where_the_best_bandwidth_came_from():
@@ -257,7 +258,7 @@ def test_tp_output_and_cost_or_not():
     assert "differs at token 0 by 3.200" in said[0] and "exact equality on the CPU" in said[0]
     assert said[1].startswith("Split, the model was slower per token") and "2.5x higher" in said[1]
     assert "Gloo on loopback" in said[1]
-    assert "replicated was ahead on this model, which fits one node" in said[2]
+    assert "replicated was ahead in this run" in said[2] and "fits one node" not in said[2]
     assert "300 tok/s disaggregated, 120 split" in said[3]
 
 
