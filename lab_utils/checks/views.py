@@ -1,11 +1,13 @@
 """Tables the notebooks show: the cluster's nodes and addresses, who connects to what,
-and the checklist with its statuses coloured. pandas is imported only when called."""
+and the checklist with its statuses coloured, every cell whole (`util.tables.whole_tables`:
+00 shows them before anything else sets that). pandas is imported only when called."""
 
 from __future__ import annotations
 
 from lab_utils.checks.frame import ChecklistReport
 from lab_utils.checks.network import connections
 from lab_utils.config import LabConfig
+from lab_utils.util.tables import whole_tables
 
 STATUS_COLOURS = {"pass": "#d9f2d9", "warn": "#fff2cc", "fail": "#f8d0d0", "n/a": "#eeeeee"}
 
@@ -13,6 +15,7 @@ STATUS_COLOURS = {"pass": "#d9f2d9", "warn": "#fff2cc", "fail": "#f8d0d0", "n/a"
 def nodes_frame(cfg: LabConfig):
     import pandas as pd
 
+    whole_tables()
     rows = [{"node": name, "roles": ", ".join(n.roles), "reached by": n.connection,
              "LAN (HTTP)": n.lan_address, "data plane (NIXL)": n.data_address,
              "UCX devices": n.data_netdev or "-"} for name, n in cfg.nodes.items()]
@@ -22,7 +25,7 @@ def nodes_frame(cfg: LabConfig):
 def connections_frame(cfg: LabConfig):
     import pandas as pd
 
-
+    whole_tables()
     return pd.DataFrame([{"from": c.src, "to": c.dst, "address": c.target, "for": c.what}
                          for c in connections(cfg)])
 

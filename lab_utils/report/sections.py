@@ -66,11 +66,21 @@ FILE_MEANINGS = {
 }
 
 
+TERMS = ("Terms: TTFT, time to first token; ITL, the gap between two streamed tokens; TPOT, "
+         "time per output token after the first; p50 and p99, the median and the 99th "
+         "percentile over a load point's requests; P/D, prefill/decode disaggregation, a split "
+         "written xPyD (x prefill and y decode instances, 1P1D for one of each); goodput, "
+         "requests per second that met the workload's SLOs; 'the lab's rule', how every "
+         "comparison here is judged (stated under Verdict).")
+
+
 def _first_screen(data: ReportData, concl: Conclusions) -> list[Block]:
-    """The verdict in one sentence, the rehearsal's banner, the system under test."""
+    """The verdict in one sentence, the terms it uses, the rehearsal's banner, the system
+    under test."""
     blocks = [P(f"Verdict: {verdict_sentence(concl)}")]
     if (machine := machine_claim(data)) is not None:
         blocks.append(P(machine.text))
+    blocks.append(P(TERMS))
     if data.device == "cpu":
         blocks.append(W(REHEARSAL_BANNER))
     return blocks + [T(system_under_test(data))]

@@ -216,11 +216,20 @@ def checks_table(payload00: EnvironmentPayload | None) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=CHECK_COLUMNS)
 
 
+def _listed(v: list | dict, shown: int = 4) -> str:
+    """A nested value in one cell: a list's first items and how many there are, else how
+    many entries ("12, 57, 903, 4 ... (16 entries)")."""
+    if isinstance(v, list) and v and all(not isinstance(x, (dict, list)) for x in v):
+        head = ", ".join(str(fmt_num(x)) for x in v[:shown])
+        return head if len(v) <= shown else f"{head} ... ({len(v)} entries)"
+    return f"({len(v)} entries)"
+
+
 def scalar_table(rows: list[dict], limit: int = 50) -> pd.DataFrame:
     """A list of records as a table of its scalar fields (nested values summarised)."""
     def cell(v: Any) -> Any:
         if isinstance(v, (dict, list)):
-            return f"({len(v)} entries)"
+            return _listed(v)
         return fmt_num(v)
     return pd.DataFrame([{k: cell(v) for k, v in r.items()} for r in rows[:limit]
                          if isinstance(r, dict)])
@@ -232,7 +241,7 @@ def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
         if isinstance(v, dict):
             out.update(_flatten(v, f"{prefix}{k}."))
         else:
-            out[f"{prefix}{k}"] = f"({len(v)} entries)" if isinstance(v, list) else v
+            out[f"{prefix}{k}"] = _listed(v) if isinstance(v, list) else v
     return out
 
 

@@ -76,6 +76,11 @@ class _DisplayBar(text_tqdm):
 
     def close(self) -> None:
         handle = getattr(self, "_handle", None)
+        if handle is not None and self.total and self.n >= self.total and self.postfix:
+            # done: what it waited for is over, and a status cut at the bar's width (the
+            # line the notebook keeps) would be read as the result
+            self.postfix = ""
+            handle.update({"text/plain": self.__str__()}, raw=True)
         self._handle = None  # tqdm clears a bar it does not leave: keep the final line
         super().close()
         if handle is not None:
