@@ -205,7 +205,8 @@ def record(read_together: int, ttft: float) -> RequestRecord:
 
 
 def roof(limit: float | None) -> SimpleNamespace:
-    r = SimpleNamespace(max_tokens_per_s_per_stream=limit)
+    r = SimpleNamespace(max_tokens_per_s_per_stream=limit, memory_bandwidth_GBps=None,
+                        weight_bytes=None)
     return SimpleNamespace(baseline=SimpleNamespace(roofline=r))
 
 
@@ -274,6 +275,9 @@ FLIPS = {
     "report/plots.py:_invalid_caption": lambda: (
         plots._invalid_caption(table([True, False])), plots._invalid_caption(table([True, True])),
         "Invalid here: replicated at concurrency 4."),
+    "report/plots.py:roofline_claim": lambda: (
+        plots.roofline_claim(roof(17.0)).text, str(plots.roofline_claim(roof(None))),
+        "at most 17"),
     "report/plots.py:roofline_text": lambda: (
         plots.roofline_text(roof(17.0)), plots.roofline_text(roof(None)), "at most 17"),
     "report/expected.py:_verdict": lambda: (

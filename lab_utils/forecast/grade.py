@@ -107,10 +107,12 @@ def grade_frame(rows: list[GradeRow]):
 
     return pd.DataFrame([{
         "architecture": r.architecture, "workload": r.workload, "load": r.load,
-        "metric": BY_KEY[r.metric].heading, "predicted": r.predicted, "lo": r.lo, "hi": r.hi,
-        "measured": r.measured, "error %": r.error_pct, "measured_lo": r.measured_lo,
-        "measured_hi": r.measured_hi, "in interval": r.inside, "differs": r.differs,
-        "graded": r.graded, "not graded because": r.not_graded} for r in rows]).round(2)
+        "metric": BY_KEY[r.metric].heading, "predicted": r.predicted,
+        "interval from": r.lo, "interval to": r.hi, "measured": r.measured,
+        "error % (predicted - measured, of measured)": r.error_pct,
+        "measured min": r.measured_lo, "measured max": r.measured_hi, "in interval": r.inside,
+        "differs by the rule": r.differs, "graded": r.graded,
+        "not graded because": r.not_graded} for r in rows]).round(2)
 
 
 def _over(rows: list[GradeRow]) -> str:

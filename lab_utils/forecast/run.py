@@ -152,6 +152,11 @@ def forecast_for(cfg: LabConfig, kind: str, profile: EngineProfile | None,
     if said:
         sources["timed before the sweep"] = said
     sources["interval"] = band_sentence(band)
+    slo = [f"{name} {v:g} ms" for name, v in (("TTFT", w.slo.ttft_ms), ("TPOT", w.slo.tpot_ms),
+                                              ("every token gap", w.slo.itl_ms),
+                                              ("end-to-end", w.slo.e2el_ms)) if v]
+    sources["goodput"] = ("requests per second that met the workload's SLOs (workload.slo): "
+                          + (", ".join(slo) if slo else "none set, so every request counts"))
     return Forecast(architecture=kind, made_at=datetime.now(UTC).isoformat(),
                     sources=sources, rows=rows, splits=splits, error_band=band,
                     timed=timed if said else None)

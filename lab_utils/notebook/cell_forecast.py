@@ -79,7 +79,7 @@ def unmeasured(cfg: LabConfig, kind: str, timed: Any = None) -> str | None:
     if kind in ("tp sweep", "tp mixed") and cfg.instances("tensor-parallel") and timed is None:
         last = load_optional(cfg, "tp")
         if not (last and last.payload.forecast and last.payload.forecast.timed):
-            return f"the split model's all-reduce latency ({kind.removeprefix('tp ')})"
+            return "the split model's all-reduce latency (its sweeps)"
     return None
 
 def _split_inputs(cfg: LabConfig, inputs, cores, timed: Any = None):

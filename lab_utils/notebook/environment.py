@@ -32,6 +32,9 @@ def record_environment(cfg: LabConfig, report: ChecklistReport, *,
         continued_despite_failures=bool(failures) and continue_despite_failures,
         counts=report.counts, checks=report.results, gpu_name=gpu_name(report.results))
     path = write_results(cfg, "00", payload)
+    print("verdict: " + ("blessed: no check failed" if not failures else
+                         f"NOT blessed: {len(failures)} check(s) failed"
+                         + (" (going on knowingly)" if continue_despite_failures else "")))
     if failures and not continue_despite_failures:
         raise LabError(
             f"{len(failures)} check(s) failed, so this environment is not blessed "

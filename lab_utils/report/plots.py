@@ -20,6 +20,7 @@ from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from lab_utils.report.data import ARCHITECTURES, PER_STREAM, ReportData, graded
 from lab_utils.report.tables import kv_table, workload_rows
+from lab_utils.results.claims import Claim, claim
 from lab_utils.results.forecast import GradeRow
 from lab_utils.results.kv_transfer import KvTransferPayload
 from lab_utils.results.points import BY_KEY, MetricKey
@@ -198,6 +199,16 @@ def roofline_text(data: ReportData) -> str:
             f"bandwidth / bytes read per decode step{inputs} (every weight once per step). The model "
             "behind the line expects batching to share that read among streams, per-stream "
             "speed falling slowly while the total grows; the points are what this run did.")
+
+
+def roofline_claim(data: ReportData) -> Claim | None:
+    """The roofline caption as a claim: the figures it quotes, as 01 recorded them."""
+    r = data.baseline.roofline if data.baseline else None
+    if roofline_limit(data) is None or r is None:
+        return None
+    return claim("report", roofline_text(data), figures={
+        "roofline": r.max_tokens_per_s_per_stream, "memory_bandwidth_GBps": r.memory_bandwidth_GBps,
+        "weight_bytes": r.weight_bytes})
 
 
 def _kv_plot(payload02: KvTransferPayload | None, device: str | None) -> Plot | None:

@@ -17,6 +17,7 @@ from lab_utils.forecast.band import coverage, coverage_sentence
 from lab_utils.forecast.grade import grade_claims
 from lab_utils.report.conclusions import Conclusions, shared_machine
 from lab_utils.report.data import ARCH_NOTEBOOK, FORECAST_NB, ReportData, graded
+from lab_utils.report.plots import roofline_claim
 from lab_utils.results import RESULTS
 from lab_utils.results.claims import Claim, Comparison, claim
 from lab_utils.results.experiments import policy_claims, switch_claims
@@ -148,13 +149,14 @@ def machine_claim(data: ReportData) -> Claim | None:
 
 def report_claims(data: ReportData, concl: Conclusions) -> list[Claim]:
     """Every sentence of the report's that states a result, as claims: the verdict, the
-    machine the nodes shared, the conclusions, each forecast's grade."""
+    machine the nodes shared, the conclusions, each forecast's grade, the roofline."""
     machine = machine_claim(data)
     graded_claims = [c for arch, rows in graded(data).items()
                      for c in grade_claims("report", FORECAST_NB[arch], arch, rows)]
     return [verdict_claim(concl), *([machine] if machine else []), *concl.claims,
             *graded_claims, *([together] if (together := together_claim(data)) else []),
-            *(c for said in experiment_claims(data).values() for c in said)]
+            *(c for said in experiment_claims(data).values() for c in said),
+            *([roof] if (roof := roofline_claim(data)) else [])]
 
 
 def experiment_claims(data: ReportData) -> dict[str, list[Claim]]:

@@ -108,12 +108,18 @@ def test_a_serving_step_nothing_can_predict_means_no_eta(test_cfg, tmp_path):
     assert eta.missing == ["start", "sweep"] and eta.line().startswith("no ETA yet: ")
 
 
-def test_serving_cells_are_forecast_from_01_and_the_measured_starts(test_cfg, tmp_path):
-    write_01_02(test_cfg)
-    starts(test_cfg, "spark-01", ("replica", 20.0, True, "2026-11-27"))
-    starts(test_cfg, "spark-02", ("replica", 22.0, True, "2026-11-27"))
+def after_01(cfg, tmp_path) -> None:
+    """A series that has run 00 and measured 01's profile and 02's probe, with both nodes'
+    first replica starts recorded."""
+    write_01_02(cfg)
+    starts(cfg, "spark-01", ("replica", 20.0, True, "2026-11-27"))
+    starts(cfg, "spark-02", ("replica", 22.0, True, "2026-11-27"))
     p00, nb00 = book(tmp_path, "00_x.ipynb", {"a": "1"}, {"a": 1.0})
-    record_notebook(test_cfg, p00.name, nb00, wall_s=3.0, series="s")
+    record_notebook(cfg, p00.name, nb00, wall_s=3.0, series="s")
+
+
+def test_serving_cells_are_forecast_from_01_and_the_measured_starts(test_cfg, tmp_path):
+    after_01(test_cfg, tmp_path)
     p03, _ = book(tmp_path, "03_x.ipynb", {
         "s": 'served = session.start("replicated")',
         "w": "result = lab.run_sweep(cfg, served)",
@@ -376,11 +382,7 @@ def test_04s_first_eta_is_a_lower_bound_naming_what_nothing_measured_yet(test_cf
     """Before prefill/decode or the split model ever ran here, 04's forecast cannot know
     their first start or the all-reduces' latency: its ETA says "at least" and names them;
     once they were measured (a P/D start and a split instance timed), it is "about"."""
-    write_01_02(test_cfg)
-    starts(test_cfg, "spark-01", ("replica", 20.0, True, "2026-11-27"))
-    starts(test_cfg, "spark-02", ("replica", 22.0, True, "2026-11-27"))
-    p00, nb00 = book(tmp_path, "00_x.ipynb", {"a": "1"}, {"a": 1.0})
-    record_notebook(test_cfg, p00.name, nb00, wall_s=3.0, series="s")
+    after_01(test_cfg, tmp_path)
     p04, _ = book(tmp_path, "04_x.ipynb", {
         "s": 'served = session.start("disaggregated")',
         "w": "result = lab.run_sweep(cfg, served)",
@@ -389,7 +391,7 @@ def test_04s_first_eta_is_a_lower_bound_naming_what_nothing_measured_yet(test_cf
     eta = notebook_eta(test_cfg, p04, series="s")
     assert eta.unmeasured == ["the first prefill/decode start (its handshake, each pair's "
                               "warm-up)", "the split model's first start",
-                              "the split model's all-reduce latency (sweep)"]
+                              "the split model's all-reduce latency (its sweeps)"]
     assert eta.line().startswith(f"ETA at least {eta.seconds:.0f} s (")
     assert "more by what it does not know until this run measures it" in eta.line()
     starts(test_cfg, "spark-01", ("prefill", 30.0, False, "2026-11-28"), ("tp", 25.0, False,
