@@ -110,11 +110,10 @@ def build_parser() -> argparse.ArgumentParser:
              "the commands that get a stuck pair going again); connects to nothing")
     sp.add_argument("configs", nargs="*", help="one config per pair (a page each); "
                     "default: --config's")
-    sp.add_argument("--checkout", default="~/spark-disagg-lab", help="the lab's checkout on "
-                    "each pair's notebook host, its config there environment_config.json "
-                    "(default: %(default)s)")
-    sp.add_argument("--reference", default="~/reference-results", help="where the reference "
-                    "results are on each pair's notebook host (default: %(default)s)")
+    sp.add_argument("--checkout", help="the lab's checkout on each pair's notebook host, its "
+                    "config there environment_config.json (default: ~/spark-disagg-lab)")
+    sp.add_argument("--reference", help="where the reference results are on each pair's "
+                    "notebook host (default: ~/reference-results)")
     sp = cmd("timetable", "the workshop day's timetable from a dress run's results "
              "directory: each slot beside the notebook's measured run, what is left to read, "
              "the slots to rebuild, the measured start-ups")

@@ -16,7 +16,9 @@ def run(args) -> int:
         token = jupyter_token(cfg)  # made here on first use: the pair's, printed on its card
         if i:
             print("\f")  # a page break between pairs when printed
-        print_card(cfg, token, args.checkout, args.reference)
+        where = {k: v for k, v in (("checkout", args.checkout), ("reference", args.reference))
+                 if v}  # else the card's own defaults
+        print_card(cfg, token, **where)
         print(f"{cfg.profile}: its JupyterLab token is in {cfg.jupyter_token_path()}; copy it "
               f"to the same path on {cfg.notebook_host() or 'its notebook host'} (for the user "
               "that runs `make jupyter`) so the card's URL opens it", file=sys.stderr)

@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from lab_utils.notebook import optional_seconds, start_lines, timetable
+from lab_utils.notebook import optional_seconds, read_timings, start_lines, timetable
 
 
 def run(args) -> int:
     results = Path(args.results_dir).expanduser()
-    try:
-        books = json.loads((results / "timings.json").read_text()).get("notebooks", {})
-    except (OSError, ValueError):
-        books = {}
+    books = read_timings(results / "timings.json")["notebooks"]
     saved: dict[str, float] = {}
     for nb, _, s in optional_seconds(books):
         saved[nb] = saved.get(nb, 0.0) + (s or 0.0)

@@ -69,15 +69,12 @@ def read_secret_file(cfg: LabConfig, path: str | None, what: str) -> str | None:
     return _read(cfg.resolve_path(path))
 
 
-def jupyter_token(cfg: LabConfig, make: bool = True) -> str:
+def jupyter_token(cfg: LabConfig) -> str:
     """This pair's JupyterLab token, from `jupyter.token_file` (by default
     ~/.config/spark-disagg-lab/<profile>.jupyter-token); made (random, mode 600) when the
-    file does not exist yet and `make`, so every later start and the pair's card agree."""
+    file does not exist yet, so every later start and the pair's card agree."""
     path = cfg.jupyter_token_path()
     if not path.exists():
-        if not make:
-            raise LabError(f"no JupyterLab token yet at {path}: `python -m lab_utils card` or "
-                           "`make jupyter` makes one")
         atomic_write_text(path, secrets.token_urlsafe(24) + "\n", private=True)
     return read_secret_file(cfg, str(path), "JupyterLab token (jupyter.token_file)") or ""
 

@@ -77,7 +77,12 @@ from lab_utils.notebook.steps import (
 )
 from lab_utils.notebook.switches import two_switches
 from lab_utils.notebook.time_split import time_instances, where_time_went
-from lab_utils.notebook.timings import optional_lines, optional_seconds, whole_notebook_lines
+from lab_utils.notebook.timings import (
+    optional_lines,
+    optional_seconds,
+    read_timings,
+    whole_notebook_lines,
+)
 from lab_utils.notebook.triage import triage_text
 from lab_utils.results.guesses import guess, guesses_frame
 from lab_utils.util.tables import whole_tables
@@ -96,5 +101,5 @@ __all__ = [
     "time_instances", "transfer_lesson", "two_switches", "versus_reference", "watch_scheduler", "where_time_went",
     "whole_notebook_lines", "optional_lines", "prove_split", "record_tensor_parallel", "require_same_output",
     "same_output_frame", "start_tensor_parallel", "require_card", "start_lines", "timetable",
-    "optional_seconds",
+    "optional_seconds", "read_timings",
 ]

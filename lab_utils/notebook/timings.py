@@ -89,8 +89,13 @@ def _file(cfg: LabConfig) -> Path:
 def load_timings(cfg: LabConfig) -> dict[str, Any]:
     """{"notebooks": {name: {"cells": {id: s}, "kernel_s", "s", "series", "digest"}}}:
     the last time each notebook ran here; empty when none ran or the file is unreadable."""
+    return read_timings(_file(cfg))
+
+
+def read_timings(path: Path) -> dict[str, Any]:
+    """A timings.json (`load_timings`), of this profile or of another run's results."""
     try:
-        data = json.loads(_file(cfg).read_text())
+        data = json.loads(path.read_text())
         return data if isinstance(data.get("notebooks"), dict) else {"notebooks": {}}
     except (OSError, ValueError, AttributeError):
         return {"notebooks": {}}
