@@ -15,8 +15,8 @@ a venv of its own; `make aiperf-venv` makes one) NVIDIA's AIPerf runs the same p
 a third opinion. Per point and metric: the medians over the repeats, their [min-max],
 and a verdict by the lab's one rule (`lab_utils.results.points.compare`): "agree" when
 the medians are within 10% of the smaller one, "agree (spread)" when they are further
-apart but the two ranges overlap (the difference is within the runs' own spread), else
-"DIFFER".
+apart but within the runs' own spread (the two ranges overlap, or the medians are no
+further apart than one side's range is wide), else "DIFFER".
 
 Why prefix caching is off: vLLM's random dataset makes each prompt a run of consecutive
 token ids from a random start, so on the tiny model's 512-token vocabulary its prompts
@@ -80,8 +80,8 @@ def ceiling(rates: list[float], seconds: float) -> list[dict]:
 
 def verdict(ours: list[float], theirs: list[float]) -> str:
     """The lab's one rule (`points.compare`) on the two tools' runs: 'agree' (medians within
-    the 10% margin), 'agree (spread)' (further apart, but the two [min-max] ranges
-    overlap), or 'DIFFER'."""
+    the 10% margin), 'agree (spread)' (further apart, but within the runs' own
+    spread), or 'DIFFER'."""
     v = compare(Measured.of(ours), Measured.of(theirs))
     if v.differs:
         return "DIFFER"

@@ -135,15 +135,13 @@ class _Load(NamedTuple):
 
 
 def _loads(fs: Sequence[Comparison | _Load]) -> str:
-    """"concurrency 1, 2 and 4" (and "rate 2 and 4 req/s" for rate points); "concurrency 4
-    (one load point)" when there is one."""
+    """"concurrency 1, 2 and 4" (and "rate 2 and 4 req/s" for rate points)."""
     parts = []
     for mode, unit in (("concurrency", ""), ("rate", " req/s")):
         values = list(dict.fromkeys(f"{f.value:g}" for f in fs if f.mode == mode))
         if values:
             parts.append(f"{mode} {join_words(values)}{unit}")
-    one = len({(f.mode, f.value) for f in fs}) == 1
-    return " and at ".join(parts) + (" (one load point)" if one else "")
+    return " and at ".join(parts)
 
 
 def _ratio_range(fs: list[Comparison]) -> str:
@@ -192,21 +190,22 @@ def documentation_claim(findings: list[Comparison], where: str = "report") -> Cl
         used += fs
         lost, won = ([f for f in fs if f.better == w] for w in ("reference", "subject"))
         ties = [f for f in fs if f.better is None]
-        runs.append(f"against {name} " + "; ".join(p for p in (
+        runs.append(f"against {name}, " + ", ".join(p for p in (
             f"lower at {_loads(lost)} ({ref} {_up_to(lost)} higher)" if lost else "",
             f"higher at {_loads(won)} ({_up_to(won)})" if won else "",
             f"no different at {_loads(ties)}" if ties else "") if p))
-        rest = lost + ties
-        won_over.append(f"disagrees against {name} at {_loads(won)}"
-                        + (f" and agrees at {_loads(rest)}" if rest else "") if won
-                        else f"agrees against {name}")
+        if won:
+            won_over.append(f"{name} at {_loads(won)}")
     if not used:
         return None
-    agree = "; ".join(won_over)
-    return claim(where, "vLLM's documentation says disaggregated prefill does not raise "
-                 "throughput (its value is tuning TTFT and ITL separately); in this run "
-                 f"disaggregated serving's output throughput was {', '.join(runs)}: the run "
-                 f"{agree} (it says no raise; a higher value disagrees).", *used)
+    verdict = ("So this run agrees with the documentation: nowhere was it higher."
+               if not won_over else
+               f"So this run disagrees with the documentation against {join_words(won_over)}, "
+               "where disaggregated serving's output throughput was higher.")
+    return claim(where, "vLLM's documentation (its page \"Disaggregated Prefilling\") says "
+                 "disaggregated prefill does not raise throughput; its use is to tune TTFT and "
+                 "ITL separately. In this run, disaggregated serving's output throughput was, "
+                 f"{'; '.join(runs)}. {verdict}", *used)
 
 
 def _up_to(fs: list[Comparison]) -> str:
@@ -257,7 +256,8 @@ def _spread_sentence(table: pd.DataFrame) -> str:
         n = join_words([str(r) for r in reps])
         parts.append(f"where both sides were measured {n} times, it must also be outside "
                      "the run-to-run spread: their min-max ranges over the repeats must not "
-                     "overlap.")
+                     "overlap, and the medians must be further apart than either side's "
+                     "range is wide.")
     if once or not reps:
         who = f" ({', '.join(once)})" if once else ""
         parts.append(f"points measured once{who} have an unknown spread: one is held against "
@@ -433,11 +433,16 @@ def shared_machine(data: ReportData) -> bool:
 
 def reference_name(data: ReportData, arch: str) -> str:
     """How the verdicts name the reference: with the hardware it had."""
+    rep = data.replicated
+    routed = (f", routed {rep.policy.replace('_', '-')}"
+              if arch == "replicated" and rep is not None and rep.policy else "")
     if shared_machine(data):
-        return {"baseline": "the single instance (the same machine's cores, to itself)"}.get(
-            arch, f"{arch} serving (the same machine)")
-    return {"baseline": "the single-instance baseline (one of the two nodes)"}.get(
-        arch, f"{arch} serving (the same two nodes)")
+        return {"baseline": "the single instance (which had this machine's cores to itself)",
+                "replicated": f"replicated serving (two replicas on this same machine{routed})"
+                }.get(arch, f"{arch} serving (on this same machine)")
+    return {"baseline": "the single-instance baseline (one of the two nodes)",
+            "replicated": f"replicated serving (one replica per node{routed})"}.get(
+        arch, f"{arch} serving (on the same two nodes)")
 
 
 def _absent(data: ReportData) -> list[str]:

@@ -77,7 +77,7 @@ TERMS = ("Terms: TTFT, time to first token; ITL, the gap between two streamed to
 def _first_screen(data: ReportData, concl: Conclusions) -> list[Block]:
     """The verdict in one sentence, the terms it uses, the rehearsal's banner, the system
     under test."""
-    blocks = [P(f"Verdict: {verdict_sentence(concl)}")]
+    blocks = [P(f"Verdict: {verdict_sentence(concl, data)}")]
     if (machine := machine_claim(data)) is not None:
         blocks.append(P(machine.text))
     blocks.append(P(TERMS))
@@ -172,8 +172,10 @@ def _tie_beyond_margin(f: Comparison) -> str:
     repeats (shown, so the tie can be checked here), or the reason the rule gives."""
     a, b = f.subject, f.reference
     if a.value.n > 1 and b.value.n > 1:
-        return (f"{a.name} = {b.name} though {factor(f.ratio)} apart: their ranges over the "
-                f"repeats overlap ({f.spans()})")
+        x, y = a.value, b.value
+        why = ("their ranges over the repeats overlap" if x.min <= y.max and y.min <= x.max
+               else "the medians are no further apart than one side's runs moved")
+        return f"{a.name} = {b.name} though {factor(f.ratio)} apart: {why} ({f.spans()})"
     return f"{a.name} = {b.name} though {factor(f.ratio)} apart: {f.basis}"
 
 

@@ -19,7 +19,7 @@ from lab_utils.report.conclusions import Conclusions, shared_machine
 from lab_utils.report.data import ARCH_NOTEBOOK, FORECAST_NB, ReportData, graded
 from lab_utils.report.plots import roofline_claim
 from lab_utils.results import RESULTS
-from lab_utils.results.claims import Claim, Comparison, claim
+from lab_utils.results.claims import Claim, Comparison, claim, comparison
 from lab_utils.results.experiments import policy_claims, switch_claims
 from lab_utils.results.points import BY_KEY, MetricKey
 from lab_utils.util.numbers import join_words
@@ -63,12 +63,69 @@ def _join_loads(loads: list[str]) -> str:
     return " and ".join(f"{mode} {join_words(v)}" for mode, v in by_mode.items())
 
 
+def names_of(data: ReportData | None) -> dict[str, str]:
+    """How the verdict names each architecture: replicated serving with the routing policy
+    its sweeps used, since 03 also measured another."""
+    rep = data.replicated if data is not None else None
+    if rep is None or not rep.policy:
+        return NAMES
+    return {**NAMES, "replicated": f"{rep.policy.replace('_', '-')} replicated serving"}
+
+
+def _tail_cost(best: str, key: MetricKey, loads: list[str], mine: list[Comparison],
+               names: dict[str, str], used: list[Comparison]) -> str:
+    """A median's winner that lost the same metric's 99th percentile there: who beat it on
+    the tail (a median can land on the fast side of a two-humped spread)."""
+    tail = f"p99_{key.removeprefix('median_')}"
+    if not key.startswith("median_") or tail not in BY_KEY:
+        return ""
+    lost = [f for f in mine if f.metric == tail and f.load in loads and f.winner
+            and best in (f.subject.name, f.reference.name) and f.winner != best]
+    if not lost:
+        return ""
+    used += lost
+    return (f", though on {BY_KEY[tail].label} "
+            f"{join_words(list(dict.fromkeys(names[f.winner or ''] for f in lost)))} beat it")
+
+
+def _routed_otherwise(data: ReportData | None, best: str, key: MetricKey, load: str,
+                      mine: list[Comparison], used: list[Comparison]) -> str:
+    """Where 03 also ran the replicas with another routing policy at this load (one run of
+    the mixed workload) and that run beat the winner by the rule: says so, with both
+    values, since the verdict's replicated serving is the configured policy's."""
+    rep = data.replicated if data is not None else None
+    f0 = next((f for f in mine if f.metric == key and f.load == load), None)
+    if rep is None or rep.policies is None or f0 is None:
+        return ""
+    side = f0.subject if f0.subject.name == best else f0.reference
+    runs = (data.sweeps if side.run == "sweep" else data.mixed).get(best) if data else None
+    point = next((p for p in (runs.combined if runs else [])
+                  if (p.mode, p.value) == (side.mode, side.load)), None)
+    if point is None:
+        return ""
+    out = []
+    for name, p in rep.policies.runs.items():
+        if (name == rep.policy or (p.mode, p.value) != (point.mode, point.value)
+                or p.mixed != point.mixed or p.of(key) is None or point.of(key) is None):
+            continue
+        c = comparison(key, (f"replicated, {name}", "03", f"policy {name}", p),
+                       (best, ARCH_NOTEBOOK[best], side.run, point))
+        if c.better == "subject":
+            used.append(c)
+            out.append(f"03's replicas routed {name.replace('_', '-')} beat it at {load} in "
+                       f"their one run ({c.values()}, {c.margin()})")
+    return "; ".join(out)
+
+
 def _metric_verdict(key: MetricKey, cells: dict[str, list[Comparison]], one: bool,
-                    used: list[Comparison]) -> str:
+                    used: list[Comparison], mine: list[Comparison] | None = None,
+                    data: ReportData | None = None) -> str:
     """"output throughput: the single instance at concurrency 2 and 4 (up to 1.6x higher
     than the next); no single best at concurrency 1 (replicated serving and the single
-    instance tie at the top)"."""
+    instance tie at the top)"; a median's winner that lost the tail says who beat it there,
+    and a winner that 03's other routing policy beat says so."""
     m = BY_KEY[key]
+    names = names_of(data)
     said: dict[tuple[str | None, tuple[str, ...]], list[tuple[str, float]]] = {}
     for load, fs in cells.items():
         best, leaders, why = _best(fs)
@@ -81,21 +138,27 @@ def _metric_verdict(key: MetricKey, cells: dict[str, list[Comparison]], one: boo
         if best:
             lead = max(r for _, r in where)
             ahead = m.times(lead, 1) if m.higher_is_better else m.times(1, lead)
-            bits.append(f"{NAMES[best]}{at} ("
-                        + ("" if one or len(where) == 1 else "up to ") + f"{ahead} than the next)")
+            loads = [w for w, _ in where]
+            routed = [r for w in loads if (r := _routed_otherwise(data, best, key, w,
+                                                                   mine or [], used))]
+            bits.append(f"{names[best]}{at} ("
+                        + ("" if one or len(where) == 1 else "up to ") + f"{ahead} than the next)"
+                        + _tail_cost(best, key, loads, mine or [], names, used)
+                        + (f", but {'; '.join(routed)}" if routed else ""))
         else:
-            tied = join_words([NAMES[a] for a in top])
+            tied = join_words([names[a] for a in top])
             bits.append(f"no single best{at} ({tied} tie at the top)" if len(top) > 1
                         else f"no single best{at}")
     return f"{m.label}: " + "; ".join(bits)
 
 
-def verdict_claim(concl: Conclusions) -> Claim:
+def verdict_claim(concl: Conclusions, data: ReportData | None = None) -> Claim:
     """The report's first sentence: for each workload and headline metric (`HEADLINE`),
     the architecture that was best at each load point by the lab's rule against every other
     one measured there (the single instance included), with its margin over the closest,
     or that none was and which tie at the top; the loads named, a single one said to be
-    one."""
+    one. With `data`: replicated serving named with its routing policy, and 03's run with
+    the other policy set against the winner where it beat it."""
     if not concl.findings:
         return claim("report", "No verdict: no two architectures were measured at a common "
                      "valid load point (run notebooks 01, 03 and 04).")
@@ -112,19 +175,20 @@ def verdict_claim(concl: Conclusions) -> Claim:
                 if f.metric == key:
                     cells.setdefault(f.load, []).append(f)
             if cells:
-                per_metric.append(_metric_verdict(key, cells, one, used))
+                per_metric.append(_metric_verdict(key, cells, one, used, mine, data))
         name = "Standard workload" if workload == "standard" else f"{workload.capitalize()} workload"
         where = f"{loads[0]} only, one load point" if one else _join_loads(loads)
         parts.append(f"{name} ({where}): " + "; ".join(per_metric))
-    archs = join_words([NAMES[a] for a in dict.fromkeys(
+    names = names_of(data)
+    archs = join_words([names[a] for a in dict.fromkeys(
         n for f in concl.findings for n in (f.subject.name, f.reference.name))])
     return claim("report", f"Best of {archs}, each against every other measured at the same "
                  f"load by the lab's rule. {'. '.join(parts)}.", *used)
 
 
-def verdict_sentence(concl: Conclusions) -> str:
+def verdict_sentence(concl: Conclusions, data: ReportData | None = None) -> str:
     """`verdict_claim`'s sentence."""
-    return verdict_claim(concl).text
+    return verdict_claim(concl, data).text
 
 
 def machine_claim(data: ReportData) -> Claim | None:
@@ -153,7 +217,7 @@ def report_claims(data: ReportData, concl: Conclusions) -> list[Claim]:
     machine = machine_claim(data)
     graded_claims = [c for arch, rows in graded(data).items()
                      for c in grade_claims("report", FORECAST_NB[arch], arch, rows)]
-    return [verdict_claim(concl), *([machine] if machine else []), *concl.claims,
+    return [verdict_claim(concl, data), *([machine] if machine else []), *concl.claims,
             *graded_claims, *([together] if (together := together_claim(data)) else []),
             *(c for said in experiment_claims(data).values() for c in said),
             *([roof] if (roof := roofline_claim(data)) else [])]

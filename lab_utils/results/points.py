@@ -296,7 +296,9 @@ def compare(a: Measured | None, b: Measured | None, key: MetricKey | Metric | No
 
     The rule: a difference counts only when the medians are further apart than `margin`
     (10%) of the smaller one AND, when both sides were measured at least twice, their
-    min-max ranges over the repeats do not overlap; when only one side was, the single
+    min-max ranges over the repeats do not overlap and the medians are further apart than
+    either range is wide (ranges that miss each other by a hair are noise when one side's
+    own runs moved further than the gap); when only one side was, the single
     value stands more than the margin beyond that side's range. With one repeat on both
     sides the spread is unknown and the margin alone decides. Not measured on either side (None,
     not finite): no difference.
@@ -317,7 +319,16 @@ def compare(a: Measured | None, b: Measured | None, key: MetricKey | Metric | No
         if overlap:
             return Verdict(False, None, gap_pct, True,
                            f"{apart}, beyond the {margin:.0%} margin, but the {ranges} overlap")
-        basis = f"{apart}, beyond the {margin:.0%} margin, and the {ranges} do not overlap"
+        # ranges that only just miss each other can still be one side's own run-to-run
+        # movement: the medians must also be further apart than either side's range is wide
+        wide = max(a.max - a.min, b.max - b.min)
+        if gap <= wide:
+            return Verdict(False, None, gap_pct, True,
+                           f"{apart}, beyond the {margin:.0%} margin, and the {ranges} do not "
+                           f"overlap, but the medians are no further apart ({gap:.3g}) than "
+                           f"one side's runs moved among themselves ({wide:.3g})")
+        basis = (f"{apart}, beyond the {margin:.0%} margin, the {ranges} do not overlap, and "
+                 "the medians are further apart than either range is wide")
     elif a.ranged or b.ranged:
         # one run against a range: the range is what that side's runs already moved by,
         # so the single value must stand beyond the margin from its nearer end
@@ -401,7 +412,8 @@ def metric_rows(a: Point, b: Point, names: tuple[str, str], *, label: str = "hea
 
 RULE = (f"a difference counts only when it is larger than {MARGIN:.0%} of the smaller value "
         "and, where both sides were measured at least twice, their min-max ranges over the "
-        "repeats do not overlap; where one side was measured once, that value stands more "
+        "repeats do not overlap and the medians are further apart than either range is wide "
+        "(a gap no larger than one side's own run-to-run movement is not counted); where one side was measured once, that value stands more "
         f"than {MARGIN:.0%} beyond the other side's range (with one repeat on both sides the "
         "spread is unknown and the margin alone decides)")
 

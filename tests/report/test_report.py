@@ -162,9 +162,11 @@ def test_disaggregation_loses_throughput_wins_itl_p99(test_cfg):
     write_loses_throughput_wins_itl(test_cfg)
     paths = report.build_report(test_cfg)
     text = "\n".join(paths.conclusions)
-    assert ("Disaggregation lost on output throughput to replicated serving (the same machine) "
+    assert ("Disaggregation lost on output throughput to replicated serving (two replicas on this "
+            "same machine, routed round-robin) "
             "at concurrency 1, 2 and 4 (replicated up to 1.4x higher).") in text
-    assert ("Disaggregation won on ITL p99 against replicated serving (the same machine) at "
+    assert ("Disaggregation won on ITL p99 against replicated serving (two replicas on this same "
+            "machine, routed round-robin) at "
             "concurrency 1, 2 and 4 (up to 1.7x lower).") in paths.conclusions
     assert ("Output throughput (higher is better), disaggregated vs replicated: replicated "
             "better at concurrency 1, 2 and 4 (1.4x higher).") in paths.conclusions
@@ -594,11 +596,11 @@ def test_the_first_screen_has_the_verdict_sentence_the_banner_and_the_system(tes
     # computed: the largest win as a ratio, what it cost, where, on which hardware
     print(lines[2])
     assert lines[2].startswith(
-        "Verdict: Best of disaggregated serving, replicated serving and the single instance, "
-        "each against every other measured at the same load by the lab's rule. Standard "
-        "workload (concurrency 1, 2 and 4): output throughput: replicated serving at "
-        "concurrency 1, 2 and 4 (up to 1.4x higher than the next); TTFT p50: replicated "
-        "serving at concurrency 1, 2 and 4 (up to 1.2x lower than the next); ITL p99: no single "
+        "Verdict: Best of disaggregated serving, round-robin replicated serving and the single "
+        "instance, each against every other measured at the same load by the lab's rule. "
+        "Standard workload (concurrency 1, 2 and 4): output throughput: round-robin replicated "
+        "serving at concurrency 1, 2 and 4 (up to 1.4x higher than the next); TTFT p50: "
+        "round-robin replicated serving at concurrency 1, 2 and 4 (up to 1.2x lower than the next); ITL p99: no single "
         "best at concurrency 1, 2 and 4 (disaggregated serving and the single instance tie at "
         "the top). Mixed workload (concurrency 1, 2 and 4): ")
     assert "ITL p99: disaggregated serving at concurrency 1, 2 and 4 (up to 10x lower" in lines[2]
@@ -630,13 +632,13 @@ def test_the_verdict_sentence_when_nothing_differs_and_on_a_gpu(tmp_path):
     write(cfg, "01", baseline_dict(sweep("baseline", same), roofline=roofline_dict()))
     write_replicated(cfg, {c: metrics(104 * c, 52, 10, 31) for c in LOADS})
     md = report.build_report(cfg).md.read_text()
-    assert ("Verdict: Best of replicated serving and the single instance, each against every "
-            "other measured at the same load by the lab's rule. Standard workload (concurrency "
-            "1, 2 and 4): output throughput: no single best at concurrency 1, 2 and 4 "
-            "(replicated serving and the single instance tie at the top); TTFT p50: no single "
-            "best at concurrency 1, 2 and 4 (replicated serving and the single instance tie at "
-            "the top); ITL p99: no single best at concurrency 1, 2 and 4 (replicated serving and "
-            "the single instance tie at the top).") in md
+    assert ("Verdict: Best of round-robin replicated serving and the single instance, each "
+            "against every other measured at the same load by the lab's rule. Standard workload "
+            "(concurrency 1, 2 and 4): output throughput: no single best at concurrency 1, 2 and "
+            "4 (round-robin replicated serving and the single instance tie at the top); TTFT "
+            "p50: no single best at concurrency 1, 2 and 4 (round-robin replicated serving and "
+            "the single instance tie at the top); ITL p99: no single best at concurrency 1, 2 and "
+            "4 (round-robin replicated serving and the single instance tie at the top).") in md
     assert "CPU REHEARSAL" not in md
 
 

@@ -43,6 +43,12 @@ CASES = [
     ("3% apart, ranges disjoint", [99.0, 100.0, 101.0], [102.5, 103.0, 103.5], False),
     ("30% apart, ranges disjoint", [99.0, 100.0, 101.0], [129.0, 130.0, 131.0], True),
     ("two repeats each, 20% apart, ranges disjoint", [99.0, 101.0], [119.0, 121.0], True),
+    # the report's case: ranges 0.01 apart, but one side's two runs 1.97 apart, the
+    # medians only 1.42: a gap inside one side's own movement
+    ("two repeats each, 18% apart, ranges a hair apart, one range wider than the gap",
+     [7.55, 8.40], [8.41, 10.38], False),
+    ("two repeats each, 18% apart, ranges a hair apart and as wide as each other",
+     [7.00, 8.40], [8.41, 9.81], True),
     ("b lower, 25% apart, one repeat", [125.0], [100.0], True),
     ("zero against a value", [0.0], [5.0], True),
     ("zero against zero", [0.0], [0.0], False),
