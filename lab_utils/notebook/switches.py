@@ -39,6 +39,7 @@ from lab_utils.notebook.steps import cache_meter, run_sweep
 from lab_utils.results import load_results, write_results
 from lab_utils.results.experiments import SMALL_BUDGET, switch_claims
 from lab_utils.results.payloads import PrefixTwice, Switches, SwitchRun
+from lab_utils.results.points import Measured
 from lab_utils.results.sweep import BenchmarkResult
 from lab_utils.serve.launcher import start_instance, wait_ready
 from lab_utils.serve.topology import Served, start_proxy
@@ -117,9 +118,15 @@ def switch_run(suffix: str, label: str, budget: int | None, result: BenchmarkRes
             if not r.get("error") and r.get("ttft_ms") is not None]
     ttft = {k: [r["ttft_ms"] for r in reqs if (r["prompt_len"] >= long) == k]
             for k in (True, False)}
+    # each repeat's median of each kind, so that the rule can hold two settings' ranges apart
+    each = {k: Measured.of(statistics.median(v) if v else None for v in (
+        [r["ttft_ms"] for r in p.requests if not r.get("error") and r.get("ttft_ms") is not None
+         and (r["prompt_len"] >= long) == k]
+        for p in result.points if p.value == point.value)) for k in (True, False)}
     return SwitchRun(suffix=suffix, label=label, budget=budget, point=point,
                      long_ttft_ms=statistics.median(ttft[True]) if ttft[True] else None,
-                     other_ttft_ms=statistics.median(ttft[False]) if ttft[False] else None)
+                     other_ttft_ms=statistics.median(ttft[False]) if ttft[False] else None,
+                     long_ttft=each[True], other_ttft=each[False])
 
 
 def switches_frame(sw: Switches) -> pd.DataFrame:

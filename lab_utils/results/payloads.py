@@ -26,7 +26,15 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from lab_utils.results.checklist import CheckResult
 from lab_utils.results.forecast import EngineProfile, Forecast
 from lab_utils.results.kv_transfer import KvRecommendation, KvTransferPayload
-from lab_utils.results.points import MARGIN, Point, compare_points, metric_rows, pooled, rounded
+from lab_utils.results.points import (
+    MARGIN,
+    Measured,
+    Point,
+    compare_points,
+    metric_rows,
+    pooled,
+    rounded,
+)
 from lab_utils.results.proof import ProofRow
 from lab_utils.results.sweep import BenchmarkResult, RequestRecord
 
@@ -139,8 +147,18 @@ class SwitchRun(Record):
     label: str
     budget: int | None  # tokens one step may carry (None: not known)
     point: Point
-    long_ttft_ms: float | None
+    long_ttft_ms: float | None  # the median over every repeat's requests of that kind
     other_ttft_ms: float | None
+    # each repeat's median, for the rule's ranges (None in files written before they were kept)
+    long_ttft: Measured | None = None
+    other_ttft: Measured | None = None
+
+    def first_token(self, long: bool) -> Measured | None:
+        """The long (or the other) prompts' median first token over the repeats, as the
+        rule reads it: each repeat's median where they were kept, else the pooled median
+        as one value."""
+        kept = self.long_ttft if long else self.other_ttft
+        return kept or Measured.one(self.long_ttft_ms if long else self.other_ttft_ms)
 
 
 class PrefixTwice(Record):

@@ -153,3 +153,18 @@ def test_the_short_prompts_sentence_quotes_each_setting():
     assert others_claim(sw).text == ("The short prompts' median first token: as served 18 ms; "
                                      "chunked prefill off 160.5 ms.")
     assert others_claim(Switches(chunked_prefill=[])) is None
+
+
+def test_first_tokens_are_held_apart_by_their_runs_ranges():
+    """Two runs each: long prompts' first token 411.6 ms against 369.7 ms is 11% apart, but
+    the runs overlap, so the sentence says no difference and shows the ranges; the repeats
+    are read from the run itself (each repeat's median of each kind)."""
+    sw = _sw(8.0, 90.0, 411.6, 369.7)
+    sw.chunked_prefill[1].long_ttft = Measured(median=411.6, min=360.0, max=463.2, n=2)
+    sw.chunked_prefill[2].long_ttft = Measured(median=369.7, min=350.0, max=389.4, n=2)
+    text = chunking_claim(sw).text
+    assert ("the long prompts' first token 411.6 ms against 369.7 ms (11% apart: no difference "
+            "by the lab's rule; 360-463.2 ms over 2 runs against 350-389.4 ms over 2)") in text
+    run = switch_run("served", "as served", 2048, _result(40.0), long=3000)
+    assert run.long_ttft == Measured(median=100.0, min=100.0, max=100.0, n=2)
+    assert run.first_token(False) == run.other_ttft and run.other_ttft.median == 11.0
