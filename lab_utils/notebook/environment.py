@@ -23,6 +23,20 @@ def _failures(report: ChecklistReport) -> list[str]:
             for r in report.results if r.status == "fail"]
 
 
+def not_checked(cfg: LabConfig, report: ChecklistReport) -> list[str]:
+    """What a verdict on this profile could not establish: the checks that did not apply
+    (n/a), and serving nodes whose LAN and data-plane addresses are one, where no port
+    check can tell the two networks apart."""
+    na = sorted({r.check for r in report.results if r.status == "n/a"})
+    same = [name for name, n in cfg.nodes.items()
+            if "serving" in n.roles and n.lan_address and n.lan_address == n.data_address]
+    out = [f"not established here (n/a on this profile): {', '.join(na)}"] if na else []
+    if same:
+        out.append(f"{', '.join(same)}: LAN and data-plane address are the same, so the port "
+                   "checks cannot tell the two networks apart")
+    return out
+
+
 def record_environment(cfg: LabConfig, report: ChecklistReport, *,
                        continue_despite_failures: bool = False) -> Path:
     """Write environment.json; raise if a check failed and the user did not accept it."""
@@ -35,6 +49,8 @@ def record_environment(cfg: LabConfig, report: ChecklistReport, *,
     print("verdict: " + ("blessed: no check failed" if not failures else
                          f"NOT blessed: {len(failures)} check(s) failed"
                          + (" (going on knowingly)" if continue_despite_failures else "")))
+    for line in not_checked(cfg, report):
+        print(f"  {line}")
     if failures and not continue_despite_failures:
         raise LabError(
             f"{len(failures)} check(s) failed, so this environment is not blessed "

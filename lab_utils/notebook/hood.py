@@ -290,11 +290,12 @@ def protocol_by_hand(cfg: LabConfig, served: Served):
     print(f"{len(prompt)} prompt tokens held in {sum(map(len, groups))} blocks of "
           f"{cfg.vllm.block_size or 16} (block ids {groups[0]}"
           + (f" and {len(groups) - 1} more group(s)" if len(groups) > 1 else "")
-          + f"); the decode read them and answered {detokenize(tokens)!r}")
-    if cfg.model.source == "tiny":
-        print("(the rehearsal's tiny model has random weights, so its text is noise; what "
-              "counts is that the decode went on from the prefill's KV, which the proof above "
-              "checked token by token against 01's single instance)")
+          + f"); the decode instance, handed these, answered {detokenize(tokens)!r}")
+    print("This one request does not show where the decode's KV came from (a failed load "
+          "falls back to computing the prompt locally); the proof above counted that, prompt "
+          "by prompt, for its own prompts."
+          + (" The rehearsal's tiny model has random weights, so the text is noise."
+             if cfg.model.source == "tiny" else ""))
     lines = command_lines(cfg, served.kv_buffer_device)
     for line in lines:
         print(f"\n{line['instance']} on {line['node']}:\n  {line['command line']}\n"

@@ -30,3 +30,18 @@ def test_environment_with_failures_is_refused_then_continued_knowingly(test_cfg,
     payload = require_environment(test_cfg)
     assert payload.continued_despite_failures and not payload.blessed
     assert "continuing on an environment with failed checks" in capsys.readouterr().out
+
+
+def test_the_verdict_says_what_this_profile_could_not_establish(test_cfg, spark_cfg, capsys):
+    """On the rehearsal every node's LAN and data addresses are one, and n/a checks did not
+    run: the verdict names both; on two Sparks with two networks it names neither."""
+    record_environment(test_cfg, _report("n/a"))
+    out = capsys.readouterr().out
+    assert "verdict: blessed: no check failed" in out
+    assert "not established here (n/a on this profile): cuda_build" in out
+    same = [n for n, node in test_cfg.nodes.items()
+            if "serving" in node.roles and node.lan_address == node.data_address]
+    assert same and f"{', '.join(same)}: LAN and data-plane address are the same" in out
+    record_environment(spark_cfg, _report("pass"))
+    out = capsys.readouterr().out
+    assert "not established" not in out and "cannot tell the two networks apart" not in out

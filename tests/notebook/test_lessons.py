@@ -115,6 +115,17 @@ def test_02_fixed_cost_seen_or_not():
     assert said[0].startswith("The longest prompt's transfer took") and "3.19x" in said[0]
     assert "bandwidth fell at the largest size only" in said[0] and "too small" not in said[0]
     assert "within 10% of the estimate" in said[0]
+    assert "more than 10% above the estimate at: 2048 tokens +218.7%" in said[0]
+    # both ends above, the shortest's excess (50 µs) inside its variation (300 µs)
+    both = kv([0.15, 0.4, 5.1])
+    for r in both.probe.rows:
+        r.update({"p50_us": r["median_us"], "p90_us": r["median_us"] + 300.0})
+    said = conclude_02(both)
+    assert said[0].startswith("The longest prompt's transfer took 3.19x")
+    assert "an excess of 50 µs, no larger than its own run-to-run variation" in said[0]
+    assert "128 tokens +50.0%, 2048 tokens +218.7%" in said[0]
+    said = conclude_02(kv([0.15, 0.4, 5.1]))  # no variation recorded: both ends said
+    assert said[0].startswith("Both ends took longer")
 
 
 def test_02_says_where_the_best_bandwidth_came_from():
@@ -131,8 +142,10 @@ def test_03_capacity_added_or_not():
     base = result({1: point(100), 4: point(300)})
     said = conclude_03(base, result({1: point(100), 4: point(560)}), device="cuda")
     assert said[0].startswith("Two replicas added capacity") and "1.9x higher" in said[0]
-    assert said[1] == ("At concurrency 1, one request at a time: TTFT p50 10 ms alone, 10 ms on "
-                       "replicas (no difference by the lab's rule).")
+    assert said[1] == ("At concurrency 1, one request at a time, medians and tails: TTFT p50 "
+                       "10 ms alone, 10 ms on replicas (no difference by the lab's rule); TTFT "
+                       "p99 15 ms alone, 15 ms on replicas (no difference by the lab's rule); "
+                       "ITL p99 4 ms alone, 4 ms on replicas (no difference by the lab's rule).")
     said = conclude_03(base, result({1: point(70, ttft=14), 4: point(180, ttft=20)}),
                        device="cpu")
     assert said[0].startswith("Two replicas did not add capacity")
