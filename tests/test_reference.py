@@ -59,9 +59,11 @@ def test_own_results_are_kept_and_compared_with_the_reference(test_cfg, tmp_path
     assert (row["reference"], row["yours"], row["better"]) == (10.0, 20.0, "reference")
 
 
-def test_no_reference_shows_nothing(test_cfg, capsys):
+def test_no_reference_says_so_and_how_to_load_one(test_cfg, capsys):
     assert versus_reference(test_cfg, "03", model("01", baseline_dict()).sweep) is None
-    assert capsys.readouterr().out == ""  # no line of noise in every serving notebook
+    out = capsys.readouterr().out  # one line, so that a cell that shows no table is not a puzzle
+    assert out.startswith("No reference run loaded for notebook 03")
+    assert "python -m lab_utils reference DIR --compare-only" in out and out.count("\n") == 1
 
 
 def test_a_results_file_nested_too_deep_is_named_not_a_traceback(test_cfg, tmp_path):

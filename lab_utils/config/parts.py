@@ -251,6 +251,23 @@ class WorkloadConfig(_Strict):
     max_failed_fraction: float = Field(0.0, ge=0, le=1)
     slo: SLOConfig = SLOConfig()
 
+    def describe(self, mixed: bool | None = None) -> str:
+        """In words: "128-token prompts; 32 output tokens (ignore_eos); 24 requests per point;
+        2 warm-up; 2 repeats; concurrency 1, 2, 4; mixed run: one 3000-token prompt in every 4
+        requests". `mixed`: True, only the mixed run's load and its long prompts; False,
+        without them; None, all of it."""
+        conc = [max(self.concurrency or [1])] if mixed else self.concurrency
+        parts = [f"{self.input_len}-token prompts", f"{self.output_len} output tokens (ignore_eos)",
+                 f"{self.num_prompts} requests per point", f"{self.warmup} warm-up",
+                 f"{self.repeats} repeat{'s' if self.repeats != 1 else ''}",
+                 f"concurrency {', '.join(str(c) for c in conc)}" if conc else None,
+                 f"Poisson rates {', '.join(f'{r:g}' for r in self.request_rates)} req/s"
+                 if self.request_rates and not mixed else None,
+                 f"{'mixed run: ' if mixed is None else ''}one {self.long_len}-token prompt in "
+                 f"every {self.mixed_long_every} requests"
+                 if mixed or (mixed is None and self.mixed_long_len) else None]
+        return "; ".join(p for p in parts if p)
+
     @property
     def long_len(self) -> int:
         """The mixed workload's long prompt, or 4x the prompt where none is set (what the

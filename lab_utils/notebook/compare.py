@@ -148,10 +148,13 @@ def compare_frame(reference: ResultsEnvelope, result: BenchmarkResult, names: tu
 
 def versus_reference(cfg: LabConfig, notebook: str, result: BenchmarkResult, key: str = "sweep"):
     """This run's sweep (or `key`: "mixed") beside the reference run's of the same notebook
-    (`python -m lab_utils reference`); None, and nothing printed, when no reference is
-    loaded (the cell's comment says it shows one only then)."""
+    (`python -m lab_utils reference`); None when no reference is loaded, saying so and how
+    to load one."""
     ref = load_reference_results(cfg, notebook)
     if ref is None or getattr(ref.payload, key, None) is None:
+        print(f"No reference run loaded for notebook {notebook}: nothing to set beside yours. "
+              "To compare with another run's results: python -m lab_utils reference DIR "
+              "--compare-only (DIR: that run's results folder for this profile).")
         return None
     print(f"NOTE: notebook {notebook}'s comparison is with a REFERENCE run's, not this "
           f"cluster's ({reference_origin(ref.reference or {})})")

@@ -106,6 +106,7 @@ def run_sweep(cfg: LabConfig, served: Served, *, mixed: bool = False,
     w = workload or cfg.workload
     if mixed:
         w = w.model_copy(update={"concurrency": [max(w.concurrency or [1])], "request_rates": []})
+    print(f"workload: {w.describe(mixed)}")
     nixl_threads(cfg, served)  # threads that appeared since the start are set too
     cpu_before, started = cpu_now(cfg, served), time.monotonic()
     result = sweep(served.proxy_url, cfg.model.name,

@@ -25,6 +25,7 @@ from lab_utils.report.conclusions import Conclusions
 from lab_utils.report.data import ARCHITECTURES, ReportData, run_hint
 from lab_utils.report.expected import EXPECTED_TWO_SPARK, expected_figures
 from lab_utils.report.export import fields_table
+from lab_utils.report.forecast import workload_of
 from lab_utils.report.forecast_sections import forecast_blocks, spark_forecast_blocks
 from lab_utils.report.plots import Plot, roofline_text
 from lab_utils.report.summary import (
@@ -365,16 +366,7 @@ def _nb01_blocks(data: ReportData) -> list[Block]:
 
 def _sweep_text(sweep: BenchmarkResult) -> str:
     """Where a sweep was sent and with what workload."""
-    return f"Target {sweep.target}; {_workload_text(sweep.workload)}."
-
-
-def _workload_text(w: dict) -> str:
-    parts = [f"input {w.get('input_len')} tokens", f"output {w.get('output_len')} tokens",
-             f"{w.get('num_prompts')} prompts per point", f"{w.get('repeats', 1)} repeat(s)",
-             f"concurrency {w.get('concurrency')}"]
-    if w.get("request_rates"):
-        parts.append(f"request rates {w.get('request_rates')}")
-    return ", ".join(parts)
+    return f"Target {sweep.target}; {workload_of(sweep.workload).describe(False)}."
 
 
 def _nb02_blocks(data: ReportData) -> list[Block]:

@@ -17,6 +17,7 @@ from lab_utils.forecast.band import coverage, coverage_sentence
 from lab_utils.forecast.grade import grade_claims
 from lab_utils.report.conclusions import Conclusions, shared_machine
 from lab_utils.report.data import ARCH_NOTEBOOK, FORECAST_NB, ReportData, graded
+from lab_utils.report.forecast import workload_of
 from lab_utils.report.plots import roofline_claim
 from lab_utils.results import RESULTS
 from lab_utils.results.claims import Claim, Comparison, claim, comparison
@@ -294,20 +295,7 @@ def _role_flags(data: ReportData) -> list[tuple[str, str]]:
 
 
 def _workload(w: dict[str, Any]) -> str:
-    if not w:
-        return NOT_RECORDED
-    parts = [f"{w['input_len']}-token prompts" if w.get("input_len") else None,
-             f"{w['output_len']} output tokens (ignore_eos)" if w.get("output_len") else None,
-             f"{w['num_prompts']} requests per point" if w.get("num_prompts") else None,
-             f"{w['warmup']} warm-up" if w.get("warmup") is not None else None,
-             f"{w['repeats']} repeat{'s' if w['repeats'] != 1 else ''}" if w.get("repeats") else None,
-             f"concurrency {', '.join(str(c) for c in w['concurrency'])}"
-             if w.get("concurrency") else None,
-             f"Poisson rates {', '.join(f'{r:g}' for r in w['request_rates'])} req/s"
-             if w.get("request_rates") else None,
-             f"mixed run: one {w['mixed_long_len']}-token prompt in every "
-             f"{w.get('mixed_long_every')} requests" if w.get("mixed_long_len") else None]
-    return "; ".join(p for p in parts if p) or NOT_RECORDED
+    return workload_of(w).describe() if w else NOT_RECORDED
 
 
 def _nixl_threads(data: ReportData) -> list[tuple[str, str]]:

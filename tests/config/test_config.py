@@ -318,3 +318,14 @@ def test_secret_spellings_and_control_characters():
             check_args([flag])
     assert control_characters("a\x85b") and control_characters("a\x9fb")
     assert not control_characters("café ñ")
+
+
+def test_a_workload_describes_itself_whole_or_as_one_run():
+    from lab_utils.config import WorkloadConfig
+    w = WorkloadConfig(input_len=128, output_len=32, concurrency=[1, 2, 4], num_prompts=24,
+                       warmup=2, repeats=2, mixed_long_len=3000, mixed_long_every=4)
+    assert w.describe() == ("128-token prompts; 32 output tokens (ignore_eos); 24 requests per "
+                            "point; 2 warm-up; 2 repeats; concurrency 1, 2, 4; mixed run: one "
+                            "3000-token prompt in every 4 requests")
+    assert w.describe(False).endswith("concurrency 1, 2, 4")
+    assert w.describe(True).endswith("concurrency 4; one 3000-token prompt in every 4 requests")
