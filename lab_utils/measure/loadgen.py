@@ -179,8 +179,12 @@ async def run_point(url: str, model: str, requests: list[RequestSpec], *,
                            RequestRecord(-1, len(spec.prompt_ids), spec.max_tokens), time.perf_counter())
         measured = requests[warmup:]
         records = [RequestRecord(i, len(s.prompt_ids), s.max_tokens) for i, s in enumerate(measured)]
+        # no rate on the bar: tqdm's is a moving average from the bar's own clock, which the
+        # tables' throughput (first send to last token) would contradict
         bar = progress_bar(total=len(measured), desc=desc or "requests", unit="req",
-                           disable=not show_progress, leave=False)
+                           disable=not show_progress, leave=False,
+                           bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} req "
+                                      "[{elapsed}<{remaining}]{postfix}")
         t_zero = time.perf_counter()
 
         async def one(i: int) -> None:
