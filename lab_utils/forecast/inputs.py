@@ -65,9 +65,9 @@ def from_results(profile: EngineProfile | None, kv: KvTransferPayload | None,
             ("other replicas", profile.beside_replicas,
              "stand-ins for the other replicas' idle workers", "a replica's decode")):
         if b is not None and b.ratio:
-            factors[key] = max(b.ratio, 1.0)  # below 1 is noise, not a faster decode
-            taken = ("that factor" if b.ratio >= 1.0 else
-                     "none (a step no slower beside them: 1.00x)")
+            factors[key] = b.factor
+            taken = ("that factor" if b.factor != 1.0 else
+                     "none (no difference by the lab's rule: 1.00x)")
             sources[key] = (f"01 measured a decode step beside {b.threads} {stand_ins} "
                             f"({b.policy}): {_beside(b)}; {who} steps take {taken}")
     shortest = min(profile.prefill, key=lambda p: p.x)

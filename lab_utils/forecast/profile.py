@@ -43,7 +43,6 @@ from lab_utils.measure.loadgen import RequestSpec, run_point, run_sync
 from lab_utils.measure.prompts import exact_prompt
 from lab_utils.on_node.proctools import group_cpu_seconds
 from lab_utils.results.forecast import CurvePoint, DecodeLine, EngineProfile
-from lab_utils.results.points import Measured, differs
 from lab_utils.util.progress import progress_bar
 
 REPEATS = 5  # lone requests per prefill length and per hop pair
@@ -177,12 +176,6 @@ def measure_profile(cfg: LabConfig, inst: ProcessRecord, proxy: str, tokenize,
                          beside_replicas=replicas)
 
 
-def _differ(a: CurvePoint, b: CurvePoint) -> bool:
-    """The lab's rule on two measured points (their repeats' ranges)."""
-    return differs(Measured(median=a.median, min=a.lo, max=a.hi, n=a.n),
-                   Measured(median=b.median, min=b.lo, max=b.hi, n=b.n))
-
-
 def profile_frame(profile: EngineProfile):
     """The profile as one table: what was measured (its unit in its name), at what, and the
     median and range over its repeats; a figure measured once has no range (blank)."""
@@ -207,8 +200,8 @@ def profile_frame(profile: EngineProfile):
             continue
         ratio = (f"; {b.alone.median:.2f} ms alone ({b.alone.lo:.2f}-{b.alone.hi:.2f} over "
                  f"{b.alone.n}): "
-                 + (f"{b.ratio:.2f}x" if b.beside is None or _differ(b.beside, b.alone) else
-                    "no difference by the lab's rule, the ranges overlap") if b.ratio else "")
+                 + (f"{b.ratio:.2f}x" if b.differs else "no difference by the lab's rule")
+                 if b.ratio else "")
         rows.append(row(f"decode step beside {b.threads} {like}: ms ({b.policy}; CPUs "
                         f"{', '.join(b.binds)})", f"1 decoding{ratio}", b.beside))
     if profile.active_cores is not None:

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from lab_utils.results.points import KEYS, MetricKey
+from lab_utils.results.points import KEYS, Measured, MetricKey, differs
 
 Edge = Literal["lo", "median", "hi"]
 
@@ -30,6 +30,10 @@ class CurvePoint(BaseModel):
 
     def at(self, edge: Edge) -> float:
         return {"lo": self.lo, "median": self.median, "hi": self.hi}[edge]
+
+    def measured(self) -> Measured:
+        """As the lab's rule reads a value over its repeats."""
+        return Measured(median=self.median, min=self.lo, max=self.hi, n=self.n)
 
 
 class DecodeLine(BaseModel):
@@ -54,6 +58,20 @@ class BesideBusy(BaseModel):
     beside: CurvePoint | None
     ratio: float | None  # beside / alone, medians
     why: str | None = None  # why there is no ratio
+
+    @property
+    def differs(self) -> bool:
+        """Whether the lab's rule sees a difference between the runs beside and alone (a
+        ratio without the runs beside counts as one)."""
+        return bool(self.ratio) and (self.beside is None or differs(
+            self.beside.measured(), self.alone.measured()))
+
+    @property
+    def factor(self) -> float:
+        """What the forecasts multiply a decode step by: the ratio where the rule sees a
+        difference, else 1 (and never below 1: a step no slower beside them is noise, not a
+        faster decode)."""
+        return max(self.ratio or 1.0, 1.0) if self.differs else 1.0
 
 
 class EngineProfile(BaseModel):

@@ -112,6 +112,14 @@ def test_the_factor_slows_only_a_pd_decode_and_is_named_in_the_sources():
     assert "1.00 ms alone: 2.50x" in slowed.sources["NIXL's threads"]
     # below 1 is noise, not a faster decode
     assert from_results(_profile(0.9), None).decode_beside == 1.0
+    # 1.06x whose runs overlap the step alone is no difference by the rule: no factor
+    overlap = _profile(1.06).model_copy()
+    assert overlap.beside_busy is not None
+    overlap.beside_busy.alone = point(1, [0.95, 1.0, 1.1])
+    overlap.beside_busy.beside = point(1, [1.0, 1.06, 1.12])
+    same = from_results(overlap, None)
+    assert same.decode_beside == 1.0
+    assert "none (no difference by the lab's rule: 1.00x)" in same.sources["NIXL's threads"]
     by_hand = hand_inputs()
     doubled = dataclasses.replace(by_hand, decode_beside=2.0)
     pd, one = Architecture(prefill=1, decode=1), Architecture()
