@@ -32,6 +32,9 @@ ASKED: dict[str, dict[str, tuple[MetricKey, str, str]]] = {
            "itl_p99_mixed": ("p99_itl_ms", "mixed", "highest")},
 }
 FILE = "guesses.json"
+# what each notebook's guesses can lean on: the earlier notebooks' measurements of the same
+EARLIER = {"01": (), "03": ("01",), "04": ("01", "03")}
+WHO = {"01": "01's single instance", "03": "03's replicas"}
 
 
 def _path(cfg: LabConfig):
@@ -77,11 +80,27 @@ def guess(cfg: LabConfig, notebook: str, **values: float | None) -> None:
     every[notebook] = {"at": datetime.now(UTC).isoformat(timespec="seconds"), **given}
     cfg.results_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(_path(cfg), json.dumps(every, indent=1) + "\n")
+    for line in so_far(cfg, notebook):
+        print(line)
     if not given:
         print("no guess entered: fine; notebook 05 shows the forecast and the measurement alone")
     for k, v in given.items():
         key = asked[k][0]
         print(f"your guess: {BY_KEY[key].heading} {fmt_num(v)}, {_load(cfg, asked[k])}")
+
+
+def so_far(cfg: LabConfig, notebook: str) -> list[str]:
+    """What the earlier notebooks measured of each figure `notebook` asks a guess of, at the
+    same workload and load: the numbers the prose points back to, printed where the guess is
+    written."""
+    lines = []
+    for what in ASKED[notebook].values():
+        seen = [(nb, m) for nb in EARLIER[notebook]
+                if (m := _forecast_and_measured(cfg, nb, what)[1]) is not None]
+        if seen:
+            lines.append(f"measured so far, {BY_KEY[what[0]].heading} at {_load(cfg, what)}: "
+                         + "; ".join(f"{WHO[nb]} {fmt_num(m)}" for nb, m in seen))
+    return lines
 
 
 def _forecast_and_measured(cfg: LabConfig, notebook: str, what: tuple[MetricKey, str, str]

@@ -66,3 +66,16 @@ def test_no_guess_in_the_series_is_one_line(test_cfg, capsys):
     (test_cfg.results_dir / "guesses.json").write_text("{ not json")
     with pytest.raises(LabError, match="delete it"):
         guesses_frame(test_cfg)
+
+
+def test_the_guess_cell_prints_what_earlier_notebooks_measured(test_cfg, capsys):
+    """03's guess of the top throughput leans on 01's: the cell prints 01's figure there;
+    01's own guess has nothing earlier to print."""
+    write_01(test_cfg, tps_top=1000.0, tpot_c1=2.5, forecast_tps=700.0)
+    guess(test_cfg, "03", throughput_top=None, itl_p99_mixed=None)
+    out = capsys.readouterr().out
+    top = max(test_cfg.workload.concurrency)
+    assert (f"measured so far, output throughput (tok/s) at the sweep at concurrency {top}: "
+            "01's single instance 1,000") in out
+    guess(test_cfg, "01", throughput_top=None, tpot_c1=None)
+    assert "measured so far" not in capsys.readouterr().out
