@@ -71,7 +71,8 @@ def calibrate(inputs: Inputs, arch: Architecture, timed: TimedProfile, output_le
     step = ("no time per token measured: 01's factor kept" if not timed.step_ms else
             f"{timed.step_ms:.2f} ms per token, {factor:.2f}x the model's step for one request "
             f"at that context ({said_alone}), the factor {who} take in place of 01's "
-            "stand-ins")
+            "stand-ins" + (" (below 1: faster than 01's profiled step; this run does not "
+                           "measure why)" if factor < 1 else ""))
     head = (f"{'04' if arch.disaggregated else '03'}'s instances timed before the sweep: "
             f"{timed.requests} fresh requests of {timed.prompt_tokens} tokens one at a time, "
             f"TTFT median {timed.ttft_ms:.1f} ms")
@@ -91,8 +92,12 @@ def calibrate(inputs: Inputs, arch: Architecture, timed: TimedProfile, output_le
         extra = gap / slope if slope > 0 else gap
     stretched = (f" ({gap:.1f} ms once sharing the machine stretches it)"
                  if abs(gap - extra) >= 0.05 else "")
-    said = (f"{head} against {without:.1f} ms from the model's other terms, so each "
-            f"request's decode leg gets {extra:.1f} ms more{stretched}; {step}")
+    leg = ("each request's decode leg (from the prefill's answer to the first token on the "
+           "decode instance)")
+    said = (f"{head} against {without:.1f} ms from the model's other terms, so {leg} gets "
+            f"{extra:.1f} ms more{stretched}; {step}" if gap > 0 else
+            f"{head}, no more than the {without:.1f} ms the model's other terms give, so "
+            f"nothing is added to {leg} (a measured term is never taken away); {step}")
     return replace(stepped, pd_extra_ms=extra), said
 
 
