@@ -50,6 +50,10 @@ def transfer_rows(proof: Proof, kv: KvTransferPayload, kv_buffer_device: str) ->
     return rows
 
 
+def _ordinal(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
+
+
 def _one_at_a_time(result: BenchmarkResult) -> Point | None:
     return next((r for r in result.combined if r.mode == "concurrency" and r.value == 1
                  and not r.mixed), None)
@@ -90,6 +94,14 @@ def conclusions(rows: list[dict[str, Any]], hop: dict[str, Any] | None,
             if len(ratios) > 1 and max(ratios) > 3 * min(ratios):
                 text += (f" The prompts ranged from {min(ratios):.1f}x to {max(ratios):.1f}x: with "
                          f"{len(ratios)} prompts spread this wide, read the rows above, not the median.")
+                i, slow = max(((i, r) for i, r in enumerate(rows)
+                               if r["measured / predicted"] is not None),
+                              key=lambda x: x[1]["measured / predicted"])
+                text += (f" The slowest was the {slow['prompt tokens']}-token prompt "
+                         f"({slow['transfer ms']:.2f} ms), sent {_ordinal(i + 1)} of {len(rows)}"
+                         + (": a pair's first transfer can include opening the connection, as "
+                            "02's first READ did." if i == 0 else
+                            "; what slowed it is not measured here."))
             same = [(r["transfer ms"], r["probe, same bytes ms"]) for r in rows
                     if r["probe, same bytes ms"] and r["transfer ms"] is not None]
             if same:
