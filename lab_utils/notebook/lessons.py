@@ -591,7 +591,7 @@ def conclude_tp(baseline: BenchmarkResult, tp: TensorParallelPayload,
     "disaggregated"), where they ran."""
     rows = tp.same_output
     equal = sum(r.tokens_equal for r in rows)
-    ties = [f"token {r.diverged_at}, {r.divergence_margin:.2f} nats" for r in rows
+    ties = [f"output token {r.diverged_at}, counted from 0, {r.divergence_margin:.2f} nats" for r in rows
             if r.tokens_ok and not r.tokens_equal and r.divergence_margin is not None]
     rule = ("by the split model's check: a prompt passes when its greedy tokens equal 01's or "
             "part from them only where the split model's own logprobs put 01's token within "

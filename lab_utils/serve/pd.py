@@ -130,26 +130,27 @@ def judge_tokens(pd_tokens: list[int], baseline_tokens: list[int] | None, *, str
         return TokenVerdict(False, k, None, f"lengths differ ({len(pd_tokens)} tokens against "
                                             f"{len(baseline_tokens)})")
     if strict:
-        return TokenVerdict(False, k, None, f"differs at token {k} (exact equality expected "
+        return TokenVerdict(False, k, None, f"differs at output token {k} (from 0) (exact equality expected "
                                             "on the CPU rehearsal)")
     if k == 0 and not first_may_tie:
         return TokenVerdict(False, 0, None, "the first token differs: it is computed from the "
                                             "transferred KV alone, so the KV is wrong")
     step = (pd_logprobs or [])[k] if pd_logprobs and k < len(pd_logprobs) else None
     if not step:
-        return TokenVerdict(False, k, None, f"differs at token {k} and no logprobs were "
+        return TokenVerdict(False, k, None, f"differs at output token {k} (from 0) and no logprobs were "
                                             "returned to tell a near tie from an error")
     chosen, theirs = pd_tokens[k], baseline_tokens[k]
     if theirs not in step:
         floor = max(step.values()) - min(step.values())
-        return TokenVerdict(False, k, None, f"differs at token {k}: the baseline's token "
+        return TokenVerdict(False, k, None, f"differs at output token {k} (from 0): the baseline's token "
                                             f"{theirs} is not among the top "
                                             f"{len(step)} (margin > {floor:.3f} nats)")
     margin = step.get(chosen, max(step.values())) - step[theirs]
     if margin <= near_tie:
-        return TokenVerdict(True, k, margin, f"near tie at token {k}: {margin:.3f} nats "
-                                             f"<= {near_tie:g} between {chosen} and {theirs}")
-    return TokenVerdict(False, k, margin, f"differs at token {k} by {margin:.3f} nats "
+        return TokenVerdict(True, k, margin, f"near tie at output token {k} (from 0): {margin:.3f} nats "
+                                             f"<= {near_tie:g} between token ids {chosen} (chosen) and {theirs} "
+                                             "(01's)")
+    return TokenVerdict(False, k, margin, f"differs at output token {k} (from 0) by {margin:.3f} nats "
                                           f"(> {near_tie:g}): not a near tie")
 
 

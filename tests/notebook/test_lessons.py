@@ -258,7 +258,7 @@ def test_tp_output_and_cost_or_not():
                       [same_row(), same_row(False, True, 29, 0.12, "near tie at token 29")])
     said = conclude_tp(base, paid, {"replicated": result({4: point(400)})}, "cuda")
     assert said[0].startswith("The split model's output passed its check") and "1 of 2 prompts" in said[0]
-    assert "1 parted from them at a near tie (token 29, 0.12 nats)" in said[0]
+    assert "1 parted from them at a near tie (output token 29, counted from 0, 0.12 nats)" in said[0]
     assert "04's proof allows a near tie after the first token only" in said[0]
     assert said[1].startswith("Split, the model was faster per token") and "6 ms" in said[1]
     assert "400 tok/s replicated, 500 split (1.2x higher)" in said[2]

@@ -45,7 +45,7 @@ def test_gpu_late_near_tie_passes_with_its_margin():
     pd = BASE[:4] + [77, 78]  # at step 4 the decode chose 77; the baseline's 15 was 0.2 behind
     v = judge_tokens(pd, BASE, strict=False, pd_logprobs=_steps(pd, {4: (15, -0.3)}))
     assert v.ok and v.diverged_at == 4 and v.margin == pytest.approx(0.2)
-    assert "near tie at token 4" in v.why
+    assert "near tie at output token 4 (from 0)" in v.why
 
 
 def test_gpu_late_divergence_beyond_the_margin_fails():
