@@ -137,7 +137,7 @@ NOT_RESULTS = {
     "report/sections.py:_verdict_blocks": "lays out verdict_sentence and conclusions() on the page",
     "report/sections.py:_conclusion_blocks": "lays out conclusions()'s sentences on the page",
     "report/sections.py:_sweep_text": "the configured sweep (loads, repeats) in words",
-    "report/sections.py:_workload_text": "the configured workload in words",
+    "report/summary.py:workloads_text": "the recorded workloads in words (WorkloadConfig.describe)",
     "forecast/grade.py:summary": "the grading's figures; grade.sentences says them (below)",
     "forecast/grade.py:grade_claims": "grade.sentences' sentences (flipped below) as claims",
     "results/experiments.py:switch_claims": "lists the three switch builders' claims",
@@ -207,7 +207,7 @@ def record(read_together: int, ttft: float) -> RequestRecord:
 def roof(limit: float | None) -> SimpleNamespace:
     r = SimpleNamespace(max_tokens_per_s_per_stream=limit, memory_bandwidth_GBps=None,
                         weight_bytes=None)
-    return SimpleNamespace(baseline=SimpleNamespace(roofline=r))
+    return SimpleNamespace(baseline=SimpleNamespace(roofline=r), sweeps={})
 
 
 # builder -> (its text where the claim holds, its text where it does not, a phrase of the

@@ -28,12 +28,17 @@ from lab_utils.report.forecast import forecast_grades, spark_forecast, what_if
 from lab_utils.report.plots import PLOT_NAMES, Plot, plot_values, render_plots, write_plots
 from lab_utils.report.render import ReportPaths, build_report, render_html, render_markdown
 from lab_utils.report.sections import Block, report_blocks, verdict_table
-from lab_utils.report.summary import REHEARSAL_BANNER, system_under_test, verdict_sentence
+from lab_utils.report.summary import (
+                                      REHEARSAL_BANNER,
+                                      system_under_test,
+                                      verdict_sentence,
+                                      workloads_text,
+)
 from lab_utils.report.tables import (
-    display_table,
-    headline_table,
-    kv_table,
-    points_table,
+                                      display_table,
+                                      headline_table,
+                                      kv_table,
+                                      points_table,
 )
 from lab_utils.report.when_pd import show_when_pd_pays
 from lab_utils.results.points import COMPARED as METRICS
@@ -50,5 +55,5 @@ __all__ = [
     "display_table", "expected_figures", "fields_table", "fmt_num", "forecast_grades", "headline_table", "kv_table",
     "load_report_data", "plot_values", "points_table", "render_html", "render_markdown",
     "render_plots", "report_blocks", "run_hint", "runs_frame", "spark_forecast", "system_under_test",
-    "show_when_pd_pays", "verdict_sentence", "verdict_table", "what_if", "write_exports", "write_plots",
+    "show_when_pd_pays", "verdict_sentence", "verdict_table", "workloads_text", "what_if", "write_exports", "write_plots",
 ]

@@ -195,10 +195,18 @@ def roofline_text(data: ReportData) -> str:
     bw, weights = (getattr(r, "memory_bandwidth_GBps", None), getattr(r, "weight_bytes", None))
     inputs = (f" ({fmt_num(bw)} GB/s, {getattr(r, 'bandwidth_source', '') or 'as 01 recorded'}"
               f", / {weights / 1e6:,.1f} MB of weights)" if bw and weights else "")
+    one = next((p for p in (data.sweeps["baseline"].combined if "baseline" in data.sweeps
+                            else []) if p.mode == "concurrency" and p.value == 1 and p.valid
+                and not p.mixed), None)
+    tpot = one.median("median_tpot_ms") if one is not None else None
+    pace = (f" 01's single instance at concurrency 1 decoded {fmt_num(1000 / tpot)} tokens/s per "
+            f"stream (1000 / its TPOT p50), {1000 / tpot / roof:.0%} of the line"
+            + ("; this run does not measure what else set that pace."
+               if 1000 / tpot < 0.5 * roof else ".") if tpot else "")
     return (f"Roofline (dotted line): at most {fmt_num(roof)} tokens/s per stream, memory "
             f"bandwidth / bytes read per decode step{inputs} (every weight once per step). The model "
             "behind the line expects batching to share that read among streams, per-stream "
-            "speed falling slowly while the total grows; the points are what this run did.")
+            f"speed falling slowly while the total grows; the points are what this run did.{pace}")
 
 
 def roofline_claim(data: ReportData) -> Claim | None:
@@ -226,9 +234,12 @@ def _kv_plot(payload02: KvTransferPayload | None, device: str | None) -> Plot | 
     ax.grid(True, alpha=0.3)
     _legend(ax)
     unmeasured = len(kv) - len(meas)
+    best = max((r["bandwidth_GBps"] for r in (payload02.probe.rows if payload02 else [])
+                if r.get("op") == "READ" and r.get("bandwidth_GBps")), default=None)
     caption = ("Predicted: bytes moved (whole blocks) / the highest READ bandwidth notebook 02's "
-               "probe reached (a decode reads the prefill's KV). Measured: the transfer in "
-               "notebook 02.")
+               f"probe reached{f' ({fmt_num(best)} GB/s)' if best else ''} (a decode reads the "
+               "prefill's KV). Measured: 02's probe reading that many bytes (the KV transfers "
+               "of real requests are 04's, in its section below).")
     if unmeasured:
         caption += f" {unmeasured} prompt length(s) have no measurement and show no square."
     return Plot("kv_transfer", "KV transfer: predicted vs measured", caption, _png(fig))

@@ -298,6 +298,18 @@ def _workload(w: dict[str, Any]) -> str:
     return workload_of(w).describe() if w else NOT_RECORDED
 
 
+def workloads_text(data: ReportData) -> str:
+    """The two workloads as 01's sweep recorded them: "standard: ...", and "mixed: ..." where
+    a mixed run was measured."""
+    w = data.sweeps["baseline"].workload if "baseline" in data.sweeps else {}
+    if not w:
+        return f"workloads: {NOT_RECORDED}"
+    lines = [f"standard workload: {workload_of(w).describe(False)}"]
+    if data.mixed:
+        lines.append(f"mixed workload: {workload_of(w).describe(True)}")
+    return "\n".join(lines)
+
+
 def _nixl_threads(data: ReportData) -> list[tuple[str, str]]:
     """What the lab did to NIXL's progress threads in notebook 04 (set through the
     environment, so not among the flags), from its config snapshot."""

@@ -201,3 +201,39 @@ def test_the_verdict_says_where_the_other_routing_policy_beat_its_winner(test_cf
             "the next), but 03's replicas routed least-outstanding beat it at concurrency 4 in "
             "their one run (20.00 ms vs 40.00 ms, 2.0x lower)") in beat
     assert "least-outstanding" not in verdict(39.0)  # inside the margin: nothing to add
+
+
+def test_the_roofline_caption_says_how_far_below_the_line_one_stream_decoded():
+    from types import SimpleNamespace
+
+    from lab_utils.report.plots import roofline_text
+    from lab_utils.results.points import Point
+
+    def data(tpot: float):
+        r = SimpleNamespace(max_tokens_per_s_per_stream=17.0, memory_bandwidth_GBps=None,
+                            weight_bytes=None)
+        one = Point.model_validate({"mode": "concurrency", "value": 1.0, "repeats": 1,
+                                    "median_tpot_ms": tpot})
+        return SimpleNamespace(baseline=SimpleNamespace(roofline=r),
+                               sweeps={"baseline": SimpleNamespace(combined=[one])})
+
+    far = roofline_text(data(200.0))
+    assert ("01's single instance at concurrency 1 decoded 5 tokens/s per stream (1000 / its "
+            "TPOT p50), 29% of the line; this run does not measure what else set that pace.") in far
+    near = roofline_text(data(62.5))  # 16 tokens/s: 94% of the line, no cause asked for
+    assert "94% of the line." in near and "what else" not in near
+
+
+def test_the_workloads_are_printed_as_01_recorded_them():
+    from types import SimpleNamespace
+
+    from lab_utils.report import workloads_text
+    w = {"input_len": 128, "output_len": 32, "concurrency": [1, 2, 4], "num_prompts": 24,
+         "mixed_long_len": 3000, "mixed_long_every": 4, "_about": "ignored"}
+    data = SimpleNamespace(sweeps={"baseline": SimpleNamespace(workload=w)}, mixed={})
+    assert workloads_text(data).startswith("standard workload: 128-token prompts; 32 output")
+    assert "mixed" not in workloads_text(data)
+    data.mixed = {"baseline": object()}
+    assert workloads_text(data).endswith(
+        "mixed workload: 128-token prompts; 32 output tokens (ignore_eos); 24 requests per "
+        "point; 2 warm-up; 1 repeat; concurrency 4; one 3000-token prompt in every 4 requests")
