@@ -139,9 +139,9 @@ def sentences(arch: str, rows: list[GradeRow]) -> list[str]:
             f"{shown}% over {s['points']} graded values "
             f"({'within' if s['within_goal'] else 'outside'} the {GOAL_PCT:g}% goal); "
             f"{s['in_interval']} of them inside the forecast's interval, {s['differ']} "
-            f"different from it by the lab's rule (the measured median more than {MARGIN:.0%} "
-            "from the predicted one, and the measured min-max range over the repeats clear of "
-            f"the interval; a single run, more than {MARGIN:.0%} beyond the interval's nearer "
+            f"different from it by the lab's rule (measured twice or more: the measured median "
+            f"more than {MARGIN:.0%} from the predicted one and the range of the runs clear of "
+            f"the interval; measured once: more than {MARGIN:.0%} beyond the interval's nearer "
             "end)" + (f"; {s['ungraded']} not graded (flagged)" if s["ungraded"] else "")
             + _over(rows),
             f"  every metric: {coverage_sentence(coverage(rows))}"]
@@ -153,6 +153,7 @@ def sentences(arch: str, rows: list[GradeRow]) -> list[str]:
         # unbounded above, so ranking by it would favour over-predictions
         r, p, m, e = max(graded, key=lambda g: abs(math.log(g[1] / g[2])))
         said.append(f"  furthest off: {BY_KEY[r.metric].heading} at {r.workload} {r.load}: "
-                    f"predicted {p:.3g}, measured {m:.3g} ({max(p, m) / min(p, m):.2f}x "
-                    f"{'over' if p > m else 'under'}, {e:+.0f}%)")
+                    f"predicted {p:.3g}, measured {m:.3g} (the forecast "
+                    f"{max(p, m) / min(p, m):.2f}x {'over' if p > m else 'under'} the "
+                    f"measurement, error {e:+.0f}% of it; ranked by that factor)")
     return said

@@ -51,7 +51,8 @@ def grade_table(rows: list[GradeRow]) -> pd.DataFrame:
         "measured [range]": fmt(r.measured) + (
             f" [{fmt(r.measured_lo)}-{fmt(r.measured_hi)}]"
             if r.measured_lo is not None else " (one run)"),
-        "error %": "–" if r.error_pct is None else f"{r.error_pct:+.0f}",
+        "error % (predicted - measured, of measured)":
+            "–" if r.error_pct is None else f"{r.error_pct:+.0f}",
         "inside": "yes" if r.inside else "no",
         "verdict": _verdict(r),
         "graded": "yes" if r.graded else f"no: {r.not_graded}"} for r in rows])

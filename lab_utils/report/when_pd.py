@@ -88,10 +88,16 @@ def sentences(frame: pd.DataFrame, nodes: int, model: str, w) -> list[str]:
     """What the table says, in words (every figure from it)."""
     slo = " / ".join(f"{k} {fmt_num(v)} ms" for k, v in (("TTFT", w.slo.ttft_ms),
                                                           ("TPOT", w.slo.tpot_ms)) if v)
+    bounds = ", ".join(f"{b:g}x" for b in ITL_BOUNDS)
     out = [f"FORECAST for {nodes} nodes from published GB10 figures, not a measurement "
-           f"({model}, concurrency {max(w.concurrency or [1])}, one "
-           f"{fmt_num(w.mixed_long_len)}-token prompt every {w.mixed_long_every}"
-           + (f", SLO {slo}" if slo else "") + "):"]
+           f"({model}, concurrency {max(w.concurrency or [1])}). Each row: short prompts and "
+           f"outputs as its 'prompt / output' says, and one long prompt in every "
+           f"{w.mixed_long_every} ({fmt_num(w.mixed_long_len)} tokens, or 4x the short prompt "
+           "where that is longer). A request counts toward goodput only if it met every SLO"
+           + (f" ({slo}" + ", and where a row sets one, the ITL SLO on every gap between two "
+              "of its tokens)" if slo else "")
+           + f"; the ITL SLOs tried are {bounds} the lowest ITL p99 any split reached in that "
+             "shape without one."]
     pd_won = frame["winner"] == frame["best split"]
     for with_bound, what in ((False, "without an SLO on the ITL tail"),
                              (True, "with an SLO on every token gap")):
