@@ -30,7 +30,7 @@ from lab_utils.results.kv_transfer import (
     PredictedTransfer,
     ProbeResult,
 )
-from lab_utils.util.numbers import titled
+from lab_utils.util.numbers import label_log_axis, titled
 
 FALLBACK_BUFFER_DEVICE = "cpu"  # kv_buffer_device "auto" before notebook 02 has measured
 
@@ -167,6 +167,7 @@ def plot_predicted_vs_measured(rows: list[dict], title: str, device: str | None 
     """Predicted vs measured transfer time per prompt length (log-log; `device`: the
     profile's, named in the title on the CPU rehearsal)."""
     from matplotlib.figure import Figure
+    from matplotlib.ticker import NullFormatter
 
     fig = Figure(figsize=(7, 4))
     ax = fig.add_subplot()
@@ -175,6 +176,10 @@ def plot_predicted_vs_measured(rows: list[dict], title: str, device: str | None 
     ax.plot(x, [r["measured_ms"] for r in rows], "o-", label="measured (probe median)")
     ax.set(xscale="log", yscale="log", xlabel="prompt tokens", ylabel="transfer time (ms)",
            title=titled(title, device))
+    # ticks at the prompt lengths themselves: a log axis' own minor labels run together
+    ax.set_xticks(x, [f"{v:,}" for v in x])
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    label_log_axis(ax.yaxis)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     return fig

@@ -206,7 +206,9 @@ class ProbePlan:
                 f"more that carries the notification) x {len(self.seg_types)} memory type(s) = "
                 f"{self.planned_bytes / 1e9:.3g} GB; "
                 f"at {rates} ({self.rate_basis}) ~{self.estimate_s:.0f} s of transfer, "
-                f"limit {self.timeout_s:.0f} s (plan for at most {self.budget_s:.0f} s; time box "
+                f"limit {self.timeout_s:.0f} s for the whole probe (the plan is cut to fit "
+                f"{self.budget_s:.0f} s of estimated transfer, room for the estimate to be "
+                "wrong; each memory type stops when its own time box is spent: "
                 + ", ".join(f"{s} {v:.0f} s" for s, v in self.time_box_s.items()) + ")")
         if self.asked:
             text += ("; cut from " + ", ".join(f"{k} {v}" for k, v in self.asked.items())

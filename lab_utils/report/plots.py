@@ -16,7 +16,6 @@ import numpy as np
 import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from lab_utils.report.data import ARCHITECTURES, PER_STREAM, ReportData, graded
 from lab_utils.report.tables import kv_table, workload_rows
@@ -25,7 +24,7 @@ from lab_utils.results.forecast import GradeRow
 from lab_utils.results.kv_transfer import KvTransferPayload
 from lab_utils.results.points import BY_KEY, MetricKey
 from lab_utils.util.atomic import atomic_write_bytes
-from lab_utils.util.numbers import fmt_num, titled
+from lab_utils.util.numbers import fmt_num, label_log_axis, titled
 
 # one colour and one marker per architecture, the same in every plot
 COLORS = {"baseline": "tab:blue", "replicated": "tab:orange", "disaggregated": "tab:green",
@@ -297,9 +296,8 @@ def grade_plot(by_arch: dict[str, list[GradeRow]], device: str | None = None) ->
             lo, hi = min(vals) * 0.7, max(vals) * 1.4
             ax.plot([lo, hi], [lo, hi], "--", color="grey", label="predicted = measured")
             ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi))
-            for axis in (ax.xaxis, ax.yaxis):  # plain numbers, no crowded minor labels
-                axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-                axis.set_minor_formatter(NullFormatter())
+            for axis in (ax.xaxis, ax.yaxis):
+                label_log_axis(axis)
         ax.set(xlabel=f"measured {title}", ylabel=f"predicted {title}", title=title)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)

@@ -61,9 +61,15 @@ class ProbeResult:
             "median (ms)": (raw["median_us"] / 1e3).round(3),
             "p99 (ms)": (raw["p99_us"] / 1e3).round(3),
             "GB/s": raw["bandwidth_GBps"].round(2),
+            "limit (GB/s)": raw["limit_GBps"].round(2),
+            "limit is": raw["limit_kind"].map(LIMIT_KINDS).fillna("–"),
             "% of limit": (raw["fraction_of_limit"] * 100).round(1),
-            "limit": raw["limit_kind"],
             "checksum ok": raw["checksum_ok"]})
+
+
+# what a probe row's limit was, in words
+LIMIT_KINDS = {"memcpy": "a memory copy of that size on this machine (both agents here)",
+               "link": "the link rate 00 measured between the nodes"}
 
 
 class KvRecommendation(BaseModel):

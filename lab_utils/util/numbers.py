@@ -32,6 +32,17 @@ def titled(title: str, device: str | None) -> str:
     return f"{title} (CPU rehearsal)" if device == "cpu" else title
 
 
+def label_log_axis(axis: Any) -> None:
+    """Plain numbers on a matplotlib log axis: each decade, and 2 and 5 within it (its own
+    labels are powers such as 10^0, or all eight minor ones, which run together)."""
+    from matplotlib.ticker import FuncFormatter
+
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(FuncFormatter(
+        lambda v, _: f"{v:g}" if v > 0 and round(v / 10 ** math.floor(math.log10(v))) in (2, 5)
+        else ""))
+
+
 def join_words(items: list[str]) -> str:
     """"a", "a and b", "a, b and c"."""
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]

@@ -84,7 +84,10 @@ def test_probe_end_to_end_on_loopback(cfg):
     assert list(r.to_frame(full=True).columns) == list(ROW_KEYS) and len(r.to_frame()) == 6
     shown = r.to_frame()  # what notebook 02 shows: units in the headers, a handful of columns
     assert list(shown.columns) == ["memory", "op", "size (MiB)", "descriptors", "median (ms)",
-                                   "p99 (ms)", "GB/s", "% of limit", "limit", "checksum ok"]
+                                   "p99 (ms)", "GB/s", "limit (GB/s)", "limit is", "% of limit",
+                                   "checksum ok"]
+    assert set(shown["limit is"]) == {"a memory copy of that size on this machine (both agents "
+                                      "here)"}
     assert (shown["median (ms)"] * 1e3 - r.to_frame(full=True)["median_us"]).abs().max() < 1
     # nothing left behind: no record, no process, the port free again
     _assert_clean(cfg)
