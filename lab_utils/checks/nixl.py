@@ -94,7 +94,8 @@ def nixl_verdict(name: str, code: int, output: str, env: dict[str, str], *,
     reads = [t for t in tables if "memory read" in t["operation"]] or tables
     chosen = list(dict.fromkeys(tl for t in reads for tl in t["transports"]))
     moved = (f"moved {answer['bytes'] // 1024} KiB with a NIXL READ in "
-             f"{answer['seconds'] * 1e3:.1f} ms")
+             f"{answer['seconds'] * 1e3:.1f} ms (one first READ, opening the connection "
+             "included: it shows NIXL works, not its bandwidth, which 02 measures)")
     seen = f"{setting}; UCX chose " + (", ".join(chosen) if chosen else "(not reported)")
     if rdma and not any(t.startswith(RDMA_PREFIXES) for t in chosen):
         return CheckResult(

@@ -75,8 +75,8 @@ def _disk(ctx: Context, name: str) -> CheckResult:
     usage = ctx.facts(name, "disk", *paths)
     floor = (20 if cfg.vllm.device == "cuda" else 1) * GiB
     low = {p: u for p, u in usage.items() if u["free"] < floor}
-    seen = "; ".join(f"{u['checked']}: {u['free'] / GiB:.1f} GiB free of {u['total'] / GiB:.0f}"
-                     for u in usage.values())
+    seen = "; ".join(f"{u['checked']}: {u['free'] / GiB:.1f} GiB free of {u['total'] / GiB:.0f} "
+                     "GiB" for u in usage.values()) + f" (warns under {floor // GiB} GiB)"
     if low:
         return CheckResult("disk", name, "warn", f"under {floor // GiB} GiB free", evidence=seen,
                            fix=f"free space on {name} (old logs under {cfg.log_dir_on(name)}, "

@@ -203,7 +203,8 @@ def check_model(ctx: Context) -> list[CheckResult]:
     elif present and len(present) == len(snaps):
         snap = next(iter(present.values()))
         what = ("hub snapshot" if cfg.model.source == "hub"
-                else "same files (digest of names and sizes)")
+                else "same files (a digest of the files' names and sizes, not the deploy's "
+                     "snapshot id)")
         out.append(CheckResult("model", "cluster", "pass",
                                f"{cfg.model.name}: {what} {snap[:12]} on {', '.join(present)}"))
     return skipped + out
