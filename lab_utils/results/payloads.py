@@ -27,6 +27,7 @@ from lab_utils.results.checklist import CheckResult
 from lab_utils.results.forecast import EngineProfile, Forecast
 from lab_utils.results.kv_transfer import KvRecommendation, KvTransferPayload
 from lab_utils.results.points import (
+    COMPARED,
     MARGIN,
     Measured,
     Point,
@@ -227,15 +228,14 @@ class FrontDoors(Record):
 
         a, b = self.lab.combined[0], self.vllm_router.combined[0]
         router = f"vllm-router {self.router_version}"
-        rows: list[dict[str, Any]] = metric_rows(a, b, ("lab proxy", router), label="key",
-                                                 mark_invalid=True)
+        rows: list[dict[str, Any]] = metric_rows(a, b, ("lab proxy", router), mark_invalid=True)
         again = next((p for p in (sweep.combined if sweep else []) if p.load == a.load), None)
         if again is not None:  # the lab proxy measured twice: judged by both runs' range
             both = pooled([a, again])
-            for row in rows:
-                key = row["metric"]
+            for row, m in zip(rows, COMPARED, strict=True):  # metric_rows: one row per COMPARED
+                key = m.key
                 row["lab proxy, in the sweep"] = rounded(again.median(key))
-                if row["better"] not in ("=", "invalid"):
+                if not row["better"].startswith("=") and row["better"] != "invalid":
                     row["better"] = {"a": "lab proxy", "b": router}.get(
                         compare_points(both, b, key).better or "",
                         f"= (within {MARGIN:.0%} of the lab proxy's range over its two runs)")

@@ -397,13 +397,17 @@ def metric_rows(a: Point, b: Point, names: tuple[str, str], *, label: str = "hea
     the metric (its `label`: "heading", "TTFT p50 (ms)", or "key", vLLM's name), a's and
     b's medians under `names`, the margin (b against a as a ratio with the direction in
     words: "1.3x lower"; None when either is missing) and the better one by the lab's rule
-    (`compare_points`): "=" when they do not differ, "invalid" with `mark_invalid` when
-    either run is invalid. What the notebooks' comparison tables are made of."""
+    (`compare_points`): "=" when they do not differ ("= (runs' spread)" when further apart
+    than the margin but not beyond the runs' own spread), "invalid" with `mark_invalid`
+    when either run is invalid. What the notebooks' comparison tables are made of."""
     both = a.valid and b.valid
     rows = []
     for m in COMPARED:
         x, y = a.median(m), b.median(m)
-        better = {"a": names[0], "b": names[1]}.get(compare_points(a, b, m).better or "", "=")
+        v = compare_points(a, b, m)
+        tie = ("=" if not v.beyond_margin or v.differs else "= (caches differ)"
+               if "prefix-cache hit shares differ" in v.basis else "= (runs' spread)")
+        better = {"a": names[0], "b": names[1]}.get(v.better or "", tie)
         rows.append({"metric": getattr(m, label), names[0]: rounded(x), names[1]: rounded(y),
                      "margin": None if x is None or y is None else m.times(y, x),
                      "better": "invalid" if mark_invalid and not both else better})

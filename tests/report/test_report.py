@@ -308,8 +308,8 @@ def test_front_doors_table_when_04_recorded_it(test_cfg):
     write(test_cfg, "04", payload)
     md = report.build_report(test_cfg).md.read_text()
     assert "one sweep point (concurrency 1) through the lab's proxy, then through vllm-router 0.1.17" in md
-    row = next(line for line in md.splitlines() if line.startswith("| median_ttft_ms"))
-    assert [c.strip() for c in row.strip("|").split("|")] == ["median_ttft_ms", "60.0", "45.0", "1.3x lower",
+    row = next(line for line in md.splitlines() if line.startswith("| TTFT p50 (ms)"))
+    assert [c.strip() for c in row.strip("|").split("|")] == ["TTFT p50 (ms)", "60.0", "45.0", "1.3x lower",
                                                                "vllm-router 0.1.17", "60.0"]
 
 

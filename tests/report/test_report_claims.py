@@ -138,7 +138,7 @@ def test_a_front_door_is_not_named_better_inside_the_lab_proxys_own_run_to_run_g
 
     doors = FrontDoors(point="concurrency 4", lab=run(59.0), vllm_router=run(44.0),
                        router_version="0.1.17")
-    row = lambda frame: frame[frame["metric"] == "median_ttft_ms"].iloc[0]  # noqa: E731
+    row = lambda frame: frame[frame["metric"] == "TTFT p50 (ms)"].iloc[0]  # noqa: E731
     assert row(doors.frame())["better"] == "vllm-router 0.1.17"
     noisy = row(doors.frame(run(43.0)))  # the lab proxy alone measured 43 ms in the sweep
     assert noisy["better"].startswith("= (within") and noisy["lab proxy, in the sweep"] == 43.0

@@ -139,7 +139,8 @@ def comparison_table(key, a, b) -> str | None:
     reference = SimpleNamespace(notebook="01", payload=SimpleNamespace(sweep=base))
     frame = compare_frame(reference, rep, ("one", "two"))
     row = frame[(frame["metric"] == BY_KEY[key].heading) & (frame["load"] == "concurrency 4")]
-    return {"one": "a", "two": "b", "=": None}[row["better"].item()]
+    b = row["better"].item()
+    return None if b.startswith("=") else {"one": "a", "two": "b"}[b]
 
 
 JUDGES = [rule, notebook_conclusions, report_verdict, loadgen_agreement, forecast_grading,
@@ -280,3 +281,17 @@ def test_a_pooled_point_is_the_median_over_every_run_it_names():
     many = Point(mode="concurrency", value=4.0, mixed=True, repeats=4, valid=True,
                  request_throughput=Measured.of([1.0, 2.0, 3.0, 10.0]))
     assert points.pooled([own, many]).of("request_throughput").median == statistics.median([6.64, 2.5])
+
+
+def test_a_comparison_row_says_why_a_gap_beyond_the_margin_is_no_difference():
+    from lab_utils.results.points import metric_rows
+
+    def pt(runs: list[float]) -> Point:
+        return combine([RepeatSummary(median_ttft_ms=v, output_throughput=100.0) for v in runs],
+                       "concurrency", 1.0)
+
+    rows = {r["metric"]: r for r in metric_rows(pt([10.0, 14.0]), pt([13.0, 15.0]), ("a", "b"))}
+    assert rows["TTFT p50 (ms)"]["better"] == "= (runs' spread)"  # 17% apart, runs overlap
+    assert rows["output throughput (tok/s)"]["better"] == "="  # the same
+    rows = {r["metric"]: r for r in metric_rows(pt([10.0, 10.5]), pt([14.0, 14.5]), ("a", "b"))}
+    assert rows["TTFT p50 (ms)"]["better"] == "a"
