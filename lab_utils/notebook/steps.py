@@ -169,8 +169,13 @@ def nixl_threads_frame(cfg: LabConfig, served: Served) -> pd.DataFrame:
               "keep their normal priority")
     elif not busy and not delay:
         print("no busy NIXL progress thread was found in the prefill or decode instances")
-    cols = ["instance", "role", "node", "process", "thread", "tid", "before", "policy"]
-    return pd.DataFrame([{c: r.get(c) for c in cols} for r in rows], columns=cols)
+    if rows:
+        print("Below, each thread the lab changed (the model's threads put back on their CPUs, "
+              "and any busy NIXL thread lowered): what it had before and what it has now.")
+    cols = {"instance": "instance", "role": "role", "node": "node", "process": "process",
+            "thread": "thread", "tid": "tid", "before": "before", "policy": "now"}
+    return pd.DataFrame([{shown: r.get(c) for c, shown in cols.items()} for r in rows],
+                        columns=list(cols.values()))
 
 
 def check_alive(cfg: LabConfig, served: Served, lines: int = 8) -> None:
