@@ -14,6 +14,7 @@ import contextlib
 import math
 import os
 import random
+import statistics
 import time
 
 import httpx
@@ -53,7 +54,7 @@ from lab_utils.serve.metrics import fetch_metrics, read_counters
 from lab_utils.serve.pd import complete, prove_via_proxy
 from lab_utils.serve.topology import Served, quiet_nixl_threads
 from lab_utils.serve.tp import stop_lone_ranks
-from lab_utils.util.numbers import titled
+from lab_utils.util.numbers import fmt_num, titled
 
 REFERENCE_LENGTHS = (48, 96, 160, 224)  # the prompts whose greedy output 01 records
 REFERENCE_TOKENS = 16
@@ -123,7 +124,30 @@ def run_sweep(cfg: LabConfig, served: Served, *, mixed: bool = False,
             by_process={k: cpu_after[k] - cpu_before.get(k, 0.0) for k in cpu_after})
     if any(p.summary.failed for p in result.points):
         check_alive(cfg, served)
+    if mixed:
+        print(first_tokens_line(result, w))
     return result
+
+
+def first_tokens_line(result: BenchmarkResult, w) -> str:
+    """A mixed run's first tokens by kind at its load: the long prompts', the short ones',
+    and how many short ones took over five times the fastest short one (a median over all requests
+    lands between the two humps)."""
+    load = max((p.value for p in result.combined if p.mode == "concurrency"), default=None)
+    if load is None:
+        return "first tokens by kind: no load point measured"
+    firsts = result.first_tokens(load, w.long_len)
+    long = [v for rep in firsts[True] for v in rep]
+    short = [v for rep in firsts[False] for v in rep]
+    if not long or not short:
+        return "first tokens by kind: not both kinds completed"
+    slow = sum(v > 5 * min(short) for v in short)
+    return (f"first tokens at concurrency {load:g}, by kind: the {w.long_len:,}-token prompts' "
+            f"median {fmt_num(statistics.median(long))} ms ({len(long)} requests); the short "
+            f"prompts' median {fmt_num(statistics.median(short))} ms ({len(short)}), of which "
+            f"{slow} took over five times as long as the fastest short one "
+            f"({fmt_num(min(short))} ms). A median "
+            "over all requests lands between the two.")
 
 
 def nixl_threads(cfg: LabConfig, served: Served) -> list[dict]:

@@ -114,15 +114,11 @@ def switch_run(suffix: str, label: str, budget: int | None, result: BenchmarkRes
     """One setting's record from its mixed run: the point at the highest concurrency, the
     first token of the long prompts and of the others."""
     point = max((p for p in result.combined if p.mode == "concurrency"), key=lambda p: p.value)
-    reqs = [r for p in result.points if p.value == point.value for r in p.requests
-            if not r.get("error") and r.get("ttft_ms") is not None]
-    ttft = {k: [r["ttft_ms"] for r in reqs if (r["prompt_len"] >= long) == k]
-            for k in (True, False)}
+    firsts = result.first_tokens(point.value, long)
+    ttft = {k: [v for rep in firsts[k] for v in rep] for k in (True, False)}
     # each repeat's median of each kind, so that the rule can hold two settings' ranges apart
-    each = {k: Measured.of(statistics.median(v) if v else None for v in (
-        [r["ttft_ms"] for r in p.requests if not r.get("error") and r.get("ttft_ms") is not None
-         and (r["prompt_len"] >= long) == k]
-        for p in result.points if p.value == point.value)) for k in (True, False)}
+    each = {k: Measured.of(statistics.median(rep) if rep else None for rep in firsts[k])
+            for k in (True, False)}
     return SwitchRun(suffix=suffix, label=label, budget=budget, point=point,
                      long_ttft_ms=statistics.median(ttft[True]) if ttft[True] else None,
                      other_ttft_ms=statistics.median(ttft[False]) if ttft[False] else None,

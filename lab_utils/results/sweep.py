@@ -47,7 +47,7 @@ class RequestRecord:
             return f"the request failed: {self.error}"
         itl = sorted(self.itl_ms)
         together = (f"; {self.read_together} of them 0 ms: tokens the client read together, late"
-                    if self.read_together else "")
+                    if self.read_together else "; none read together")
         if self.ttft_ms is None or self.tpot_ms is None or self.e2el_ms is None or not itl:
             return f"prompt {self.prompt_len} tokens: too few tokens came back to time"
         gaps = (self.completion_tokens or len(itl) + 1) - 1
@@ -166,3 +166,15 @@ class BenchmarkResult(BaseModel):
     combined: list[Point]
     # the CPU its processes used (None: on nodes reached over SSH, or not recorded)
     cpu: SweepCpu | None = None
+
+    def first_tokens(self, value: float, long: int) -> dict[bool, list[list[float]]]:
+        """Each repeat's TTFTs (ms) at concurrency `value`: of the prompts of `long` tokens
+        or more (True) and of the others (False); failed requests left out."""
+        out: dict[bool, list[list[float]]] = {True: [], False: []}
+        for p in self.points:
+            if p.value != value:
+                continue
+            ok = [r for r in p.requests if not r.get("error") and r.get("ttft_ms") is not None]
+            for kind in (True, False):
+                out[kind].append([r["ttft_ms"] for r in ok if (r["prompt_len"] >= long) == kind])
+        return out

@@ -168,3 +168,15 @@ def test_first_tokens_are_held_apart_by_their_runs_ranges():
     run = switch_run("served", "as served", 2048, _result(40.0), long=3000)
     assert run.long_ttft == Measured(median=100.0, min=100.0, max=100.0, n=2)
     assert run.first_token(False) == run.other_ttft and run.other_ttft.median == 11.0
+
+
+def test_a_mixed_run_says_its_first_tokens_by_kind():
+    from types import SimpleNamespace
+
+    from lab_utils.notebook.steps import first_tokens_line
+    r = _result(40.0)  # per repeat: long 90 and 110 ms, short 10 and 12 ms, one failed
+    assert r.first_tokens(4.0, 3000) == {True: [[90.0, 110.0]] * 2, False: [[10.0, 12.0]] * 2}
+    line = first_tokens_line(r, SimpleNamespace(long_len=3000))
+    assert line.startswith("first tokens at concurrency 4, by kind: the 3,000-token prompts' "
+                           "median 100 ms (4 requests); the short prompts' median 11 ms (4), of "
+                           "which 0 took over five times as long")
