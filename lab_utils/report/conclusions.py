@@ -287,17 +287,26 @@ def _warnings(data: ReportData) -> list[str]:
         out.append("Notebook 04's proof that the KV cache really moved did not pass: the "
                    "disaggregated numbers may not measure KV transfer; see its section.")
     if data.device == "cpu" and "disaggregated" in data.sweeps:
+        env = data.envelopes.get("04")
+        extra = ((env.config.get("kv_transfer") or {}).get("extra_config") or {}) if env else {}
+        lease = extra.get("kv_lease_duration")
         out.append("CPU rehearsal: "
-                   + ("each prefill or decode instance's NIXL progress thread waited in poll() "
-                      "between rounds (the lab's kv_transfer.nixl_progress_delay_us; as vLLM "
-                      "gets it, it polls without pause and takes a core of this small machine), "
+                   + ("each prefill or decode instance's NIXL progress thread (the background "
+                      "thread that drives its transfers) waited in poll() between rounds, as "
+                      "the lab set it (kv_transfer.nixl_progress_delay_us; left as vLLM starts "
+                      "it, it polls without pause and takes a core of this small machine). "
                       if data.nixl_waited else
                       "each prefill or decode instance also runs NIXL's busy-polling progress "
-                      "thread, which takes a core of this small machine, ")
-                   + "and low-load requests can stall until the prefill's KV lease expires "
-                   "(docs/REHEARSAL.md, 'What the rehearsal can and cannot show'). The "
-                   "disaggregated numbers here say how the mechanics behave on this box, not "
-                   "on a Spark.")
+                      "thread (the background thread that drives its transfers), which takes a "
+                      "core of this small machine. ")
+                   + "A request can also stall at low load: the prefill keeps a prompt's KV "
+                   "blocks for the decode until they are read or their lease runs out"
+                   + (f" ({lease} s here, kv_transfer.extra_config.kv_lease_duration)"
+                      if lease else "")
+                   + ", and on two shared cores other processes can wait that long; the "
+                   "headline table's notes name any run during which the machine stood still. "
+                   "The disaggregated numbers here say how the mechanics behave on this box, "
+                   "not on a Spark.")
     out += _stall_warning(data)
     out += _read_together_warning(data)
     base = data.sweeps.get("baseline")

@@ -119,9 +119,14 @@ def spark_forecast(data: ReportData) -> tuple[pd.DataFrame, str, dict[str, str]]
                              "architecture": arch.name,
                              **{m.heading: p.metrics.get(m.key) for m in FORECAST},
                              "bottleneck": p.bottleneck()})
+    slo = " / ".join(f"{k} {v:,.0f} ms" for k, v in (("TTFT", w.slo.ttft_ms),
+                                                      ("TPOT", w.slo.tpot_ms)) if v)
     about = (f"{model}, input {w.input_len} / output {w.output_len} tokens, concurrency "
              f"{w.concurrency}" + (f", mixed: one {w.mixed_long_len}-token prompt every "
-                                   f"{w.mixed_long_every}" if w.mixed_long_len else ""))
+                                   f"{w.mixed_long_every}" if w.mixed_long_len else "")
+             + (f"; goodput counts the requests that met TTFT and TPOT SLOs of {slo}; "
+                "bottleneck: the pool of instances the model found busiest, with the share of "
+                "the time it was busy" if slo else ""))
     return pd.DataFrame(rows).round(2), about, inputs.sources
 
 

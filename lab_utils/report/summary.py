@@ -319,9 +319,10 @@ def _nixl_threads(data: ReportData) -> list[tuple[str, str]]:
     delay = data.nixl_delay_us
     lowered = (env.config.get("kv_transfer") or {}).get("lower_nixl_threads")
     lowered = data.device == "cpu" if lowered is None else lowered
-    text = (f"each waits in poll() up to {math.ceil(delay / 1000)} ms between rounds "
-            f"(kv_transfer.nixl_progress_delay_us = {delay}; as vLLM gets it, it polls without "
-            "pause)" if delay else "poll without pause, as vLLM gets them")
+    text = (f"each waits in poll() up to {math.ceil(delay / 1000)} ms between rounds, set "
+            f"by the lab for these runs (kv_transfer.nixl_progress_delay_us = {delay}; as vLLM "
+            "starts NIXL, without it, the thread polls without pause)" if delay else
+            "poll without pause, as vLLM starts them")
     if lowered:
         text += ("; any found busy lowered to nice 19, and each worker's model thread put back "
                  "on its CPUs (kv_transfer.lower_nixl_threads)")

@@ -269,7 +269,8 @@ def calibration_table(data: ReportData) -> pd.DataFrame:
     for cal in calibration.load_all(data.results_dir, data.profile):
         m = cal.measured()
         figures = dict(starts) if cal.instances or cal.starts else {}
-        figures.update({f"NIXL probe, {seg} (GB/s)": (f"probe_GBps:{seg}", rates[seg], 1)
+        figures.update({f"NIXL probe, {seg}, one whole pass (GB/s: every size, READ and WRITE, "
+                        "the rate its plan divides by)": (f"probe_GBps:{seg}", rates[seg], 1)
                         for seg in cal.probe})
         if cal.proxy:
             figures["proxy, per request (ms)"] = ("proxy_ms", GB10["hop_ms"][0], 1)

@@ -345,6 +345,7 @@ def test_the_report_grades_the_recorded_forecast_and_forecasts_two_sparks(test_c
     df, about, sources = spark_forecast(data)
     assert set(df["architecture"]) == {"1 instance", "2 replicas", "1P1D"}
     assert "Qwen/Qwen3-8B" in about and "memory_bandwidth_GBps" in sources
+    assert "goodput counts the requests that met TTFT and TPOT SLOs of TTFT 1,000 ms" in about
     # an 8B model in bf16 at 273 GB/s: a lone stream's decode step is ~56 ms
     one = df[(df["architecture"] == "1 instance") & (df["load"] == "concurrency 1")]
     assert 50 < one["ITL p50 (ms)"].item() < 65

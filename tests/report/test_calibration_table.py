@@ -44,7 +44,7 @@ def test_the_rehearsal_table_sets_the_probe_rate_and_the_proxy_cost_beside_their
                              point(128, [-0.8, 0.98, 2.8]), backend=target)
     df = calibration_table(data_of(test_cfg))
     by = {(r["node"], r["figure"]): r for r in df.to_dict("records")}
-    probe = by[(initiator, "NIXL probe, DRAM (GB/s)")]
+    probe = by[(initiator, "NIXL probe, DRAM, one whole pass (GB/s: every size, READ and WRITE, the rate its plan divides by)")]
     assert (probe["estimate"], probe["measured"], probe["source"]) == (
         CONSERVATIVE_GBps, 4.2, label(test_cfg, initiator))
     proxy = by[(test_cfg.proxy.node, "proxy, per request (ms)")]
@@ -69,7 +69,7 @@ def test_a_gpu_table_has_both_memory_types_and_the_spark_forecast_takes_the_prox
     target, initiator = spark_cfg.probe_pair()
     calibration.record_probe(spark_cfg, initiator, target, rows("DRAM", 11.5) + rows("VRAM", 0.4))
     df = calibration_table(data_of(spark_cfg)).set_index("figure")
-    assert df.loc["NIXL probe, DRAM (GB/s)", "estimate"] == GB10_PLAN_GBps["DRAM"]
+    assert df.loc["NIXL probe, DRAM, one whole pass (GB/s: every size, READ and WRITE, the rate its plan divides by)", "estimate"] == GB10_PLAN_GBps["DRAM"]
     assert df.loc["NIXL probe, VRAM (GB/s)", "estimate"] == GB10_PLAN_GBps["VRAM"]
     assert df.loc["NIXL probe, VRAM (GB/s)", "measured"] == 0.4
     # the Spark forecast: the published proxy figure, then the measured one

@@ -622,8 +622,9 @@ def test_the_first_screen_has_the_verdict_sentence_the_banner_and_the_system(tes
     assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d( to .*)?", box["date (UTC)"])
     # set through the environment, not a flag: what the lab did to NIXL's threads in 04
     assert box["NIXL progress threads (prefill, decode)"].startswith(
-        "each waits in poll() up to 1 ms between rounds (kv_transfer.nixl_progress_delay_us "
-        "= 1000; as vLLM gets it, it polls without pause); any found busy lowered")
+        "each waits in poll() up to 1 ms between rounds, set by the lab for these runs "
+        "(kv_transfer.nixl_progress_delay_us = 1000; as vLLM starts NIXL, without it, the "
+        "thread polls without pause); any found busy lowered")
 
 
 def test_the_verdict_sentence_when_nothing_differs_and_on_a_gpu(tmp_path):
