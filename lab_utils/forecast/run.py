@@ -40,7 +40,7 @@ from lab_utils.results.forecast import (
     TimedProfile,
 )
 from lab_utils.results.kv_transfer import KvTransferPayload
-from lab_utils.results.points import FORECAST, MetricKey
+from lab_utils.results.points import FORECAST, MARGIN, Measured, MetricKey, differs
 from lab_utils.util.numbers import fmt_num
 
 SPLIT_NODES = (2, 4, 8)
@@ -82,6 +82,22 @@ def predict_rows(inputs: Inputs, edges_of, arch: Architecture, loads: list[Load]
     return rows
 
 
+NOBODY = "neither (no request met every SLO)"
+EVEN = f"neither (within {MARGIN:.0%})"
+
+
+def goodput_winner(split: str, g_split: float | None, replicas: str,
+                   g_replicas: float | None) -> str:
+    """Which of a split and N replicas a forecast puts ahead on goodput, by the lab's margin
+    (one predicted value each): its name, `EVEN` within the margin, `NOBODY` at 0 both."""
+    a, b = g_split or 0.0, g_replicas or 0.0
+    if a == b == 0:
+        return NOBODY
+    if not differs(Measured.one(a), Measured.one(b)):
+        return EVEN
+    return split if a > b else replicas
+
+
 def best_splits(inputs: Inputs, load: Load, nodes=SPLIT_NODES) -> list[dict[str, Any]]:
     """For each node count, every xPyD split and N replicas at `load`, scaled to the
     nodes (concurrency x nodes/2); the best split by goodput, then TTFT p50."""
@@ -99,6 +115,9 @@ def best_splits(inputs: Inputs, load: Load, nodes=SPLIT_NODES) -> list[dict[str,
                     "its ITL p99 (ms)": best.metrics["p99_itl_ms"],
                     "replicas goodput (req/s)": rep["request_goodput"],
                     "replicas ITL p99 (ms)": rep["p99_itl_ms"],
+                    "ahead on goodput": goodput_winner(
+                        best.architecture, best.metrics["request_goodput"], f"{n} replicas",
+                        rep["request_goodput"]),
                     "bottleneck": best.bottleneck()})
     return out
 

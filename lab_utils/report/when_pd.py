@@ -23,10 +23,11 @@ import pandas as pd
 
 from lab_utils.forecast.inputs import spark_inputs_for
 from lab_utils.forecast.model import Architecture, forecast, loads_of
+from lab_utils.forecast.run import EVEN, NOBODY, goodput_winner
 from lab_utils.report.data import ReportData
 from lab_utils.report.forecast import spark_hop, spark_workload
 from lab_utils.results.claims import claim, save_claims
-from lab_utils.results.points import MARGIN, Measured, differs
+from lab_utils.results.points import MARGIN
 from lab_utils.util.numbers import fmt_num
 
 # (short prompt, output) tokens: prompt/output ratios from 1 to 64
@@ -34,8 +35,6 @@ SHAPES = ((512, 512), (1024, 256), (2048, 128), (4096, 64))
 # ITL bounds, as multiples of the decode instances' own ITL p99 in that case: from one
 # they meet with room to one loose enough for a replica's long prefill, in most cases
 ITL_BOUNDS = (1.25, 5.0, 20.0)
-NOBODY = "neither (no request met every SLO)"
-EVEN = f"neither (within {MARGIN:.0%})"
 
 
 def _cases(nodes: int) -> list[Architecture]:
@@ -51,9 +50,7 @@ def _row(short: int, out: int, bound: float | None, archs: list[Architecture],
     return {"prompt / output": f"{short} / {out}", "ratio": short / out, "ITL SLO ms": bound,
             "replicas": archs[0].name, "replicas' goodput (req/s)": g_rep,
             "best split": archs[i].name, "its goodput (req/s)": g_pd,
-            "winner": (NOBODY if g_pd == g_rep == 0
-                       else EVEN if not differs(Measured.one(g_pd), Measured.one(g_rep))
-                       else archs[i].name if g_pd > g_rep else archs[0].name),
+            "winner": goodput_winner(archs[i].name, g_pd, archs[0].name, g_rep),
             "P/D ITL p99 ms": scored[i]["p99_itl_ms"], "replicas' ITL p99 ms": rep["p99_itl_ms"]}
 
 
