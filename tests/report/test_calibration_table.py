@@ -18,6 +18,10 @@ from lab_utils.results import calibration
 from lab_utils.results.calibration import Calibration
 
 
+def probe_figure(seg: str) -> str:
+    return (f"NIXL probe, {seg}, one whole pass (GB/s: every size, READ and WRITE, the rate "
+            "its plan divides by)")
+
 def data_of(cfg) -> ReportData:
     return ReportData(cfg.profile, cfg.vllm.device, cfg.results_dir, {}, {}, {}, {})
 
@@ -44,7 +48,7 @@ def test_the_rehearsal_table_sets_the_probe_rate_and_the_proxy_cost_beside_their
                              point(128, [-0.8, 0.98, 2.8]), backend=target)
     df = calibration_table(data_of(test_cfg))
     by = {(r["node"], r["figure"]): r for r in df.to_dict("records")}
-    probe = by[(initiator, "NIXL probe, DRAM, one whole pass (GB/s: every size, READ and WRITE, the rate its plan divides by)")]
+    probe = by[(initiator, probe_figure("DRAM"))]
     assert (probe["estimate"], probe["measured"], probe["source"]) == (
         CONSERVATIVE_GBps, 4.2, label(test_cfg, initiator))
     proxy = by[(test_cfg.proxy.node, "proxy, per request (ms)")]
@@ -69,9 +73,9 @@ def test_a_gpu_table_has_both_memory_types_and_the_spark_forecast_takes_the_prox
     target, initiator = spark_cfg.probe_pair()
     calibration.record_probe(spark_cfg, initiator, target, rows("DRAM", 11.5) + rows("VRAM", 0.4))
     df = calibration_table(data_of(spark_cfg)).set_index("figure")
-    assert df.loc["NIXL probe, DRAM, one whole pass (GB/s: every size, READ and WRITE, the rate its plan divides by)", "estimate"] == GB10_PLAN_GBps["DRAM"]
-    assert df.loc["NIXL probe, VRAM (GB/s)", "estimate"] == GB10_PLAN_GBps["VRAM"]
-    assert df.loc["NIXL probe, VRAM (GB/s)", "measured"] == 0.4
+    assert df.loc[probe_figure("DRAM"), "estimate"] == GB10_PLAN_GBps["DRAM"]
+    assert df.loc[probe_figure("VRAM"), "estimate"] == GB10_PLAN_GBps["VRAM"]
+    assert df.loc[probe_figure("VRAM"), "measured"] == 0.4
     # the Spark forecast: the published proxy figure, then the measured one
     monkeypatch.setattr(report_forecast, "spark_workload",
                         lambda data: (spark_cfg.model.name, spark_cfg.workload))

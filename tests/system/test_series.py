@@ -100,6 +100,18 @@ def test_report_with_conclusions(series):
     assert len(list((cfg.results_dir / "plots").glob("*.png"))) >= 4
 
 
+def test_every_result_sentence_of_the_run_is_backed(series):
+    """The audit over the whole run: every claim a notebook or the report saved holds
+    against the results files, and no printed result sentence (a number beside a word that
+    judges) goes without a claim, in the executed notebooks as in the report."""
+    from lab_utils.report.audit import audit
+
+    cfg, _ = series
+    found = audit(cfg.results_dir)
+    assert found.false == [] and found.unbacked == [], "\n".join(found.lines())
+    assert found.checked >= 40
+
+
 def test_forecast_made_before_the_sweeps_and_graded(request, series):
     from datetime import datetime
 
