@@ -64,7 +64,8 @@ def grade_rows(fc: Forecast, measured: dict[str, BenchmarkResult | None],
                 metric=k, predicted=pred, measured=meas, lo=lo, hi=hi,
                 architecture=fc.architecture, workload=row.workload, load=row.load,
                 measured_lo=spread[0], measured_hi=spread[1],
-                differs=compare(got, predicted(pred, lo, hi)).differs, not_graded=why))
+                differs=compare(got, predicted(pred, lo, hi), b_is_interval=True).differs,
+                not_graded=why))
     return out
 
 

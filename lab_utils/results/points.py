@@ -291,14 +291,15 @@ class Verdict(NamedTuple):
 
 
 def compare(a: Measured | None, b: Measured | None, key: MetricKey | Metric | None = None,
-            margin: float = MARGIN) -> Verdict:
+            margin: float = MARGIN, *, b_is_interval: bool = False) -> Verdict:
     """Whether b differs from a, and which is better (with `key`, the metric's direction).
 
     The rule: a difference counts only when the medians are further apart than `margin`
     (10%) of the smaller one AND, when both sides were measured at least twice, their
     min-max ranges over the repeats do not overlap and the medians are further apart than
     either range is wide (ranges that miss each other by a hair are noise when one side's
-    own runs moved further than the gap); when only one side was, the single
+    own runs moved further than the gap; `b_is_interval`: b's range is a forecast's
+    interval, not runs, so only the overlap counts); when only one side was, the single
     value stands more than the margin beyond that side's range. With one repeat on both
     sides the spread is unknown and the margin alone decides. Not measured on either side (None,
     not finite): no difference.
@@ -322,13 +323,14 @@ def compare(a: Measured | None, b: Measured | None, key: MetricKey | Metric | No
         # ranges that only just miss each other can still be one side's own run-to-run
         # movement: the medians must also be further apart than either side's range is wide
         wide = max(a.max - a.min, b.max - b.min)
-        if gap <= wide:
+        if gap <= wide and not b_is_interval:
             return Verdict(False, None, gap_pct, True,
                            f"{apart}, beyond the {margin:.0%} margin, and the {ranges} do not "
                            f"overlap, but the medians are no further apart ({gap:.3g}) than "
                            f"one side's runs moved among themselves ({wide:.3g})")
-        basis = (f"{apart}, beyond the {margin:.0%} margin, the {ranges} do not overlap, and "
-                 "the medians are further apart than either range is wide")
+        basis = (f"{apart}, beyond the {margin:.0%} margin, and the {ranges} do not overlap"
+                 + ("" if b_is_interval else
+                    ", and the medians are further apart than either range is wide"))
     elif a.ranged or b.ranged:
         # one run against a range: the range is what that side's runs already moved by,
         # so the single value must stand beyond the margin from its nearer end

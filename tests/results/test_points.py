@@ -130,7 +130,11 @@ def forecast_grading(key, a, b) -> str | None:
            f"{key}_lo": min(b) if ranged else None, f"{key}_hi": max(b) if ranged else None}
     fc = Forecast(architecture="replicated", made_at="t", sources={}, rows=[row])
     (r,) = [r for r in g.grade_rows(fc, {"standard": measured}) if r.metric == key]
-    return rule(key, a, b) if r.differs else None
+    if r.differs != compare(Measured.of(a), Measured.of(b), b_is_interval=True).differs:
+        return "not the interval rule"
+    # an interval is not runs: where the rule would call the gap the runs' own movement
+    # (both ranged, apart, but no further than the wider range), the interval rule differs
+    return rule(key, a, b) if compare(Measured.of(a), Measured.of(b)).differs else None
 
 
 def comparison_table(key, a, b) -> str | None:
@@ -295,3 +299,14 @@ def test_a_comparison_row_says_why_a_gap_beyond_the_margin_is_no_difference():
     assert rows["output throughput (tok/s)"]["better"] == "="  # the same
     rows = {r["metric"]: r for r in metric_rows(pt([10.0, 10.5]), pt([14.0, 14.5]), ("a", "b"))}
     assert rows["TTFT p50 (ms)"]["better"] == "a"
+
+
+def test_a_forecast_interval_is_not_held_to_the_width_test():
+    """Measured twice, both runs below a wide forecast interval and more than 10% from the
+    prediction: the forecast differs, though the interval is wider than the gap (an
+    interval is not run-to-run movement); the runs' own rule would not say so."""
+    runs, interval = Measured.of([2.90, 2.94]), Measured(median=5.12, min=3.13, max=7.0, n=2)
+    assert compare(runs, interval, b_is_interval=True).differs
+    assert not compare(runs, interval).differs
+    reaching = Measured.of([2.90, 3.20])  # the runs reach into the interval: no difference
+    assert not compare(reaching, interval, b_is_interval=True).differs
