@@ -130,7 +130,8 @@ def switches_frame(sw: Switches) -> pd.DataFrame:
     return pd.DataFrame([{
         "engine": r.label, "step budget (tokens)": r.budget, "concurrency": int(r.point.value),
         "ITL p50 ms": r.point.median("median_itl_ms"), "ITL p99 ms": r.point.median("p99_itl_ms"),
-        "long prompts' TTFT p50 ms": r.long_ttft_ms, "other prompts' TTFT p50 ms": r.other_ttft_ms,
+        "long prompts' TTFT p50 ms": getattr(r.first_token(True), "median", None),
+        "other prompts' TTFT p50 ms": getattr(r.first_token(False), "median", None),
         "prefix-cache hits %": r.point.prefix_cache_hit_pct} for r in sw.chunked_prefill
     ]).set_index("engine").map(fmt_num)
 

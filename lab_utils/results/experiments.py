@@ -20,6 +20,10 @@ def _at(r: SwitchRun) -> Located:
     return (r.label, "01", f"switch {r.suffix}", r.point)
 
 
+def _ms(m: Measured | None) -> float | None:
+    return None if m is None else m.median
+
+
 def _apart(mine: Measured, theirs: Measured) -> str:
     """Two settings' first tokens over their repeats: the ratio where the lab's rule sees a
     difference, else that it does not, with the ranges it held apart (a 7% gap is not "1.1x
@@ -85,24 +89,25 @@ def chunking_claim(sw: Switches, where: str = "01") -> Claim:
             itl += (f"; first tokens with the lower tail ({low.label} against {high.label}): "
                     + ", ".join(firsts))
         for r in (low, high):
-            figures.update({f"long_ttft_{r.suffix}_ms": r.long_ttft_ms,
-                            f"other_ttft_{r.suffix}_ms": r.other_ttft_ms})
-    if not ranked and small.long_ttft_ms and off.long_ttft_ms:
-        itl += (f"; the long prompts' first token took {fmt_num(small.long_ttft_ms)} ms against "
-                f"{fmt_num(off.long_ttft_ms)} ms with chunking off "
-                f"({BY_KEY['median_ttft_ms'].times(small.long_ttft_ms, off.long_ttft_ms)})")
-        figures.update({"long_ttft_steps_ms": small.long_ttft_ms,
-                        "long_ttft_off_ms": off.long_ttft_ms})
+            figures.update({f"long_ttft_{r.suffix}_ms": _ms(r.first_token(True)),
+                            f"other_ttft_{r.suffix}_ms": _ms(r.first_token(False))})
+    a, b = small.first_token(True), off.first_token(True)
+    if not ranked and a and b:
+        itl += (f"; the long prompts' first token took {fmt_num(a.median)} ms against "
+                f"{fmt_num(b.median)} ms with chunking off ({_apart(a, b)})")
+        figures.update({"long_ttft_steps_ms": a.median, "long_ttft_off_ms": b.median})
     return claim(where, itl + ".", c, *also, *bare, figures=figures)
 
 
 def others_claim(sw: Switches, where: str = "01") -> Claim | None:
     """The short prompts' first token under each setting, as measured (no direction claimed:
     it depends on how often they arrive while a long prompt is being prefilled)."""
-    said = [f"{r.label} {fmt_num(r.other_ttft_ms)} ms" for r in sw.chunked_prefill
-            if r.other_ttft_ms is not None]
+    said = [f"{r.label} {fmt_num(m.median)} ms"
+            + (f" (each run's: {fmt_num(m.min)}-{fmt_num(m.max)} ms)" if m.ranged else "")
+            for r in sw.chunked_prefill if (m := r.first_token(False)) is not None]
     return claim(where, "The short prompts' median first token: " + "; ".join(said) + ".",
-                 figures={r.suffix: r.other_ttft_ms for r in sw.chunked_prefill}) if said else None
+                 figures={r.suffix: _ms(r.first_token(False)) for r in sw.chunked_prefill}
+                 ) if said else None
 
 
 def prefix_claim(p: PrefixTwice | None, where: str = "01") -> Claim:
