@@ -24,10 +24,11 @@ def _failures(report: ChecklistReport) -> list[str]:
 
 
 def not_checked(cfg: LabConfig, report: ChecklistReport) -> list[str]:
-    """What a verdict on this profile could not establish: the checks that did not apply
-    (n/a), and serving nodes whose LAN and data-plane addresses are one, where no port
+    """What a verdict on this profile could not establish: the checks that applied on no
+    node (n/a everywhere), and serving nodes whose LAN and data-plane addresses are one, where no port
     check can tell the two networks apart."""
-    na = sorted({r.check for r in report.results if r.status == "n/a"})
+    ran = {r.check for r in report.results if r.status != "n/a"}  # somewhere, for real
+    na = sorted({r.check for r in report.results if r.status == "n/a"} - ran)
     same = [name for name, n in cfg.nodes.items()
             if "serving" in n.roles and n.lan_address and n.lan_address == n.data_address]
     out = [f"not established here (n/a on this profile): {', '.join(na)}"] if na else []

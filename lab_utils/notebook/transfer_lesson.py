@@ -97,11 +97,10 @@ def conclusions(rows: list[dict[str, Any]], hop: dict[str, Any] | None,
                 i, slow = max(((i, r) for i, r in enumerate(rows)
                                if r["measured / predicted"] is not None),
                               key=lambda x: x[1]["measured / predicted"])
-                text += (f" The slowest was the {slow['prompt tokens']}-token prompt "
-                         f"({slow['transfer ms']:.2f} ms), sent {_ordinal(i + 1)} of {len(rows)}"
-                         + (": a pair's first transfer can include opening the connection, as "
-                            "02's first READ did." if i == 0 else
-                            "; what slowed it is not measured here."))
+                text += (f" Furthest above its prediction: the {slow['prompt tokens']}-token "
+                         f"prompt ({slow['transfer ms']:.2f} ms, "
+                         f"{slow['measured / predicted']:.1f}x), sent {_ordinal(i + 1)} of "
+                         f"{len(rows)}; what made it so is not measured here.")
             same = [(r["transfer ms"], r["probe, same bytes ms"]) for r in rows
                     if r["probe, same bytes ms"] and r["transfer ms"] is not None]
             if same:

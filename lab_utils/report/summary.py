@@ -22,7 +22,7 @@ from lab_utils.report.plots import roofline_claim
 from lab_utils.results import RESULTS
 from lab_utils.results.claims import Claim, Comparison, claim, comparison
 from lab_utils.results.experiments import policy_claims, switch_claims
-from lab_utils.results.points import BY_KEY, MetricKey
+from lab_utils.results.points import BY_KEY, MetricKey, Point
 from lab_utils.util.numbers import join_words
 
 HEADLINE: tuple[MetricKey, ...] = ("output_throughput", "median_ttft_ms", "p99_itl_ms")  # the verdict's
@@ -89,32 +89,50 @@ def _tail_cost(best: str, key: MetricKey, loads: list[str], mine: list[Compariso
             f"{join_words(list(dict.fromkeys(names[f.winner or ''] for f in lost)))} beat it")
 
 
-def _routed_otherwise(data: ReportData | None, best: str, key: MetricKey, load: str,
-                      mine: list[Comparison], used: list[Comparison]) -> str:
-    """Where 03 also ran the replicas with another routing policy at this load (one run of
-    the mixed workload) and that run beat the winner by the rule: says so, with both
-    values, since the verdict's replicated serving is the configured policy's."""
-    rep = data.replicated if data is not None else None
-    f0 = next((f for f in mine if f.metric == key and f.load == load), None)
-    if rep is None or rep.policies is None or f0 is None:
-        return ""
-    side = f0.subject if f0.subject.name == best else f0.reference
-    runs = (data.sweeps if side.run == "sweep" else data.mixed).get(best) if data else None
+def _point_of(data: ReportData, arch: str, key: MetricKey, load: str,
+              mine: list[Comparison]) -> tuple[str, Point] | None:
+    """The run ("sweep" or "mixed") and point a finding of `arch` at `load` on `key` used."""
+    f0 = next((f for f in mine if f.metric == key and f.load == load
+               and arch in (f.subject.name, f.reference.name)), None)
+    if f0 is None:
+        return None
+    side = f0.subject if f0.subject.name == arch else f0.reference
+    runs = (data.sweeps if side.run == "sweep" else data.mixed).get(arch)
     point = next((p for p in (runs.combined if runs else [])
                   if (p.mode, p.value) == (side.mode, side.load)), None)
-    if point is None:
+    return None if point is None else (side.run, point)
+
+
+def _routed_otherwise(data: ReportData | None, leaders: list[str], key: MetricKey, load: str,
+                      mine: list[Comparison], used: list[Comparison]) -> str:
+    """Where 03 also ran the replicas with another routing policy at this load (one run of
+    the mixed workload): whether that run beat every leader by the rule, or matched the one
+    winner, with the values; the verdict's replicated serving is the configured policy's."""
+    rep = data.replicated if data is not None else None
+    if data is None or rep is None or rep.policies is None:
         return ""
     out = []
     for name, p in rep.policies.runs.items():
-        if (name == rep.policy or (p.mode, p.value) != (point.mode, point.value)
-                or p.mixed != point.mixed or p.of(key) is None or point.of(key) is None):
+        cs = []
+        for arch in leaders:
+            at = _point_of(data, arch, key, load, mine)
+            if (at is None or name == rep.policy or (p.mode, p.value) != (at[1].mode, at[1].value)
+                    or p.mixed != at[1].mixed or p.of(key) is None or at[1].of(key) is None):
+                break
+            cs.append(comparison(key, (f"replicated, {name}", "03", f"policy {name}", p),
+                                 (arch, ARCH_NOTEBOOK[arch], at[0], at[1])))
+        if len(cs) != len(leaders):
             continue
-        c = comparison(key, (f"replicated, {name}", "03", f"policy {name}", p),
-                       (best, ARCH_NOTEBOOK[best], side.run, point))
-        if c.better == "subject":
-            used.append(c)
-            out.append(f"03's replicas routed {name.replace('_', '-')} beat it at {load} in "
-                       f"their one run ({c.values()}, {c.margin()})")
+        routed = f"03's replicas routed {name.replace('_', '-')}"
+        if all(c.better == "subject" for c in cs):
+            used.extend(cs)
+            them = "it" if len(cs) == 1 else "them"
+            out.append(f"{routed} beat {them} at {load} in their one run ("
+                       + "; ".join(f"{c.values()}, {c.margin()}" for c in cs) + ")")
+        elif len(cs) == 1 and cs[0].better is None:
+            used.extend(cs)
+            out.append(f"{routed} matched it at {load} in their one run ({cs[0].values()}, no "
+                       "difference by the lab's rule)")
     return "; ".join(out)
 
 
@@ -140,7 +158,7 @@ def _metric_verdict(key: MetricKey, cells: dict[str, list[Comparison]], one: boo
             lead = max(r for _, r in where)
             ahead = m.times(lead, 1) if m.higher_is_better else m.times(1, lead)
             loads = [w for w, _ in where]
-            routed = [r for w in loads if (r := _routed_otherwise(data, best, key, w,
+            routed = [r for w in loads if (r := _routed_otherwise(data, [best], key, w,
                                                                    mine or [], used))]
             bits.append(f"{names[best]}{at} ("
                         + ("" if one or len(where) == 1 else "up to ") + f"{ahead} than the next)"
@@ -148,8 +166,11 @@ def _metric_verdict(key: MetricKey, cells: dict[str, list[Comparison]], one: boo
                         + (f", but {'; '.join(routed)}" if routed else ""))
         else:
             tied = join_words([names[a] for a in top])
-            bits.append(f"no single best{at} ({tied} tie at the top)" if len(top) > 1
-                        else f"no single best{at}")
+            routed = [r for w, _ in where if (r := _routed_otherwise(data, list(top), key, w,
+                                                                      mine or [], used))]
+            bits.append((f"no single best{at} ({tied} tie at the top)" if len(top) > 1
+                         else f"no single best{at}")
+                        + (f", but {'; '.join(routed)}" if routed else ""))
     return f"{m.label}: " + "; ".join(bits)
 
 
@@ -205,7 +226,7 @@ def machine_claim(data: ReportData) -> Claim | None:
     if not used:
         return claim("report", head + " (the CPU each sweep used was not recorded).")
     shown = "; ".join(f"{NAMES[a]} {c.cores:.1f} of {c.host_cores} "
-                      f"({sum(c.by_process.values()):.0f} CPU-s in {c.wall_s:.0f} s)"
+                      f"({sum(c.by_process.values()):.1f} CPU-s in {c.wall_s:.1f} s)"
                       for a, c in used.items())
     return claim("report", f"{head}. Cores in use on average during each standard sweep "
                  f"(CPU seconds of its processes and the load generator over its wall time): "

@@ -35,8 +35,11 @@ def test_environment_with_failures_is_refused_then_continued_knowingly(test_cfg,
 def test_the_verdict_says_what_this_profile_could_not_establish(test_cfg, spark_cfg, capsys):
     """On the rehearsal every node's LAN and data addresses are one, and n/a checks did not
     run: the verdict names both; on two Sparks with two networks it names neither."""
-    record_environment(test_cfg, _report("n/a"))
+    report = _report("n/a")
+    report.results.append(CheckResult("python", "spark-02", "n/a", "same machine"))
+    record_environment(test_cfg, report)
     out = capsys.readouterr().out
+    assert "python" not in out.split("not established here")[1].splitlines()[0]  # it ran
     assert "verdict: blessed: no check failed" in out
     assert "not established here (n/a on this profile): cuda_build" in out
     same = [n for n, node in test_cfg.nodes.items()

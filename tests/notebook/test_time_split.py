@@ -31,24 +31,23 @@ def test_ttft_parts_from_the_instances_metrics():
 @pytest.mark.parametrize("top", time_split.PARTS)
 def test_the_sentence_names_the_part_that_dominated(top):
     parts = {k: 5.0 for k in time_split.PARTS} | {top: 80.0}
-    said = time_split.split_sentence(parts, 95.0, 20.0)
+    said = time_split.split_sentence(parts, 95.0)
     assert f"the {top} took the most, 80.0 ms (84% of it)" in said
-    assert "+75.0 ms against the mean TTFT of 01's single instance at concurrency 1" in said
+    assert "single instance" not in said  # the extra hop's sentence compares with 01
     for other in set(time_split.PARTS) - {top}:
         assert f"{other} 5.0 ms" in said
 
 
 def test_the_sentence_changes_with_the_data():
     said = {time_split.split_sentence({k: (50.0 if k == top else 1.0) for k in time_split.PARTS},
-                                      53.0, None) for top in time_split.PARTS}
+                                      53.0) for top in time_split.PARTS}
     assert len(said) == len(time_split.PARTS)
-    assert all("single instance" not in s for s in said)  # no 01 figure, no comparison
 
 
 def test_the_conclusions_carry_the_computed_sentence_not_a_fixed_one():
     hop = {"single_ttft_ms": 40.0, "pd_ttft_ms": 65.0, "extra_ms": 25.0, "transfer_ms": 5.0}
     split = time_split.split_sentence({"prefill": 1.0, "proxy hop": 2.0, "KV move": 50.0,
-                                       "first decode step": 3.0}, 65.0, 40.0)
+                                       "first decode step": 3.0}, 65.0)
     said = transfer_lesson.conclusions([], hop, split)
     assert said[-1] == split and "the KV move took the most" in split
     assert not any("decode scheduling the request" in s for s in said)
@@ -64,11 +63,14 @@ def test_cpu_table_largest_first():
 
 def test_a_mean_far_above_the_sweeps_median_is_said_to_be_one():
     parts = {"prefill": 9.6, "proxy hop": 4.9, "KV move": 180.5, "first decode step": 11.1}
-    said = time_split.split_sentence(parts, 206.1, 8.4, 6, 27.8)
+    said = time_split.split_sentence(parts, 206.1, 6, 27.8)
     assert said.startswith("Where TTFT went: over 6 fresh requests sent one at a time after "
-                           "the sweep, the mean TTFT through the pair was 206.1 ms")
-    assert "The sweep's median at concurrency 1 was 27.8 ms: a few slow first tokens" in said
-    assert "sweep's median" not in time_split.split_sentence(parts, 40.0, 8.4, 6, 27.8)
+                           "the sweep, the mean TTFT through the pair was 206.1 ms;")
+    assert ("The sweep's own median at concurrency 1 was 27.8 ms: these requests were slower "
+            "than the sweep's") in said
+    assert "sweep's own median" not in time_split.split_sentence(parts, 29.0, 6, 27.8)
+    before = time_split.split_sentence(parts, 35.9, 12, 29.6, "before")  # 21% apart
+    assert "sent one at a time before the sweep" in before and "were slower" in before
 
 
 def test_cpu_counts_the_model_thread_put_back_with_its_instance_not_with_nixl(test_cfg,
@@ -109,7 +111,7 @@ def test_two_parts_within_the_margin_are_a_tie_not_a_ranking():
     """A run's split had the first decode step at 12.7 ms and prefill at 12.6 ms: neither
     is named the larger."""
     said = time_split.split_sentence({"prefill": 12.6, "proxy hop": 3.0, "KV move": 8.0,
-                                      "first decode step": 12.7}, 36.3, 17.1)
+                                      "first decode step": 12.7}, 36.3)
     assert ("the first decode step and the prefill took the most, within 10% of each other: "
             "12.7 ms (35%), 12.6 ms (35%); proxy hop 3.0 ms, KV move 8.0 ms.") in said
     assert "took the most, 12.7 ms" not in said
