@@ -257,15 +257,21 @@ class WorkloadConfig(_Strict):
         requests". `mixed`: True, only the mixed run's load and its long prompts; False,
         without them; None, all of it."""
         conc = [max(self.concurrency or [1])] if mixed else self.concurrency
-        parts = [f"{self.input_len}-token prompts", f"{self.output_len} output tokens (ignore_eos)",
-                 f"{self.num_prompts} requests per point", f"{self.warmup} warm-up",
+        slo = " / ".join(f"{k} {v:,.0f} ms" for k, v in (("TTFT", self.slo.ttft_ms),
+                                                          ("TPOT", self.slo.tpot_ms)) if v)
+        parts = [f"{self.input_len}-token prompts",
+                 f"{self.output_len} output tokens (ignore_eos: each request generates exactly "
+                 "that many)",
+                 f"{self.num_prompts} requests per point", f"{self.warmup} warm-up requests "
+                 "first, not counted",
                  f"{self.repeats} repeat{'s' if self.repeats != 1 else ''}",
                  f"concurrency {', '.join(str(c) for c in conc)}" if conc else None,
                  f"Poisson rates {', '.join(f'{r:g}' for r in self.request_rates)} req/s"
                  if self.request_rates and not mixed else None,
                  f"{'mixed run: ' if mixed is None else ''}one {self.long_len}-token prompt in "
                  f"every {self.mixed_long_every} requests"
-                 if mixed or (mixed is None and self.mixed_long_len) else None]
+                 if mixed or (mixed is None and self.mixed_long_len) else None,
+                 f"goodput SLOs {slo}" if slo else None]
         return "; ".join(p for p in parts if p)
 
     @property

@@ -67,8 +67,9 @@ def from_results(profile: EngineProfile | None, kv: KvTransferPayload | None,
         if b is not None and b.ratio:
             factors[key] = b.factor
             taken = ("that factor" if b.factor != 1.0 else
-                     "none (no difference by the lab's rule: 1.00x)")
-            sources[key] = (f"01 measured a decode step beside {b.threads} {stand_ins} "
+                     "no factor (no difference by the lab's rule: 1.00x)")
+            one = stand_ins.replace("stand-ins", "stand-in", 1) if b.threads == 1 else stand_ins
+            sources[key] = (f"01 measured a decode step beside {b.threads} {one} "
                             f"({b.policy}): {_beside(b)}; {who} steps take {taken}")
     shortest = min(profile.prefill, key=lambda p: p.x)
     return Inputs(engine=engine, hop_ms=max(profile.hop.at(edge), 0.0), transfer=transfer,

@@ -60,7 +60,7 @@ def _row(s: SameOutput) -> SameOutputRow:
 
 def same_output_frame(rows: list[SameOutputRow]) -> pd.DataFrame:
     return pd.DataFrame([{"prompt tokens": r.prompt_tokens, "same tokens as 01": r.tokens_equal,
-                          "diverged at output token (from 0)": r.diverged_at, "margin (nats)": r.divergence_margin,
+                          "diverged at output token (from 0)": r.diverged_at, "log-probability gap (nats)": r.divergence_margin,
                           "tokens": r.tokens_why, "ok": r.tokens_ok} for r in rows])
 
 

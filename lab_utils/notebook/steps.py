@@ -308,7 +308,7 @@ def proof_frame(proofs: list):
         "computed": p.local_compute, "cache hit": p.local_cache_hit, "NIXL bytes": p.nixl_bytes,
         "expected bytes": p.expected_bytes, "transfer ms": round(p.nixl_xfer_ms, 2),
         "same tokens as 01": p.tokens_match, "diverged at output token (from 0)": p.verdict.diverged_at,
-        "margin (nats)": p.verdict.margin, "tokens": p.verdict.why, "ok": p.ok}
+        "log-probability gap (nats)": p.verdict.margin, "tokens": p.verdict.why, "ok": p.ok}
         for p in proofs])
 
 

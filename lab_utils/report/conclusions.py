@@ -59,11 +59,11 @@ class Conclusions:
                  "subject": f.subject.name, "reference": f.reference.name,
                  "subject_value": f.subject.value.median,
                  "reference_value": f.reference.value.median, "winner": f.winner,
-                 "margin": margin(f), "differs": f.better is not None, "basis": f.basis}
+                 "ratio": margin(f), "differs": f.better is not None, "basis": f.basis}
                 for f in self.findings]
         return pd.DataFrame(rows, columns=["workload", "load", "label", "subject", "reference",
                                            "subject_value", "reference_value", "winner",
-                                           "margin", "differs", "basis"])
+                                           "ratio", "differs", "basis"])
 
 
 def margin(f: Comparison) -> str:
@@ -307,8 +307,10 @@ def _warnings(data: ReportData) -> list[str]:
                    "blocks for the decode until they are read or their lease runs out"
                    + (f" ({lease} s here, kv_transfer.extra_config.kv_lease_duration)"
                       if lease else "")
-                   + ", and on two shared cores other processes can wait that long; the "
-                   "headline table's notes name any run during which the machine stood still. "
+                   + "; until then its engine keeps stepping, which once stood this two-core "
+                   "machine still for the lease (the lab now starts its processes so that it "
+                   "does not); the headline table's notes name any run during which the machine "
+                   "stood still. "
                    "The disaggregated numbers here say how the mechanics behave on this box, "
                    "not on a Spark.")
     out += _stall_warning(data)

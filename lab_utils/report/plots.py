@@ -173,7 +173,12 @@ def _roofline_plot(data: ReportData, table: pd.DataFrame) -> Plot | None:
                 ha="center", va="top", fontsize="small")
     _setup_x(ax, "concurrency", list(rows["value"]))
     ax.set_ylabel("tokens/s per stream (1000 / TPOT p50)")
-    ax.set_ylim(bottom=0)
+    top = rows[PER_STREAM].max()
+    if roof is not None and top > 0 and roof > 5 * top:  # far above: a log axis shows both
+        ax.set_yscale("log")
+        label_log_axis(ax.yaxis)
+    else:
+        ax.set_ylim(bottom=0)
     _legend(ax)
     return Plot("roofline", "Decode tokens/s per stream vs the memory-bandwidth roofline",
                 roofline_text(data) + " " + _invalid_caption(rows), _png(fig))
@@ -237,8 +242,8 @@ def _kv_plot(payload02: KvTransferPayload | None, device: str | None) -> Plot | 
                 if r.get("op") == "READ" and r.get("bandwidth_GBps")), default=None)
     caption = ("Predicted: bytes moved (whole blocks) / the highest READ bandwidth notebook 02's "
                f"probe reached{f' ({fmt_num(best)} GB/s)' if best else ''} (a decode reads the "
-               "prefill's KV). Measured: 02's probe reading that many bytes (the KV transfers "
-               "of real requests are 04's, in its section below).")
+               "prefill's KV). Measured: 02's probe reading that many bytes; notebook 04 times "
+               "the KV transfers of real requests.")
     if unmeasured:
         caption += f" {unmeasured} prompt length(s) have no measurement and show no square."
     return Plot("kv_transfer", "KV transfer: predicted vs measured", caption, _png(fig))

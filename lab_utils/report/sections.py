@@ -297,7 +297,7 @@ def _comparison_blocks(concl: Conclusions) -> list[Block]:
                             "reference_value": "reference value"})
     return [H("Comparison at every load point"),
             fold(f"{len(df)} comparisons", [
-                P("Margin: the larger value over the smaller, with the winner's direction in "
+                P("Ratio: the larger value over the smaller, with the winner's direction in "
                   "words (\"1.7x lower\"), or how far apart when neither wins. It counts "
                   f"only by the lab's rule (basis column): {RULE}."), T(df)])]
 

@@ -109,13 +109,15 @@ def _metric_cells(entry: Point) -> dict[str, float]:
     return out
 
 
-def _spread_pct(cells: dict[str, float], repeats: int) -> float:
+def _spread(cells: dict[str, float], repeats: int) -> tuple[float, str | None]:
+    """The widest (max - min) / median over the repeats among the compared metrics (%), and
+    that metric's label."""
     if repeats < 2:
-        return math.nan
-    spreads = [(cells[f"{m.key}_max"] - cells[f"{m.key}_min"]) / abs(cells[m.key]) * 100
-               for m in COMPARED if cells[m.key]]
-    spreads = [s for s in spreads if math.isfinite(s)]
-    return max(spreads) if spreads else math.nan
+        return math.nan, None
+    spreads = [((cells[f"{m.key}_max"] - cells[f"{m.key}_min"]) / abs(cells[m.key]) * 100,
+                m.label) for m in COMPARED if cells[m.key]]
+    spreads = [s for s in spreads if math.isfinite(s[0])]
+    return max(spreads) if spreads else (math.nan, None)
 
 
 def _row(arch: str, workload: str, result: BenchmarkResult, entry: Point) -> dict[str, Any]:
@@ -128,8 +130,8 @@ def _row(arch: str, workload: str, result: BenchmarkResult, entry: Point) -> dic
             "repeat_note": _repeat_note(result, mode, value),
             "read_together": read_late(result, mode, value),
             "prefix_cache_hit_pct": num_or_nan(entry.prefix_cache_hit_pct),
-            **cells, "spread_pct": _spread_pct(cells, repeats), "n_requests": n_requests,
-            "n_gaps": n_gaps}
+            **cells, "spread_pct": (spread := _spread(cells, repeats))[0],
+            "spread_metric": spread[1], "n_requests": n_requests, "n_gaps": n_gaps}
 
 
 def points_table(data: ReportData) -> pd.DataFrame:
@@ -165,7 +167,8 @@ def _spread_text(row: pd.Series) -> str:
     if row["repeats"] < 2:
         return "unknown (1 repeat)"
     pct = row["spread_pct"]
-    return f"{pct:.1f}% ({row['repeats']} repeats)" if math.isfinite(pct) else "–"
+    on = f", {row['spread_metric']}" if row.get("spread_metric") else ""
+    return f"{pct:.1f}% ({row['repeats']} repeats{on})" if math.isfinite(pct) else "–"
 
 
 SPREAD = "spread (widest metric)"  # (max - min) / median over the repeats, the row's widest

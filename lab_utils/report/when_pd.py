@@ -123,8 +123,8 @@ def sentences(frame: pd.DataFrame, nodes: int, model: str, w) -> list[str]:
         top, best = won.iloc[at], ratio.iloc[at]
         margin: str = ("where the replicas met none" if pd.isna(best)
                        else f"{best:.1f}x the replicas' goodput")
-        out.append(f"- its largest win (the highest ratio of its goodput to the replicas', "
-                   f"a case where they met none first): {top['best split']} at "
+        out.append(f"- its largest win (by the ratio of its goodput to the replicas'; a case "
+                   f"where the replicas met none ranks first): {top['best split']} at "
                    f"{top['prompt / output']}"
                    + (f" with an ITL SLO of {fmt_num(top['ITL SLO ms'])} ms"
                       if pd.notna(top["ITL SLO ms"]) else "")

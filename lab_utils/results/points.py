@@ -89,8 +89,9 @@ class Metric:
 
 def factor(r: float) -> str:
     """A ratio of two values, the larger over the smaller, as the lab writes it: "1.7x",
-    "12x", "∞"; two decimals where one would round the gap away ("1.03x", not "1.0x")."""
-    return "∞" if not math.isfinite(r) else f"{r:.{2 if r < 1.05 else 1 if r < 10 else 0}f}x"
+    "12x", "∞"; two decimals near the rule's 10% margin, where one would round a gap across
+    it ("1.06x" and "1.13x", not "1.1x" for both)."""
+    return "∞" if not math.isfinite(r) else f"{r:.{2 if r < 1.2 else 1 if r < 10 else 0}f}x"
 
 
 METRICS = (
@@ -397,8 +398,8 @@ def metric_rows(a: Point, b: Point, names: tuple[str, str], *, label: str = "hea
                 mark_invalid: bool = False) -> list[dict[str, Any]]:
     """Two runs of one load point side by side, one row per compared metric (`COMPARED`):
     the metric (its `label`: "heading", "TTFT p50 (ms)", or "key", vLLM's name), a's and
-    b's medians under `names`, the margin (b against a as a ratio with the direction in
-    words: "1.3x lower"; None when either is missing) and the better one by the lab's rule
+    b's medians under `names`, the ratio (b against a with the direction in words: "1.3x
+    lower"; None when either is missing) and the better one by the lab's rule
     (`compare_points`): "=" when they do not differ ("= (runs' spread)" when further apart
     than the margin but not beyond the runs' own spread), "invalid" with `mark_invalid`
     when either run is invalid. What the notebooks' comparison tables are made of."""
@@ -411,7 +412,7 @@ def metric_rows(a: Point, b: Point, names: tuple[str, str], *, label: str = "hea
                if "prefix-cache hit shares differ" in v.basis else "= (runs' spread)")
         better = {"a": names[0], "b": names[1]}.get(v.better or "", tie)
         rows.append({"metric": getattr(m, label), names[0]: rounded(x), names[1]: rounded(y),
-                     "margin": None if x is None or y is None else m.times(y, x),
+                     "ratio": None if x is None or y is None else m.times(y, x),
                      "better": "invalid" if mark_invalid and not both else better})
     return rows
 

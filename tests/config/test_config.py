@@ -324,8 +324,11 @@ def test_a_workload_describes_itself_whole_or_as_one_run():
     from lab_utils.config import WorkloadConfig
     w = WorkloadConfig(input_len=128, output_len=32, concurrency=[1, 2, 4], num_prompts=24,
                        warmup=2, repeats=2, mixed_long_len=3000, mixed_long_every=4)
-    assert w.describe() == ("128-token prompts; 32 output tokens (ignore_eos); 24 requests per "
-                            "point; 2 warm-up; 2 repeats; concurrency 1, 2, 4; mixed run: one "
-                            "3000-token prompt in every 4 requests")
+    assert w.describe() == ("128-token prompts; 32 output tokens (ignore_eos: each request "
+                            "generates exactly that many); 24 requests per point; 2 warm-up "
+                            "requests first, not counted; 2 repeats; concurrency 1, 2, 4; mixed "
+                            "run: one 3000-token prompt in every 4 requests")
     assert w.describe(False).endswith("concurrency 1, 2, 4")
     assert w.describe(True).endswith("concurrency 4; one 3000-token prompt in every 4 requests")
+    slo = w.model_copy(update={"slo": w.slo.model_copy(update={"ttft_ms": 2000, "tpot_ms": 200})})
+    assert slo.describe().endswith("; goodput SLOs TTFT 2,000 ms / TPOT 200 ms")

@@ -119,7 +119,7 @@ def test_the_factor_slows_only_a_pd_decode_and_is_named_in_the_sources():
     overlap.beside_busy.beside = point(1, [1.0, 1.06, 1.12])
     same = from_results(overlap, None)
     assert same.decode_beside == 1.0
-    assert "none (no difference by the lab's rule: 1.00x)" in same.sources["NIXL's threads"]
+    assert "no factor (no difference by the lab's rule: 1.00x)" in same.sources["NIXL's threads"]
     by_hand = hand_inputs()
     doubled = dataclasses.replace(by_hand, decode_beside=2.0)
     pd, one = Architecture(prefill=1, decode=1), Architecture()

@@ -618,7 +618,7 @@ def test_the_first_screen_has_the_verdict_sentence_the_banner_and_the_system(tes
     assert box["model"] == "tiny-llama, dtype bfloat16, revision not pinned (as fetched)"
     assert box["vLLM flags: baseline (baseline, notebook 01)"] == (
         "--dtype bfloat16 --block-size 32 --enforce-eager")
-    assert "128-token prompts; 32 output tokens (ignore_eos)" in box["workload"]
+    assert "128-token prompts; 32 output tokens (ignore_eos: each request" in box["workload"]
     assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d( to .*)?", box["date (UTC)"])
     # set through the environment, not a flag: what the lab did to NIXL's threads in 04
     assert box["NIXL progress threads (prefill, decode)"].startswith(

@@ -240,5 +240,4 @@ def test_the_workloads_are_printed_as_01_recorded_them():
     assert "mixed" not in workloads_text(data)
     data.mixed = {"baseline": object()}
     assert workloads_text(data).endswith(
-        "mixed workload: 128-token prompts; 32 output tokens (ignore_eos); 24 requests per "
-        "point; 2 warm-up; 1 repeat; concurrency 4; one 3000-token prompt in every 4 requests")
+        "1 repeat; concurrency 4; one 3000-token prompt in every 4 requests")
