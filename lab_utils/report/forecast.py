@@ -60,16 +60,22 @@ def grade_table(rows: list[GradeRow]) -> pd.DataFrame:
 
 def _verdict(r: GradeRow) -> str:
     """The lab's rule on one graded value, in words that do not overstate it: inside the
-    interval, outside it but not different (the repeats' range reaches into it, or the miss
-    is within the margin), or different."""
+    interval, outside it but not different (and which part of the rule says so), or
+    different."""
     if not r.graded:
         return "–"
     if r.differs:
         return "differs"
     if r.inside:
         return "inside"
-    return ("outside; no difference by the lab's rule (the repeats' range reaches the "
-            f"interval, or the miss is within {MARGIN:.0%})")
+    p, m = r.predicted or 0.0, r.measured or 0.0
+    if abs(m - p) <= MARGIN * min(abs(m), abs(p)):
+        why = f"the measured median within {MARGIN:.0%} of the predicted one"
+    elif r.measured_lo is not None and r.measured_hi is not None:
+        why = "the runs' range reaches into the interval"
+    else:
+        why = f"the one run within {MARGIN:.0%} of the interval's nearer end"
+    return f"outside; no difference by the lab's rule ({why})"
 
 
 # ---- two Sparks --------------------------------------------------------------------------------

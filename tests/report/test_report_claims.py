@@ -241,3 +241,16 @@ def test_the_workloads_are_printed_as_01_recorded_them():
     data.mixed = {"baseline": object()}
     assert workloads_text(data).endswith(
         "1 repeat; concurrency 4; one 3000-token prompt in every 4 requests")
+
+
+def test_a_forecast_cell_names_which_part_of_the_rule_left_it_no_difference():
+    from lab_utils.report.forecast import _verdict
+    from lab_utils.results.forecast import GradeRow
+
+    def row(measured, lo=None, hi=None) -> str:
+        return _verdict(GradeRow(metric="median_ttft_ms", predicted=10.0, measured=measured,
+                                 lo=12.0, hi=20.0, measured_lo=lo, measured_hi=hi))
+
+    assert row(9.5).endswith("(the measured median within 10% of the predicted one)")
+    assert row(8.0, 7.0, 12.5).endswith("(the runs' range reaches into the interval)")
+    assert row(15.0) == "inside"
