@@ -201,7 +201,8 @@ def documentation_claim(findings: list[Comparison], where: str = "report") -> Cl
             held.append(name)
     if not used:
         return None
-    verdict = ("So this run agrees with the documentation: nowhere was it higher."
+    verdict = ("So this run agrees with the documentation: nowhere was it higher by the lab's "
+               "rule."
                if not won_over else
                f"So this run disagrees with the documentation only where disaggregated "
                f"serving's output throughput was higher: against {join_words(won_over)}"

@@ -136,6 +136,23 @@ def _routed_otherwise(data: ReportData | None, leaders: list[str], key: MetricKe
     return "; ".join(out)
 
 
+def _runs(arch: str, key: MetricKey, loads: list[str],
+          cells: dict[str, list[Comparison]]) -> str:
+    """What `arch` measured on `key` at `loads`, as the rule read it: "15.0 ms (14.1-15.9)";
+    several loads joined by "/"."""
+    m = BY_KEY[key]
+    out = []
+    for load in loads:
+        side = next((c.subject if c.subject.name == arch else c.reference
+                     for c in cells.get(load, []) if arch in (c.subject.name, c.reference.name)),
+                    None)
+        if side is not None:
+            v = side.value
+            out.append(m.text(v.median) + (f" ({m.text(v.min, unit=False)}-"
+                                           f"{m.text(v.max, unit=False)})" if v.ranged else ""))
+    return " / ".join(out)
+
+
 def _metric_verdict(key: MetricKey, cells: dict[str, list[Comparison]], one: bool,
                     used: list[Comparison], mine: list[Comparison] | None = None,
                     data: ReportData | None = None) -> str:
@@ -165,11 +182,14 @@ def _metric_verdict(key: MetricKey, cells: dict[str, list[Comparison]], one: boo
                         + _tail_cost(best, key, loads, mine or [], names, used)
                         + (f", but {'; '.join(routed)}" if routed else ""))
         else:
-            tied = join_words([names[a] for a in top])
+            # unbeaten is not tied: a side whose runs spread wide beats nothing and loses to
+            # nothing, so each is shown with its runs
+            loads = [w for w, _ in where]
+            shown = join_words([f"{names[a]} {_runs(a, key, loads, cells)}" for a in top])
             routed = [r for w, _ in where if (r := _routed_otherwise(data, list(top), key, w,
                                                                       mine or [], used))]
-            bits.append((f"no single best{at} ({tied} tie at the top)" if len(top) > 1
-                         else f"no single best{at}")
+            bits.append((f"no single best{at} (beaten by none, by the lab's rule: {shown})"
+                         if len(top) > 1 else f"no single best{at}")
                         + (f", but {'; '.join(routed)}" if routed else ""))
     return f"{m.label}: " + "; ".join(bits)
 

@@ -601,8 +601,9 @@ def test_the_first_screen_has_the_verdict_sentence_the_banner_and_the_system(tes
         "Standard workload (concurrency 1, 2 and 4): output throughput: round-robin replicated "
         "serving at concurrency 1, 2 and 4 (up to 1.4x higher than the next); TTFT p50: "
         "round-robin replicated serving at concurrency 1, 2 and 4 (up to 1.2x lower than the next); ITL p99: no single "
-        "best at concurrency 1, 2 and 4 (disaggregated serving and the single instance tie at "
-        "the top). Mixed workload (concurrency 1, 2 and 4): ")
+        "best at concurrency 1, 2 and 4 (beaten by none, by the lab's rule: disaggregated "
+        "serving 30.00 ms / 30.00 ms / 30.00 ms and the single instance 30.00 ms / 30.00 ms / "
+        "30.00 ms). Mixed workload (concurrency 1, 2 and 4): ")
     assert "ITL p99: disaggregated serving at concurrency 1, 2 and 4 (up to 10x lower" in lines[2]
     assert lines[4].startswith("Every node of this profile is the same machine")
     assert "> **Warning:** CPU REHEARSAL, NOT A DGX SPARK" in first
@@ -636,10 +637,14 @@ def test_the_verdict_sentence_when_nothing_differs_and_on_a_gpu(tmp_path):
     assert ("Verdict: Best of round-robin replicated serving and the single instance, each "
             "against every other measured at the same load by the lab's rule. Standard workload "
             "(concurrency 1, 2 and 4): output throughput: no single best at concurrency 1, 2 and "
-            "4 (round-robin replicated serving and the single instance tie at the top); TTFT "
-            "p50: no single best at concurrency 1, 2 and 4 (round-robin replicated serving and "
-            "the single instance tie at the top); ITL p99: no single best at concurrency 1, 2 and "
-            "4 (round-robin replicated serving and the single instance tie at the top).") in md
+            "4 (beaten by none, by the lab's rule: round-robin replicated serving 104.0 tok/s / "
+            "208.0 tok/s / 416.0 tok/s and the single instance 100.0 tok/s / 200.0 tok/s / "
+            "400.0 tok/s); TTFT p50: no single best at concurrency 1, 2 and 4 (beaten by none, "
+            "by the lab's rule: round-robin replicated serving 52.00 ms / 52.00 ms / 52.00 ms and "
+            "the single instance 50.00 ms / 50.00 ms / 50.00 ms); ITL p99: no single best at "
+            "concurrency 1, 2 and 4 (beaten by none, by the lab's rule: round-robin replicated "
+            "serving 31.00 ms / 31.00 ms / 31.00 ms and the single instance 30.00 ms / 30.00 ms "
+            "/ 30.00 ms).") in md
     assert "CPU REHEARSAL" not in md
 
 
