@@ -371,7 +371,9 @@ def conclude_03(baseline: BenchmarkResult, replicated: BenchmarkResult,
     else:
         cmps = [comparison("output_throughput", reps(b[c]), single(a[c])) for c in common]
         lost = [f"{c.value:g}: {_margin(c)}" for c in cmps]
-        said.append(claim("03", "Two replicas did not add capacity (output throughput "
+        fewer = all(c.better == "reference" for c in cmps)
+        said.append(claim("03", ("Two replicas served less than one instance" if fewer else
+                                 "Two replicas did not add capacity") + " (output throughput "
                           f"against one instance at concurrency {', '.join(lost)})"
                           + (f": {CPU_NOTE}, so a second replica brings no cores of its own "
                              "and cannot add capacity here; this run does not split the loss "

@@ -194,8 +194,9 @@ def nixl_threads_frame(cfg: LabConfig, served: Served) -> pd.DataFrame:
     elif not busy and not delay:
         print("no busy NIXL progress thread was found in the prefill or decode instances")
     if rows:
-        print("Below, each thread the lab changed (the model's threads put back on their CPUs, "
-              "and any busy NIXL thread lowered): what it had before and what it has now.")
+        print("Below, each thread the lab set (the model's threads put on their configured "
+              "CPUs, any busy NIXL thread lowered; one that already had them shows the same "
+              "before and now): what it had before and what it has now.")
     cols = {"instance": "instance", "role": "role", "node": "node", "process": "process",
             "thread": "thread", "tid": "tid", "before": "before", "policy": "now"}
     return pd.DataFrame([{shown: r.get(c) for c, shown in cols.items()} for r in rows],

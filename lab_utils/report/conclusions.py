@@ -308,10 +308,8 @@ def _warnings(data: ReportData) -> list[str]:
                    "blocks for the decode until they are read or their lease runs out"
                    + (f" ({lease} s here, kv_transfer.extra_config.kv_lease_duration)"
                       if lease else "")
-                   + "; until then its engine keeps stepping, which once stood this two-core "
-                   "machine still for the lease (the lab now starts its processes so that it "
-                   "does not); the headline table's notes name any run during which the machine "
-                   "stood still. "
+                   + ", its engine stepping until then; the headline table's notes name any "
+                   "run during which the machine stood still. "
                    "The disaggregated numbers here say how the mechanics behave on this box, "
                    "not on a Spark.")
     out += _stall_warning(data)

@@ -152,8 +152,10 @@ def test_03_capacity_added_or_not():
                        "ITL p99 4 ms alone, 4 ms on replicas (no difference by the lab's rule).")
     said = conclude_03(base, result({1: point(70, ttft=14), 4: point(180, ttft=20)}),
                        device="cpu")
-    assert said[0].startswith("Two replicas did not add capacity")
+    assert said[0].startswith("Two replicas served less than one instance")  # lost everywhere
     assert "1: 1.4x lower, 4: 1.7x lower" in said[0]
+    even = conclude_03(base, result({1: point(100), 4: point(310)}), device="cpu")
+    assert even[0].startswith("Two replicas did not add capacity")  # no difference at the top
     assert "two cores" in said[0] and "(1.4x higher)" in said[1] and "two cores" in said[1]
 
 
