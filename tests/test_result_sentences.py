@@ -73,11 +73,11 @@ ELSEWHERE = {
         "conclusions"),
     "report/conclusions.py:_stall_warning": (
         "report/test_report.py::test_runs_the_machine_stalled_in_are_named", "conclusions"),
-    "report/summary.py:verdict_claim": (
+    "report/verdict.py:verdict_claim": (
         "report/test_report.py::test_the_first_screen_has_the_verdict_sentence_the_banner_and_"
         "the_system report/test_report.py::test_the_verdict_sentence_when_nothing_differs_and_"
         "on_a_gpu", "build_report"),
-    "report/summary.py:verdict_sentence": (
+    "report/verdict.py:verdict_sentence": (
         "report/test_report.py::test_the_first_screen_has_the_verdict_sentence_the_banner_and_"
         "the_system report/test_report.py::test_the_verdict_sentence_when_nothing_differs_and_"
         "on_a_gpu", "build_report"),
@@ -100,7 +100,7 @@ ELSEWHERE = {
     "results/experiments.py:policy_claims": (
         "report/test_report_claims.py::test_the_policy_sentence_names_the_win_and_its_cost",
         "policy_claims"),
-    "report/summary.py:_metric_verdict": (
+    "report/verdict.py:_metric_verdict": (
         "report/test_report_claims.py::test_the_verdict_names_the_best_of_every_architecture",
         "verdict_claim"),
     "report/summary.py:machine_claim": (

@@ -9,7 +9,7 @@
 - `when_pd`: when prefill/decode pays on two and on four Sparks, by prompt/output ratio, ITL
   SLO and split (a forecast from published figures).
 - `plots`: matplotlib figures (Agg canvas, pyplot never touched).
-- `summary`: the first screen: the verdict in one sentence, the CPU rehearsal's banner,
+- `summary`: the first screen (`verdict`: the verdict in one sentence), the CPU rehearsal's banner,
   the system under test.
 - `sections`: the report as a list of blocks, in reading order.
 - `export`: every run as a CSV row and as a `vllm bench serve --save-result` JSON file.
@@ -28,18 +28,14 @@ from lab_utils.report.forecast import forecast_grades, spark_forecast, what_if
 from lab_utils.report.plots import PLOT_NAMES, Plot, plot_values, render_plots, write_plots
 from lab_utils.report.render import ReportPaths, build_report, render_html, render_markdown
 from lab_utils.report.sections import Block, report_blocks, verdict_table
-from lab_utils.report.summary import (
-                                      REHEARSAL_BANNER,
-                                      system_under_test,
-                                      verdict_sentence,
-                                      workloads_text,
-)
+from lab_utils.report.summary import REHEARSAL_BANNER, system_under_test, workloads_text
 from lab_utils.report.tables import (
                                       display_table,
                                       headline_table,
                                       kv_table,
                                       points_table,
 )
+from lab_utils.report.verdict import verdict_sentence
 from lab_utils.report.when_pd import show_when_pd_pays
 from lab_utils.results.points import COMPARED as METRICS
 from lab_utils.results.points import MARGIN

@@ -33,7 +33,6 @@ from lab_utils.report.summary import (
     experiment_claims,
     machine_claim,
     system_under_test,
-    verdict_sentence,
 )
 from lab_utils.report.tables import (
     calibration_table,
@@ -45,6 +44,7 @@ from lab_utils.report.tables import (
     scalar_table,
     workload_rows,
 )
+from lab_utils.report.verdict import verdict_sentence
 from lab_utils.results import RESULTS, collective_said, reference_origin
 from lab_utils.results.claims import Comparison
 from lab_utils.results.points import BY_KEY, MARGIN, RULE, MetricKey, factor

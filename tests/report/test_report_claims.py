@@ -7,7 +7,8 @@ from report.test_report import LOADS, metrics, write_baseline, write_disaggregat
 
 from lab_utils import report
 from lab_utils.report.conclusions import documentation_claim
-from lab_utils.report.summary import machine_claim, verdict_claim
+from lab_utils.report.summary import machine_claim
+from lab_utils.report.verdict import verdict_claim
 from lab_utils.results import load_results, write_results
 from lab_utils.results.sweep import SweepCpu
 
