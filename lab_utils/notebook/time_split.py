@@ -161,8 +161,7 @@ def measure_split(cfg: LabConfig, served: Served, n: int = SPLIT_REQUESTS) -> di
 
 
 def _c1(result: BenchmarkResult, key: MetricKey) -> float | None:
-    p = next((q for q in result.combined if q.mode == "concurrency" and q.value == 1
-              and not q.mixed), None)
+    p = result.point_at(1)
     return p.median(key) if p is not None else None
 
 

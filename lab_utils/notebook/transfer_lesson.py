@@ -55,8 +55,7 @@ def _ordinal(n: int) -> str:
 
 
 def _one_at_a_time(result: BenchmarkResult) -> Point | None:
-    return next((r for r in result.combined if r.mode == "concurrency" and r.value == 1
-                 and not r.mixed), None)
+    return result.point_at(1)
 
 
 def hop_cost(baseline: BenchmarkResult, disaggregated: BenchmarkResult,

@@ -199,10 +199,8 @@ def roofline_text(data: ReportData) -> str:
     bw, weights = (getattr(r, "memory_bandwidth_GBps", None), getattr(r, "weight_bytes", None))
     inputs = (f" ({fmt_num(bw)} GB/s, {getattr(r, 'bandwidth_source', '') or 'as 01 recorded'}"
               f", / {weights / 1e6:,.1f} MB of weights)" if bw and weights else "")
-    one = next((p for p in (data.sweeps["baseline"].combined if "baseline" in data.sweeps
-                            else []) if p.mode == "concurrency" and p.value == 1 and p.valid
-                and not p.mixed), None)
-    tpot = one.median("median_tpot_ms") if one is not None else None
+    one = data.sweeps["baseline"].point_at(1) if "baseline" in data.sweeps else None
+    tpot = one.median("median_tpot_ms") if one is not None and one.valid else None
     pace = (f" 01's single instance at concurrency 1 decoded {fmt_num(1000 / tpot)} tokens/s per "
             f"stream (1000 / its TPOT p50), {1000 / tpot / roof:.0%} of the line"
             + ("; this run does not measure what else set that pace."

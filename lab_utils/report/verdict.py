@@ -75,8 +75,7 @@ def _point_of(data: ReportData, arch: str, key: MetricKey, load: str,
         return None
     side = f0.subject if f0.subject.name == arch else f0.reference
     runs = (data.sweeps if side.run == "sweep" else data.mixed).get(arch)
-    point = next((p for p in (runs.combined if runs else [])
-                  if (p.mode, p.value) == (side.mode, side.load)), None)
+    point = runs.point_at(side.load, side.mode, side.run != "sweep") if runs else None
     return None if point is None else (side.run, point)
 
 

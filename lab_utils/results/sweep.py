@@ -167,6 +167,12 @@ class BenchmarkResult(BaseModel):
     # the CPU its processes used (None: on nodes reached over SSH, or not recorded)
     cpu: SweepCpu | None = None
 
+    def point_at(self, value: float, mode: str = "concurrency",
+                 mixed: bool = False) -> Point | None:
+        """The combined point at one load (of the mixed run's points with `mixed`), if any."""
+        return next((p for p in self.combined if p.mode == mode and p.value == value
+                     and p.mixed == mixed), None)
+
     def first_tokens(self, value: float, long: int) -> dict[bool, list[list[float]]]:
         """Each repeat's TTFTs (ms) at concurrency `value`: of the prompts of `long` tokens
         or more (True) and of the others (False); failed requests left out."""

@@ -221,8 +221,9 @@ def test_the_roofline_caption_says_how_far_below_the_line_one_stream_decoded():
                             weight_bytes=None)
         one = Point.model_validate({"mode": "concurrency", "value": 1.0, "repeats": 1,
                                     "median_tpot_ms": tpot})
-        return SimpleNamespace(baseline=SimpleNamespace(roofline=r),
-                               sweeps={"baseline": SimpleNamespace(combined=[one])})
+        from lab_utils.results.sweep import BenchmarkResult
+        sweep = BenchmarkResult(target="t", model="m", workload={}, points=[], combined=[one])
+        return SimpleNamespace(baseline=SimpleNamespace(roofline=r), sweeps={"baseline": sweep})
 
     far = roofline_text(data(200.0))
     assert ("01's single instance at concurrency 1 decoded 5 tokens/s per stream (1000 / its "
