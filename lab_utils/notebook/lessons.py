@@ -49,11 +49,6 @@ def _points(result: BenchmarkResult | None, mode: str = "concurrency") -> dict[f
     return {float(c.value): c for c in result.combined if c.mode == mode and c.valid}
 
 
-def _ratio(a: float | None, b: float | None) -> float | None:
-    """a / b; None when either is missing or b is 0."""
-    return a / b if a is not None and b else None
-
-
 def _margin(c: Comparison) -> str:
     """The subject against the reference as a ratio with the direction in words ("1.3x
     lower"), or that they do not differ by the lab's rule."""
@@ -107,12 +102,6 @@ def _tps(p: Point) -> str:
     """A point's output throughput as the sentences quote it ("505")."""
     tps = p.median("output_throughput")
     return "–" if tps is None else f"{tps:.0f}"
-
-
-def _times(key: MetricKey, x: Point, y: Point) -> str:
-    """x against y on `key` as a ratio with the direction in words ("1.4x higher")."""
-    vx, vy = x.median(key), y.median(key)
-    return "–" if vx is None or vy is None else BY_KEY[key].times(vx, vy)
 
 
 # ---- 01 ---------------------------------------------------------------------------------
@@ -251,11 +240,6 @@ def best_transfer_sentence(rows: list[dict], seg_type: str = "DRAM") -> str | No
                    + ".")
 
 
-def conclude_02(kv: KvTransferPayload, input_len: int | None = None) -> list[Claim]:
-    """Whether short prompts paid a fixed per-transfer cost above size / bandwidth."""
-    return [claim("02", t) for t in _said_02(kv, input_len)]
-
-
 def _spread_ms(kv: KvTransferPayload, nbytes: int) -> float:
     """The run-to-run variation of one size's READs in the probe: p90 - p50 (ms); 0 when
     the probe did not record that size."""
@@ -270,7 +254,8 @@ def _fastest_is(kv: KvTransferPayload, nbytes: int) -> bool:
     return bool(reads) and max(reads, key=lambda r: r["bandwidth_GBps"]).get("bytes") == nbytes
 
 
-def _said_02(kv: KvTransferPayload, input_len: int | None) -> list[str]:
+def conclude_02(kv: KvTransferPayload, input_len: int | None = None) -> list[Claim]:
+    """Whether short prompts paid a fixed per-transfer cost above size / bandwidth."""
     rows = [(r, r.measured_ms, r.predicted_ms) for r in kv.predicted_vs_measured
             if r.measured_ms and r.predicted_ms]
     ratios = [(r.prompt_tokens, m / p) for r, m, p in rows]
@@ -282,7 +267,8 @@ def _said_02(kv: KvTransferPayload, input_len: int | None) -> list[str]:
                     f"{blocks * kv.block_size * per_token / 2**20:.3g} MiB of KV "
                     f"({blocks} blocks of {kv.block_size} tokens x {per_token:,} bytes).")
     if len(ratios) < 2:
-        return said + ["The probe measured fewer than two prompt sizes: no comparison."]
+        said.append("The probe measured fewer than two prompt sizes: no comparison.")
+        return [claim("02", t) for t in said]
     short, long = ratios[0], ratios[-1]
     # as percentages with a decimal: "x1.10" would read as exactly the 10% threshold
     over = [f"{n} tokens +{(q - 1) * 100:.1f}%" for n, q in ratios if _above(q)]
@@ -290,56 +276,50 @@ def _said_02(kv: KvTransferPayload, input_len: int | None) -> list[str]:
     first, measured, predicted = rows[0]
     excess_us = (measured - predicted) * 1e3
     spread_us = _spread_ms(kv, first.kv_bytes) * 1e3
-    if _above(short[1]) and short[1] > long[1] and excess_us <= spread_us:
-        said.insert(0, f"The shortest prompt's transfer took {short[1]:.2f}x the size / "
-                       f"best-bandwidth estimate, the longest {long[1]:.2f}x, but the shortest's "
-                       f"excess ({excess_us:.0f} µs) is no larger than its own run-to-run "
-                       f"variation (p90 - p50: {spread_us:.0f} µs): no fixed cost per transfer "
-                       f"stands out of the noise ({ABOVE} at: {', '.join(over)}).")
-    elif _above(short[1]) and short[1] > long[1]:
-        said.insert(0, f"The shortest prompt paid a fixed cost: its transfer "
-                       f"took {short[1]:.2f}x the size / best-bandwidth estimate, the longest "
-                       f"{long[1]:.2f}x; its excess ({excess_us:.0f} µs) is larger than its "
-                       f"run-to-run variation (p90 - p50: {spread_us:.0f} µs) ({ABOVE} at: "
-                       f"{', '.join(over)}).")
-    elif _above(long[1]) and _above(short[1]) and excess_us <= spread_us:
-        said.insert(0, f"The longest prompt's transfer took {long[1]:.2f}x the size / "
-                       f"best-bandwidth estimate (the bandwidth fell {fell}); the shortest's "
-                       f"{short[1]:.2f}x is an excess of {excess_us:.0f} µs, no larger than its "
-                       f"own run-to-run variation (p90 - p50: {spread_us:.0f} µs), so no fixed "
-                       f"cost per transfer stands out of the noise ({ABOVE} at: "
-                       f"{', '.join(over)}).")
-    elif _above(long[1]) and _above(short[1]):
+    s, lg = short[1], long[1]
+    at = f"{ABOVE} at: {', '.join(over)}"
+    noise = f"run-to-run variation (p90 - p50: {spread_us:.0f} µs)"
+    if _above(s) and s > lg and excess_us <= spread_us:
+        said.insert(0, f"The shortest prompt's transfer took {s:.2f}x the size / best-bandwidth "
+                       f"estimate, the longest {lg:.2f}x, but the shortest's excess "
+                       f"({excess_us:.0f} µs) is no larger than its own {noise}: no fixed cost "
+                       f"per transfer stands out of the noise ({at}).")
+    elif _above(s) and s > lg:
+        said.insert(0, f"The shortest prompt paid a fixed cost: its transfer took {s:.2f}x the "
+                       f"size / best-bandwidth estimate, the longest {lg:.2f}x; its excess "
+                       f"({excess_us:.0f} µs) is larger than its {noise} ({at}).")
+    elif _above(lg) and _above(s) and excess_us <= spread_us:
+        said.insert(0, f"The longest prompt's transfer took {lg:.2f}x the size / best-bandwidth "
+                       f"estimate (the bandwidth fell {fell}); the shortest's {s:.2f}x is an "
+                       f"excess of {excess_us:.0f} µs, no larger than its own {noise}, so no "
+                       f"fixed cost per transfer stands out of the noise ({at}).")
+    elif _above(lg) and _above(s):
         said.insert(0, f"Both ends took longer than the size / best-bandwidth estimate: the "
-                       f"shortest prompt's transfer {short[1]:.2f}x (a fixed cost per transfer, "
-                       f"or the lower bandwidth of small sizes), the longest {long[1]:.2f}x "
-                       f"(the bandwidth fell {fell}); {ABOVE} at: "
-                       f"{', '.join(over)}.")
-    elif _above(long[1]) and _fastest_is(kv, first.kv_bytes):
+                       f"shortest prompt's transfer {s:.2f}x (a fixed cost per transfer, or the "
+                       f"lower bandwidth of small sizes), the longest {lg:.2f}x (the bandwidth "
+                       f"fell {fell}); {at}.")
+    elif _above(lg) and _fastest_is(kv, first.kv_bytes):
         said.insert(0, f"The shortest prompt's transfer was the fastest per byte of the "
                        f"probe, so the estimate, which divides by that best bandwidth, matches "
-                       f"it by construction ({short[1]:.2f}x); the longer ones took more, up to "
-                       f"{long[1]:.2f}x at the longest ({ABOVE} at: {', '.join(over)}). "
-                       "With the smallest transfer the fastest per byte, no fixed cost per "
-                       "transfer can show in this run.")
-    elif _above(long[1]):
-        said.insert(0, f"The longest prompt's transfer took {long[1]:.2f}x "
-                       f"the size / best-bandwidth estimate, the shortest {short[1]:.2f}x, "
-                       f"within {MARGIN:.0%} of the estimate: here the bandwidth fell {fell}, "
-                       f"and no fixed cost per transfer shows ({ABOVE} at: "
-                       f"{', '.join(over)}).")
+                       f"it by construction ({s:.2f}x); the longer ones took more, up to "
+                       f"{lg:.2f}x at the longest ({at}). With the smallest transfer the "
+                       "fastest per byte, no fixed cost per transfer can show in this run.")
+    elif _above(lg):
+        said.insert(0, f"The longest prompt's transfer took {lg:.2f}x the size / best-bandwidth "
+                       f"estimate, the shortest {s:.2f}x, within {MARGIN:.0%} of the estimate: "
+                       f"here the bandwidth fell {fell}, and no fixed cost per transfer shows "
+                       f"({at}).")
     else:
-        said.insert(0, f"The shortest prompt's transfer took {short[1]:.2f}x "
-                       f"the size / best-bandwidth estimate, no more than the longest "
-                       f"({long[1]:.2f}x): at these sizes the fixed cost per transfer is "
-                       "too small to see beside the bytes"
+        said.insert(0, f"The shortest prompt's transfer took {s:.2f}x the size / best-bandwidth "
+                       f"estimate, no more than the longest ({lg:.2f}x): at these sizes the "
+                       "fixed cost per transfer is too small to see beside the bytes"
                        + (f"; {ABOVE} only at: {', '.join(over)}." if over else "."))
     where = best_transfer_sentence(kv.probe.rows)
     if where:
         said.append(where)
     rec = kv.recommendation
     said.append(f"kv_buffer_device for 04: {rec.kv_buffer_device!r} ({rec.reason}).")
-    return said
+    return [claim("02", t) for t in said]
 
 
 # ---- 03 ---------------------------------------------------------------------------------
@@ -444,8 +424,8 @@ def _nixl_cause(baseline: BaselinePayload | None, disaggregated: BenchmarkResult
     if baseline is None or beside is None or not beside.ratio:
         return ""
     pd_one, single_one = _points(disaggregated).get(1.0), _points(baseline.sweep).get(1.0)
-    ratio = (_ratio(pd_one.median("median_tpot_ms"), single_one.median("median_tpot_ms"))
-             if pd_one and single_one else None)
+    a, b = (p.median("median_tpot_ms") if p else None for p in (pd_one, single_one))
+    ratio = a / b if a is not None and b else None
     here = f"; here TPOT at concurrency 1 was {ratio:.1f}x 01's" if ratio else ""
     if ratio and max(ratio, beside.ratio) > 1.5 * min(ratio, beside.ratio):
         here += (", so 01's stand-ins do not match what the decode met here and the forecast's "
