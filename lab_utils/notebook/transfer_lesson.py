@@ -19,19 +19,14 @@ from typing import Any
 from lab_utils.kv.budget import best_bandwidth
 from lab_utils.results import Proof
 from lab_utils.results.kv_transfer import KvTransferPayload
-from lab_utils.results.points import Point
 from lab_utils.results.sweep import BenchmarkResult
-
-
-def probe_segment(kv_buffer_device: str) -> str:
-    """The probe's memory type that matches where the instances stage their KV."""
-    return "VRAM" if kv_buffer_device == "cuda" else "DRAM"
 
 
 def transfer_rows(proof: Proof, kv: KvTransferPayload, kv_buffer_device: str) -> list[dict[str, Any]]:
     """One row per proof prompt: bytes moved against 02's arithmetic, time against the
     probe's prediction (None where the probe measured no READ from that memory)."""
-    best = best_bandwidth(kv.probe.rows, probe_segment(kv_buffer_device))
+    # the probe's memory type that matches where the instances stage their KV
+    best = best_bandwidth(kv.probe.rows, "VRAM" if kv_buffer_device == "cuda" else "DRAM")
     probed = {t.kv_bytes: t.measured_ms for t in kv.predicted_vs_measured}
     rows = []
     for p in proof.prompts:
@@ -54,16 +49,12 @@ def _ordinal(n: int) -> str:
     return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
 
 
-def _one_at_a_time(result: BenchmarkResult) -> Point | None:
-    return result.point_at(1)
-
-
 def hop_cost(baseline: BenchmarkResult, disaggregated: BenchmarkResult,
              proof: Proof) -> dict[str, Any] | None:
     """TTFT at concurrency 1 on the single instance (01) and through the pair (04), and the
     median NIXL transfer time of the proof's prompts. None when either sweep has no valid
     concurrency-1 point to compare."""
-    one, two = _one_at_a_time(baseline), _one_at_a_time(disaggregated)
+    one, two = baseline.point_at(1), disaggregated.point_at(1)
     if not one or not two or not one.valid or not two.valid:
         return None
     moves = [p.nixl_xfer_ms for p in proof.prompts if p.nixl_xfer_ms is not None]
