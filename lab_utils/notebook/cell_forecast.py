@@ -54,7 +54,9 @@ def forecast_cell(cfg: LabConfig, nb: str, kind: str, found: Found, overhead: fl
     if kind == "policies":
         return 2 * (sweep_seconds(inputs, arch, one, mixed=True) + overhead) + SWAPS * swap
     if kind == "front doors":
-        return 2 * (sweep_seconds(inputs, arch, _lowest(one)) + overhead) + SWAPS * swap
+        lowest = one.model_copy(update={"concurrency": [min(w.concurrency or [1])],
+                                        "request_rates": []})
+        return 2 * (sweep_seconds(inputs, arch, lowest) + overhead) + SWAPS * swap
     if kind == "switches":
         start = _start(cfg, topology)
         if start is None:
@@ -94,9 +96,6 @@ def _split_inputs(cfg: LabConfig, inputs, cores, timed: Any = None):
     if timed is not None:
         split, _ = calibrate(split, arch, timed, cfg.workload.output_len, cfg.workload.seed)
     return split, arch
-
-def _lowest(w):
-    return w.model_copy(update={"concurrency": [min(w.concurrency or [1])], "request_rates": []})
 
 def _start(cfg: LabConfig, topology: str) -> float | None:
     found = start_estimate(cfg, topology)

@@ -18,11 +18,6 @@ from lab_utils.errors import LabError
 from lab_utils.results import EnvironmentPayload, load_results, write_results
 
 
-def _failures(report: ChecklistReport) -> list[str]:
-    return [f"{r.check} on {r.node}: {r.summary} (fix: {r.fix})"
-            for r in report.results if r.status == "fail"]
-
-
 def not_checked(cfg: LabConfig, report: ChecklistReport) -> list[str]:
     """What a verdict on this profile could not establish: the checks that applied on no
     node (n/a everywhere), and serving nodes whose LAN and data-plane addresses are one, where no port
@@ -41,7 +36,8 @@ def not_checked(cfg: LabConfig, report: ChecklistReport) -> list[str]:
 def record_environment(cfg: LabConfig, report: ChecklistReport, *,
                        continue_despite_failures: bool = False) -> Path:
     """Write environment.json; raise if a check failed and the user did not accept it."""
-    failures = _failures(report)
+    failures = [f"{r.check} on {r.node}: {r.summary} (fix: {r.fix})"
+                for r in report.results if r.status == "fail"]
     payload = EnvironmentPayload(
         blessed=not failures,
         continued_despite_failures=bool(failures) and continue_despite_failures,

@@ -25,7 +25,7 @@ from lab_utils.results.claims import claim
 from lab_utils.results.forecast import Forecast
 from lab_utils.results.sweep import BenchmarkResult
 from lab_utils.serve.topology import Served
-from lab_utils.serve.tp import TOPOLOGY, SameOutput, collective, prove_same_output
+from lab_utils.serve.tp import TOPOLOGY, collective, prove_same_output
 
 
 def start_tensor_parallel(cfg: LabConfig, session: ServingSession) -> Served | None:
@@ -48,14 +48,10 @@ def prove_split(cfg: LabConfig, served: Served, reference: Reference) -> list[Sa
     (url,) = served.urls("tp")
     found = prove_same_output(url, cfg.model.name, reference.prompts, reference.tokens,
                               api_key=api_key(cfg, "vllm"))
-    return [_row(s) for s in found]
-
-
-def _row(s: SameOutput) -> SameOutputRow:
-    v = s.verdict
-    return SameOutputRow(prompt_tokens=s.prompt_tokens, tokens_equal=s.tokens == s.baseline,
-                         tokens_ok=v.ok, diverged_at=v.diverged_at, divergence_margin=v.margin,
-                         tokens_why=v.why)
+    return [SameOutputRow(prompt_tokens=s.prompt_tokens, tokens_equal=s.tokens == s.baseline,
+                          tokens_ok=s.verdict.ok, diverged_at=s.verdict.diverged_at,
+                          divergence_margin=s.verdict.margin, tokens_why=s.verdict.why)
+            for s in found]
 
 
 def same_output_frame(rows: list[SameOutputRow]) -> pd.DataFrame:

@@ -33,7 +33,7 @@ from lab_utils.on_node import nixl_threads
 from lab_utils.on_node.proctools import group_cpu_seconds, thread_cpu_seconds
 from lab_utils.results.claims import Claim, claim, comparison, save_claims
 from lab_utils.results.forecast import TimedProfile
-from lab_utils.results.points import Measured, MetricKey, differs
+from lab_utils.results.points import Measured, differs
 from lab_utils.results.sweep import BenchmarkResult
 from lab_utils.serve.metrics import MetricsSnapshot, fetch_metrics
 from lab_utils.serve.topology import Served
@@ -160,11 +160,6 @@ def measure_split(cfg: LabConfig, served: Served, n: int = SPLIT_REQUESTS) -> di
             "timed": _timed(cfg, ok, parts)}
 
 
-def _c1(result: BenchmarkResult, key: MetricKey) -> float | None:
-    p = result.point_at(1)
-    return p.median(key) if p is not None else None
-
-
 def itl_claim(baseline: BenchmarkResult, disaggregated: BenchmarkResult) -> Claim:
     """ITL p50 at concurrency 1 through the pair against 01's single instance, by the rule."""
     at = {r: next((p for p in res.combined if p.mode == "concurrency" and p.value == 1
@@ -218,9 +213,10 @@ def where_time_went(cfg: LabConfig, served: Served, baseline: BenchmarkResult,
     when = "before" if split is not None else "after"
     split = split if split is not None else measure_split(cfg, served)
     cpu = None if result.cpu is None else result.cpu.by_process
+    c1 = result.point_at(1)
     said = [itl_claim(baseline, result),
-            claim("04", split_sentence(split["parts"], split["client_ttft_ms"],
-                                       split["requests"], _c1(result, "median_ttft_ms"), when))]
+            claim("04", split_sentence(split["parts"], split["client_ttft_ms"], split["requests"],
+                                       c1.median("median_ttft_ms") if c1 else None, when))]
     if cpu is None:
         said.append(claim("04", "CPU seconds per process: not read (an instance is on a node "
                           "reached over SSH, or no sweep ran in this kernel)."))
