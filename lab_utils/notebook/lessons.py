@@ -17,7 +17,7 @@ from __future__ import annotations
 from lab_utils.forecast.grade import grade_rows
 from lab_utils.measure.benchmark import read_late
 from lab_utils.results import BaselinePayload, Proof, TensorParallelPayload
-from lab_utils.results.claims import Claim, Comparison, Graded, claim, comparison
+from lab_utils.results.claims import Claim, Comparison, Graded, Located, claim, comparison
 from lab_utils.results.experiments import policy_sides
 from lab_utils.results.forecast import Forecast
 from lab_utils.results.kv_transfer import KvTransferPayload
@@ -92,6 +92,14 @@ def forecast_said(fc: Forecast | None, runs: dict[str, BenchmarkResult | None], 
 
 
 COMPARED_KEYS: tuple[MetricKey, ...] = tuple(m.key for m in COMPARED)
+
+
+def _lost(subject: Located, reference: Located) -> list[Comparison]:
+    """Every compared metric but the ITL tail (the one a routing choice is judged on) that
+    both sides measured and the reference won: what the subject's choice cost."""
+    return [x for k in COMPARED_KEYS if k != "p99_itl_ms" and subject[3].median(k) is not None
+            and reference[3].median(k) is not None
+            for x in [comparison(k, subject, reference)] if x.better == "reference"]
 
 
 def _ms(v: float | None) -> str:
@@ -390,12 +398,8 @@ def conclude_03(baseline: BenchmarkResult, replicated: BenchmarkResult,
         def cost(name: str, p: Point) -> tuple[str, list[Comparison]]:
             """What routing `name` cost against the configured policy, as 03's policy
             comparison judged it (`policy_sides`)."""
-            lost = [x for k in COMPARED_KEYS if k != "p99_itl_ms" and p.median(k) is not None
-                    and ref.median(k) is not None
-                    for x in [comparison(k, (f"replicated, {name}", "03", f"policy {name}", p),
-                                         (f"replicated, {policy or 'mixed'}", "03", ref_run,
-                                          ref))]
-                    if x.better == "reference"]
+            lost = _lost((f"replicated, {name}", "03", f"policy {name}", p),
+                         (f"replicated, {policy or 'mixed'}", "03", ref_run, ref))
             return ((", at the cost of " + ", ".join(f"{BY_KEY[x.metric].label} {x.margin()}"
                                                      for x in lost)
                      + f" (against {(policy or 'the mixed sweep').replace('_', '-')}, as the "
@@ -446,10 +450,7 @@ def _against_policies(pd: Point, policies: Policies | None, mixed_rep: Benchmark
             continue
         side = (f"replicated, {name}", "03", run, p)
         x = comparison("p99_itl_ms", ("disaggregated", "04", "mixed", pd), side)
-        costs = [comparison(k, ("disaggregated", "04", "mixed", pd), side)
-                 for k in COMPARED_KEYS if k != "p99_itl_ms" and pd.median(k) is not None
-                 and p.median(k) is not None]
-        lost = [c for c in costs if c.better == "reference"]
+        lost = _lost(("disaggregated", "04", "mixed", pd), side)
         cmps += [x, *lost]
         verdict = x.margin() if x.better else x.no_difference()
         listed = ", ".join(f"{BY_KEY[c.metric].label} {c.values()} ({c.margin()})" for c in lost)
