@@ -50,9 +50,7 @@ def record_baseline(cfg: LabConfig, served: Served, result: BenchmarkResult, *,
                     profile: EngineProfile | None = None,
                     forecast: Forecast | None = None,
                     mixed: BenchmarkResult | None = None) -> Path:
-    """Write notebook 01's results: the sweep, the mixed run, the request shown in detail,
-    the roofline, the reference outputs, the engine profile and the forecast of the sweeps
-    made from it."""
+    """Write notebook 01's results (`BaselinePayload`)."""
     return write_results(cfg, "01", BaselinePayload(
         topology=served.topology, instances=instances(served), sweep=result, mixed=mixed,
         single_request=single, roofline=roofline, reference=reference, profile=profile,
@@ -62,8 +60,7 @@ def record_baseline(cfg: LabConfig, served: Served, result: BenchmarkResult, *,
 def record_replicated(cfg: LabConfig, served: Served, result: BenchmarkResult,
                       mixed: BenchmarkResult | None, forecast: Forecast | None = None,
                       policies: Policies | None = None) -> Path:
-    """Write notebook 03's results: the sweep, the mixed run, the routing policy, the
-    forecast made before them and the policies compared."""
+    """Write notebook 03's results (`ReplicatedPayload`)."""
     return write_results(cfg, "03", ReplicatedPayload(
         topology=served.topology, instances=instances(served), sweep=result, mixed=mixed,
         policy=cfg.topology.replicated.policy, forecast=forecast, policies=policies))
@@ -73,8 +70,7 @@ def record_disaggregated(cfg: LabConfig, served: Served, result: BenchmarkResult
                          mixed: BenchmarkResult | None, proof: Proof,
                          front_doors: FrontDoors | None = None,
                          forecast: Forecast | None = None) -> Path:
-    """Write notebook 04's results: the sweep, the mixed run, the kv_buffer_device the
-    instances were given, the proof of transfer and, when run, the front-door comparison."""
+    """Write notebook 04's results (`DisaggregatedPayload`)."""
     device = served.kv_buffer_device or kv_buffer_device(cfg)
     return write_results(cfg, "04", DisaggregatedPayload(
         topology=served.topology, instances=instances(served), sweep=result, mixed=mixed,

@@ -71,9 +71,7 @@ def require_same_output(rows: list[SameOutputRow]) -> None:
 def record_tensor_parallel(cfg: LabConfig, served: Served, result: BenchmarkResult,
                            mixed: BenchmarkResult | None, same: list[SameOutputRow],
                            forecast: Forecast | None = None) -> Path:
-    """Write the section's results (tensor_parallel_metrics.json): the sweep, the mixed
-    run, how many ranks, the output check, the forecast made before the sweep and how each
-    rank's all-reduces travelled."""
+    """Write the section's results (tensor_parallel_metrics.json, `TensorParallelPayload`)."""
     ranks = len([r for r in served.instance_records() if r.extra.get("role") == "tp"])
     return write_results(cfg, "tp", TensorParallelPayload(
         topology=served.topology, instances=instances(served), sweep=result, mixed=mixed,
