@@ -96,14 +96,11 @@ def eta_lines(cfg: LabConfig) -> list[str]:
     return lines
 
 
-
 # what the series grades before each forecast: (notebook, what it forecast, in words)
-EARLIER = {"baseline": (), "replicated": (("01", "01's single-instance sweep"),),
-           "disaggregated": (("01", "01's single-instance sweep"),
-                             ("03", "03's replicated serving")),
-           "tensor-parallel": (("01", "01's single-instance sweep"),
-                               ("03", "03's replicated serving"),
-                               ("04", "04's disaggregated serving"))}
+_SERIES = (("01", "01's single-instance sweep"), ("03", "03's replicated serving"),
+           ("04", "04's disaggregated serving"))
+EARLIER = {"baseline": _SERIES[:0], "replicated": _SERIES[:1], "disaggregated": _SERIES[:2],
+           "tensor-parallel": _SERIES}
 
 
 def earlier_gradings(cfg: LabConfig, kind: str) -> dict[str, list[GradeRow]]:
@@ -140,7 +137,6 @@ def allreduce_inputs(cfg: LabConfig) -> tuple[int, float | None, str]:
     """What a split model's all-reduces move per token (2 per layer x hidden size x the
     model's element size) and the link's rate as notebook 00 measured it (None: not
     measured), with the sentence that says where they come from."""
-
     layers, hidden, size = hidden_state(cfg)
     per_token = 2 * layers * hidden * size
     env = load_optional(cfg, "00")
@@ -169,8 +165,7 @@ def predict(cfg: LabConfig, kind: str, profile: EngineProfile | None = None,
     return fc
 
 
-FORECAST_NOTEBOOK = {"baseline": "01", "replicated": "03", "disaggregated": "04",
-                     "tensor-parallel": "tp"}
+FORECAST_NOTEBOOK = {t: nb for nb, t in TOPOLOGY.items()} | {"tensor-parallel": "tp"}
 
 
 def grade_forecast(cfg: LabConfig, fc: Forecast, result: BenchmarkResult,
