@@ -1,29 +1,6 @@
 """What the notebooks call: the front door they import (`from lab_utils import notebook as
 lab`), one call per step.
-
-- `environment`: notebook 00's verdict (`record_environment`), and how the later notebooks
-  require it (`require_environment`).
-- `session`: `ServingSession`, which starts a topology with the lab proxy in front and
-  stops what it started, even when a cell fails; the kv_buffer_device prefill and decode
-  instances get.
-- `steps`: the serving notebooks' measuring steps (one request in detail, the sweep, the
-  mixed workload), 01's roofline, engine profile and reference outputs, 04's proof of
-  transfer, and each notebook's conclusions.
-- `forecasting`: the forecast 03 and 04 make before they measure, graded after; the
-  predicted time of a sweep.
-- `compare`: the comparison tables (a sweep, two notebooks side by side, a reference run,
-  the front doors, the routing policies).
-- `record`: each serving notebook's results, built and written.
-- `sharded`: 04's optional section, one model split across the nodes (tensor parallel):
-  started, its output checked against 01's, recorded.
-- `lessons`, `transfer_lesson`: what notebooks 01-04 conclude from their own results.
-- `kv_lesson`: notebook 02's explanation of the KV cache in the configured model's figures.
-- `time_split`: where 04's time went (CPU per process group during the sweep, ITL at
-  concurrency 1 against 01's, each request's TTFT split into its parts).
-- `switches`: 01's two engine switches measured (chunked prefill under the mixed workload,
-  prefix caching on one prompt sent twice).
-- `hood`: the "open the hood" cells (the scheduler's queues, NIXL's API, the P/D protocol
-  by hand, the connector's two halves).
+Each module says in its docstring which steps it holds.
 
 Modules inside import each other, never this front door.
 """
