@@ -44,13 +44,11 @@ def forecast_cell(cfg: LabConfig, nb: str, kind: str, found: Found, overhead: fl
     inputs, cores, _ = found
     arch, w = architecture_of(cfg, topology, cores), cfg.workload
     one = w.model_copy(update={"repeats": 1})
-    if kind in ("sweep", "mixed"):
-        mixed = kind == "mixed"
+    if kind in ("sweep", "mixed", "tp sweep", "tp mixed"):
+        if kind.startswith("tp "):
+            inputs, arch = _split_inputs(cfg, inputs, cores, timed)
+        mixed = kind.endswith("mixed")
         return sweep_seconds(inputs, arch, w, mixed=mixed) + overhead * runs_of(w, mixed)
-    if kind in ("tp sweep", "tp mixed"):
-        mixed = kind == "tp mixed"
-        split, tp_arch = _split_inputs(cfg, inputs, cores, timed)
-        return sweep_seconds(split, tp_arch, w, mixed=mixed) + overhead * runs_of(w, mixed)
     if kind == "policies":
         return 2 * (sweep_seconds(inputs, arch, one, mixed=True) + overhead) + SWAPS * swap
     if kind == "front doors":
