@@ -9,6 +9,7 @@ and the slot to give the part where too little is left.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from dataclasses import dataclass
@@ -51,11 +52,8 @@ def clock(minutes: float) -> str:
 
 def starts(parts: tuple[Part, ...] = AGENDA) -> list[tuple[int, Part]]:
     """Each part with the minute it starts at."""
-    out, at = [], 0
-    for p in parts:
-        out.append((at, p))
-        at += p.minutes
-    return out
+    ends = itertools.accumulate(p.minutes for p in parts)
+    return [(end - p.minutes, p) for end, p in zip(ends, parts, strict=True)]
 
 
 def checkpoints() -> list[tuple[str, str]]:

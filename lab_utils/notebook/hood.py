@@ -22,6 +22,7 @@ from the running instances (or run for real) rather than told.
 from __future__ import annotations
 
 import inspect
+import itertools
 import json
 import logging
 import random
@@ -107,11 +108,8 @@ def _figure(frame, records: list[RequestRecord], long: int, concurrency: int,
     for i, r in enumerate(records):
         if r.ttft_ms is None:
             continue
-        t = r.sent_s + r.ttft_ms / 1e3
-        times = [t]
-        for gap in r.itl_ms:
-            t += gap / 1e3
-            times.append(t)
+        times = list(itertools.accumulate((gap / 1e3 for gap in r.itl_ms),
+                                          initial=r.sent_s + r.ttft_ms / 1e3))
         is_long = r.prompt_len >= long
         bottom.plot([r.sent_s, times[0]], [i, i], color="tab:red" if is_long else "lightgrey",
                     lw=2 if is_long else 1)

@@ -162,10 +162,9 @@ def measure_split(cfg: LabConfig, served: Served, n: int = SPLIT_REQUESTS) -> di
 
 def itl_claim(baseline: BenchmarkResult, disaggregated: BenchmarkResult) -> Claim:
     """ITL p50 at concurrency 1 through the pair against 01's single instance, by the rule."""
-    at = {r: next((p for p in res.combined if p.mode == "concurrency" and p.value == 1
-                   and p.valid and p.median("median_itl_ms") is not None), None)
-          for r, res in (("01", baseline), ("04", disaggregated))}
-    one, two = at["01"], at["04"]
+    one, two = (next((p for p in res.combined if p.mode == "concurrency" and p.value == 1
+                      and p.valid and p.median("median_itl_ms") is not None), None)
+                for res in (baseline, disaggregated))
     if one is None or two is None:
         return claim("04", "ITL at one request at a time: not compared (01 or 04 has no "
                      "concurrency-1 point).")
