@@ -541,8 +541,8 @@ def conclude_04(replicated: BenchmarkResult | None, disaggregated: BenchmarkResu
         vs_single = [comparison("output_throughput", pd_at(d[x]),
                                 ("single instance", "01", "sweep", single[x]))
                      for x in sorted(set(d) & set(single))]
-        mixed_too = ([comparison("output_throughput", pd_mixed(md[x]), rep_mixed(mr[x]))
-                      for x in common] if common else [])
+        mixed_too = [comparison("output_throughput", pd_mixed(md[x]), rep_mixed(mr[x]))
+                     for x in common]
 
         def raised(cs: list[Comparison], what: str) -> str:
             up = [f"{c.value:g}" for c in cs if c.better == "subject"]
@@ -601,18 +601,13 @@ def conclude_tp(baseline: BenchmarkResult, tp: TensorParallelPayload,
                "04's proof allows a near tie after the first token only, as its first token "
                "comes from the transferred KV alone; a split model moves no KV")
             + "; so the two checks differ on purpose")
-    if tp.output_ok:
-        said = [claim("tp", f"The split model's output passed its check: {equal} of {len(rows)} "
-                      "prompts gave 01's greedy tokens exactly"
-                      + (f", {len(ties)} parted from them at a near tie ({'; '.join(ties)})"
-                         if ties else "") + f". The rule, {rule}.",
-                      prompts=len(rows), equal=equal)]
-    else:
-        said = [claim("tp", f"The split model's output failed its check for "
-                      f"{sum(not r.tokens_ok for r in rows)} of {len(rows)} prompts ("
-                      + "; ".join(r.tokens_why for r in rows if not r.tokens_ok)
-                      + f"). The rule, {rule}.",
-                      prompts=len(rows), equal=equal)]
+    verdict = (f"passed its check: {equal} of {len(rows)} prompts gave 01's greedy tokens "
+               "exactly" + (f", {len(ties)} parted from them at a near tie ({'; '.join(ties)})"
+                            if ties else "") if tp.output_ok else
+               f"failed its check for {sum(not r.tokens_ok for r in rows)} of {len(rows)} "
+               "prompts (" + "; ".join(r.tokens_why for r in rows if not r.tokens_ok) + ")")
+    said = [claim("tp", f"The split model's output {verdict}. The rule, {rule}.",
+                  prompts=len(rows), equal=equal)]
     a, b = _points(baseline), _points(tp.sweep)
     common = sorted(set(a) & set(b))
     if not common:
