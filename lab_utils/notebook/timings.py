@@ -145,10 +145,7 @@ _STEPS = ((r"start_tensor_parallel\(", "tp start"), (r"run_sweep\(cfg, tp, mixed
 
 
 def step_of(source: str) -> str | None:
-    for pattern, kind in _STEPS:
-        if re.search(pattern, source):
-            return kind
-    return None
+    return next((kind for pattern, kind in _STEPS if re.search(pattern, source)), None)
 
 
 @dataclass
@@ -186,13 +183,10 @@ def _per_run_overhead(cfg: LabConfig, series_cells: dict[str, dict[str, float]],
         return 0.0
     inputs, cores, _ = found
     arch = architecture_of(cfg, "baseline", cores)
-    w, extra = cfg.workload, []
-    for cid, source in _sources("01").items():
-        kind = step_of(source)
-        if kind in ("sweep", "mixed") and cid in nb01:
-            mixed = kind == "mixed"
-            extra.append((nb01[cid] - sweep_seconds(inputs, arch, w, mixed=mixed))
-                         / runs_of(w, mixed))
+    w = cfg.workload
+    extra = [(nb01[cid] - sweep_seconds(inputs, arch, w, mixed=kind == "mixed"))
+             / runs_of(w, kind == "mixed") for cid, source in _sources("01").items()
+             if (kind := step_of(source)) in ("sweep", "mixed") and cid in nb01]
     return max(statistics.median(extra), 0.0) if extra else 0.0
 
 
