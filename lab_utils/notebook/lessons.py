@@ -146,9 +146,8 @@ def conclude_01(payload: BaselinePayload, device: str = "cpu") -> list[Claim]:
         return [claim("01", "Only one valid load point: nothing to compare across concurrency.")]
     lo, hi = pts[min(pts)], pts[max(pts)]
     at = lambda p: ("single instance", "01", "sweep", p)  # noqa: E731
-    tps = comparison("output_throughput", at(hi), at(lo))
-    tpot = comparison("median_tpot_ms", at(hi), at(lo))
-    ttft = comparison("median_ttft_ms", at(hi), at(lo))
+    tps, tpot, ttft = (comparison(k, at(hi), at(lo))
+                       for k in ("output_throughput", "median_tpot_ms", "median_ttft_ms"))
     # a cost the top load's spread hides can show at a load between (its own comparison)
     between = [c for v in sorted(pts) if min(pts) < v < max(pts)
                for c in [comparison("median_tpot_ms", at(pts[v]), at(lo))]
