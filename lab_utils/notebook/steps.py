@@ -197,10 +197,9 @@ def nixl_threads_frame(cfg: LabConfig, served: Served) -> pd.DataFrame:
         print("Below, each thread the lab set (the model's threads put on their configured "
               "CPUs, any busy NIXL thread lowered; one that already had them shows the same "
               "before and now): what it had before and what it has now.")
-    cols = {"instance": "instance", "role": "role", "node": "node", "process": "process",
-            "thread": "thread", "tid": "tid", "before": "before", "policy": "now"}
-    return pd.DataFrame([{shown: r.get(c) for c, shown in cols.items()} for r in rows],
-                        columns=list(cols.values()))
+    cols = ["instance", "role", "node", "process", "thread", "tid", "before", "policy"]
+    return pd.DataFrame([{c: r.get(c) for c in cols} for r in rows],
+                        columns=cols).rename(columns={"policy": "now"})
 
 
 def check_alive(cfg: LabConfig, served: Served, lines: int = 8) -> None:
