@@ -25,7 +25,7 @@ from lab_utils.measure.benchmark import READ_TOGETHER_NOTE, read_late, read_toge
 from lab_utils.report.data import ARCH_NOTEBOOK, ARCHITECTURES, ReportData, run_hint
 from lab_utils.report.tables import points_table
 from lab_utils.results.claims import WORKLOAD_OF, Claim, Comparison, Located, claim, comparison
-from lab_utils.results.points import BY_KEY, COMPARED, MARGIN, MetricKey, factor
+from lab_utils.results.points import BY_KEY, COMPARED, MARGIN, factor
 from lab_utils.results.sweep import BenchmarkResult
 from lab_utils.util.numbers import join_words
 
@@ -34,7 +34,6 @@ WORKLOADS = {"standard": "", "mixed": "Mixed long/short workload, "}
 PAIRS = (("disaggregated", "replicated"), ("disaggregated", "baseline"),
          ("replicated", "baseline"), ("tensor-parallel", "replicated"),
          ("tensor-parallel", "disaggregated"), ("tensor-parallel", "baseline"))
-THROUGHPUT_KEYS: tuple[MetricKey, ...] = ("request_throughput", "output_throughput")
 
 
 @dataclass

@@ -131,13 +131,9 @@ def num_or_nan(value: Any) -> float:
     return float(value) if is_number(value) else math.nan
 
 
-FORECAST_NB = {"baseline": "01", "replicated": "03", "disaggregated": "04",
-               "tensor-parallel": "tp"}
-
-
 def recorded_forecasts(data: ReportData) -> dict[str, Forecast]:
     out = {}
-    for arch, nb in FORECAST_NB.items():
+    for arch, nb in ARCH_NOTEBOOK.items():
         p = data.payload(nb)
         if p is not None and getattr(p, "forecast", None) is not None:
             out[arch] = p.forecast
@@ -148,6 +144,6 @@ def graded(data: ReportData) -> dict[str, list[GradeRow]]:
     """Each recorded forecast against its notebook's sweep and mixed run."""
     return {arch: g.grade_rows(fc, {"standard": data.sweeps.get(arch),
                                     "mixed": data.mixed.get(arch)},
-                               not_graded=getattr(data.payload(FORECAST_NB[arch]), "not_graded",
+                               not_graded=getattr(data.payload(ARCH_NOTEBOOK[arch]), "not_graded",
                                                   None))
             for arch, fc in recorded_forecasts(data).items()}

@@ -107,6 +107,12 @@ def spark_hop(data: ReportData) -> tuple[float, str] | None:
     return calibration.proxy_measured(data.results_dir, data.profile, kind)
 
 
+def replicas_and_splits(nodes: int) -> list[Architecture]:
+    """N replicas first, then every xPyD split of the same N nodes."""
+    return [Architecture(replicas=nodes)] + [Architecture(prefill=p, decode=nodes - p)
+                                             for p in range(1, nodes)]
+
+
 SPARK_ARCHS = (Architecture(), Architecture(replicas=2), Architecture(prefill=1, decode=1))
 
 
@@ -164,9 +170,7 @@ def what_if(data: ReportData, *, input_len: int | None = None, output_len: int |
         inputs = from_results(base_profile, data.kv_transfer, kv_buffer_device)
     load = loads_of(w, mixed=bool(w.mixed_long_len))[-1]
     load = replace(load, num_prompts=max(load.num_prompts, 8 * nodes))
-    archs = [Architecture(replicas=nodes)] + [Architecture(prefill=p, decode=nodes - p)
-                                              for p in range(1, nodes)]
-    preds = [forecast(inputs, arch, load) for arch in archs]
+    preds = [forecast(inputs, arch, load) for arch in replicas_and_splits(nodes)]
     df = pd.DataFrame([{"architecture": p.architecture,
                         **{m.heading: p.metrics.get(m.key) for m in FORECAST},
                         "requests (req/s)": p.metrics["request_throughput"],

@@ -15,7 +15,7 @@ import pandas as pd
 from lab_utils.forecast.band import coverage, coverage_sentence
 from lab_utils.forecast.grade import grade_claims
 from lab_utils.report.conclusions import Conclusions, shared_machine
-from lab_utils.report.data import ARCH_NOTEBOOK, FORECAST_NB, ReportData, graded
+from lab_utils.report.data import ARCH_NOTEBOOK, ReportData, graded
 from lab_utils.report.forecast import workload_of
 from lab_utils.report.plots import roofline_claim
 from lab_utils.report.verdict import NAMES, verdict_claim
@@ -60,7 +60,7 @@ def report_claims(data: ReportData, concl: Conclusions) -> list[Claim]:
     machine the nodes shared, the conclusions, each forecast's grade, the roofline."""
     machine = machine_claim(data)
     graded_claims = [c for arch, rows in graded(data).items()
-                     for c in grade_claims("report", FORECAST_NB[arch], arch, rows)]
+                     for c in grade_claims("report", ARCH_NOTEBOOK[arch], arch, rows)]
     return [verdict_claim(concl, data), *([machine] if machine else []), *concl.claims,
             *graded_claims, *([together] if (together := together_claim(data)) else []),
             *(c for said in experiment_claims(data).values() for c in said),
