@@ -119,10 +119,6 @@ def run_hint(notebook: str) -> str:
             f"(or `python -m lab_utils run --from {n} --to {n}`)")
 
 
-def load_label(mode: str, value: float) -> str:
-    return f"concurrency {value:g}" if mode == "concurrency" else f"rate {value:g} req/s"
-
-
 def is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 

@@ -124,21 +124,13 @@ def measured_decode_per_stream(table: pd.DataFrame) -> Observed:
     return Observed(float(row[PER_STREAM]), f"01, 1000 / TPOT p50 at {row['load']}")
 
 
-def _ratio(measured: float | None, expected: float | tuple[float, float]) -> float | None:
-    if measured is None or not math.isfinite(measured):
-        return None
-    lo, hi = expected if isinstance(expected, tuple) else (expected, expected)
-    if lo <= measured <= hi:
-        return 1.0
-    return measured / (lo if measured < lo else hi)
-
-
 def _verdict(m: Observed, expected: float | tuple[float, float]) -> str:
-    ratio = _ratio(m.value, expected)
-    if ratio is None:
+    if m.value is None or not math.isfinite(m.value):
         return "not measured"
     if m.not_comparable:
         return f"not comparable ({m.not_comparable})"
+    lo, hi = expected if isinstance(expected, tuple) else (expected, expected)
+    ratio = 1.0 if lo <= m.value <= hi else m.value / (lo if m.value < lo else hi)
     if ratio > FAR_OFF or ratio < 1 / FAR_OFF:
         way = f"{ratio:.1f}x above" if ratio > 1 else f"{1 / ratio:.1f}x below"
         return f"WARNING: {way} the expected figure"

@@ -117,14 +117,10 @@ def _missing_blocks(data: ReportData) -> list[Block]:
             for nb, env in sorted(data.envelopes.items()) if env.reference]
     warn = [W("Some results here are a REFERENCE run's, loaded to catch up, not this "
               "cluster's: " + "; ".join(refs) + ". Their numbers describe that run.")] if refs else []
-    return warn + _missing_only(data)
-
-
-def _missing_only(data: ReportData) -> list[Block]:
     if not data.missing:
-        return [P("Every notebook's results were found.")]
+        return warn + [P("Every notebook's results were found.")]
     items = [f"Notebook {nb}: {msg}" for nb, msg in sorted(data.missing.items())]
-    return [H("Missing results"),
+    return warn + [H("Missing results"),
             W("This report shows only what exists. To complete it: "
               + "; ".join(f"{run_hint(nb)}" for nb in sorted(data.missing)) + "."),
             UL(items)]

@@ -130,16 +130,12 @@ def sentences(frame: pd.DataFrame, nodes: int, model: str, w) -> list[str]:
     return out
 
 
-def when_frame(frame: pd.DataFrame) -> pd.DataFrame:
-    """The table for people: numbers formatted, no SLO shown as "none"."""
-    shown = frame.drop(columns=["ratio"]).copy()
-    shown["ITL SLO ms"] = shown["ITL SLO ms"].map(lambda v: "none" if pd.isna(v) else fmt_num(v))
-    return shown.map(fmt_num)
-
-
 def show_when_pd_pays(data: ReportData, nodes: int = 2) -> pd.DataFrame:
-    """Notebooks 04 and 05: print what the forecast says, return its table for people."""
+    """Notebooks 04 and 05: print what the forecast says, return its table for people
+    (numbers formatted, no SLO shown as "none")."""
     frame, said = when_pd_pays(data, nodes)
     print("\n".join(said))
     save_claims(data.results_dir, f"when-pd:{nodes}", [claim("report", t) for t in said])
-    return when_frame(frame)
+    shown = frame.drop(columns=["ratio"])
+    shown["ITL SLO ms"] = shown["ITL SLO ms"].map(lambda v: "none" if pd.isna(v) else fmt_num(v))
+    return shown.map(fmt_num)
