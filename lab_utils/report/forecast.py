@@ -152,9 +152,8 @@ def what_if(data: ReportData, *, input_len: int | None = None, output_len: int |
     """A FORECAST, not a measurement: N replicas against every xPyD split of `nodes`
     instances, for a changed workload, from this run's 01/02 curves (or, `spark=True`, the
     published GB10 figures). Prints the predicted winner by goodput and why."""
-    base = data.sweeps["baseline"].workload
-    model, sw = spark_workload(data) if spark else (None, None)
-    w0 = sw if sw is not None else workload_of(base)  # sw: set when spark
+    model, w0 = (spark_workload(data) if spark  # model: read only for the Sparks
+                 else ("", workload_of(data.sweeps["baseline"].workload)))
     w = w0.model_copy(update={k: v for k, v in {
         "input_len": input_len, "output_len": output_len, "mixed_long_len": mixed_long_len,
         "concurrency": [concurrency] if concurrency else None}.items() if v is not None})
@@ -163,7 +162,6 @@ def what_if(data: ReportData, *, input_len: int | None = None, output_len: int |
                                                      "itl_ms": slo_itl_ms}.items() if v})
     w = w.model_copy(update={"slo": slo})
     if spark:
-        assert model is not None  # set with sw above
         inputs = spark_inputs_for(model, w, kv_buffer_device, hop=spark_hop(data))
     else:
         base_profile = data.baseline.profile if data.baseline else None

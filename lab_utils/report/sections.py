@@ -232,7 +232,7 @@ def _conclusion_blocks(concl: Conclusions) -> list[Block]:
     return [H("Conclusions"), fold(f"{len(concl.sentences)} sentences, one per finding", inner)]
 
 
-def _table_blocks(table: pd.DataFrame, data: ReportData | None = None) -> list[Block]:
+def _table_blocks(table: pd.DataFrame, data: ReportData) -> list[Block]:
     blocks = [H("Headline table"),
               P("One row per architecture and load point: median over repeats. Spread is the "
                 "widest (max - min) / median over the repeats among the metrics shown. Invalid "
@@ -251,16 +251,15 @@ def _table_blocks(table: pd.DataFrame, data: ReportData | None = None) -> list[B
         blocks += [H("Mixed long/short workload", 3),
                    P("Long prompts interleaved with short ones: the case where a long prefill "
                      "can stall other requests' decode steps."), T(display_table(mixed))]
-    if data is not None:
-        fields = fields_table(data).map(fmt_num)
-        blocks.append(fold(f"Every field vllm bench serve reports, per point ({len(fields)} "
-                           "points)", [
-            P("In vLLM's names and units (ms; duration in s; throughputs per s): completed and "
-              "failed requests, the run's duration, request, output and total token "
-              "throughput, and the mean, median and p99 of TTFT, TPOT, ITL and end-to-end "
-              "latency; each the median over the point's repeats. Every run is also in "
-              "export/: runs.csv, and one JSON file per run in the layout of `vllm bench "
-              "serve --save-result`."), T(fields)]))
+    fields = fields_table(data).map(fmt_num)
+    blocks.append(fold(f"Every field vllm bench serve reports, per point ({len(fields)} "
+                       "points)", [
+        P("In vLLM's names and units (ms; duration in s; throughputs per s): completed and "
+          "failed requests, the run's duration, request, output and total token "
+          "throughput, and the mean, median and p99 of TTFT, TPOT, ITL and end-to-end "
+          "latency; each the median over the point's repeats. Every run is also in "
+          "export/: runs.csv, and one JSON file per run in the layout of `vllm bench "
+          "serve --save-result`."), T(fields)]))
     return blocks
 
 

@@ -130,7 +130,7 @@ def _runs(arch: str, key: MetricKey, loads: list[str],
 
 
 def _metric_verdict(key: MetricKey, cells: dict[str, list[Comparison]], one: bool,
-                    used: list[Comparison], mine: list[Comparison] | None = None,
+                    used: list[Comparison], mine: list[Comparison],
                     data: ReportData | None = None) -> str:
     """"output throughput: the single instance at concurrency 2 and 4 (up to 1.6x higher
     than the next); no single best at concurrency 1 (replicated serving and the single
@@ -152,10 +152,10 @@ def _metric_verdict(key: MetricKey, cells: dict[str, list[Comparison]], one: boo
             ahead = m.times(lead, 1) if m.higher_is_better else m.times(1, lead)
             loads = [w for w, _ in where]
             routed = [r for w in loads if (r := _routed_otherwise(data, [best], key, w,
-                                                                   mine or [], used))]
+                                                                   mine, used))]
             bits.append(f"{names[best]}{at} ("
                         + ("" if one or len(where) == 1 else "up to ") + f"{ahead} than the next)"
-                        + _tail_cost(best, key, loads, mine or [], names, used)
+                        + _tail_cost(best, key, loads, mine, names, used)
                         + (f", but {'; '.join(routed)}" if routed else ""))
         else:
             # unbeaten is not tied: a side whose runs spread wide beats nothing and loses to
@@ -163,7 +163,7 @@ def _metric_verdict(key: MetricKey, cells: dict[str, list[Comparison]], one: boo
             loads = [w for w, _ in where]
             shown = join_words([f"{names[a]} {_runs(a, key, loads, cells)}" for a in top])
             routed = [r for w, _ in where if (r := _routed_otherwise(data, list(top), key, w,
-                                                                      mine or [], used))]
+                                                                      mine, used))]
             bits.append((f"no single best{at} (beaten by none, by the lab's rule: {shown})"
                          if len(top) > 1 else f"no single best{at}")
                         + (f", but {'; '.join(routed)}" if routed else ""))
