@@ -42,7 +42,6 @@ from lab_utils.report.tables import (
     display_table,
     key_value_table,
     kv_table,
-    probe_rows,
     scalar_table,
     workload_rows,
 )
@@ -440,9 +439,8 @@ def _nb02_blocks(data: ReportData) -> list[Block]:
     kv = kv_table(p)
     if not kv.empty:
         blocks += [H("Predicted vs measured transfer time", 3), T(kv.map(fmt_num))]
-    rows = probe_rows(p)
-    if rows:
-        blocks += [H("NIXL probe", 3), T(scalar_table(rows))]
+    if p.probe.rows:
+        blocks += [H("NIXL probe", 3), T(scalar_table(p.probe.rows))]
     return blocks
 
 

@@ -24,7 +24,6 @@ from lab_utils.report.data import (
     num_or_nan,
 )
 from lab_utils.results import EnvironmentPayload, calibration
-from lab_utils.results.checklist import CheckResult
 from lab_utils.results.kv_transfer import KvTransferPayload
 from lab_utils.results.points import COMPARED, Point
 from lab_utils.results.sweep import BenchmarkResult
@@ -197,19 +196,9 @@ def kv_table(payload02: KvTransferPayload | None) -> pd.DataFrame:
     return df.sort_values("prompt_tokens").reset_index(drop=True)
 
 
-def probe_rows(payload02: KvTransferPayload | None) -> list[dict]:
-    """Notebook 02's NIXL probe rows (one per memory type, operation and size)."""
-    return list(payload02.probe.rows) if payload02 else []
-
-
-def checks(payload00: EnvironmentPayload | None) -> list[CheckResult]:
-    """Notebook 00's check results (one per check and node)."""
-    return list(payload00.checks) if payload00 else []
-
-
 def checks_table(payload00: EnvironmentPayload | None) -> pd.DataFrame:
     """Notebook 00's checklist: what each check found on each node, and the fix."""
-    rows = [{c: getattr(r, c) or "" for c in CHECK_COLUMNS} for r in checks(payload00)]
+    rows = [{c: getattr(r, c) or "" for c in CHECK_COLUMNS} for r in (payload00.checks if payload00 else [])]
     return pd.DataFrame(rows, columns=CHECK_COLUMNS)
 
 
