@@ -298,7 +298,7 @@ def _warnings(data: ReportData) -> list[str]:
                       "thread that drives its transfers) waited in poll() between rounds, as "
                       "the lab set it (kv_transfer.nixl_progress_delay_us; left as vLLM starts "
                       "it, it polls without pause and takes a core of this small machine). "
-                      if data.nixl_waited else
+                      if data.nixl_delay_us > 0 else
                       "each prefill or decode instance also runs NIXL's busy-polling progress "
                       "thread (the background thread that drives its transfers), which takes a "
                       "core of this small machine. ")

@@ -66,10 +66,6 @@ class ReportData:
                    if env else 0)
 
     @property
-    def nixl_waited(self) -> bool:
-        return self.nixl_delay_us > 0
-
-    @property
     def environment(self) -> EnvironmentPayload | None:
         return self.payload("00")
 

@@ -328,7 +328,7 @@ def forecast_blocks(data: ReportData, plots: list[Plot]) -> list[Block]:
               P("What the model leaves out, so where to look when it misses: the CPU that the "
                 "proxy, the load generator and NIXL's progress threads use beyond what 01 "
                 "measured beside stand-ins for them"
-                + ("" if data.nixl_waited else
+                + ("" if data.nixl_delay_us > 0 else
                    " (on the 2-core rehearsal, each prefill or decode instance's NIXL thread "
                    "busy-polls a core, which slows every engine handoff: the P/D forecast "
                    "misses by most there)") + "; "
