@@ -268,8 +268,8 @@ def render_plots(data: ReportData, table: pd.DataFrame) -> list[Plot]:
         _roofline_plot(data, table),
         _metric_plot(mixed, "mixed_itl", "Mixed long/short workload: ITL p99",
                      [(BY_KEY["p99_itl_ms"].heading, [("p99_itl_ms", "-", "")])], dev),
+        grade_plot(graded(data), dev),
     ]
-    plots.append(grade_plot(graded(data), dev))
     return [p for p in plots if p is not None]
 
 

@@ -134,10 +134,7 @@ def _ranking(fs: list[Comparison]) -> str:
     beats each one in a lower, none within a tier differs); otherwise every pair is named
     ("replicated > disaggregated (1.4x); baseline = replicated; ...")."""
     m = BY_KEY[fs[0].metric]
-    values: dict[str, float] = {}
-    for f in fs:
-        values[f.subject.name] = f.subject.value.median
-        values[f.reference.name] = f.reference.value.median
+    values = {s.name: s.value.median for f in fs for s in (f.subject, f.reference)}
     by_pair = {frozenset((f.subject.name, f.reference.name)): f for f in fs}
     order = sorted(values, key=lambda a: values[a], reverse=m.higher_is_better)
     complete = all(frozenset((a, b)) in by_pair for i, a in enumerate(order) for b in order[i + 1:])
@@ -200,8 +197,7 @@ def verdict_table(concl: Conclusions) -> tuple[pd.DataFrame, str]:
                                  **{load: _ranking(fs) for load, fs in by_load.items()}}
     for workload in dict.fromkeys(w for w, _ in rows):
         req, out = rows.get((workload, "request_throughput")), rows.get((workload, "output_throughput"))
-        if req and out and {k: v for k, v in req.items() if k != "metric"} == {
-                k: v for k, v in out.items() if k != "metric"}:
+        if req and out and {**req, "metric": ""} == {**out, "metric": ""}:
             del rows[(workload, "request_throughput")]
             out["metric"] = "output throughput (higher is better; request throughput ranks the same)"
     archs = [a for a in ARCHITECTURES
