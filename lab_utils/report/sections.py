@@ -1,13 +1,12 @@
 """The report as a document: a list of `Block`s (heading, paragraph, warning, list, table,
-plot) that `lab_utils.report.render` renders the same way to HTML and to Markdown. The sections,
-in order: the first screen (the verdict in one sentence, the CPU rehearsal's banner, the
-system under test: `lab_utils.report.summary`), what was run and what is missing, a
-one-screen verdict table, the plots, the headline
-tables, the conclusions and the comparison at every load point (folded), the forecasts graded against the measurements,
-the expected figures and the forecast for two Sparks, the estimates against what real
-starts measured, one
-section per notebook 00-04 with what it recorded, what each results file holds, and what
-production systems add beyond this lab.
+plot) that `lab_utils.report.render` renders the same way to HTML and to Markdown. The
+sections, in order: the first screen (the verdict in one sentence, the CPU rehearsal's
+banner, the system under test: `lab_utils.report.summary`), what was run and what is
+missing, a one-screen verdict table, the plots, the headline tables, the conclusions and
+the comparison at every load point (folded), the forecasts graded against the
+measurements, the expected figures and the forecast for two Sparks, the estimates against
+what real starts measured, one section per notebook 00-04 with what it recorded, what
+each results file holds, and what production systems add beyond this lab.
 
 Over 400 lines on purpose: one short builder per section, in the order the report reads,
 so that the document's outline is this file's outline.
@@ -144,10 +143,11 @@ def _ranking(fs: list[Comparison]) -> str:
             tiers[-1].append(a)
         else:
             tiers.append([a])
+    tier_of = {a: i for i, t in enumerate(tiers) for a in t}
     chain_holds = complete and all(
         (f.winner is None) == (ti == tj) and (ti == tj or f.winner == (a if ti < tj else b))
         for f in fs for a, b in [(f.subject.name, f.reference.name)]
-        for ti, tj in [(_tier(tiers, a), _tier(tiers, b))])
+        for ti, tj in [(tier_of[a], tier_of[b])])
     if chain_holds:
         out = " = ".join(tiers[0])
         for upper, lower in zip(tiers, tiers[1:], strict=False):
@@ -172,10 +172,6 @@ def _tie_beyond_margin(f: Comparison) -> str:
                else "the medians are no further apart than one side's runs moved")
         return f"{a.name} = {b.name} though {factor(f.ratio)} apart: {why} ({f.spans()})"
     return f"{a.name} = {b.name} though {factor(f.ratio)} apart: {f.basis}"
-
-
-def _tier(tiers: list[list[str]], arch: str) -> int:
-    return next(i for i, t in enumerate(tiers) if arch in t)
 
 
 def verdict_table(concl: Conclusions) -> tuple[pd.DataFrame, str]:
