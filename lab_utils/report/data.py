@@ -124,12 +124,8 @@ def num_or_nan(value: Any) -> float:
 
 
 def recorded_forecasts(data: ReportData) -> dict[str, Forecast]:
-    out = {}
-    for arch, nb in ARCH_NOTEBOOK.items():
-        p = data.payload(nb)
-        if p is not None and getattr(p, "forecast", None) is not None:
-            out[arch] = p.forecast
-    return out
+    return {arch: p.forecast for arch, nb in ARCH_NOTEBOOK.items()
+            if getattr(p := data.payload(nb), "forecast", None) is not None}
 
 
 def graded(data: ReportData) -> dict[str, list[GradeRow]]:
