@@ -376,9 +376,8 @@ def _calibration_blocks(data: ReportData) -> list[Block]:
             "(`eta`), the NIXL probe's plan and the proxy's cost in the forecasts estimate, "
             "beside what this profile's real runs measured (results/<profile>/calibration/); "
             "each uses a measured figure instead of its estimate from then on.")
-    if df.empty:
-        return [H("Estimated vs measured"), P(text), P("Nothing was measured yet.")]
-    return [H("Estimated vs measured"), P(text), T(df)]
+    return [H("Estimated vs measured"), P(text),
+            P("Nothing was measured yet.") if df.empty else T(df)]
 
 
 def _nb00_blocks(data: ReportData) -> list[Block]:
