@@ -178,6 +178,3 @@ def audit(results_dir: str | Path) -> Audit:
         if n and not any(n in t or (t and t in n) for t in texts):
             found.unbacked.append((where, line))
     return found
-
-
-__all__ = ["Audit", "RESULT", "audit", "result_sentences"]

@@ -25,8 +25,8 @@ from lab_utils.measure.benchmark import READ_TOGETHER_NOTE, read_late, read_toge
 from lab_utils.report.data import ARCH_NOTEBOOK, ARCHITECTURES, ReportData, run_hint
 from lab_utils.report.tables import points_table
 from lab_utils.results.claims import WORKLOAD_OF, Claim, Comparison, Located, claim, comparison
-from lab_utils.results.points import BY_KEY, COMPARED, MARGIN, MetricKey, factor
-from lab_utils.results.sweep import BenchmarkResult
+from lab_utils.results.points import BY_KEY, COMPARED, MARGIN, factor
+from lab_utils.results.sweep import BenchmarkPoint
 from lab_utils.util.numbers import join_words
 
 WORKLOADS = {"standard": "", "mixed": "Mixed long/short workload, "}
@@ -34,7 +34,6 @@ WORKLOADS = {"standard": "", "mixed": "Mixed long/short workload, "}
 PAIRS = (("disaggregated", "replicated"), ("disaggregated", "baseline"),
          ("replicated", "baseline"), ("tensor-parallel", "replicated"),
          ("tensor-parallel", "disaggregated"), ("tensor-parallel", "baseline"))
-THROUGHPUT_KEYS: tuple[MetricKey, ...] = ("request_throughput", "output_throughput")
 
 
 @dataclass
@@ -94,32 +93,31 @@ def _read_late(data: ReportData, arch: str, run: str, mode: str, value: float) -
     return result is not None and read_late(result, mode, value)
 
 
+def _measured_pairs(data: ReportData):
+    """(workload, load, subject, reference, late) for every pair in PAIRS at every valid load
+    point both measured; late: either side's tokens were read together there."""
+    for (workload, mode, value), at in located(data).items():
+        for subject, reference in PAIRS:
+            if subject in at and reference in at:
+                a, b = at[subject], at[reference]
+                late = any(_read_late(data, x[0], x[2], mode, value) for x in (a, b))
+                yield workload, _Load(mode, value), a, b, late
+
+
 def compare(data: ReportData) -> list[Comparison]:
     """Every pair in PAIRS, on every metric, at every valid load point both measured;
     the per-token metrics only where neither side's tokens were read together."""
-    findings = []
-    for (_workload, mode, value), at in located(data).items():
-        for subject, reference in PAIRS:
-            if subject not in at or reference not in at:
-                continue
-            a, b = at[subject], at[reference]
-            late = any(_read_late(data, x[0], x[2], mode, value) for x in (a, b))
-            for m in COMPARED:
-                if m.per_token and late:
-                    continue
-                if a[3].median(m) is not None and b[3].median(m) is not None:
-                    findings.append(comparison(m.key, a, b))
-    return findings
+    return [comparison(m.key, a, b) for _, _, a, b, late in _measured_pairs(data)
+            for m in COMPARED if not (m.per_token and late)
+            and a[3].median(m) is not None and b[3].median(m) is not None]
 
 
 def _not_compared_per_token(data: ReportData) -> list[str]:
     """The pairs left out of the ITL and TPOT comparisons by `compare`, in one sentence."""
     left: dict[tuple[str, str, str], list[_Load]] = {}
-    for (workload, mode, value), at in located(data).items():
-        for subject, reference in PAIRS:
-            if subject in at and reference in at and any(
-                    _read_late(data, x[0], x[2], mode, value) for x in (at[subject], at[reference])):
-                left.setdefault((workload, subject, reference), []).append(_Load(mode, value))
+    for workload, load, a, b, late in _measured_pairs(data):
+        if late:
+            left.setdefault((workload, a[0], b[0]), []).append(load)
     if not left:
         return []
     where = "; ".join(f"{WORKLOADS[w].lower()}{subject} vs {reference} at {_loads(loads)}"
@@ -300,7 +298,7 @@ def _warnings(data: ReportData) -> list[str]:
                       "thread that drives its transfers) waited in poll() between rounds, as "
                       "the lab set it (kv_transfer.nixl_progress_delay_us; left as vLLM starts "
                       "it, it polls without pause and takes a core of this small machine). "
-                      if data.nixl_waited else
+                      if data.nixl_delay_us > 0 else
                       "each prefill or decode instance also runs NIXL's busy-polling progress "
                       "thread (the background thread that drives its transfers), which takes a "
                       "core of this small machine. ")
@@ -328,10 +326,11 @@ def _warnings(data: ReportData) -> list[str]:
     return out
 
 
-def _runs(data: ReportData) -> list[tuple[str, BenchmarkResult]]:
-    """Every measured sweep, named as the report's sentences name them."""
-    return ([(arch, r) for arch, r in data.sweeps.items()]
-            + [(f"{arch} (mixed workload)", r) for arch, r in data.mixed.items()])
+def _runs(data: ReportData) -> list[tuple[str, BenchmarkPoint]]:
+    """Every measured run (one repeat of one load point), with its sweep named as the
+    report's sentences name it."""
+    return ([(arch, p) for arch, r in data.sweeps.items() for p in r.points]
+            + [(f"{arch} (mixed workload)", p) for arch, r in data.mixed.items() for p in r.points])
 
 
 def _listed(hit: list, say) -> str:
@@ -341,14 +340,12 @@ def _listed(hit: list, say) -> str:
 
 def _read_together_warning(data: ReportData) -> list[str]:
     """Runs in which the load generator got many tokens in one read (benchmark.sweep)."""
-    results = _runs(data)
-    hit = [(arch, p) for arch, result in results for p in result.points
-           if read_together_share(p.summary)]
+    runs = _runs(data)
+    hit = [(arch, p) for arch, p in runs if read_together_share(p.summary)]
     if not hit:
         return []
-    runs = sum(len(result.points) for _, result in results)
     where = _listed(hit, lambda p: f"{read_together_share(p.summary):.0%}")
-    return [f"In {len(hit)} of {runs} measured runs, at least {READ_TOGETHER_NOTE:.0%} of the "
+    return [f"In {len(hit)} of {len(runs)} measured runs, at least {READ_TOGETHER_NOTE:.0%} of the "
             f"tokens after the first reached the load generator in the same read as the token "
             f"before ({where}). Their inter-token gaps are recorded as 0 ms, so these runs' ITL "
             "figures say when the client read the tokens, not how fast they were decoded: the "
@@ -357,16 +354,15 @@ def _read_together_warning(data: ReportData) -> list[str]:
 
 def _stall_warning(data: ReportData) -> list[str]:
     """Runs during which the benchmark's own process was held up (lab_utils.measure.stalls)."""
-    results = _runs(data)
-    hit = [(arch, p) for arch, result in results for p in result.points if p.summary.held_up_s]
+    runs = _runs(data)
+    hit = [(arch, p) for arch, p in runs if p.summary.held_up_s]
     if not hit:
         return []
-    runs = sum(len(result.points) for _, result in results)
     total = sum(p.summary.held_up_s for _, p in hit)
     where = _listed(hit, lambda p: f"{p.summary.held_up_s:.1f} s")
-    return [f"The machine running the benchmark stood still during {len(hit)} of {runs} measured "
-            f"runs, {total:.1f} s in all ({where}). Latencies measured across a stall include "
-            "it; the runs are in the numbers as measured."]
+    return [f"The machine running the benchmark stood still during {len(hit)} of {len(runs)} "
+            f"measured runs, {total:.1f} s in all ({where}). Latencies measured across a stall "
+            "include it; the runs are in the numbers as measured."]
 
 
 # Beside disaggregation's verdicts, one sentence per workload for these pairs: what a

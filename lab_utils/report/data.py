@@ -66,10 +66,6 @@ class ReportData:
                    if env else 0)
 
     @property
-    def nixl_waited(self) -> bool:
-        return self.nixl_delay_us > 0
-
-    @property
     def environment(self) -> EnvironmentPayload | None:
         return self.payload("00")
 
@@ -119,10 +115,6 @@ def run_hint(notebook: str) -> str:
             f"(or `python -m lab_utils run --from {n} --to {n}`)")
 
 
-def load_label(mode: str, value: float) -> str:
-    return f"concurrency {value:g}" if mode == "concurrency" else f"rate {value:g} req/s"
-
-
 def is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -131,23 +123,15 @@ def num_or_nan(value: Any) -> float:
     return float(value) if is_number(value) else math.nan
 
 
-FORECAST_NB = {"baseline": "01", "replicated": "03", "disaggregated": "04",
-               "tensor-parallel": "tp"}
-
-
 def recorded_forecasts(data: ReportData) -> dict[str, Forecast]:
-    out = {}
-    for arch, nb in FORECAST_NB.items():
-        p = data.payload(nb)
-        if p is not None and getattr(p, "forecast", None) is not None:
-            out[arch] = p.forecast
-    return out
+    return {arch: p.forecast for arch, nb in ARCH_NOTEBOOK.items()
+            if getattr(p := data.payload(nb), "forecast", None) is not None}
 
 
 def graded(data: ReportData) -> dict[str, list[GradeRow]]:
     """Each recorded forecast against its notebook's sweep and mixed run."""
     return {arch: g.grade_rows(fc, {"standard": data.sweeps.get(arch),
                                     "mixed": data.mixed.get(arch)},
-                               not_graded=getattr(data.payload(FORECAST_NB[arch]), "not_graded",
+                               not_graded=getattr(data.payload(ARCH_NOTEBOOK[arch]), "not_graded",
                                                   None))
             for arch, fc in recorded_forecasts(data).items()}

@@ -16,7 +16,7 @@ import pandas as pd
 from lab_utils.forecast.inputs import SPARK_MODEL, dense_params
 from lab_utils.kv.shapes import PUBLISHED_CONFIGS
 from lab_utils.report.data import PER_STREAM, ReportData, is_number, num_or_nan
-from lab_utils.report.tables import checks, kv_table, points_table, probe_rows
+from lab_utils.report.tables import kv_table, points_table
 from lab_utils.results import EnvironmentPayload
 from lab_utils.results.kv_transfer import KvTransferPayload
 from lab_utils.util.numbers import fmt_num
@@ -55,9 +55,9 @@ class Observed(NamedTuple):
 def measured_nixl_dram_GBps(payload02: KvTransferPayload | None) -> Observed:
     """02's probe: the largest DRAM READ (what NixlConnector does); without probe rows,
     the largest prompt's measured KV transfer."""
-    reads = [r for r in probe_rows(payload02) if r.get("seg_type") == "DRAM"
-             and r.get("op") == "READ" and is_number(r.get("bytes"))
-             and is_number(r.get("bandwidth_GBps"))]
+    reads = [r for r in (payload02.probe.rows if payload02 else [])
+             if r.get("seg_type") == "DRAM" and r.get("op") == "READ"
+             and is_number(r.get("bytes")) and is_number(r.get("bandwidth_GBps"))]
     if reads:
         top = max(reads, key=lambda r: r["bytes"])
         source = f"02's NIXL probe, DRAM READ of {fmt_num(top['bytes'])} bytes"
@@ -78,7 +78,7 @@ def measured_link_Gbps(payload00: EnvironmentPayload | None) -> Observed:
     """00's data-plane link check per rail: ib_write_bw over every configured rail at once
     (RDMA; their mean), or one TCP stream, which says nothing about a rail's RDMA
     bandwidth."""
-    links = [c for c in checks(payload00) if c.check == "link"]
+    links = [c for c in (payload00.checks if payload00 else []) if c.check == "link"]
     measured = [c for c in links if is_number(c.data.get("measured_gbps"))]
     if not measured:
         if not links:
@@ -124,21 +124,13 @@ def measured_decode_per_stream(table: pd.DataFrame) -> Observed:
     return Observed(float(row[PER_STREAM]), f"01, 1000 / TPOT p50 at {row['load']}")
 
 
-def _ratio(measured: float | None, expected: float | tuple[float, float]) -> float | None:
-    if measured is None or not math.isfinite(measured):
-        return None
-    lo, hi = expected if isinstance(expected, tuple) else (expected, expected)
-    if lo <= measured <= hi:
-        return 1.0
-    return measured / (lo if measured < lo else hi)
-
-
 def _verdict(m: Observed, expected: float | tuple[float, float]) -> str:
-    ratio = _ratio(m.value, expected)
-    if ratio is None:
+    if m.value is None or not math.isfinite(m.value):
         return "not measured"
     if m.not_comparable:
         return f"not comparable ({m.not_comparable})"
+    lo, hi = expected if isinstance(expected, tuple) else (expected, expected)
+    ratio = 1.0 if lo <= m.value <= hi else m.value / (lo if m.value < lo else hi)
     if ratio > FAR_OFF or ratio < 1 / FAR_OFF:
         way = f"{ratio:.1f}x above" if ratio > 1 else f"{1 / ratio:.1f}x below"
         return f"WARNING: {way} the expected figure"

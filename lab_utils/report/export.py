@@ -109,9 +109,7 @@ def label_of(arch: str, workload: str) -> str:
 
 
 def runs_frame(data: ReportData) -> pd.DataFrame:
-    """Every run as one row: its label, model and date, architecture, workload, mode, value,
-    repeat (from 1), the SLOs of its goodput, vLLM's fields and the lab's (validity,
-    prefix-cache hit share, seed, stall time)."""
+    """Every run as one row, vLLM's fields beside the lab's, repeats counted from 1."""
     stamps = _stamps(data)
     rows = [{"label": label_of(arch, workload), "model": result.model,
              "date": run_date(p, stamps.get(arch)), "architecture": arch, "workload": workload,

@@ -107,6 +107,12 @@ def spark_hop(data: ReportData) -> tuple[float, str] | None:
     return calibration.proxy_measured(data.results_dir, data.profile, kind)
 
 
+def replicas_and_splits(nodes: int) -> list[Architecture]:
+    """N replicas first, then every xPyD split of the same N nodes."""
+    return [Architecture(replicas=nodes)] + [Architecture(prefill=p, decode=nodes - p)
+                                             for p in range(1, nodes)]
+
+
 SPARK_ARCHS = (Architecture(), Architecture(replicas=2), Architecture(prefill=1, decode=1))
 
 
@@ -146,9 +152,8 @@ def what_if(data: ReportData, *, input_len: int | None = None, output_len: int |
     """A FORECAST, not a measurement: N replicas against every xPyD split of `nodes`
     instances, for a changed workload, from this run's 01/02 curves (or, `spark=True`, the
     published GB10 figures). Prints the predicted winner by goodput and why."""
-    base = data.sweeps["baseline"].workload
-    model, sw = spark_workload(data) if spark else (None, None)
-    w0 = sw if sw is not None else workload_of(base)  # sw: set when spark
+    model, w0 = (spark_workload(data) if spark  # model: read only for the Sparks
+                 else ("", workload_of(data.sweeps["baseline"].workload)))
     w = w0.model_copy(update={k: v for k, v in {
         "input_len": input_len, "output_len": output_len, "mixed_long_len": mixed_long_len,
         "concurrency": [concurrency] if concurrency else None}.items() if v is not None})
@@ -157,16 +162,13 @@ def what_if(data: ReportData, *, input_len: int | None = None, output_len: int |
                                                      "itl_ms": slo_itl_ms}.items() if v})
     w = w.model_copy(update={"slo": slo})
     if spark:
-        assert model is not None  # set with sw above
         inputs = spark_inputs_for(model, w, kv_buffer_device, hop=spark_hop(data))
     else:
         base_profile = data.baseline.profile if data.baseline else None
         inputs = from_results(base_profile, data.kv_transfer, kv_buffer_device)
     load = loads_of(w, mixed=bool(w.mixed_long_len))[-1]
     load = replace(load, num_prompts=max(load.num_prompts, 8 * nodes))
-    archs = [Architecture(replicas=nodes)] + [Architecture(prefill=p, decode=nodes - p)
-                                              for p in range(1, nodes)]
-    preds = [forecast(inputs, arch, load) for arch in archs]
+    preds = [forecast(inputs, arch, load) for arch in replicas_and_splits(nodes)]
     df = pd.DataFrame([{"architecture": p.architecture,
                         **{m.heading: p.metrics.get(m.key) for m in FORECAST},
                         "requests (req/s)": p.metrics["request_throughput"],

@@ -268,8 +268,8 @@ def render_plots(data: ReportData, table: pd.DataFrame) -> list[Plot]:
         _roofline_plot(data, table),
         _metric_plot(mixed, "mixed_itl", "Mixed long/short workload: ITL p99",
                      [(BY_KEY["p99_itl_ms"].heading, [("p99_itl_ms", "-", "")])], dev),
+        grade_plot(graded(data), dev),
     ]
-    plots.append(grade_plot(graded(data), dev))
     return [p for p in plots if p is not None]
 
 
@@ -312,14 +312,9 @@ def grade_plot(by_arch: dict[str, list[GradeRow]], device: str | None = None) ->
 
 def write_plots(plots_dir: Path, plots: list[Plot]) -> list[Path]:
     """Write plots/*.png; a known plot not drawn this time is removed, not left stale."""
-    paths = []
     for p in plots:
-        path = plots_dir / f"{p.name}.png"
-        atomic_write_bytes(path, p.png)
-        paths.append(path)
-    drawn = {p.name for p in plots}
-    for name in PLOT_NAMES:
-        if name not in drawn:
-            (plots_dir / f"{name}.png").unlink(missing_ok=True)
-    return paths
+        atomic_write_bytes(plots_dir / f"{p.name}.png", p.png)
+    for name in set(PLOT_NAMES) - {p.name for p in plots}:
+        (plots_dir / f"{name}.png").unlink(missing_ok=True)
+    return [plots_dir / f"{p.name}.png" for p in plots]
 

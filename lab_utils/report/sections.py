@@ -1,13 +1,12 @@
 """The report as a document: a list of `Block`s (heading, paragraph, warning, list, table,
-plot) that `lab_utils.report.render` renders the same way to HTML and to Markdown. The sections,
-in order: the first screen (the verdict in one sentence, the CPU rehearsal's banner, the
-system under test: `lab_utils.report.summary`), what was run and what is missing, a
-one-screen verdict table, the plots, the headline
-tables, the conclusions and the comparison at every load point (folded), the forecasts graded against the measurements,
-the expected figures and the forecast for two Sparks, the estimates against what real
-starts measured, one
-section per notebook 00-04 with what it recorded, what each results file holds, and what
-production systems add beyond this lab.
+plot) that `lab_utils.report.render` renders the same way to HTML and to Markdown. The
+sections, in order: the first screen (the verdict in one sentence, the CPU rehearsal's
+banner, the system under test: `lab_utils.report.summary`), what was run and what is
+missing, a one-screen verdict table, the plots, the headline tables, the conclusions and
+the comparison at every load point (folded), the forecasts graded against the
+measurements, the expected figures and the forecast for two Sparks, the estimates against
+what real starts measured, one section per notebook 00-04 with what it recorded, what
+each results file holds, and what production systems add beyond this lab.
 
 Over 400 lines on purpose: one short builder per section, in the order the report reads,
 so that the document's outline is this file's outline.
@@ -20,19 +19,21 @@ from datetime import UTC, datetime
 
 import pandas as pd
 
+from lab_utils.forecast import grade as g
+from lab_utils.forecast.band import band_sentence
 from lab_utils.report.blocks import UL, Block, H, P, T, W, fold
 from lab_utils.report.conclusions import Conclusions
-from lab_utils.report.data import ARCHITECTURES, ReportData, run_hint
+from lab_utils.report.data import ARCHITECTURES, ReportData, graded, recorded_forecasts, run_hint
 from lab_utils.report.expected import EXPECTED_TWO_SPARK, expected_figures
 from lab_utils.report.export import fields_table
-from lab_utils.report.forecast import workload_of
-from lab_utils.report.forecast_sections import forecast_blocks, spark_forecast_blocks
+from lab_utils.report.forecast import grade_table, spark_forecast, workload_of
 from lab_utils.report.plots import Plot, roofline_text
 from lab_utils.report.summary import (
     REHEARSAL_BANNER,
     experiment_claims,
     machine_claim,
     system_under_test,
+    together_claim,
 )
 from lab_utils.report.tables import (
     calibration_table,
@@ -40,7 +41,6 @@ from lab_utils.report.tables import (
     display_table,
     key_value_table,
     kv_table,
-    probe_rows,
     scalar_table,
     workload_rows,
 )
@@ -117,14 +117,10 @@ def _missing_blocks(data: ReportData) -> list[Block]:
             for nb, env in sorted(data.envelopes.items()) if env.reference]
     warn = [W("Some results here are a REFERENCE run's, loaded to catch up, not this "
               "cluster's: " + "; ".join(refs) + ". Their numbers describe that run.")] if refs else []
-    return warn + _missing_only(data)
-
-
-def _missing_only(data: ReportData) -> list[Block]:
     if not data.missing:
-        return [P("Every notebook's results were found.")]
+        return warn + [P("Every notebook's results were found.")]
     items = [f"Notebook {nb}: {msg}" for nb, msg in sorted(data.missing.items())]
-    return [H("Missing results"),
+    return warn + [H("Missing results"),
             W("This report shows only what exists. To complete it: "
               + "; ".join(f"{run_hint(nb)}" for nb in sorted(data.missing)) + "."),
             UL(items)]
@@ -137,10 +133,7 @@ def _ranking(fs: list[Comparison]) -> str:
     beats each one in a lower, none within a tier differs); otherwise every pair is named
     ("replicated > disaggregated (1.4x); baseline = replicated; ...")."""
     m = BY_KEY[fs[0].metric]
-    values: dict[str, float] = {}
-    for f in fs:
-        values[f.subject.name] = f.subject.value.median
-        values[f.reference.name] = f.reference.value.median
+    values = {s.name: s.value.median for f in fs for s in (f.subject, f.reference)}
     by_pair = {frozenset((f.subject.name, f.reference.name)): f for f in fs}
     order = sorted(values, key=lambda a: values[a], reverse=m.higher_is_better)
     complete = all(frozenset((a, b)) in by_pair for i, a in enumerate(order) for b in order[i + 1:])
@@ -150,10 +143,11 @@ def _ranking(fs: list[Comparison]) -> str:
             tiers[-1].append(a)
         else:
             tiers.append([a])
+    tier_of = {a: i for i, t in enumerate(tiers) for a in t}
     chain_holds = complete and all(
         (f.winner is None) == (ti == tj) and (ti == tj or f.winner == (a if ti < tj else b))
         for f in fs for a, b in [(f.subject.name, f.reference.name)]
-        for ti, tj in [(_tier(tiers, a), _tier(tiers, b))])
+        for ti, tj in [(tier_of[a], tier_of[b])])
     if chain_holds:
         out = " = ".join(tiers[0])
         for upper, lower in zip(tiers, tiers[1:], strict=False):
@@ -180,10 +174,6 @@ def _tie_beyond_margin(f: Comparison) -> str:
     return f"{a.name} = {b.name} though {factor(f.ratio)} apart: {f.basis}"
 
 
-def _tier(tiers: list[list[str]], arch: str) -> int:
-    return next(i for i, t in enumerate(tiers) if arch in t)
-
-
 def verdict_table(concl: Conclusions) -> tuple[pd.DataFrame, str]:
     """One screen: every architecture measured, one row per workload and metric (the
     request throughput row left out where it ranks and measures as the output throughput
@@ -203,8 +193,7 @@ def verdict_table(concl: Conclusions) -> tuple[pd.DataFrame, str]:
                                  **{load: _ranking(fs) for load, fs in by_load.items()}}
     for workload in dict.fromkeys(w for w, _ in rows):
         req, out = rows.get((workload, "request_throughput")), rows.get((workload, "output_throughput"))
-        if req and out and {k: v for k, v in req.items() if k != "metric"} == {
-                k: v for k, v in out.items() if k != "metric"}:
+        if req and out and {**req, "metric": ""} == {**out, "metric": ""}:
             del rows[(workload, "request_throughput")]
             out["metric"] = "output throughput (higher is better; request throughput ranks the same)"
     archs = [a for a in ARCHITECTURES
@@ -236,7 +225,7 @@ def _conclusion_blocks(concl: Conclusions) -> list[Block]:
     return [H("Conclusions"), fold(f"{len(concl.sentences)} sentences, one per finding", inner)]
 
 
-def _table_blocks(table: pd.DataFrame, data: ReportData | None = None) -> list[Block]:
+def _table_blocks(table: pd.DataFrame, data: ReportData) -> list[Block]:
     blocks = [H("Headline table"),
               P("One row per architecture and load point: median over repeats. Spread is the "
                 "widest (max - min) / median over the repeats among the metrics shown. Invalid "
@@ -255,16 +244,15 @@ def _table_blocks(table: pd.DataFrame, data: ReportData | None = None) -> list[B
         blocks += [H("Mixed long/short workload", 3),
                    P("Long prompts interleaved with short ones: the case where a long prefill "
                      "can stall other requests' decode steps."), T(display_table(mixed))]
-    if data is not None:
-        fields = fields_table(data).map(fmt_num)
-        blocks.append(fold(f"Every field vllm bench serve reports, per point ({len(fields)} "
-                           "points)", [
-            P("In vLLM's names and units (ms; duration in s; throughputs per s): completed and "
-              "failed requests, the run's duration, request, output and total token "
-              "throughput, and the mean, median and p99 of TTFT, TPOT, ITL and end-to-end "
-              "latency; each the median over the point's repeats. Every run is also in "
-              "export/: runs.csv, and one JSON file per run in the layout of `vllm bench "
-              "serve --save-result`."), T(fields)]))
+    fields = fields_table(data).map(fmt_num)
+    blocks.append(fold(f"Every field vllm bench serve reports, per point ({len(fields)} "
+                       "points)", [
+        P("In vLLM's names and units (ms; duration in s; throughputs per s): completed and "
+          "failed requests, the run's duration, request, output and total token "
+          "throughput, and the mean, median and p99 of TTFT, TPOT, ITL and end-to-end "
+          "latency; each the median over the point's repeats. Every run is also in "
+          "export/: runs.csv, and one JSON file per run in the layout of `vllm bench "
+          "serve --save-result`."), T(fields)]))
     return blocks
 
 
@@ -302,6 +290,68 @@ def _comparison_blocks(concl: Conclusions) -> list[Block]:
                   f"only by the lab's rule (basis column): {RULE}."), T(df)])]
 
 
+def forecast_blocks(data: ReportData, plots: list[Plot]) -> list[Block]:
+    by_arch = graded(data)
+    blocks = [H("Predicted, then measured"),
+              P("Before measuring, notebook 01 forecasts its own sweep from the engine profile "
+                "it has just measured, and notebooks 03 and 04 forecast their architecture "
+                "from what each forecast lists as its sources (below; lab_utils.forecast.model: "
+                "a step-by-step simulation of the engines, the proxy hop and the KV move). Here "
+                "each forecast meets its measurement: the error is in % of the measured "
+                "value, and 'inside' says whether the measurement fell in the forecast's "
+                "interval: the range over the edges of 01's and 02's measured curves, widened "
+                "by the model's own error on what was graded earlier in the same series (each "
+                "forecast's 'interval' line below names those sources): per kind of metric, the 90% "
+                "quantile of |log(measured / predicted)| over those graded values, at least "
+                "10% (lab_utils.forecast.band). Coverage and the median interval width are "
+                "given together: an interval that holds only because it is huge says nothing. "
+                f"'verdict' is the lab's one rule with that interval as the forecast's range: "
+                f"{RULE}. Goodput is vLLM bench serve's: the requests per second that met "
+                "every SLO the workload sets (workload.slo). Points where the machine stood "
+                "still are shown but not graded; where the load generator read tokens late, "
+                "ITL and TPOT are not graded."),
+              UL([f"{arch}: " + "; ".join(f"{k}: {v}" for k, v in f.sources.items())
+                  for arch, f in recorded_forecasts(data).items()]),
+              *([P("A forecast calibrated on requests timed one at a time through its own "
+                   "instances before the sweep takes its per-token costs from those requests: "
+                   "its rows at concurrency 1 mostly check that calibration, not the model; "
+                   "the loads above it are the prediction.")]
+                if any(f.timed is not None for f in recorded_forecasts(data).values()) else []),
+              P("What the model leaves out, so where to look when it misses: the CPU that the "
+                "proxy, the load generator and NIXL's progress threads use beyond what 01 "
+                "measured beside stand-ins for them"
+                + ("" if data.nixl_delay_us > 0 else
+                   " (on the 2-core rehearsal, each prefill or decode instance's NIXL thread "
+                   "busy-polls a core, which slows every engine handoff: the P/D forecast "
+                   "misses by most there)") + "; "
+                "vLLM's handling of a P/D request beyond the bytes moved (the side-channel "
+                "handshake, the notification); memory limits and preemption. On separate "
+                "machines with cores to spare (two Sparks) the first of these should be "
+                "small; the grading of a real run says whether it was.")]
+    if not by_arch:
+        return blocks + [P("No forecast was recorded: notebooks 03 and 04 record one when 01 "
+                           "has an engine profile (re-run 01, then 03 and 04).")]
+    recorded = recorded_forecasts(data)
+    if (together := together_claim(data)) is not None:
+        blocks.append(P(together.text))
+    for arch, rows in by_arch.items():
+        blocks += [H(arch, 3), UL(g.sentences(arch, rows)
+                                  + ["interval: " + band_sentence(recorded[arch].error_band)]),
+                   T(grade_table(rows))]
+    blocks += [Block("img", plot=p) for p in plots if p.name == "forecast"]
+    return blocks
+
+
+def spark_forecast_blocks(data: ReportData) -> list[Block]:
+    df, about, sources = spark_forecast(data)
+    return [H("Forecast for two DGX Sparks", 3),
+            P(f"The same model, fed with published GB10 figures instead of this run's "
+              f"measurements ({about}). A forecast, not a measurement: when the lab runs "
+              "on the Sparks, notebooks 03 and 04 forecast from their own 01 and 02, and "
+              "the section above grades it. Inputs and their sources:"),
+            UL([f"{k}: {v}" for k, v in sources.items()]), T(df)]
+
+
 def _expected_blocks(data: ReportData, table: pd.DataFrame) -> list[Block]:
     df = expected_figures(data, table)
     blocks = [H("Expected figures for two DGX Sparks"),
@@ -326,9 +376,8 @@ def _calibration_blocks(data: ReportData) -> list[Block]:
             "(`eta`), the NIXL probe's plan and the proxy's cost in the forecasts estimate, "
             "beside what this profile's real runs measured (results/<profile>/calibration/); "
             "each uses a measured figure instead of its estimate from then on.")
-    if df.empty:
-        return [H("Estimated vs measured"), P(text), P("Nothing was measured yet.")]
-    return [H("Estimated vs measured"), P(text), T(df)]
+    return [H("Estimated vs measured"), P(text),
+            P("Nothing was measured yet.") if df.empty else T(df)]
 
 
 def _nb00_blocks(data: ReportData) -> list[Block]:
@@ -381,9 +430,8 @@ def _nb02_blocks(data: ReportData) -> list[Block]:
     kv = kv_table(p)
     if not kv.empty:
         blocks += [H("Predicted vs measured transfer time", 3), T(kv.map(fmt_num))]
-    rows = probe_rows(p)
-    if rows:
-        blocks += [H("NIXL probe", 3), T(scalar_table(rows))]
+    if p.probe.rows:
+        blocks += [H("NIXL probe", 3), T(scalar_table(p.probe.rows))]
     return blocks
 
 

@@ -15,7 +15,7 @@ import pandas as pd
 from lab_utils.forecast.band import coverage, coverage_sentence
 from lab_utils.forecast.grade import grade_claims
 from lab_utils.report.conclusions import Conclusions, shared_machine
-from lab_utils.report.data import ARCH_NOTEBOOK, FORECAST_NB, ReportData, graded
+from lab_utils.report.data import ARCH_NOTEBOOK, ReportData, graded
 from lab_utils.report.forecast import workload_of
 from lab_utils.report.plots import roofline_claim
 from lab_utils.report.verdict import NAMES, verdict_claim
@@ -60,7 +60,7 @@ def report_claims(data: ReportData, concl: Conclusions) -> list[Claim]:
     machine the nodes shared, the conclusions, each forecast's grade, the roofline."""
     machine = machine_claim(data)
     graded_claims = [c for arch, rows in graded(data).items()
-                     for c in grade_claims("report", FORECAST_NB[arch], arch, rows)]
+                     for c in grade_claims("report", ARCH_NOTEBOOK[arch], arch, rows)]
     return [verdict_claim(concl, data), *([machine] if machine else []), *concl.claims,
             *graded_claims, *([together] if (together := together_claim(data)) else []),
             *(c for said in experiment_claims(data).values() for c in said),
@@ -106,15 +106,12 @@ def _flags(argv: list[str]) -> str:
         start = argv.index("-m") + 2
     except ValueError:
         start = 1
-    out, skip = [], False
-    for arg in argv[start:]:
-        if skip:
-            skip = False
-            continue
+    out, args = [], iter(argv[start:])
+    for arg in args:
         if arg in _PER_NODE:
-            skip = True
-            continue
-        out.append(arg)
+            next(args, None)  # its value
+        else:
+            out.append(arg)
     return " ".join(out)
 
 
@@ -135,10 +132,6 @@ def _role_flags(data: ReportData) -> list[tuple[str, str]]:
             where = RESULTS[nb].notebook_file[:2]  # "tp" is a section of 04
             rows.append((f"vLLM flags: {role} ({arch}, notebook {where})", flags))
     return rows
-
-
-def _workload(w: dict[str, Any]) -> str:
-    return workload_of(w).describe() if w else NOT_RECORDED
 
 
 def workloads_text(data: ReportData) -> str:
@@ -193,6 +186,7 @@ def system_under_test(data: ReportData) -> pd.DataFrame:
                         if nb in ARCH_NOTEBOOK.values()])
     when = stamps[0][:16].replace("T", " ") + (
         f" to {stamps[-1][:16].replace('T', ' ')}" if stamps[-1][:16] != stamps[0][:16] else "")
+    w = data.sweeps["baseline"].workload
     rows = [
         ("engine", f"vLLM on {data.device}" + (" (the CPU rehearsal)" if data.device == "cpu" else "")),
         ("hardware (where the notebooks ran)",
@@ -208,7 +202,7 @@ def system_under_test(data: ReportData) -> pd.DataFrame:
                   f"revision {model.get('revision') or 'not pinned (as fetched)'}"),
         *_role_flags(data),
         *_nixl_threads(data),
-        ("workload", _workload(data.sweeps["baseline"].workload)),
+        ("workload", workload_of(w).describe() if w else NOT_RECORDED),
         ("date (UTC)", when),
     ]
     return pd.DataFrame(rows, columns=["system under test", "value"])

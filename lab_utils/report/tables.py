@@ -21,11 +21,9 @@ from lab_utils.report.data import (
     ARCHITECTURES,
     PER_STREAM,
     ReportData,
-    load_label,
     num_or_nan,
 )
 from lab_utils.results import EnvironmentPayload, calibration
-from lab_utils.results.checklist import CheckResult
 from lab_utils.results.kv_transfer import KvTransferPayload
 from lab_utils.results.points import COMPARED, Point
 from lab_utils.results.sweep import BenchmarkResult
@@ -73,16 +71,12 @@ def _samples(result: BenchmarkResult, mode: str, value: float) -> tuple[float, f
     reqs, gaps = [], []
     for p in result.points:
         if p.mode == mode and p.value == value:
-            if is_count(p.summary.completed):
-                reqs.append(p.summary.completed)
+            if isinstance(n := p.summary.completed, int) and not isinstance(n, bool):
+                reqs.append(n)
             ok = [r for r in p.requests if r.get("error") is None]
             if ok:
                 gaps.append(sum(len(r.get("itl_ms") or []) for r in ok))
     return (float(min(reqs)) if reqs else math.nan, float(min(gaps)) if gaps else math.nan)
-
-
-def is_count(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def percentile_text(m_key: str, text: str, row: pd.Series) -> str:
@@ -125,7 +119,8 @@ def _row(arch: str, workload: str, result: BenchmarkResult, entry: Point) -> dic
     cells = _metric_cells(entry)
     n_requests, n_gaps = _samples(result, mode, value)
     return {"architecture": arch, "workload": workload, "mode": mode, "value": value,
-            "load": load_label(mode, value), "repeats": repeats, "valid": valid,
+            "load": f"concurrency {value:g}" if mode == "concurrency" else f"rate {value:g} req/s",
+            "repeats": repeats, "valid": valid,
             "invalid_reason": None if valid else _invalid_reason(result, mode, value),
             "repeat_note": _repeat_note(result, mode, value),
             "read_together": read_late(result, mode, value),
@@ -142,12 +137,10 @@ def points_table(data: ReportData) -> pd.DataFrame:
     df = pd.DataFrame(rows)
     if df.empty:
         return df
-    order = {"arch": {a: i for i, a in enumerate(ARCHITECTURES)},
+    order = {"architecture": {a: i for i, a in enumerate(ARCHITECTURES)},
              "mode": {"concurrency": 0, "rate": 1}, "workload": {"standard": 0, "mixed": 1}}
-    keys = (df["workload"].map(order["workload"]), df["mode"].map(order["mode"]).fillna(2),
-            df["value"], df["architecture"].map(order["arch"]))
-    df = df.assign(_k0=keys[0], _k1=keys[1], _k2=keys[2], _k3=keys[3])
-    df = df.sort_values(["_k0", "_k1", "_k2", "_k3"]).drop(columns=["_k0", "_k1", "_k2", "_k3"])
+    df = df.sort_values(["workload", "mode", "value", "architecture"], key=lambda col: (
+        col.map(order[col.name]).fillna(2) if col.name in order else col))
     return df.reset_index(drop=True)
 
 
@@ -203,19 +196,9 @@ def kv_table(payload02: KvTransferPayload | None) -> pd.DataFrame:
     return df.sort_values("prompt_tokens").reset_index(drop=True)
 
 
-def probe_rows(payload02: KvTransferPayload | None) -> list[dict]:
-    """Notebook 02's NIXL probe rows (one per memory type, operation and size)."""
-    return list(payload02.probe.rows) if payload02 else []
-
-
-def checks(payload00: EnvironmentPayload | None) -> list[CheckResult]:
-    """Notebook 00's check results (one per check and node)."""
-    return list(payload00.checks) if payload00 else []
-
-
 def checks_table(payload00: EnvironmentPayload | None) -> pd.DataFrame:
     """Notebook 00's checklist: what each check found on each node, and the fix."""
-    rows = [{c: getattr(r, c) or "" for c in CHECK_COLUMNS} for r in checks(payload00)]
+    rows = [{c: getattr(r, c) or "" for c in CHECK_COLUMNS} for r in (payload00.checks if payload00 else [])]
     return pd.DataFrame(rows, columns=CHECK_COLUMNS)
 
 
@@ -230,12 +213,8 @@ def _listed(v: list | dict, shown: int = 4) -> str:
 
 def scalar_table(rows: list[dict], limit: int = 50) -> pd.DataFrame:
     """A list of records as a table of its scalar fields (nested values summarised)."""
-    def cell(v: Any) -> Any:
-        if isinstance(v, (dict, list)):
-            return _listed(v)
-        return fmt_num(v)
-    return pd.DataFrame([{k: cell(v) for k, v in r.items()} for r in rows[:limit]
-                         if isinstance(r, dict)])
+    return pd.DataFrame([{k: _listed(v) if isinstance(v, (dict, list)) else fmt_num(v)
+                          for k, v in r.items()} for r in rows[:limit]])
 
 
 def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:

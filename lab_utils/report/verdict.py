@@ -130,7 +130,7 @@ def _runs(arch: str, key: MetricKey, loads: list[str],
 
 
 def _metric_verdict(key: MetricKey, cells: dict[str, list[Comparison]], one: bool,
-                    used: list[Comparison], mine: list[Comparison] | None = None,
+                    used: list[Comparison], mine: list[Comparison],
                     data: ReportData | None = None) -> str:
     """"output throughput: the single instance at concurrency 2 and 4 (up to 1.6x higher
     than the next); no single best at concurrency 1 (replicated serving and the single
@@ -146,27 +146,24 @@ def _metric_verdict(key: MetricKey, cells: dict[str, list[Comparison]], one: boo
         said.setdefault((best, tuple(leaders)), []).append((load, lead))
     bits = []
     for (best, top), where in said.items():
-        at = "" if one else f" at {_join_loads([w for w, _ in where])}"
+        loads = [w for w, _ in where]
+        at = "" if one else f" at {_join_loads(loads)}"
+        # top is (best,) where there is a best
+        routed = [r for w in loads if (r := _routed_otherwise(data, list(top), key, w,
+                                                               mine, used))]
         if best:
             lead = max(r for _, r in where)
             ahead = m.times(lead, 1) if m.higher_is_better else m.times(1, lead)
-            loads = [w for w, _ in where]
-            routed = [r for w in loads if (r := _routed_otherwise(data, [best], key, w,
-                                                                   mine or [], used))]
-            bits.append(f"{names[best]}{at} ("
-                        + ("" if one or len(where) == 1 else "up to ") + f"{ahead} than the next)"
-                        + _tail_cost(best, key, loads, mine or [], names, used)
-                        + (f", but {'; '.join(routed)}" if routed else ""))
+            text = (f"{names[best]}{at} ("
+                    + ("" if one or len(where) == 1 else "up to ") + f"{ahead} than the next)"
+                    + _tail_cost(best, key, loads, mine, names, used))
         else:
             # unbeaten is not tied: a side whose runs spread wide beats nothing and loses to
             # nothing, so each is shown with its runs
-            loads = [w for w, _ in where]
             shown = join_words([f"{names[a]} {_runs(a, key, loads, cells)}" for a in top])
-            routed = [r for w, _ in where if (r := _routed_otherwise(data, list(top), key, w,
-                                                                      mine or [], used))]
-            bits.append((f"no single best{at} (beaten by none, by the lab's rule: {shown})"
-                         if len(top) > 1 else f"no single best{at}")
-                        + (f", but {'; '.join(routed)}" if routed else ""))
+            text = (f"no single best{at} (beaten by none, by the lab's rule: {shown})"
+                    if len(top) > 1 else f"no single best{at}")
+        bits.append(text + (f", but {'; '.join(routed)}" if routed else ""))
     return f"{m.label}: " + "; ".join(bits)
 
 
@@ -194,9 +191,8 @@ def verdict_claim(concl: Conclusions, data: ReportData | None = None) -> Claim:
                     cells.setdefault(f.load, []).append(f)
             if cells:
                 per_metric.append(_metric_verdict(key, cells, one, used, mine, data))
-        name = "Standard workload" if workload == "standard" else f"{workload.capitalize()} workload"
         where = f"{loads[0]} only, one load point" if one else _join_loads(loads)
-        parts.append(f"{name} ({where}): " + "; ".join(per_metric))
+        parts.append(f"{workload.capitalize()} workload ({where}): " + "; ".join(per_metric))
     names = names_of(data)
     archs = join_words([names[a] for a in dict.fromkeys(
         n for f in concl.findings for n in (f.subject.name, f.reference.name))])

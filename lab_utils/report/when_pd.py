@@ -25,7 +25,7 @@ from lab_utils.forecast.inputs import spark_inputs_for
 from lab_utils.forecast.model import Architecture, forecast, loads_of
 from lab_utils.forecast.run import EVEN, NOBODY, goodput_winner
 from lab_utils.report.data import ReportData
-from lab_utils.report.forecast import spark_hop, spark_workload
+from lab_utils.report.forecast import replicas_and_splits, spark_hop, spark_workload
 from lab_utils.results.claims import claim, save_claims
 from lab_utils.results.points import MARGIN
 from lab_utils.util.numbers import fmt_num
@@ -37,14 +37,9 @@ SHAPES = ((512, 512), (1024, 256), (2048, 128), (4096, 64))
 ITL_BOUNDS = (1.25, 5.0, 20.0)
 
 
-def _cases(nodes: int) -> list[Architecture]:
-    return [Architecture(replicas=nodes)] + [Architecture(prefill=p, decode=nodes - p)
-                                             for p in range(1, nodes)]
-
-
 def _row(short: int, out: int, bound: float | None, archs: list[Architecture],
          scored: list[dict[str, Any]]) -> dict[str, Any]:
-    rep = scored[0]  # _cases puts the replicas first
+    rep = scored[0]  # replicas_and_splits puts the replicas first
     i = max(range(1, len(archs)), key=lambda k: scored[k]["request_goodput"] or 0.0)
     g_rep, g_pd = rep["request_goodput"] or 0.0, scored[i]["request_goodput"] or 0.0
     return {"prompt / output": f"{short} / {out}", "ratio": short / out, "ITL SLO ms": bound,
@@ -68,7 +63,7 @@ def when_pd_pays(data: ReportData, nodes: int = 2, kv_buffer_device: str = "cpu"
         inputs = spark_inputs_for(model, w, kv_buffer_device, hop=hop)
         load = loads_of(w, mixed=True)[-1]
         load = replace(load, concurrency=top, num_prompts=max(load.num_prompts, 8 * nodes))
-        archs = _cases(nodes)
+        archs = replicas_and_splits(nodes)
         plain = [forecast(inputs, a, load).metrics for a in archs]
         pd_tail = min(m["p99_itl_ms"] or float("inf")
                       for a, m in zip(archs, plain, strict=True) if a.disaggregated)
@@ -135,16 +130,12 @@ def sentences(frame: pd.DataFrame, nodes: int, model: str, w) -> list[str]:
     return out
 
 
-def when_frame(frame: pd.DataFrame) -> pd.DataFrame:
-    """The table for people: numbers formatted, no SLO shown as "none"."""
-    shown = frame.drop(columns=["ratio"]).copy()
-    shown["ITL SLO ms"] = shown["ITL SLO ms"].map(lambda v: "none" if pd.isna(v) else fmt_num(v))
-    return shown.map(fmt_num)
-
-
 def show_when_pd_pays(data: ReportData, nodes: int = 2) -> pd.DataFrame:
-    """Notebooks 04 and 05: print what the forecast says, return its table for people."""
+    """Notebooks 04 and 05: print what the forecast says, return its table for people
+    (numbers formatted, no SLO shown as "none")."""
     frame, said = when_pd_pays(data, nodes)
     print("\n".join(said))
     save_claims(data.results_dir, f"when-pd:{nodes}", [claim("report", t) for t in said])
-    return when_frame(frame)
+    shown = frame.drop(columns=["ratio"])
+    shown["ITL SLO ms"] = shown["ITL SLO ms"].map(lambda v: "none" if pd.isna(v) else fmt_num(v))
+    return shown.map(fmt_num)
