@@ -243,10 +243,6 @@ def start_proxy(cluster: Cluster, mode: str, kind: str | None = None,
     return rec, True
 
 
-def stop_topology(cluster: Cluster, topology: str) -> list[str]:
-    return cluster.stop(cluster.running(topology))
-
-
 def quiet_nixl_threads(cluster: Cluster, records: list[ProcessRecord]) -> list[dict]:
     """With `kv_transfer.lower_nixl_threads` on, lower the NIXL progress threads of
     the prefill and decode instances among `records` (nice 19, 0.1 ms slice), put each
@@ -283,7 +279,6 @@ def quiet_nixl_threads(cluster: Cluster, records: list[ProcessRecord]) -> list[d
         rows += [{"instance": rec.name, "role": role, "node": rec.node, **t}
                  for t in rec.extra["nixl_threads"]]
     return rows
-
 
 
 def cleanup(cluster: Cluster | LabConfig) -> list[str]:
