@@ -144,12 +144,11 @@ class InstanceCounters:
 
     GAUGES = frozenset({"requests_running", "requests_waiting"})
 
-    @staticmethod
-    def delta(after: InstanceCounters, before: InstanceCounters) -> InstanceCounters:
-        """Counters as `after - before`; gauges as in `after`."""
+    def delta(self, before: InstanceCounters) -> InstanceCounters:
+        """Counters as `self - before`; gauges as in `self`."""
         values = {}
         for field in fields(InstanceCounters):
-            new, old = getattr(after, field.name), getattr(before, field.name)
+            new, old = getattr(self, field.name), getattr(before, field.name)
             if field.name in InstanceCounters.GAUGES:
                 values[field.name] = new
                 continue
@@ -161,8 +160,7 @@ class InstanceCounters:
             values[field.name] = new - old
         return InstanceCounters(**values)
 
-    def __sub__(self, before: InstanceCounters) -> InstanceCounters:
-        return InstanceCounters.delta(self, before)
+    __sub__ = delta
 
     def __add__(self, other: InstanceCounters) -> InstanceCounters:
         """Summed over instances (gauges too: requests running anywhere)."""
