@@ -53,8 +53,6 @@ def _serve(role: str, port: int, mode: str, backend: str) -> None:
     import uvicorn
 
     if role == "backend":  # one instant backend process on two ports (`backend` is the 2nd)
-
-
         socks = []
         for p in (port, int(backend)):
             s = socket.socket()
@@ -64,11 +62,10 @@ def _serve(role: str, port: int, mode: str, backend: str) -> None:
         config = uvicorn.Config(make_app(0, 0), log_level="error", access_log=False)
         uvicorn.Server(config).run(sockets=socks)
         return
-    else:
-        prefill, decode = backend.split(",")
-        settings = (ProxySettings("replicated", backends=[prefill]) if mode == "replicated"
-                    else ProxySettings("disaggregated", prefill=[prefill], decode=[decode]))
-        app = create_app(settings)
+    prefill, decode = backend.split(",")
+    settings = (ProxySettings("replicated", backends=[prefill]) if mode == "replicated"
+                else ProxySettings("disaggregated", prefill=[prefill], decode=[decode]))
+    app = create_app(settings)
     # served as `python -m lab_utils proxy` serves it (its HTTP protocol and limits)
     uvicorn.run(app, host=HOST, port=port, **{**server_options(settings), "log_level": "error"})
 
