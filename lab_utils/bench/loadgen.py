@@ -79,9 +79,7 @@ def ceiling(rates: list[float], seconds: float) -> list[dict]:
 
 
 def verdict(ours: list[float], theirs: list[float]) -> str:
-    """The lab's one rule (`points.compare`) on the two tools' runs: 'agree' (medians within
-    the 10% margin), 'agree (spread)' (further apart, but within the runs' own
-    spread), or 'DIFFER'."""
+    """The lab's one rule (`points.compare`) on the two tools' runs, in the module's words."""
     v = compare(Measured.of(ours), Measured.of(theirs))
     if v.differs:
         return "DIFFER"
