@@ -49,7 +49,7 @@ class ProxyError(Exception):
         self.status, self.kind, self.backend, self.param = status, kind, backend, param
         self.raw, self.public = raw, public
 
-    def redacted(self, role: str = "") -> ProxyError:
+    def redacted(self) -> ProxyError:
         """This error without the backend's URL (for clients when a key is set: they
         are not told where the instances are, as /health does not)."""
         if not self.backend:
