@@ -185,10 +185,8 @@ def server_env(cfg: LabConfig, spec: InstanceSpec) -> dict[str, str]:
         env["VLLM_API_KEY"] = key
     # the lab's code: on_node.unit, which leads the instance's group, SERVE_MODULE for a
     # rank and KEY_GUARD where a key is set (after the sitecustomize directory)
-    first = list(dict.fromkeys([*first, lab]))
-    if first:
-        env["PYTHONPATH"] = ":".join(p for p in (*first, env.get("PYTHONPATH") or (
-            os.environ.get("PYTHONPATH", "") if node.connection == "local" else "")) if p)
+    env["PYTHONPATH"] = ":".join(p for p in (*first, lab, env.get("PYTHONPATH") or (
+        os.environ.get("PYTHONPATH", "") if node.connection == "local" else "")) if p)
     return env
 
 
