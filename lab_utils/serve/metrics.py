@@ -149,15 +149,13 @@ class InstanceCounters:
         values = {}
         for field in fields(InstanceCounters):
             new, old = getattr(self, field.name), getattr(before, field.name)
-            if field.name in InstanceCounters.GAUGES:
-                values[field.name] = new
-                continue
-            if new < old:
+            gauge = field.name in InstanceCounters.GAUGES
+            if not gauge and new < old:
                 raise LabError(
                     f"Counter {field.name} went down ({old} -> {new}): the vLLM instance "
                     "restarted between the two readings. Take both readings from one run."
                 )
-            values[field.name] = new - old
+            values[field.name] = new if gauge else new - old
         return InstanceCounters(**values)
 
     __sub__ = delta
