@@ -148,10 +148,8 @@ class Proxy:
         self.settings, self.metrics = settings, Metrics()
         timeout = aiohttp.ClientTimeout(total=None, connect=settings.connect_timeout_s,
                                         sock_read=settings.request_timeout_s)
-        if settings.mode == "replicated":
-            roles = {"replica": settings.backends}
-        else:
-            roles = {"prefill": settings.prefill, "decode": settings.decode}
+        roles = ({"replica": settings.backends} if settings.mode == "replicated"
+                 else {"prefill": settings.prefill, "decode": settings.decode})
         self.pools = {role: Pool(role, urls, settings.policy, timeout,
                                  on_connect_retry=self.metrics.connect_retries.labels(role).inc,
                                  on_resend=self.metrics.resends.labels(role).inc,
