@@ -79,9 +79,7 @@ def ceiling(rates: list[float], seconds: float) -> list[dict]:
 
 
 def verdict(ours: list[float], theirs: list[float]) -> str:
-    """The lab's one rule (`points.compare`) on the two tools' runs: 'agree' (medians within
-    the 10% margin), 'agree (spread)' (further apart, but within the runs' own
-    spread), or 'DIFFER'."""
+    """The lab's one rule (`points.compare`) on the two tools' runs, in the module's words."""
     v = compare(Measured.of(ours), Measured.of(theirs))
     if v.differs:
         return "DIFFER"
@@ -179,12 +177,6 @@ def without_prefix_caching(cfg):
     return cfg.model_copy(update={"vllm": cfg.vllm.model_copy(update={"baseline": b})})
 
 
-def _counters(url: str):
-    """The instance's counters (prompt tokens, and those served from the prefix cache)."""
-
-    return read_counters(fetch_metrics(url), require_nixl=False)
-
-
 def agreement(cfg, url: str, key: str | None, concurrencies: list[int], n_rates: int,
               repeats: int, aiperf: Path | None, workdir: Path) -> dict:
     """Run every point with every tool, `repeats` times, interleaved; return the raw runs."""
@@ -213,7 +205,8 @@ def agreement(cfg, url: str, key: str | None, concurrencies: list[int], n_rates:
                 # prefix-cache hit, and its TTFT is not a prefill's
                 seed = 1000 + 100 * rep + i
                 for who in order:
-                    before = _counters(url)
+                    # the instance's prompt tokens, and those served from its prefix cache
+                    before = read_counters(fetch_metrics(url), require_nixl=False)
                     if who == "lab":
                         specs = build_requests(w, w.warmup + n, tok, detok, seed=seed)
                         s = _ours(url, cfg, specs, p, seed, key)
@@ -223,7 +216,7 @@ def agreement(cfg, url: str, key: str | None, concurrencies: list[int], n_rates:
                         assert aiperf is not None  # AIPerf is in `order` only when given
                         out = workdir / f"aiperf-{rep}-{p[0]}-{p[1]:g}"
                         s = aiperf_runner.run(aiperf, url, cfg, n, p, seed, key, out)
-                    d = _counters(url) - before
+                    d = read_counters(fetch_metrics(url), require_nixl=False) - before
                     s["prefix_cache_hit_pct"] = (100 * d.prompt_tokens_local_cache_hit / d.prompt_tokens
                                                  if d.prompt_tokens else 0.0)
                     runs[point_label(p)][who].append(s)
@@ -293,7 +286,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.aiperf and not args.aiperf.exists():
         print(f"no aiperf at {args.aiperf}: make aiperf-venv makes one (.venv-aiperf/bin/aiperf)")
         return 2
-
 
     cfg = without_prefix_caching(load_config(args.config))
     cfg.workload = w = cfg.workload.model_copy(update={"num_prompts": args.num_prompts,

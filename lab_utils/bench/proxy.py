@@ -53,8 +53,6 @@ def _serve(role: str, port: int, mode: str, backend: str) -> None:
     import uvicorn
 
     if role == "backend":  # one instant backend process on two ports (`backend` is the 2nd)
-
-
         socks = []
         for p in (port, int(backend)):
             s = socket.socket()
@@ -64,11 +62,10 @@ def _serve(role: str, port: int, mode: str, backend: str) -> None:
         config = uvicorn.Config(make_app(0, 0), log_level="error", access_log=False)
         uvicorn.Server(config).run(sockets=socks)
         return
-    else:
-        prefill, decode = backend.split(",")
-        settings = (ProxySettings("replicated", backends=[prefill]) if mode == "replicated"
-                    else ProxySettings("disaggregated", prefill=[prefill], decode=[decode]))
-        app = create_app(settings)
+    prefill, decode = backend.split(",")
+    settings = (ProxySettings("replicated", backends=[prefill]) if mode == "replicated"
+                else ProxySettings("disaggregated", prefill=[prefill], decode=[decode]))
+    app = create_app(settings)
     # served as `python -m lab_utils proxy` serves it (its HTTP protocol and limits)
     uvicorn.run(app, host=HOST, port=port, **{**server_options(settings), "log_level": "error"})
 
@@ -156,10 +153,10 @@ def main(argv: list[str] | None = None) -> int:
     me = [sys.executable, "-m", "lab_utils.bench.proxy", "--serve"]
     procs: list[tuple[int, int]] = []
 
-    def start(name: str, argv: list[str], url: str) -> tuple[str, int]:
+    def start(argv: list[str], url: str) -> int:
         procs.append(spawn_until_up(argv, url))
         _pin(procs[-1][0], server_cpus)
-        return name, procs[-1][0]
+        return procs[-1][0]
 
     concs = [int(c) for c in args.concurrency.split(",")]
     rows = []
@@ -168,15 +165,15 @@ def main(argv: list[str] | None = None) -> int:
         # listens on a second port, given as the decode URL to every proxy
         bport, bport2 = next(ports), next(ports)
         backend, backend2 = f"http://{HOST}:{bport}", f"http://{HOST}:{bport2}"
-        _, backend_pid = start("backend", me + ["backend", str(bport), "-", str(bport2)],
-                               f"{backend}/v1/completions")
+        backend_pid = start(me + ["backend", str(bport), "-", str(bport2)],
+                            f"{backend}/v1/completions")
         for mode in args.modes.split(","):
             pd = mode == "disaggregated"
             targets = {"direct": (f"{backend}/v1/completions", pd, None)}
 
             def add(name: str, argv: list[str], port: int, targets: dict = targets) -> None:
                 url = f"http://{HOST}:{port}/v1/completions"
-                targets[name] = (url, False, start(name, argv, url)[1])
+                targets[name] = (url, False, start(argv, url))
 
             port = next(ports)
             add("lab proxy", me + ["proxy", str(port), mode, f"{backend},{backend2}"], port)

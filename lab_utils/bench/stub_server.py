@@ -71,10 +71,8 @@ def make_app(ttft_ms: float, itl_ms: float, timing_file: str | None = None):
         for i in range(n):
             if ttft_ms or itl_ms:
                 await asyncio.sleep((ttft_ms if i == 0 else itl_ms) / 1000.0)
-            if chat:
-                chunk = {"choices": [{"index": 0, "delta": {"content": f" t{i}"}, "finish_reason": None}]}
-            else:
-                chunk = {"choices": [{"index": 0, "text": f" t{i}", "finish_reason": None}]}
+            token = {"delta": {"content": f" t{i}"}} if chat else {"text": f" t{i}"}
+            chunk = {"choices": [{"index": 0, **token, "finish_reason": None}]}
             await send({"type": "http.response.body", "body": f"data: {json.dumps(chunk)}\n\n".encode(),
                         "more_body": True})
             stamps.append(time.perf_counter())
@@ -91,9 +89,6 @@ def make_app(ttft_ms: float, itl_ms: float, timing_file: str | None = None):
 def spawn_until_up(argv: list[str], probe_url: str, timeout_s: float = 30.0) -> tuple[int, int]:
     """Start `argv` in its own process group and wait until POSTing to `probe_url` gets
     any HTTP answer; return (pid, start_ticks) for `proctools.stop_group`."""
-
-
-
     p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                          start_new_session=True)
     ticks = start_ticks(p.pid)

@@ -185,10 +185,8 @@ def server_env(cfg: LabConfig, spec: InstanceSpec) -> dict[str, str]:
         env["VLLM_API_KEY"] = key
     # the lab's code: on_node.unit, which leads the instance's group, SERVE_MODULE for a
     # rank and KEY_GUARD where a key is set (after the sitecustomize directory)
-    first = list(dict.fromkeys([*first, lab]))
-    if first:
-        env["PYTHONPATH"] = ":".join(p for p in (*first, env.get("PYTHONPATH") or (
-            os.environ.get("PYTHONPATH", "") if node.connection == "local" else "")) if p)
+    env["PYTHONPATH"] = ":".join(p for p in (*first, lab, env.get("PYTHONPATH") or (
+        os.environ.get("PYTHONPATH", "") if node.connection == "local" else "")) if p)
     return env
 
 
@@ -231,10 +229,6 @@ def rank_env(cfg: LabConfig, spec: InstanceSpec) -> dict[str, str]:
     return env
 
 
-def _log_path(cfg: LabConfig, spec: InstanceSpec) -> str:
-    return f"{cfg.log_dir_on(spec.node)}/{spec.name}.log"
-
-
 def healthy(url: str, timeout: float = 2.0, api_key: str | None = None) -> bool:
     try:
         return httpx.get(f"{url}/health", timeout=timeout,
@@ -267,7 +261,8 @@ def start_instance(cluster: Cluster, spec: InstanceSpec, *,
         rec = node.start_detached(
             spec.name, server_command(cluster, spec, kv_buffer_device=kv_buffer_device),
             env={"TMPDIR": tmp, **server_env(cfg, spec)},
-            log_path=_log_path(cfg, spec), kind="vllm", unit_grace_s=cfg.vllm.stop_grace_s,
+            log_path=f"{cfg.log_dir_on(spec.node)}/{spec.name}.log", kind="vllm",
+            unit_grace_s=cfg.vllm.stop_grace_s,
             port=None if spec.headless else spec.port, url=instance_url(cfg, spec),
             extra={"topology": spec.topology, "role": spec.role,
                    "side_channel_port": spec.side_channel_port, "tmpdir": tmp,
@@ -307,12 +302,10 @@ def wait_ready(cluster: Cluster, records: list[ProcessRecord], timeout: float | 
             for name, rec in list(pending.items()):
                 node = nodes[rec.node]
                 served = [r for r in pending.values() if r.url]
-                if rec.url is None and not served and node.is_alive(rec):
-                    ready[name] = time.monotonic() - t0  # the ranks it serves with are up
-                    del pending[name]
-                    bar.update(1)
-                elif rec.url is not None and healthy(
-                        rec.url, api_key=keys["proxy" if rec.kind == "proxy" else "vllm"]):
+                # a headless rank is ready once the ranks it serves with are up
+                if (rec.url is None and not served and node.is_alive(rec)) or (
+                        rec.url is not None and healthy(
+                            rec.url, api_key=keys["proxy" if rec.kind == "proxy" else "vllm"])):
                     ready[name] = time.monotonic() - t0
                     del pending[name]
                     bar.update(1)

@@ -144,25 +144,21 @@ class InstanceCounters:
 
     GAUGES = frozenset({"requests_running", "requests_waiting"})
 
-    @staticmethod
-    def delta(after: InstanceCounters, before: InstanceCounters) -> InstanceCounters:
-        """Counters as `after - before`; gauges as in `after`."""
+    def delta(self, before: InstanceCounters) -> InstanceCounters:
+        """Counters as `self - before`; gauges as in `self`."""
         values = {}
         for field in fields(InstanceCounters):
-            new, old = getattr(after, field.name), getattr(before, field.name)
-            if field.name in InstanceCounters.GAUGES:
-                values[field.name] = new
-                continue
-            if new < old:
+            new, old = getattr(self, field.name), getattr(before, field.name)
+            gauge = field.name in InstanceCounters.GAUGES
+            if not gauge and new < old:
                 raise LabError(
                     f"Counter {field.name} went down ({old} -> {new}): the vLLM instance "
                     "restarted between the two readings. Take both readings from one run."
                 )
-            values[field.name] = new - old
+            values[field.name] = new if gauge else new - old
         return InstanceCounters(**values)
 
-    def __sub__(self, before: InstanceCounters) -> InstanceCounters:
-        return InstanceCounters.delta(self, before)
+    __sub__ = delta
 
     def __add__(self, other: InstanceCounters) -> InstanceCounters:
         """Summed over instances (gauges too: requests running anywhere)."""

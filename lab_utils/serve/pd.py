@@ -75,15 +75,11 @@ def completion_body(model: str, prompt_ids: list[int], max_tokens: int,
 def top_logprobs(choice: dict) -> list[dict[int, float]] | None:
     """Per generated token, {token id: logprob} of the top tokens from a completions choice
     asked with `return_tokens_as_token_ids` (keys "token_id:<id>"); None without logprobs."""
-    lp = choice.get("logprobs") or {}
-    steps = lp.get("top_logprobs")
+    steps = (choice.get("logprobs") or {}).get("top_logprobs")
     if not steps:
         return None
-    out = []
-    for step in steps:
-        out.append({int(str(k).rsplit(":", 1)[-1]): float(v) for k, v in (step or {}).items()
-                    if str(k).rsplit(":", 1)[-1].lstrip("-").isdigit()})
-    return out
+    return [{int(str(k).rsplit(":", 1)[-1]): float(v) for k, v in (step or {}).items()
+             if str(k).rsplit(":", 1)[-1].lstrip("-").isdigit()} for step in steps]
 
 
 def complete(client: httpx.Client, url: str, model: str, prompt_ids: list[int],

@@ -298,10 +298,8 @@ def _budgets(cfg: LabConfig, plans: list[InstancePlan], totals: dict,
              weights: int) -> dict[str, NodeBudget]:
     """Per machine (nodes that are one machine share its memory)."""
     machines: dict[str, list[str]] = {}
-    for p in plans:
-        names = machines.setdefault(cfg.nodes[p.node].machine(p.node), [])
-        if p.node not in names:
-            names.append(p.node)
+    for node in dict.fromkeys(p.node for p in plans):
+        machines.setdefault(cfg.nodes[node].machine(node), []).append(node)
     out: dict[str, NodeBudget] = {}
     for machine, names in machines.items():
         total, src = totals[names[0]]

@@ -148,10 +148,8 @@ class Proxy:
         self.settings, self.metrics = settings, Metrics()
         timeout = aiohttp.ClientTimeout(total=None, connect=settings.connect_timeout_s,
                                         sock_read=settings.request_timeout_s)
-        if settings.mode == "replicated":
-            roles = {"replica": settings.backends}
-        else:
-            roles = {"prefill": settings.prefill, "decode": settings.decode}
+        roles = ({"replica": settings.backends} if settings.mode == "replicated"
+                 else {"prefill": settings.prefill, "decode": settings.decode})
         self.pools = {role: Pool(role, urls, settings.policy, timeout,
                                  on_connect_retry=self.metrics.connect_retries.labels(role).inc,
                                  on_resend=self.metrics.resends.labels(role).inc,
@@ -383,10 +381,7 @@ class Proxy:
             if self.settings.api_key:
                 log.warning("%s", err)
                 err = err.redacted()
-            body = {"error": {"message": str(err), "type": err.kind, "param": None, "code": 502}}
-            if err.backend:
-                body["error"]["backend"] = url
-            yield f"data: {json.dumps(body)}\n\n".encode()
+            yield f"data: {json.dumps(err.body())}\n\n".encode()
         finally:
             resp.close()  # unfinished: drops the connection, so the backend sees the client leave
             done()
@@ -404,10 +399,7 @@ class Proxy:
             return self.answer(upstream_error(e, url, self.front.role))
 
     async def models(self, request: Request) -> Response:
-        try:
-            self.authorize(request)
-        except ProxyError as e:
-            return e.response()
+        self.authorize(request)
         return await self.ask_front("GET", "/v1/models")
 
     async def tokenizer(self, request: Request, *, path: str) -> Response:
@@ -415,11 +407,8 @@ class Proxy:
         prompt of the served context can be (`TOKENIZE_BYTES_PER_TOKEN` bytes a token),
         so a huge text does not hold the front instance's tokenizer for seconds."""
         tokens = self.settings.max_tokens or 32768
-        try:
-            body = await self.read_json(request, min(self.settings.max_body_bytes,
-                                                     tokens * TOKENIZE_BYTES_PER_TOKEN))
-        except ProxyError as e:
-            return e.response()
+        body = await self.read_json(request, min(self.settings.max_body_bytes,
+                                                 tokens * TOKENIZE_BYTES_PER_TOKEN))
         return await self.ask_front("POST", path, body)
 
     async def backend_health(self, pool: Pool, url: str) -> str:
@@ -441,10 +430,7 @@ class Proxy:
         return JSONResponse(answer, status_code=200 if ok else 503)
 
     async def prometheus(self, request: Request) -> Response:
-        try:
-            self.authorize(request)
-        except ProxyError as e:
-            return e.response()
+        self.authorize(request)
         return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 
@@ -454,11 +440,12 @@ def create_app(settings: ProxySettings) -> FastAPI:
                   redoc_url=None, openapi_url=None)
 
     async def openapi(request: Request) -> Response:  # behind the key, like every route
-        try:
-            proxy.authorize(request)
-        except ProxyError as e:
-            return e.response()
+        proxy.authorize(request)
         return JSONResponse(app.openapi())
+
+    @app.exception_handler(ProxyError)  # a side request refused (the key, the body): its answer
+    async def refused(request: Request, e: ProxyError) -> Response:
+        return e.response()
 
     async def failed(request: Request, exc: Exception) -> Response:  # never plain text
         log.error("the proxy failed on %s: %r", request.url.path, exc)

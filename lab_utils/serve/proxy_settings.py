@@ -60,8 +60,6 @@ def settings_from_config(cfg, mode: str) -> ProxySettings:
     if mode == "baseline":  # one backend, the same path as the other architectures
         return ProxySettings(mode="replicated", backends=urls("baseline", "baseline"), **common)
     if mode == "tensor-parallel":  # one backend too: rank 0's API server
-        return ProxySettings(mode="replicated", backends=[u for s in cfg.instances(mode)
-                                                          if (u := instance_url(cfg, s))],
-                             **common)
+        return ProxySettings(mode="replicated", backends=urls(mode, "tp"), **common)
     return ProxySettings(mode=mode, prefill=urls("disaggregated", "prefill"),
                          decode=urls("disaggregated", "decode"), **common)

@@ -49,7 +49,7 @@ class ProxyError(Exception):
         self.status, self.kind, self.backend, self.param = status, kind, backend, param
         self.raw, self.public = raw, public
 
-    def redacted(self, role: str = "") -> ProxyError:
+    def redacted(self) -> ProxyError:
         """This error without the backend's URL (for clients when a key is set: they
         are not told where the instances are, as /health does not)."""
         if not self.backend:
@@ -57,14 +57,14 @@ class ProxyError(Exception):
         message = self.public or str(self).replace(self.backend, "").replace("  ", " ")
         return ProxyError(self.status, self.kind, message, None, self.param, self.raw)
 
+    def body(self) -> dict:
+        error = {"message": str(self), "type": self.kind, "param": self.param, "code": self.status}
+        return {"error": {**error, "backend": self.backend} if self.backend else error}
+
     def response(self) -> Response:
         if self.raw is not None:
             return Response(self.raw, status_code=self.status, media_type="application/json")
-        body: dict = {"error": {"message": str(self), "type": self.kind, "param": self.param,
-                                "code": self.status}}
-        if self.backend:
-            body["error"]["backend"] = self.backend
-        return JSONResponse(body, status_code=self.status)
+        return JSONResponse(self.body(), status_code=self.status)
 
 
 class Pool:

@@ -24,20 +24,18 @@ GiB = 2**30
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _COMPILING = ("a first start compiles kernels and says nothing for minutes; "
               "later starts load them from the cache")
+_PROFILING = ("profiling memory (on a GPU the attention kernels' first use: the driver may be "
+              "compiling them on a first start)")
 
 # (pattern, what the instance is doing once the log has reached it), in start-up order
 PHASES: tuple[tuple[str, str], ...] = (
     (r"Starting to load model", "loading the weights"),
-    (r"Model loading took|Loading weights took",
-     "profiling memory (on a GPU the attention kernels' first use: "
-     "the driver may be compiling them on a first start)"),
+    (r"Model loading took|Loading weights took", _PROFILING),
     (r"Starting torch\.compile|Using cache directory: \S+ for vLLM's torch\.compile"
      r"|Dynamo bytecode transform time", f"torch.compile ({_COMPILING})"),
     (r"Directly load the compiled graph", "loading compiled graphs from the cache"),
     (r"Compiling a graph for compile range", f"compiling graphs ({_COMPILING})"),
-    (r"torch\.compile takes [\d.]+ s in total",
-     "profiling memory (on a GPU the attention kernels' first use: "
-     "the driver may be compiling them on a first start)"),
+    (r"torch\.compile takes [\d.]+ s in total", _PROFILING),
     (r"Available KV cache memory|Explicitly set \(|Auto set \(|KV cache size: [\d,]+ tokens",
      "KV cache sized; warming up"),
     (r"Capturing CUDA graphs", "capturing CUDA graphs"),

@@ -166,15 +166,12 @@ def _warm_up_pairs(cluster: Cluster, records: list[ProcessRecord],
                 break
             except LabError as e:
                 dead = [r for r in (p, d) if not healthy(_url(r), api_key=key)]
-                if attempt == 2 or not dead:
-                    raise LabError(f"{e}\n{instance_logs(cluster, dead or [p, d])}") from e
+                if attempt == 2 or not dead:  # with each one's log tail and known failure
+                    logs = [process_failure(cluster.node(r.node), r, "failed the warm-up")
+                            for r in dead or [p, d]]
+                    raise LabError("\n".join(map(str, [e, *logs]))) from e
                 restart_dead(cluster, records, started, dead, kv_buffer_device, show_progress,
                              why=str(e))
-
-
-def instance_logs(cluster: Cluster, recs: list[ProcessRecord]) -> str:
-    """Each instance's last log lines and the known failure they show, as one text."""
-    return "\n".join(str(process_failure(cluster.node(r.node), r, "failed the warm-up")) for r in recs)
 
 
 def restart_dead(cluster: Cluster, records: list[ProcessRecord], started: list[ProcessRecord],
@@ -243,10 +240,6 @@ def start_proxy(cluster: Cluster, mode: str, kind: str | None = None,
     return rec, True
 
 
-def stop_topology(cluster: Cluster, topology: str) -> list[str]:
-    return cluster.stop(cluster.running(topology))
-
-
 def quiet_nixl_threads(cluster: Cluster, records: list[ProcessRecord]) -> list[dict]:
     """With `kv_transfer.lower_nixl_threads` on, lower the NIXL progress threads of
     the prefill and decode instances among `records` (nice 19, 0.1 ms slice), put each
@@ -283,7 +276,6 @@ def quiet_nixl_threads(cluster: Cluster, records: list[ProcessRecord]) -> list[d
         rows += [{"instance": rec.name, "role": role, "node": rec.node, **t}
                  for t in rec.extra["nixl_threads"]]
     return rows
-
 
 
 def cleanup(cluster: Cluster | LabConfig) -> list[str]:

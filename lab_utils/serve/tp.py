@@ -57,8 +57,6 @@ def lone_ranks(cluster: Cluster, records: list[ProcessRecord]) -> tuple[list[Pro
     """(dead, alive) ranks of a tensor-parallel instance that lost one or more; ([], [])
     when every rank lives or none does."""
     ranks = [r for r in records if r.extra.get("topology") == TOPOLOGY and r.kind == "vllm"]
-    if not ranks:
-        return [], []
     alive = [r for r in ranks if cluster.knows(r.node) and cluster.node(r.node).is_alive(r)]
     dead = [r for r in ranks if r not in alive]
     return (dead, alive) if dead and alive else ([], [])

@@ -60,14 +60,13 @@ class VllmRules:
     imports vLLM's OpenAI layer (about 7 s and 0.5 GB here), once per proxy."""
 
     def __init__(self) -> None:
-        from pydantic import ValidationError
         from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
         from vllm.entrypoints.openai.completion.protocol import CompletionRequest
         from vllm.entrypoints.serve.exception_handling.error_response import (
             create_error_response,
         )
 
-        self.invalid, self.error = ValidationError, create_error_response
+        self.error = create_error_response
         self.models: dict[str, Any] = {"chat": ChatCompletionRequest,
                                        "completions": CompletionRequest}
 
@@ -96,7 +95,7 @@ class VllmRules:
                 # the engine checks next; the prefill is sent none, so only the decode
                 # would); token ids are checked against the vocabulary by the prefill
                 req.to_sampling_params(tokens, {})._validate_logprobs(self.served(max_tokens))
-        except self.invalid as e:  # vLLM's server: 400 "Bad Request", the field's path
+        except ValidationError as e:  # vLLM's server: 400 "Bad Request", the field's path
             first = e.errors()[0]
             loc = [str(p) for p in first.get("loc", ()) if not any(c in str(p) for c in "[(")]
             raise InvalidRequest(".".join(loc) or None, first.get("msg", str(e)),
@@ -322,11 +321,10 @@ def check_request(body: Mapping, path: str, limits: Limits = Limits(),
 def _limits(values: Mapping, limits: Limits) -> None:
     """The lab's own limits on output tokens and choices, applied to a request whose
     fields have passed vLLM's checks (or the ones here): upper bounds only."""
-    caps = {"max_tokens": (limits.max_tokens, "the lab's limit: the served max_model_len"),
-            "max_completion_tokens": (limits.max_tokens, "the lab's limit: the served "
-                                                         "max_model_len"),
-            "n": (limits.max_n, "the lab's limit, proxy.max_n"),
-            "best_of": (limits.max_n, "the lab's limit, proxy.max_n")}
+    tokens = (limits.max_tokens, "the lab's limit: the served max_model_len")
+    choices = (limits.max_n, "the lab's limit, proxy.max_n")
+    caps = {"max_tokens": tokens, "max_completion_tokens": tokens, "n": choices,
+            "best_of": choices}
     for key, (cap, why) in caps.items():
         v = values.get(key)
         if cap is not None and isinstance(v, int) and v > cap:
