@@ -345,9 +345,8 @@ class _Sim:
         self.reqs: list[_Req] = []
         self.rr: dict[str, int] = {}
         self.rng = random.Random(load.seed)
-        lengths = load.prompt_lengths()
-        self.pending = deque(range(len(lengths)))
-        self.lengths = lengths
+        self.lengths = load.prompt_lengths()
+        self.pending = deque(range(len(self.lengths)))
 
     def stretch(self, engine: _Engine) -> float:
         """How much slower `engine` works now for sharing its machine (assumption 6)."""
@@ -412,8 +411,9 @@ class _Sim:
                 self._next(0.0)
         else:
             assert load.rate is not None  # a Load has a concurrency or a rate
-            gaps = _arrivals(len(self.pending), load.rate, load.burstiness, load.seed)
-            for t in gaps:
+            # the load generator's arrival gaps (measure.loadgen.arrival_offsets), same seed
+            for t in arrival_offsets(len(self.pending), load.rate, load.burstiness,
+                                     random.Random(load.seed)):
                 i = self.pending.popleft()
                 self.at(t * 1e3, lambda now, i=i: self.send(now, i))
         end = 0.0
@@ -422,12 +422,6 @@ class _Sim:
             fn(t, *args)
             end = max(end, t)
         return end
-
-
-def _arrivals(n: int, rate: float, burstiness: float, seed: int) -> list[float]:
-    # the load generator's arrival gaps (measure.loadgen.arrival_offsets), same seed
-
-    return arrival_offsets(n, rate, burstiness, random.Random(seed))
 
 
 def _pct(values: list[float], q: float) -> float | None:
