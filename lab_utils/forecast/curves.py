@@ -14,8 +14,6 @@ from dataclasses import dataclass
 
 from lab_utils.results.forecast import CurvePoint, Edge
 
-EDGES: tuple[Edge, ...] = ("lo", "median", "hi")
-
 
 def point(x: float, values: list[float]) -> CurvePoint:
     """The point of these repeated measurements of y at x."""
