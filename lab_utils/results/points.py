@@ -361,8 +361,6 @@ def unlike_caches(a: float | None, b: float | None) -> str | None:
     """Why two runs cannot be ranked against each other: their prefix-cache hit shares (%,
     `Point.prefix_cache_hit_pct`) differ; None when they do not (both unknown, or equal to
     0.1 percentage point, or one unknown and the other 0)."""
-    if a is None and b is None:
-        return None
     if a is not None and b is not None and abs(a - b) < 0.1:
         return None
     if not a and not b:
@@ -372,21 +370,15 @@ def unlike_caches(a: float | None, b: float | None) -> str | None:
             "the prefill, so the runs did not do the same work and no winner is named")
 
 
-def with_caches(verdict: Verdict, a_hits: float | None, b_hits: float | None) -> Verdict:
-    """`verdict` for two runs whose prefix-cache hit shares (%) were `a_hits` and `b_hits`:
-    unchanged when they do not differ (`unlike_caches`), else no difference claimed and no
-    winner named, the basis saying why."""
-    why = unlike_caches(a_hits, b_hits)
+def compare_points(a: Point, b: Point, key: MetricKey | Metric) -> Verdict:
+    """The rule (`compare`) on metric `key` of two points; when their prefix-cache hit
+    shares differ (`unlike_caches`), no difference claimed and no winner named, the basis
+    saying why."""
+    verdict = compare(a.of(key), b.of(key), key)
+    why = unlike_caches(a.prefix_cache_hit_pct, b.prefix_cache_hit_pct)
     if why is None:
         return verdict
     return verdict._replace(differs=False, better=None, basis=f"{verdict.basis}; but {why}")
-
-
-def compare_points(a: Point, b: Point, key: MetricKey | Metric) -> Verdict:
-    """The rule (`compare`) on metric `key` of two points, naming no winner when their
-    prefix-cache hit shares differ (`with_caches`)."""
-    return with_caches(compare(a.of(key), b.of(key), key), a.prefix_cache_hit_pct,
-                       b.prefix_cache_hit_pct)
 
 
 def rounded(v: float | None) -> float | None:
@@ -427,4 +419,4 @@ RULE = (f"a difference counts only when it is larger than {MARGIN:.0%} of the sm
 __all__ = ["BY_KEY", "COMPARED", "FORECAST", "KEYS", "MARGIN", "METRICS", "RULE", "Measured",
            "Metric", "MetricKey", "Point", "Verdict", "compare", "compare_points", "differs", "metric", "metric_rows", "pooled", "rounded",
            "select",
-           "unlike_caches", "with_caches"]
+           "unlike_caches"]
