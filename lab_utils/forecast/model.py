@@ -194,10 +194,6 @@ class Architecture:
             return f"1 instance over {self.ranks} ranks"
         return "1 instance" if self.replicas == 1 else f"{self.replicas} replicas"
 
-    @property
-    def instances(self) -> int:
-        return self.prefill + self.decode if self.disaggregated else self.replicas
-
 
 @dataclass(frozen=True)
 class Load:
