@@ -73,13 +73,10 @@ def with_allreduce(inputs: Inputs, allreduce: tuple[int, float | None, str]) -> 
 
 def predict_rows(inputs: Inputs, edges_of, arch: Architecture, loads: list[Load],
                  workload: str) -> list[ForecastPoint]:
-    rows = []
-    for load in loads:
-        value = load.concurrency or load.rate
-        assert value is not None  # a Load has a concurrency or a rate
-        rows.append(ranged(inputs, arch, load, edges_of).point(
-            workload, "concurrency" if load.concurrency else "rate", float(value)))
-    return rows
+    # a Load has a concurrency or a rate (`loads_of`)
+    return [ranged(inputs, arch, load, edges_of).point(
+                workload, "concurrency" if load.concurrency else "rate",
+                float(load.concurrency or load.rate or 0.0)) for load in loads]
 
 
 NOBODY = "neither (no request met every SLO)"
