@@ -378,15 +378,13 @@ class _Sim:
         fixed = (self.inputs.hop_ms + self.inputs.engine.fixed_ms + extra) * self.stretch(engine)
         arrive = t + max(fixed + self.rng.uniform(-j, j), 0.0)
         if prefill_leg:
-            leg = _Req(r.i, r.prompt, 1, sent=t, prefill_left=r.prompt, parent=r)
-            self.at(arrive, lambda now, e=engine, leg=leg: e.admit(leg, now))
+            r = _Req(r.i, r.prompt, 1, sent=t, prefill_left=r.prompt, parent=r)
         elif self.arch.disaggregated:
             r.prefill_left = 1  # the KV arrives; the decode computes the last prompt token
-            ready = arrive + self.inputs.transfer_ms(r.prompt)
-            self.at(ready, lambda now, e=engine, r=r: e.admit(r, now))
+            arrive += self.inputs.transfer_ms(r.prompt)
         else:
             r.prefill_left = r.prompt
-            self.at(arrive, lambda now, e=engine, r=r: e.admit(r, now))
+        self.at(arrive, lambda now, e=engine, r=r: e.admit(r, now))
 
     def finished(self, r: _Req, engine: _Engine, t: float) -> None:
         if r.parent is not None:  # the prefill's one token is not streamed: on to decode
@@ -394,7 +392,7 @@ class _Sim:
             return
         r.done = t
         if self.load.concurrency:
-            self.at(t, lambda now: self._next(now))
+            self.at(t, self._next)
 
     def _next(self, t: float) -> None:
         if self.pending:
@@ -411,7 +409,7 @@ class _Sim:
             for t in arrival_offsets(len(self.pending), load.rate, load.burstiness,
                                      random.Random(load.seed)):
                 i = self.pending.popleft()
-                self.at(t * 1e3, lambda now, i=i: self.send(now, i))
+                self.at(t * 1e3, self.send, i)
         end = 0.0
         while self.events:
             t, _, fn, args = heapq.heappop(self.events)
@@ -470,11 +468,10 @@ def forecast(inputs: Inputs, arch: Architecture, load: Load) -> Prediction:
         "median_itl_ms": _pct(itl, 50), "p99_itl_ms": _pct(itl, 99),
         "median_e2el_ms": _pct(e2el, 50),
     }
-    busy = {}
-    for pool, engines in (("prefill", sim.prefills), ("decode" if arch.disaggregated
-                                                      else "instances", sim.decodes)):
-        if engines:
-            busy[pool] = max(e.busy_ms for e in engines) / max(wall_ms, 1e-9)
+    busy = {pool: max(e.busy_ms for e in engines) / max(wall_ms, 1e-9)
+            for pool, engines in (("prefill", sim.prefills),
+                                  ("decode" if arch.disaggregated else "instances", sim.decodes))
+            if engines}
     moved = (inputs.transfer_ms(int(np.median([r.prompt for r in done])))
              if arch.disaggregated and done else None)
     return Prediction(arch.name, load.label, metrics, busy, moved)
