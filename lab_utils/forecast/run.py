@@ -161,11 +161,10 @@ def forecast_for(cfg: LabConfig, kind: str, profile: EngineProfile | None,
     only = {"NIXL's threads": "disaggregated", "other replicas": "replicated",
             "all-reduce": "tensor-parallel"}
     sources = {k: v for k, v in inputs.sources.items() if only.get(k, kind) == kind}
-    if said and kind != "tensor-parallel":
+    if said:  # a split model keeps neither stand-ins' source (`only`)
         stand_ins = "NIXL's threads" if kind == "disaggregated" else "other replicas"
         if timed is not None and timed.step_ms and stand_ins in sources:
             sources[stand_ins] += " (superseded by the timed instances' own time per token, below)"
-    if said:
         sources["timed before the sweep"] = said
     sources["interval"] = band_sentence(band)
     slo = [f"{name} {v:g} ms" for name, v in (("TTFT", w.slo.ttft_ms), ("TPOT", w.slo.tpot_ms),
