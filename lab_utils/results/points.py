@@ -315,21 +315,21 @@ def compare(a: Measured | None, b: Measured | None, key: MetricKey | Metric | No
     beyond = gap > margin * small
     if not beyond:
         return Verdict(False, None, gap_pct, False, f"{apart}, within the {margin:.0%} margin")
+    past = f"{apart}, beyond the {margin:.0%} margin"
     if a.ranged and b.ranged:
         overlap = a.min <= b.max and b.min <= a.max
         ranges = f"min-max ranges over {a.n} and {b.n} repeats"
         if overlap:
-            return Verdict(False, None, gap_pct, True,
-                           f"{apart}, beyond the {margin:.0%} margin, but the {ranges} overlap")
+            return Verdict(False, None, gap_pct, True, f"{past}, but the {ranges} overlap")
         # ranges that only just miss each other can still be one side's own run-to-run
         # movement: the medians must also be further apart than either side's range is wide
         wide = max(a.max - a.min, b.max - b.min)
         if gap <= wide and not b_is_interval:
             return Verdict(False, None, gap_pct, True,
-                           f"{apart}, beyond the {margin:.0%} margin, and the {ranges} do not "
-                           f"overlap, but the medians are no further apart ({gap:.3g}) than "
-                           f"one side's runs moved among themselves ({wide:.3g})")
-        basis = (f"{apart}, beyond the {margin:.0%} margin, and the {ranges} do not overlap"
+                           f"{past}, and the {ranges} do not overlap, but the medians are no "
+                           f"further apart ({gap:.3g}) than one side's runs moved among "
+                           f"themselves ({wide:.3g})")
+        basis = (f"{past}, and the {ranges} do not overlap"
                  + ("" if b_is_interval else
                     ", and the medians are further apart than either range is wide"))
     elif a.ranged or b.ranged:
@@ -341,13 +341,13 @@ def compare(a: Measured | None, b: Measured | None, key: MetricKey | Metric | No
         near = abs(one.median - edge) <= margin * min(abs(one.median), abs(edge))
         if inside or near:
             return Verdict(False, None, gap_pct, True,
-                           f"{apart}, beyond the {margin:.0%} margin, but the single run is "
-                           f"{'inside' if inside else 'within the margin of'} the other "
-                           f"side's min-max range over {ranged.n} runs")
-        basis = (f"{apart}, beyond the {margin:.0%} margin, and the single run is beyond it "
-                 f"from the other side's min-max range over {ranged.n} runs")
+                           f"{past}, but the single run is "
+                           f"{'inside' if inside else 'within the margin of'} the other side's "
+                           f"min-max range over {ranged.n} runs")
+        basis = (f"{past}, and the single run is beyond it from the other side's min-max range "
+                 f"over {ranged.n} runs")
     else:
-        basis = f"{apart}, beyond the {margin:.0%} margin; one repeat, spread unknown"
+        basis = f"{past}; one repeat, spread unknown"
     better = None if key is None else ("a" if metric(key).better(x, y) else "b")
     return Verdict(True, better, gap_pct, True, basis)
 
