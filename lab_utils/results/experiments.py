@@ -8,11 +8,10 @@ from __future__ import annotations
 
 from lab_utils.results.claims import RUNS_JOINED, Claim, Comparison, Located, claim, comparison
 from lab_utils.results.payloads import PrefixTwice, Switches, SwitchRun
-from lab_utils.results.points import BY_KEY, COMPARED, Measured, MetricKey, Point, differs, pooled
+from lab_utils.results.points import BY_KEY, COMPARED, Measured, Point, differs, pooled
 from lab_utils.results.sweep import BenchmarkResult
 from lab_utils.util.numbers import fmt_num
 
-POLICY_METRICS: tuple[MetricKey, ...] = tuple(m.key for m in COMPARED)
 SMALL_BUDGET = 256  # tokens per step of 01's chunked-prefill switch: a long prompt takes many
 
 
@@ -173,10 +172,9 @@ def policy_claims(runs: dict[str, Point], where: str = "03", mixed: BenchmarkRes
     each = (", one run each" if {p.repeats for _, p in sides.values()} == {1} else
             ", " + " and ".join(runs_of(n) for n in sides))
     at = f"mixed workload at {lo.load}{each} (one load point)"
-    cmps = [comparison(k, ("least-outstanding", "03", lo_run, lo),
+    cmps = [comparison(m.key, ("least-outstanding", "03", lo_run, lo),
                        ("round-robin", "03", rr_run, rr))
-            for k in POLICY_METRICS
-            if lo.of(k) is not None and rr.of(k) is not None]
+            for m in COMPARED if lo.of(m) is not None and rr.of(m) is not None]
     parts = []
     for c in cmps:
         m = BY_KEY[c.metric]
