@@ -39,29 +39,20 @@ FLOOR = math.log(1 + MARGIN)
 FAMILY = {m.key: m.family for m in METRICS if m.family}
 
 
-def log_errors(rows: Iterable[GradeRow]) -> dict[str, list[float]]:
-    """|log(measured / predicted)| of every graded row (`grade.grade_rows`), per family."""
-    out: dict[str, list[float]] = {}
-    for r in rows:
-        fam = FAMILY.get(r.metric)
-        pred, meas = r.predicted, r.measured
-        if fam is None or not r.graded or not pred or not meas or pred <= 0 or meas <= 0:
-            continue
-        out.setdefault(fam, []).append(abs(math.log(meas / pred)))
-    return out
-
-
 def error_band(graded: dict[str, list[GradeRow]]) -> dict[str, Any]:
     """The band from the graded rows of earlier forecasts of this series
     (`{what was forecast: its graded rows}`): per family its log half-width, the factor
     exp(log) and how many values it came from, and the source in words."""
-    errs: dict[str, list[float]] = {}
+    errs: dict[str, list[float]] = {}  # per family, |log(measured / predicted)|
     counts = {}
     for name, rows in graded.items():
-        found = log_errors(rows)
-        counts[name] = sum(len(v) for v in found.values())
-        for fam, v in found.items():
-            errs.setdefault(fam, []).extend(v)
+        counts[name] = 0
+        for r in rows:
+            fam, pred, meas = FAMILY.get(r.metric), r.predicted, r.measured
+            if fam is None or not r.graded or not pred or not meas or pred <= 0 or meas <= 0:
+                continue
+            errs.setdefault(fam, []).append(abs(math.log(meas / pred)))
+            counts[name] += 1
     fams: dict[str, dict[str, Any]] = {}
     for fam in dict.fromkeys(FAMILY.values()):
         v = errs.get(fam, [])

@@ -9,22 +9,19 @@ forecast can be run at the edges of the measurement's spread.
 
 from __future__ import annotations
 
+import statistics
 from bisect import bisect_right
 from dataclasses import dataclass
 
 from lab_utils.results.forecast import CurvePoint, Edge
-
-EDGES: tuple[Edge, ...] = ("lo", "median", "hi")
 
 
 def point(x: float, values: list[float]) -> CurvePoint:
     """The point of these repeated measurements of y at x."""
     if not values:
         raise ValueError(f"no measurement at {x}")
-    s = sorted(values)
-    mid = len(s) // 2
-    median = s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) / 2
-    return CurvePoint(x=x, median=median, lo=s[0], hi=s[-1], n=len(s))
+    return CurvePoint(x=x, median=statistics.median(values), lo=min(values), hi=max(values),
+                      n=len(values))
 
 
 @dataclass(frozen=True)

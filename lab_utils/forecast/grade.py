@@ -28,12 +28,6 @@ HEADLINE_GRADE = ("median_ttft_ms", "median_tpot_ms")  # the issue's yardstick
 GOAL_PCT = 25.0
 
 
-def _stood_still(result: BenchmarkResult, mode: str, value: float) -> str | None:
-    held = sum(p.summary.held_up_s for p in result.points
-               if p.mode == mode and float(p.value) == value)
-    return f"the machine stood still {held:.1f} s" if held else None
-
-
 def grade_rows(fc: Forecast, measured: dict[str, BenchmarkResult | None],
                not_graded: str | None = None) -> list[GradeRow]:
     """One row per metric and load point. `measured`: {"standard": sweep, "mixed": run}.
@@ -48,7 +42,9 @@ def grade_rows(fc: Forecast, measured: dict[str, BenchmarkResult | None],
                       and float(c.value) == row.value), None)
         if entry is None:
             continue
-        stall = _stood_still(result, row.mode, row.value)
+        held = sum(p.summary.held_up_s for p in result.points
+                   if p.mode == row.mode and float(p.value) == row.value)
+        stall = f"the machine stood still {held:.1f} s" if held else None
         late = read_late(result, row.mode, row.value)
         for m in FORECAST:
             k = m.key

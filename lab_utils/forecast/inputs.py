@@ -19,12 +19,6 @@ from lab_utils.results.kv_transfer import KvTransferPayload
 SEG_TYPE = {"cpu": "DRAM", "cuda": "VRAM"}  # kv_buffer_device -> the probe's memory type
 
 
-def _beside(b) -> str:
-    """'4.30 ms beside, 4.52 ms alone: 0.95x' (medians of 01's runs)."""
-    beside = f"{b.beside.median:.2f} ms beside, " if b.beside is not None else ""
-    return f"{beside}{b.alone.median:.2f} ms alone: {b.ratio:.2f}x"
-
-
 def transfer_points(kv: KvTransferPayload, buffer_device: str) -> list[CurvePoint]:
     """02's probe READs from the memory the KV is staged in: ms against bytes; the
     interval runs from the median to the 99th percentile."""
@@ -69,8 +63,10 @@ def from_results(profile: EngineProfile | None, kv: KvTransferPayload | None,
             taken = ("that factor" if b.factor != 1.0 else
                      "no factor (no difference by the lab's rule: 1.00x)")
             one = stand_ins.replace("stand-ins", "stand-in", 1) if b.threads == 1 else stand_ins
+            beside = f"{b.beside.median:.2f} ms beside, " if b.beside is not None else ""
             sources[key] = (f"01 measured a decode step beside {b.threads} {one} "
-                            f"({b.policy}): {_beside(b)}; {who} steps take {taken}")
+                            f"({b.policy}): {beside}{b.alone.median:.2f} ms alone: "
+                            f"{b.ratio:.2f}x; {who} steps take {taken}")
     shortest = min(profile.prefill, key=lambda p: p.x)
     return Inputs(engine=engine, hop_ms=max(profile.hop.at(edge), 0.0), transfer=transfer,
                   decode_beside=factors.get("NIXL's threads", 1.0),
@@ -121,35 +117,6 @@ NIXL_SOURCE = ("nixlbench between two GB10s, one rail, {seg} to {seg} "
                "(tests/fixtures/dgx-spark-recorded/nixlbench.gb10-pair.single-rail.{seg}.txt)")
 
 
-def spark_inputs(params: float, weight_bytes: float, kv_bytes_per_token: int, block_size: int,
-                 lengths: list[int], batches: list[int], contexts: list[int],
-                 buffer_device: str = "cpu", hop: tuple[float, str] | None = None) -> Inputs:
-    """Inputs for one GB10 per instance, from the figures in `GB10` and the recorded NIXL
-    rates, for a model of `params` parameters reading `weight_bytes` per decode step.
-    `hop`: the proxy's measured ms per request and its label ("measured on <node>,
-    <date>"; `results.calibration.proxy_ms`), in place of `GB10["hop_ms"]`."""
-    bw = GB10["memory_bandwidth_GBps"][0] * 1e9
-    flops = GB10["bf16_dense_tflops"][0] * 1e12 * GB10["prefill_efficiency"][0]
-    fixed = GB10["request_overhead_ms"][0]
-
-    def step_ms(batch: int, context: int) -> float:
-        return (weight_bytes + batch * context * kv_bytes_per_token) / bw * 1e3
-
-    prefill = [point(n, [fixed + step_ms(1, n) + 2 * params * n / flops * 1e3]) for n in lengths]
-    decode = tuple((float(c), Curve.of([point(b, [step_ms(b, c)]) for b in batches]))
-                   for c in contexts)
-    seg = SEG_TYPE.get(buffer_device, "DRAM")
-    rows = GB10_NIXL_US[seg]
-    transfer = Curve(tuple(float(b) for b, _ in rows), tuple(us / 1e3 for _, us in rows))
-    hop_ms, hop_source = hop or GB10["hop_ms"]
-    sources = {k: f"{v[0]:g} ({v[1]})" for k, v in {**GB10, "hop_ms": (hop_ms, hop_source)}.items()}
-    sources["transfer"] = NIXL_SOURCE.format(seg=seg)
-    return Inputs(engine=EngineCosts(prefill=Curve.of(prefill), decode=decode, token_budget=8192),
-                  hop_ms=hop_ms, transfer=transfer,
-                  kv_bytes_per_token=kv_bytes_per_token, block_size=block_size,
-                  jitter_ms=1.0, sources=sources)
-
-
 SPARK_MODEL = "Qwen/Qwen3-8B"  # the cluster example's model (environment_config.json.example)
 
 
@@ -168,12 +135,32 @@ def dense_params(hf: dict) -> tuple[float, float]:
 
 def spark_inputs_for(model: str, w: WorkloadConfig, buffer_device: str = "cpu",
                      hop: tuple[float, str] | None = None) -> Inputs:
+    """Inputs for one GB10 per instance, from the figures in `GB10` and the recorded NIXL
+    rates, for `model` (its published config, else `SPARK_MODEL`'s) at workload `w`.
+    `hop`: the proxy's measured ms per request and its label ("measured on <node>,
+    <date>"; `results.calibration.proxy_ms`), in place of `GB10["hop_ms"]`."""
     hf = PUBLISHED_CONFIGS.get(model) or PUBLISHED_CONFIGS[SPARK_MODEL]
-    params, read = dense_params(hf)
-    shape = kv_shape(hf)
-    long = w.long_len
-    return spark_inputs(params, read, shape.bytes_per_token, 16,
-                        lengths=sorted({16, w.input_len, long}),
-                        batches=sorted({1, *w.concurrency, 2 * max(w.concurrency)}),
-                        contexts=sorted({w.input_len, long}), buffer_device=buffer_device,
-                        hop=hop)
+    params, weight_bytes = dense_params(hf)
+    kv_bytes_per_token = kv_shape(hf).bytes_per_token
+    bw = GB10["memory_bandwidth_GBps"][0] * 1e9
+    flops = GB10["bf16_dense_tflops"][0] * 1e12 * GB10["prefill_efficiency"][0]
+    fixed = GB10["request_overhead_ms"][0]
+
+    def step_ms(batch: int, context: int) -> float:
+        return (weight_bytes + batch * context * kv_bytes_per_token) / bw * 1e3
+
+    prefill = [point(n, [fixed + step_ms(1, n) + 2 * params * n / flops * 1e3])
+               for n in sorted({16, w.input_len, w.long_len})]
+    batches = sorted({1, *w.concurrency, 2 * max(w.concurrency)})
+    decode = tuple((float(c), Curve.of([point(b, [step_ms(b, c)]) for b in batches]))
+                   for c in sorted({w.input_len, w.long_len}))
+    seg = SEG_TYPE.get(buffer_device, "DRAM")
+    rows = GB10_NIXL_US[seg]
+    transfer = Curve(tuple(float(b) for b, _ in rows), tuple(us / 1e3 for _, us in rows))
+    hop_ms, hop_source = hop or GB10["hop_ms"]
+    sources = {k: f"{v[0]:g} ({v[1]})" for k, v in {**GB10, "hop_ms": (hop_ms, hop_source)}.items()}
+    sources["transfer"] = NIXL_SOURCE.format(seg=seg)
+    return Inputs(engine=EngineCosts(prefill=Curve.of(prefill), decode=decode, token_budget=8192),
+                  hop_ms=hop_ms, transfer=transfer,
+                  kv_bytes_per_token=kv_bytes_per_token, block_size=16,
+                  jitter_ms=1.0, sources=sources)

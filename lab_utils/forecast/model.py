@@ -194,10 +194,6 @@ class Architecture:
             return f"1 instance over {self.ranks} ranks"
         return "1 instance" if self.replicas == 1 else f"{self.replicas} replicas"
 
-    @property
-    def instances(self) -> int:
-        return self.prefill + self.decode if self.disaggregated else self.replicas
-
 
 @dataclass(frozen=True)
 class Load:
@@ -345,9 +341,8 @@ class _Sim:
         self.reqs: list[_Req] = []
         self.rr: dict[str, int] = {}
         self.rng = random.Random(load.seed)
-        lengths = load.prompt_lengths()
-        self.pending = deque(range(len(lengths)))
-        self.lengths = lengths
+        self.lengths = load.prompt_lengths()
+        self.pending = deque(range(len(self.lengths)))
 
     def stretch(self, engine: _Engine) -> float:
         """How much slower `engine` works now for sharing its machine (assumption 6)."""
@@ -383,15 +378,13 @@ class _Sim:
         fixed = (self.inputs.hop_ms + self.inputs.engine.fixed_ms + extra) * self.stretch(engine)
         arrive = t + max(fixed + self.rng.uniform(-j, j), 0.0)
         if prefill_leg:
-            leg = _Req(r.i, r.prompt, 1, sent=t, prefill_left=r.prompt, parent=r)
-            self.at(arrive, lambda now, e=engine, leg=leg: e.admit(leg, now))
+            r = _Req(r.i, r.prompt, 1, sent=t, prefill_left=r.prompt, parent=r)
         elif self.arch.disaggregated:
             r.prefill_left = 1  # the KV arrives; the decode computes the last prompt token
-            ready = arrive + self.inputs.transfer_ms(r.prompt)
-            self.at(ready, lambda now, e=engine, r=r: e.admit(r, now))
+            arrive += self.inputs.transfer_ms(r.prompt)
         else:
             r.prefill_left = r.prompt
-            self.at(arrive, lambda now, e=engine, r=r: e.admit(r, now))
+        self.at(arrive, lambda now, e=engine, r=r: e.admit(r, now))
 
     def finished(self, r: _Req, engine: _Engine, t: float) -> None:
         if r.parent is not None:  # the prefill's one token is not streamed: on to decode
@@ -399,7 +392,7 @@ class _Sim:
             return
         r.done = t
         if self.load.concurrency:
-            self.at(t, lambda now: self._next(now))
+            self.at(t, self._next)
 
     def _next(self, t: float) -> None:
         if self.pending:
@@ -412,22 +405,17 @@ class _Sim:
                 self._next(0.0)
         else:
             assert load.rate is not None  # a Load has a concurrency or a rate
-            gaps = _arrivals(len(self.pending), load.rate, load.burstiness, load.seed)
-            for t in gaps:
+            # the load generator's arrival gaps (measure.loadgen.arrival_offsets), same seed
+            for t in arrival_offsets(len(self.pending), load.rate, load.burstiness,
+                                     random.Random(load.seed)):
                 i = self.pending.popleft()
-                self.at(t * 1e3, lambda now, i=i: self.send(now, i))
+                self.at(t * 1e3, self.send, i)
         end = 0.0
         while self.events:
             t, _, fn, args = heapq.heappop(self.events)
             fn(t, *args)
             end = max(end, t)
         return end
-
-
-def _arrivals(n: int, rate: float, burstiness: float, seed: int) -> list[float]:
-    # the load generator's arrival gaps (measure.loadgen.arrival_offsets), same seed
-
-    return arrival_offsets(n, rate, burstiness, random.Random(seed))
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -480,11 +468,10 @@ def forecast(inputs: Inputs, arch: Architecture, load: Load) -> Prediction:
         "median_itl_ms": _pct(itl, 50), "p99_itl_ms": _pct(itl, 99),
         "median_e2el_ms": _pct(e2el, 50),
     }
-    busy = {}
-    for pool, engines in (("prefill", sim.prefills), ("decode" if arch.disaggregated
-                                                      else "instances", sim.decodes)):
-        if engines:
-            busy[pool] = max(e.busy_ms for e in engines) / max(wall_ms, 1e-9)
+    busy = {pool: max(e.busy_ms for e in engines) / max(wall_ms, 1e-9)
+            for pool, engines in (("prefill", sim.prefills),
+                                  ("decode" if arch.disaggregated else "instances", sim.decodes))
+            if engines}
     moved = (inputs.transfer_ms(int(np.median([r.prompt for r in done])))
              if arch.disaggregated and done else None)
     return Prediction(arch.name, load.label, metrics, busy, moved)

@@ -59,17 +59,6 @@ def prefill_lengths(cfg: LabConfig) -> list[int]:
     return sorted({min(n, top) for n in (bs, w.input_len, (w.input_len + long) // 2, long)})
 
 
-def decode_batches(cfg: LabConfig) -> list[int]:
-    return sorted({1, *cfg.workload.concurrency})
-
-
-def decode_contexts(cfg: LabConfig) -> list[int]:
-    w = cfg.workload
-    long = min(w.long_len,
-               cfg.vllm.max_model_len - 2 * max(w.output_len, DECODE_TOKENS))
-    return sorted({w.input_len, long})
-
-
 def settled_step_ms(itl_ms: list[float]) -> float:
     """A request's ms per decode step: its mean token gap over the second half of its
     output, when every request of its run is decoding (0 with no gap)."""
@@ -98,8 +87,10 @@ def measure_profile(cfg: LabConfig, inst: ProcessRecord, proxy: str, tokenize,
     assert direct is not None  # an instance's record has its URL
     vkey, pkey = api_key(cfg, "vllm"), api_key(cfg, "proxy")
     model, timeout = cfg.model.name, cfg.workload.request_timeout_s
-    lengths, batches, contexts = prefill_lengths(cfg), decode_batches(cfg), decode_contexts(cfg)
     out_tokens = max(cfg.workload.output_len, DECODE_TOKENS)
+    lengths, batches = prefill_lengths(cfg), sorted({1, *cfg.workload.concurrency})
+    contexts = sorted({cfg.workload.input_len,
+                       min(cfg.workload.long_len, cfg.vllm.max_model_len - 2 * out_tokens)})
     total = (len(lengths) * REPEATS + 2 * REPEATS
              + (len(contexts) * len(batches) + 1 + 4) * DECODE_REPEATS)
     for url, key in ((direct, vkey), (proxy, pkey)):  # warm-up, not counted

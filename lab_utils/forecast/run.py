@@ -73,13 +73,10 @@ def with_allreduce(inputs: Inputs, allreduce: tuple[int, float | None, str]) -> 
 
 def predict_rows(inputs: Inputs, edges_of, arch: Architecture, loads: list[Load],
                  workload: str) -> list[ForecastPoint]:
-    rows = []
-    for load in loads:
-        value = load.concurrency or load.rate
-        assert value is not None  # a Load has a concurrency or a rate
-        rows.append(ranged(inputs, arch, load, edges_of).point(
-            workload, "concurrency" if load.concurrency else "rate", float(value)))
-    return rows
+    # a Load has a concurrency or a rate (`loads_of`)
+    return [ranged(inputs, arch, load, edges_of).point(
+                workload, "concurrency" if load.concurrency else "rate",
+                float(load.concurrency or load.rate or 0.0)) for load in loads]
 
 
 NOBODY = "neither (no request met every SLO)"
@@ -164,11 +161,10 @@ def forecast_for(cfg: LabConfig, kind: str, profile: EngineProfile | None,
     only = {"NIXL's threads": "disaggregated", "other replicas": "replicated",
             "all-reduce": "tensor-parallel"}
     sources = {k: v for k, v in inputs.sources.items() if only.get(k, kind) == kind}
-    if said and kind != "tensor-parallel":
+    if said:  # a split model keeps neither stand-ins' source (`only`)
         stand_ins = "NIXL's threads" if kind == "disaggregated" else "other replicas"
         if timed is not None and timed.step_ms and stand_ins in sources:
             sources[stand_ins] += " (superseded by the timed instances' own time per token, below)"
-    if said:
         sources["timed before the sweep"] = said
     sources["interval"] = band_sentence(band)
     slo = [f"{name} {v:g} ms" for name, v in (("TTFT", w.slo.ttft_ms), ("TPOT", w.slo.tpot_ms),

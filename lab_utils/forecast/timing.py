@@ -51,11 +51,9 @@ def notebook_seconds(inputs: Inputs, cfg: LabConfig, host_cores: int | None = No
     the config's topologies (`architecture_of`; `host_cores`: 01's profile's); 04 only
     when the inputs have a KV transfer curve (02's probe)."""
     w = cfg.workload
-    base = architecture_of(cfg, "baseline", host_cores)
-    out = {"01": sweep_seconds(inputs, base, w)}
-    if w.mixed_long_len:
-        out["01"] += sweep_seconds(inputs, base, w, mixed=True)
-    kinds = (("03", "replicated"),) + ((("04", "disaggregated"),) if inputs.transfer else ())
+    out: dict[str, float] = {}
+    kinds = (("01", "baseline"), ("03", "replicated")) + (
+        (("04", "disaggregated"),) if inputs.transfer else ())
     for nb, kind in kinds:
         arch = architecture_of(cfg, kind, host_cores)
         out[nb] = sweep_seconds(inputs, arch, w)

@@ -229,6 +229,5 @@ def save(cfg: LabConfig, cal: Calibration) -> Path:
     cal.updated_at = now_utc()
     cal.starts = cal.starts[-MAX_STARTS:]
     p = path(cfg, cal.node)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(p, cal.to_json() + "\n")
+    atomic_write_text(p, cal.to_json() + "\n")  # creates calibration/ if need be
     return p

@@ -125,18 +125,15 @@ Located = tuple[str, str, str, Point]
 def comparison(metric: MetricKey, subject: Located, reference: Located) -> Comparison:
     """The engine: compare two located points on `metric` by the lab's one rule. Both
     points must have measured the metric."""
-    (sn, snb, srun, sp), (rn, rnb, rrun, rp) = subject, reference
-    sv, rv = sp.of(metric), rp.of(metric)
-    if sv is None or rv is None:
+    (sn, _, srun, sp), (rn, _, rrun, rp) = subject, reference
+    if sp.of(metric) is None or rp.of(metric) is None:
         raise ValueError(f"{metric} not measured on both sides ({sn} {srun}, {rn} {rrun})")
+    s, r = (Side.model_validate(dict(name=n, notebook=nb, run=run, mode=p.mode,
+                                     load=float(p.value), value=p.of(metric),
+                                     hits_pct=p.prefix_cache_hit_pct))
+            for n, nb, run, p in (subject, reference))
     v = compare_points(sp, rp, metric)
-    return Comparison(metric=metric, mode=sp.mode, value=float(sp.value),
-                      subject=Side.model_validate(dict(
-                          name=sn, notebook=snb, run=srun, mode=sp.mode, load=float(sp.value),
-                          value=sv, hits_pct=sp.prefix_cache_hit_pct)),
-                      reference=Side.model_validate(dict(
-                          name=rn, notebook=rnb, run=rrun, mode=rp.mode, load=float(rp.value),
-                          value=rv, hits_pct=rp.prefix_cache_hit_pct)),
+    return Comparison(metric=metric, mode=sp.mode, value=float(sp.value), subject=s, reference=r,
                       better={"a": "subject", "b": "reference"}.get(v.better or ""),
                       gap_pct=v.gap_pct, basis=v.basis)
 

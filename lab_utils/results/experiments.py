@@ -6,13 +6,12 @@ that notebook's section; the audit checks their comparisons against the results 
 
 from __future__ import annotations
 
-from lab_utils.results.claims import RUNS_JOINED, Claim, Located, claim, comparison
+from lab_utils.results.claims import RUNS_JOINED, Claim, Comparison, Located, claim, comparison
 from lab_utils.results.payloads import PrefixTwice, Switches, SwitchRun
-from lab_utils.results.points import BY_KEY, COMPARED, Measured, MetricKey, Point, differs, pooled
+from lab_utils.results.points import BY_KEY, COMPARED, Measured, Point, differs, pooled
 from lab_utils.results.sweep import BenchmarkResult
 from lab_utils.util.numbers import fmt_num
 
-POLICY_METRICS: tuple[MetricKey, ...] = tuple(m.key for m in COMPARED)
 SMALL_BUDGET = 256  # tokens per step of 01's chunked-prefill switch: a long prompt takes many
 
 
@@ -37,6 +36,13 @@ def _apart(mine: Measured, theirs: Measured) -> str:
     return f"{gap:.0%} apart: no difference by the lab's rule{ranges}"
 
 
+def _ranked(c: Comparison, won: str, lost: str) -> str:
+    """`won` (the subject better) or `lost` with the margin, or why the rule saw no difference."""
+    if c.better is None:
+        return c.no_difference()
+    return f"{won if c.better == 'subject' else lost} ({c.margin()})"
+
+
 def chunking_claim(sw: Switches, where: str = "01") -> Claim:
     """What the chunked-prefill runs showed: ITL p99 with small steps against chunking off
     and as served (the lab's rule), and, for each pair ranked, the first tokens of the
@@ -55,21 +61,16 @@ def chunking_claim(sw: Switches, where: str = "01") -> Claim:
            f"against {fmt_num(c.reference.value.median)} ms with chunking off"
            + (f" and {fmt_num(also[0].reference.value.median)} ms as served" if also else "")
            + f" (one load point, concurrency {small.point.value:g}): against chunking off "
-           + {"subject": f"the small steps cut the streams' tail ({c.margin()})",
-              "reference": f"the small steps did not shorten the tail ({c.margin()})",
-              None: c.no_difference()}[c.better]
+           + _ranked(c, "the small steps cut the streams' tail",
+                     "the small steps did not shorten the tail")
            + ("" if not also else "; against the instance as served "
-              + {"subject": f"they cut it ({also[0].margin()})",
-                 "reference": f"they did not ({also[0].margin()})",
-                 None: also[0].no_difference()}[also[0].better]))
+              + _ranked(also[0], "they cut it", "they did not")))
     # chunking off against as served too: the setting with the lowest tail is also held
     # against the instance as served, where its cost in first tokens shows
     bare = [comparison("p99_itl_ms", _at(off), _at(served))] if served else []
     if bare:
         itl += ("; chunking off against as served: "
-                + {"subject": f"off cut the tail ({bare[0].margin()})",
-                   "reference": f"off did not cut it ({bare[0].margin()})",
-                   None: bare[0].no_difference()}[bare[0].better])
+                + _ranked(bare[0], "off cut the tail", "off did not cut it"))
     # for each pair the rule ranked on the tail: the first tokens of the lower tail's setting
     # against the other's (a higher one is what the lower tail cost)
     ranked = [((mine, r) if x.better == "subject" else (r, mine))
@@ -171,20 +172,16 @@ def policy_claims(runs: dict[str, Point], where: str = "03", mixed: BenchmarkRes
     each = (", one run each" if {p.repeats for _, p in sides.values()} == {1} else
             ", " + " and ".join(runs_of(n) for n in sides))
     at = f"mixed workload at {lo.load}{each} (one load point)"
-    cmps = [comparison(k, ("least-outstanding", "03", lo_run, lo),
+    cmps = [comparison(m.key, ("least-outstanding", "03", lo_run, lo),
                        ("round-robin", "03", rr_run, rr))
-            for k in POLICY_METRICS
-            if lo.of(k) is not None and rr.of(k) is not None]
+            for m in COMPARED if lo.of(m) is not None and rr.of(m) is not None]
     parts = []
     for c in cmps:
         m = BY_KEY[c.metric]
-        if c.better is None:
-            parts.append(f"{m.label} {m.text(c.subject.value.median)} against "
-                         f"{m.text(c.reference.value.median)} ({c.no_difference()})")
-        else:  # the medians, and the runs the rule held apart
-            parts.append(f"{m.label} {m.text(c.subject.value.median)} against "
-                         f"{m.text(c.reference.value.median)} ({c.margin()}, "
-                         f"{'better' if c.better == 'subject' else 'worse'}: {c.spans()})")
+        why = (c.no_difference() if c.better is None else  # else the runs the rule held apart
+               f"{c.margin()}, {'better' if c.better == 'subject' else 'worse'}: {c.spans()}")
+        parts.append(f"{m.label} {m.text(c.subject.value.median)} against "
+                     f"{m.text(c.reference.value.median)} ({why})")
     won = [BY_KEY[c.metric].label for c in cmps if c.better == "subject"]
     lost = [BY_KEY[c.metric].label for c in cmps if c.better == "reference"]
     head = ("Least-outstanding against round-robin, " + at + ": " + "; ".join(parts) + ".")
@@ -192,8 +189,6 @@ def policy_claims(runs: dict[str, Point], where: str = "03", mixed: BenchmarkRes
             " Least-outstanding won on nothing") + (
         f" and cost {', '.join(lost)}." if lost else (" at no cost measured here." if won else "."))
     return [claim(where, head + tail, *cmps)]
-
-
 
 
 __all__ = ["SMALL_BUDGET", "chunking_claim", "others_claim", "policy_claims", "policy_sides",

@@ -149,8 +149,7 @@ class ForecastPoint(BaseModel):
                                 "hi": data.get(f"{k}_hi")} for k in KEYS if k in data}}
 
     def median(self, key: MetricKey) -> float | None:
-        got = self.metrics.get(key)
-        return None if got is None else got.median
+        return self.interval(key).median
 
     def interval(self, key: MetricKey) -> Interval:
         return self.metrics.get(key) or Interval()

@@ -37,12 +37,8 @@ EARLIER = {"01": (), "03": ("01",), "04": ("01", "03")}
 WHO = {"01": "01's single instance", "03": "03's replicas"}
 
 
-def _path(cfg: LabConfig):
-    return cfg.results_dir / FILE
-
-
 def read_guesses(cfg: LabConfig) -> dict[str, Any]:
-    path = _path(cfg)
+    path = cfg.results_dir / FILE
     if not path.exists():
         return {}
     try:
@@ -78,8 +74,7 @@ def guess(cfg: LabConfig, notebook: str, **values: float | None) -> None:
             raise LabError(f"{k} = {v}: a guess is a positive number (or None for no guess)")
     every = read_guesses(cfg)
     every[notebook] = {"at": datetime.now(UTC).isoformat(timespec="seconds"), **given}
-    cfg.results_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(_path(cfg), json.dumps(every, indent=1) + "\n")
+    atomic_write_text(cfg.results_dir / FILE, json.dumps(every, indent=1) + "\n")
     for line in so_far(cfg, notebook):
         print(line)
     if not given:

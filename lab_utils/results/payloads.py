@@ -233,11 +233,10 @@ class FrontDoors(Record):
         if again is not None:  # the lab proxy measured twice: judged by both runs' range
             both = pooled([a, again])
             for row, m in zip(rows, COMPARED, strict=True):  # metric_rows: one row per COMPARED
-                key = m.key
-                row["lab proxy, in the sweep"] = rounded(again.median(key))
+                row["lab proxy, in the sweep"] = rounded(again.median(m))
                 if not row["better"].startswith("=") and row["better"] != "invalid":
                     row["better"] = {"a": "lab proxy", "b": router}.get(
-                        compare_points(both, b, key).better or "",
+                        compare_points(both, b, m).better or "",
                         f"= (within {MARGIN:.0%} of the lab proxy's range over its two runs)")
         rows.append({"metric": "valid", "lab proxy": a.valid, router: b.valid})
         rows.append({"metric": "prefix-cache hits %", "lab proxy": a.prefix_cache_hit_pct,

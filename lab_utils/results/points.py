@@ -315,21 +315,21 @@ def compare(a: Measured | None, b: Measured | None, key: MetricKey | Metric | No
     beyond = gap > margin * small
     if not beyond:
         return Verdict(False, None, gap_pct, False, f"{apart}, within the {margin:.0%} margin")
+    past = f"{apart}, beyond the {margin:.0%} margin"
     if a.ranged and b.ranged:
         overlap = a.min <= b.max and b.min <= a.max
         ranges = f"min-max ranges over {a.n} and {b.n} repeats"
         if overlap:
-            return Verdict(False, None, gap_pct, True,
-                           f"{apart}, beyond the {margin:.0%} margin, but the {ranges} overlap")
+            return Verdict(False, None, gap_pct, True, f"{past}, but the {ranges} overlap")
         # ranges that only just miss each other can still be one side's own run-to-run
         # movement: the medians must also be further apart than either side's range is wide
         wide = max(a.max - a.min, b.max - b.min)
         if gap <= wide and not b_is_interval:
             return Verdict(False, None, gap_pct, True,
-                           f"{apart}, beyond the {margin:.0%} margin, and the {ranges} do not "
-                           f"overlap, but the medians are no further apart ({gap:.3g}) than "
-                           f"one side's runs moved among themselves ({wide:.3g})")
-        basis = (f"{apart}, beyond the {margin:.0%} margin, and the {ranges} do not overlap"
+                           f"{past}, and the {ranges} do not overlap, but the medians are no "
+                           f"further apart ({gap:.3g}) than one side's runs moved among "
+                           f"themselves ({wide:.3g})")
+        basis = (f"{past}, and the {ranges} do not overlap"
                  + ("" if b_is_interval else
                     ", and the medians are further apart than either range is wide"))
     elif a.ranged or b.ranged:
@@ -341,13 +341,13 @@ def compare(a: Measured | None, b: Measured | None, key: MetricKey | Metric | No
         near = abs(one.median - edge) <= margin * min(abs(one.median), abs(edge))
         if inside or near:
             return Verdict(False, None, gap_pct, True,
-                           f"{apart}, beyond the {margin:.0%} margin, but the single run is "
-                           f"{'inside' if inside else 'within the margin of'} the other "
-                           f"side's min-max range over {ranged.n} runs")
-        basis = (f"{apart}, beyond the {margin:.0%} margin, and the single run is beyond it "
-                 f"from the other side's min-max range over {ranged.n} runs")
+                           f"{past}, but the single run is "
+                           f"{'inside' if inside else 'within the margin of'} the other side's "
+                           f"min-max range over {ranged.n} runs")
+        basis = (f"{past}, and the single run is beyond it from the other side's min-max range "
+                 f"over {ranged.n} runs")
     else:
-        basis = f"{apart}, beyond the {margin:.0%} margin; one repeat, spread unknown"
+        basis = f"{past}; one repeat, spread unknown"
     better = None if key is None else ("a" if metric(key).better(x, y) else "b")
     return Verdict(True, better, gap_pct, True, basis)
 
@@ -361,8 +361,6 @@ def unlike_caches(a: float | None, b: float | None) -> str | None:
     """Why two runs cannot be ranked against each other: their prefix-cache hit shares (%,
     `Point.prefix_cache_hit_pct`) differ; None when they do not (both unknown, or equal to
     0.1 percentage point, or one unknown and the other 0)."""
-    if a is None and b is None:
-        return None
     if a is not None and b is not None and abs(a - b) < 0.1:
         return None
     if not a and not b:
@@ -372,21 +370,15 @@ def unlike_caches(a: float | None, b: float | None) -> str | None:
             "the prefill, so the runs did not do the same work and no winner is named")
 
 
-def with_caches(verdict: Verdict, a_hits: float | None, b_hits: float | None) -> Verdict:
-    """`verdict` for two runs whose prefix-cache hit shares (%) were `a_hits` and `b_hits`:
-    unchanged when they do not differ (`unlike_caches`), else no difference claimed and no
-    winner named, the basis saying why."""
-    why = unlike_caches(a_hits, b_hits)
+def compare_points(a: Point, b: Point, key: MetricKey | Metric) -> Verdict:
+    """The rule (`compare`) on metric `key` of two points; when their prefix-cache hit
+    shares differ (`unlike_caches`), no difference claimed and no winner named, the basis
+    saying why."""
+    verdict = compare(a.of(key), b.of(key), key)
+    why = unlike_caches(a.prefix_cache_hit_pct, b.prefix_cache_hit_pct)
     if why is None:
         return verdict
     return verdict._replace(differs=False, better=None, basis=f"{verdict.basis}; but {why}")
-
-
-def compare_points(a: Point, b: Point, key: MetricKey | Metric) -> Verdict:
-    """The rule (`compare`) on metric `key` of two points, naming no winner when their
-    prefix-cache hit shares differ (`with_caches`)."""
-    return with_caches(compare(a.of(key), b.of(key), key), a.prefix_cache_hit_pct,
-                       b.prefix_cache_hit_pct)
 
 
 def rounded(v: float | None) -> float | None:
@@ -427,4 +419,4 @@ RULE = (f"a difference counts only when it is larger than {MARGIN:.0%} of the sm
 __all__ = ["BY_KEY", "COMPARED", "FORECAST", "KEYS", "MARGIN", "METRICS", "RULE", "Measured",
            "Metric", "MetricKey", "Point", "Verdict", "compare", "compare_points", "differs", "metric", "metric_rows", "pooled", "rounded",
            "select",
-           "unlike_caches", "with_caches"]
+           "unlike_caches"]

@@ -318,7 +318,6 @@ def load_reference(cfg: LabConfig, source: str | os.PathLike, fill: bool = True)
                                      "timestamp": envelope.timestamp}
         copy = envelope.model_copy(update={"profile": cfg.profile, "reference": ref})
         text = json.dumps(_clean(copy.model_dump()), indent=2, allow_nan=False) + "\n"
-        (cfg.results_dir / "reference").mkdir(parents=True, exist_ok=True)
         atomic_write_text(cfg.results_dir / "reference" / spec.file_name, text)
         here = cfg.results_dir / spec.file_name
         if fill and not here.exists():
