@@ -36,6 +36,7 @@ from matplotlib.figure import Figure
 from lab_utils.cluster import Cluster
 from lab_utils.config import LabConfig, api_key
 from lab_utils.errors import LabError
+from lab_utils.kv.budget import block_size
 from lab_utils.measure.benchmark import cache_hits
 from lab_utils.measure.loadgen import auth_headers, run_point, run_sync
 from lab_utils.measure.prompts import exact_prompt
@@ -135,7 +136,7 @@ def watch_scheduler(cfg: LabConfig, served: Served):
     line. Prints how a request fills the paged KV cache; returns the figure."""
     tokenize, detokenize = tokenizer_of(served, cfg)
     w = cfg.workload
-    print(blocks_of(w.input_len + w.output_len, cfg.vllm.block_size or 16)
+    print(blocks_of(w.input_len + w.output_len, block_size(cfg))
           + f": a request of {w.input_len} prompt + {w.output_len} output tokens")
     meter = cache_meter(served)
     before = meter()
@@ -286,7 +287,7 @@ def protocol_by_hand(cfg: LabConfig, served: Served):
     ids = params.get("remote_block_ids") or []
     groups = ids if ids and isinstance(ids[0], list) else [ids]  # one list per KV cache group
     print(f"{len(prompt)} prompt tokens held in {sum(map(len, groups))} blocks of "
-          f"{cfg.vllm.block_size or 16} (block ids {groups[0]}"
+          f"{block_size(cfg)} (block ids {groups[0]}"
           + (f" and {len(groups) - 1} more group(s)" if len(groups) > 1 else "")
           + f"); the decode instance, handed these, answered {detokenize(tokens)!r}")
     print("This one request does not show where the decode's KV came from (a failed load "

@@ -1,7 +1,7 @@
 """The measuring steps of the serving notebooks (01, 03, 04), one call per cell.
 
 The steps are the same for every architecture: one request shown in detail
-(`single_request`, `describe`), the configured sweep and the mixed long/short workload
+(`single_request`), the configured sweep and the mixed long/short workload
 (`run_sweep`), all with one load generator and one workload, so 01, 03 and 04 are
 comparable. Then each notebook's own: 01's decode roofline, engine profile and reference
 outputs; 04's proof of transfer and its reading (`conclude_transfer`); and each

@@ -20,7 +20,8 @@ prefill/decode by hand.
 - `metrics`: a vLLM instance's Prometheus `/metrics`, parsed into the lab's counters.
 - `demo`: the short end-to-end run behind `python -m lab_utils demo`.
 
-The proxy's web stack (fastapi, aiohttp) is imported only by `serve.proxy`.
+The proxy's web framework (fastapi) is imported only by `serve.proxy`: the notebooks,
+the CLI and the nodes' commands load `serve` without it.
 """
 
 from lab_utils.serve.launcher import healthy, start_instance, wait_ready

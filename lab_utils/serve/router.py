@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 
 from lab_utils.errors import LabError
-from lab_utils.serve.proxy import settings_from_config
+from lab_utils.serve.proxy_settings import settings_from_config
 
 VERSION = "0.1.17"  # the version whose command line and answers the lab was checked with
 POLICY = {"round_robin": "round_robin", "least_outstanding": "power_of_two"}

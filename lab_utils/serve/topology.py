@@ -32,7 +32,7 @@ from lab_utils.on_node import nixl_threads
 from lab_utils.serve import calibrate, pd
 from lab_utils.serve.launcher import healthy, process_failure, start_instance, wait_ready
 from lab_utils.serve.plan import make_plan, merge_plans, start_waves
-from lab_utils.serve.proxy import KEY_ENV
+from lab_utils.serve.proxy_settings import KEY_ENV
 from lab_utils.serve.tp import stop_lone_ranks
 from lab_utils.util import interrupts
 
