@@ -449,13 +449,15 @@ def _against_policies(pd: Point, policies: Policies | None, mixed_rep: Benchmark
         lost = _lost(("disaggregated", "04", "mixed", pd), side)
         cmps += [x, *lost]
         verdict = x.margin() if x.better else x.no_difference()
-        listed = ", ".join(f"{BY_KEY[c.metric].label} {c.values()} ({c.margin()})" for c in lost)
+        named = ("disaggregated", "routed so")
+        listed = ", ".join(f"{BY_KEY[c.metric].label} {c.values(*named)} ({c.margin()})"
+                           for c in lost)
         # a cost is what a gain was paid with: only where disaggregation won the tail
         tail = (f", at the cost of {listed}" if x.better == "subject" else
                 f": routing alone kept the tail lower, and those replicas also won {listed}"
                 if x.better == "reference" else f", the replicas winning {listed}")
         out.append(f"against 03's same replicas routed {name.replace('_', '-')} (one run), "
-                   f"ITL p99 {x.values()} ({verdict})"
+                   f"ITL p99 {x.values(*named)} ({verdict})"
                    + (tail if lost else ", the replicas winning no other metric there"
                       if x.better != "reference" else ": routing alone kept the tail lower"))
     return ("; " + "; ".join(out)) if out else "", cmps
@@ -496,8 +498,9 @@ def conclude_04(replicated: BenchmarkResult | None, disaggregated: BenchmarkResu
                  if md[c].median(k) is not None and mr[c].median(k) is not None]
         lost = [x for x in costs if x.better == "reference"]
         paid = ("; what it cost there (every metric the replicas won at that point): "
-                + ", ".join(f"{BY_KEY[x.metric].label} {x.values()} disaggregated against "
-                            f"replicas ({x.margin()})" for x in lost)
+                + ", ".join(f"{BY_KEY[x.metric].label} "
+                            f"{x.values('disaggregated', 'on replicas')} ({x.margin()})"
+                            for x in lost)
                 if lost else "; the replicas won on no other metric at that point")
         fc, grade = forecast_said(forecast, {"standard": disaggregated, "mixed": mixed_dis},
                                   "p99_itl_ms", "mixed", c, "04")

@@ -112,10 +112,12 @@ class Comparison(BaseModel):
 
         return f"{span(self.subject.value)} vs {span(self.reference.value)}"
 
-    def values(self) -> str:
-        """"12.3 ms vs 31.0 ms" (subject first)."""
+    def values(self, subject: str = "", reference: str = "") -> str:
+        """"12.3 ms vs 31.0 ms" (subject first), each value followed by its side's name where
+        one is given ("12.3 ms disaggregated vs 31.0 ms on replicas")."""
         m = BY_KEY[self.metric]
-        return f"{m.text(self.subject.value.median)} vs {m.text(self.reference.value.median)}"
+        a, b = m.text(self.subject.value.median), m.text(self.reference.value.median)
+        return " vs ".join(" ".join(filter(None, pair)) for pair in ((a, subject), (b, reference)))
 
 
 Located = tuple[str, str, str, Point]
