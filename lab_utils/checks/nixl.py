@@ -23,7 +23,7 @@ import json
 import re
 
 from lab_utils.checks import parsers
-from lab_utils.checks.frame import Context, GiB, meminfo
+from lab_utils.checks.frame import Context, GiB
 from lab_utils.config import TOPOLOGIES
 from lab_utils.errors import LabError
 from lab_utils.kv import budget, memory
@@ -127,7 +127,7 @@ def memlock_needed(ctx: Context, name: str) -> tuple[int, str]:
     shape = kv_shape(hf, None if cfg.model.dtype == "auto" else cfg.model.dtype)
     need = 2 * shape.transfer_bytes(cfg.vllm.max_model_len, budget.block_size(cfg))
     why = f"notebook 02's probe region ({need / GiB:.2f} GiB)"
-    total = meminfo(ctx, name)["MemTotal"]
+    total = ctx.node(name).meminfo()["MemTotal"]
     for topo in TOPOLOGIES:
         if not any(s.node == name for s in cfg.instances(topo)):
             continue
