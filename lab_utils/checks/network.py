@@ -23,7 +23,6 @@ from lab_utils.config import LabConfig
 from lab_utils.errors import LabError
 from lab_utils.results.checklist import CheckResult
 
-LINK_FRACTION_WARN = 0.8
 EPHEMERAL = 0  # a port the listener's system picks
 
 
@@ -219,7 +218,7 @@ def _tcp_bandwidth(ctx: Context, target: str, initiator: str) -> CheckResult:
                                            "says the transfer ran whole, not that it was fast",
                            data=data)
     frac = m["gbps"] / rate
-    if frac < LINK_FRACTION_WARN:
+    if frac < rdma.LINK_FRACTION_WARN:
         return CheckResult("link", where, "warn", f"moves {frac:.0%} of its {rate:g} Gb/s",
                            evidence=seen, fix="configure data_netdev with the RDMA devices so the "
                                               "check (and NIXL) use RDMA, not one TCP stream",
