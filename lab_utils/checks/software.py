@@ -9,6 +9,7 @@ import shlex
 import time
 
 from lab_utils.checks.frame import Context
+from lab_utils.checks.rdma import missing_tools
 from lab_utils.cluster import provision
 from lab_utils.config import hf_token, secret_file_problem
 from lab_utils.errors import LabError
@@ -161,12 +162,11 @@ def check_os_packages(ctx: Context) -> list[CheckResult]:
     for name in names:
         rdma = bool(ctx.cfg.nodes[name].data_netdev)
         tools = ["gcc"] + (["ibv_devinfo"] if rdma else [])
-        r = ctx.run(name, ["sh", "-c", f"command -v {' '.join(tools)}; true"])
-        found = {ln.strip().rsplit("/", 1)[-1] for ln in r.stdout.splitlines() if ln.strip()}
+        absent = missing_tools(ctx, name, *tools)
         header = ctx.facts(name, "python").get("python_h")
-        seen = "; ".join([f"{t}: {'found' if t in found else 'not found'}" for t in tools]
+        seen = "; ".join([f"{t}: {'not found' if t in absent else 'found'}" for t in tools]
                          + [f"Python.h: {header or 'not found'}"])
-        missing = [t for t in tools if t not in found] + ([] if header else ["Python.h"])
+        missing = absent + ([] if header else ["Python.h"])
         fix = f"on {name}: `{OS_PACKAGES}` (docs/CLUSTER.md, 'Serving nodes')"
         if set(missing) & {"gcc", "Python.h"}:
             out.append(CheckResult("os_packages", name, "fail",
