@@ -40,12 +40,10 @@ class Connection(NamedTuple):
 
 def connections(cfg: LabConfig) -> list[Connection]:
     """Who connects to what, as the lab will when it serves."""
-    seen, out = set(), []
+    found: dict[tuple[str, str, str, int], Connection] = {}
 
-    def add(c: Connection) -> None:
-        if (c.src, c.dst, c.address, c.port) not in seen:
-            seen.add((c.src, c.dst, c.address, c.port))
-            out.append(c)
+    def add(c: Connection) -> None:  # the first of several that differ only in `what`
+        found.setdefault((c.src, c.dst, c.address, c.port), c)
 
     proxy = cfg.proxy.node
     for topo in ("baseline", "replicated", "disaggregated", "tensor-parallel"):
@@ -78,7 +76,7 @@ def connections(cfg: LabConfig) -> list[Connection]:
     target, initiator = cfg.probe_pair()
     add(Connection(initiator, target, cfg.nodes[target].data_address, cfg.kv_transfer.probe_port,
                    "NIXL transfer probe"))
-    return out
+    return list(found.values())
 
 
 def _wait_ready(ctx: Context, name: str, rec: ProcessRecord, timeout: float = 20.0) -> dict:
