@@ -183,11 +183,9 @@ def check_os_packages(ctx: Context) -> list[CheckResult]:
 def check_model(ctx: Context) -> list[CheckResult]:
     cfg = ctx.cfg
     names, skipped = ctx.split("model", ctx.serving())
-    snaps: dict[str, str | None] = {}
-    for name in names:
-        where = cfg.model_path_on(name)
-        snaps[name] = (_hub_snapshot(ctx, name) if cfg.model.source == "hub"
-                       else provision.model_snapshot(ctx.node(name), where, full=False))
+    snaps = {n: _hub_snapshot(ctx, n) if cfg.model.source == "hub"
+             else provision.model_snapshot(ctx.node(n), cfg.model_path_on(n), full=False)
+             for n in names}
     out = []
     fetch = f"python -m lab_utils model fetch --config {cfg.source_name}"
     for name, snap in snaps.items():
