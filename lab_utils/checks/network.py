@@ -100,13 +100,6 @@ def _start(ctx: Context, name: str, label: str, *args: str) -> ProcessRecord:
                                log_path=log, kind="check")
 
 
-def _holder_fix(ctx: Context, c: Connection) -> tuple[str, str]:
-    holders = ctx.node(c.dst).port_report(c.address, c.port).who()
-    return holders, (f"stop what holds {c.address}:{c.port} on {c.dst} (if it is the lab's: "
-                     f"`python -m lab_utils cleanup --config {ctx.cfg.source_name}`) or change "
-                     "that port in the config")
-
-
 def check_ports(ctx: Context) -> list[CheckResult]:
     conns, out = [], []
     for c in connections(ctx.cfg):
@@ -161,9 +154,12 @@ def _port_result(ctx: Context, c: Connection, answer: dict, unbound: bool,
                            f"{c.dst}", fix=f"check that {c.address} (data_address) is "
                            f"{c.dst}'s address on the data-plane network (`ip addr` there)")
     if unbound:
-        holders, fix = _holder_fix(ctx, c)
+        holders = ctx.node(c.dst).port_report(c.address, c.port).who()
         return CheckResult("ports", where, "fail", f"{label}: port already in use on {c.dst}",
-                           evidence=f"held by: {holders}", fix=fix)
+                           evidence=f"held by: {holders}",
+                           fix=f"stop what holds {c.address}:{c.port} on {c.dst} (if it is the "
+                               f"lab's: `python -m lab_utils cleanup --config "
+                               f"{ctx.cfg.source_name}`) or change that port in the config")
     if not answer["ok"]:
         return CheckResult(
             "ports", where, "fail", f"{label}: not reachable from {c.src}",
