@@ -155,10 +155,8 @@ def check_os_packages(ctx: Context) -> list[CheckResult]:
     Python headers (Triton builds a small C launcher against Python.h on first use:
     triton/runtime/build.py) and, on a node with RDMA, `ibv_devinfo` (the mtu check).
     Something missing is a fail for the compiler and headers, a warning for the tool."""
-    def why_not(n: str) -> str | None:
-        return None if ctx.cfg.vllm.device == "cuda" else "vllm.device is 'cpu': no Triton"
-
-    names, out = ctx.split("os_packages", ctx.serving(), why_not)
+    no_triton = None if ctx.cfg.vllm.device == "cuda" else "vllm.device is 'cpu': no Triton"
+    names, out = ctx.split("os_packages", ctx.serving(), lambda n: no_triton)
     for name in names:
         rdma = bool(ctx.cfg.nodes[name].data_netdev)
         tools = ["gcc"] + (["ibv_devinfo"] if rdma else [])
