@@ -151,7 +151,3 @@ def run_checklist(cluster: Cluster | LabConfig, checks: Sequence[Check],
 
 
 GiB = 1024**3
-
-
-def meminfo(ctx: Context, name: str) -> dict[str, int]:
-    return ctx.node(name).meminfo()

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from pathlib import PurePosixPath
 
 from lab_utils.checks import parsers
-from lab_utils.checks.frame import Context, GiB, meminfo
+from lab_utils.checks.frame import Context, GiB
 from lab_utils.results.checklist import CheckResult
 
 
@@ -41,7 +41,7 @@ def check_gpu(ctx: Context) -> list[CheckResult]:
         names_seen = ", ".join(g["name"] or "?" for g in gpus)
         seen = f"{names_seen}, driver {gpus[0]['driver_version']}, CUDA {info['cuda_version']}"
         if any(g.get("memory_used_mib") is None for g in info["gpus"]):
-            mem = meminfo(ctx, name)
+            mem = ctx.node(name).meminfo()
             seen += (f"; memory: nvidia-smi reports Not Supported (unified memory), "
                      f"/proc/meminfo {mem.get('MemAvailable', 0) / GiB:.0f} of "
                      f"{mem['MemTotal'] / GiB:.0f} GiB available")

@@ -23,7 +23,6 @@ from lab_utils.config import LabConfig
 from lab_utils.errors import LabError
 from lab_utils.results.checklist import CheckResult
 
-LINK_FRACTION_WARN = 0.8
 EPHEMERAL = 0  # a port the listener's system picks
 
 
@@ -41,12 +40,10 @@ class Connection(NamedTuple):
 
 def connections(cfg: LabConfig) -> list[Connection]:
     """Who connects to what, as the lab will when it serves."""
-    seen, out = set(), []
+    found: dict[tuple[str, str, str, int], Connection] = {}
 
-    def add(c: Connection) -> None:
-        if (c.src, c.dst, c.address, c.port) not in seen:
-            seen.add((c.src, c.dst, c.address, c.port))
-            out.append(c)
+    def add(c: Connection) -> None:  # the first of several that differ only in `what`
+        found.setdefault((c.src, c.dst, c.address, c.port), c)
 
     proxy = cfg.proxy.node
     for topo in ("baseline", "replicated", "disaggregated", "tensor-parallel"):
@@ -79,7 +76,7 @@ def connections(cfg: LabConfig) -> list[Connection]:
     target, initiator = cfg.probe_pair()
     add(Connection(initiator, target, cfg.nodes[target].data_address, cfg.kv_transfer.probe_port,
                    "NIXL transfer probe"))
-    return out
+    return list(found.values())
 
 
 def _wait_ready(ctx: Context, name: str, rec: ProcessRecord, timeout: float = 20.0) -> dict:
@@ -101,13 +98,6 @@ def _start(ctx: Context, name: str, label: str, *args: str) -> ProcessRecord:
     node.run(["rm", "-f", log])
     return node.start_detached(f"check-{label}-{name}", ctx.facts_argv(name, *args),
                                log_path=log, kind="check")
-
-
-def _holder_fix(ctx: Context, c: Connection) -> tuple[str, str]:
-    holders = ctx.node(c.dst).port_report(c.address, c.port).who()
-    return holders, (f"stop what holds {c.address}:{c.port} on {c.dst} (if it is the lab's: "
-                     f"`python -m lab_utils cleanup --config {ctx.cfg.source_name}`) or change "
-                     "that port in the config")
 
 
 def check_ports(ctx: Context) -> list[CheckResult]:
@@ -164,9 +154,12 @@ def _port_result(ctx: Context, c: Connection, answer: dict, unbound: bool,
                            f"{c.dst}", fix=f"check that {c.address} (data_address) is "
                            f"{c.dst}'s address on the data-plane network (`ip addr` there)")
     if unbound:
-        holders, fix = _holder_fix(ctx, c)
+        holders = ctx.node(c.dst).port_report(c.address, c.port).who()
         return CheckResult("ports", where, "fail", f"{label}: port already in use on {c.dst}",
-                           evidence=f"held by: {holders}", fix=fix)
+                           evidence=f"held by: {holders}",
+                           fix=f"stop what holds {c.address}:{c.port} on {c.dst} (if it is the "
+                               f"lab's: `python -m lab_utils cleanup --config "
+                               f"{ctx.cfg.source_name}`) or change that port in the config")
     if not answer["ok"]:
         return CheckResult(
             "ports", where, "fail", f"{label}: not reachable from {c.src}",
@@ -219,7 +212,7 @@ def _tcp_bandwidth(ctx: Context, target: str, initiator: str) -> CheckResult:
                                            "says the transfer ran whole, not that it was fast",
                            data=data)
     frac = m["gbps"] / rate
-    if frac < LINK_FRACTION_WARN:
+    if frac < rdma.LINK_FRACTION_WARN:
         return CheckResult("link", where, "warn", f"moves {frac:.0%} of its {rate:g} Gb/s",
                            evidence=seen, fix="configure data_netdev with the RDMA devices so the "
                                               "check (and NIXL) use RDMA, not one TCP stream",

@@ -23,7 +23,7 @@ import json
 import re
 
 from lab_utils.checks import parsers
-from lab_utils.checks.frame import Context, GiB, meminfo
+from lab_utils.checks.frame import Context, GiB
 from lab_utils.config import TOPOLOGIES
 from lab_utils.errors import LabError
 from lab_utils.kv import budget, memory
@@ -41,21 +41,15 @@ _SMOKE_SOURCE = inspect.getsource(nixl_smoke)
 RDMA_PREFIXES = ("rc_", "dc_", "ud_")
 
 
-def smoke_env(ctx: Context, name: str) -> dict[str, str]:
-    """UCX's environment for the smoke test on a node: what vLLM gets, plus the protocol
-    report."""
-    env = {"UCX_TLS": ctx.cfg.kv_transfer.ucx_tls or NO_SHARED_MEMORY, "UCX_PROTO_INFO": "y"}
-    netdev = ctx.cfg.nodes[name].data_netdev
-    if netdev:
-        env["UCX_NET_DEVICES"] = netdev
-    return env
-
-
 def check_nixl(ctx: Context) -> list[CheckResult]:
     names, out = ctx.split("nixl", ctx.serving())
     for name in names:
         node = ctx.node(name)
-        env = smoke_env(ctx, name)
+        # UCX's environment: what vLLM gets, plus the protocol report
+        env = {"UCX_TLS": ctx.cfg.kv_transfer.ucx_tls or NO_SHARED_MEMORY, "UCX_PROTO_INFO": "y"}
+        netdev = ctx.cfg.nodes[name].data_netdev
+        if netdev:
+            env["UCX_NET_DEVICES"] = netdev
         r = node.run([node.python, "-", str(SMOKE_BYTES)], input=_SMOKE_SOURCE, env=env,
                      timeout=180)
         out.append(nixl_verdict(name, r.code, r.stdout + r.stderr, env,
@@ -107,15 +101,6 @@ def nixl_verdict(name: str, code: int, output: str, env: dict[str, str], *,
     return CheckResult("nixl", name, "pass", moved, evidence=seen)
 
 
-def memlock_fix(user: str | None) -> str:
-    who = user or "USER"
-    return (f"let {who} lock memory: `printf '{who} soft memlock unlimited\\n{who} hard memlock "
-            "unlimited\\n' | sudo tee /etc/security/limits.d/90-rdma-memlock.conf`, log in "
-            "again and check that `ssh <node> 'ulimit -l'` prints unlimited (limits.d applies "
-            "to PAM logins such as SSH; a process started by a systemd unit needs "
-            "`LimitMEMLOCK=infinity` in its [Service] section instead)")
-
-
 def memlock_needed(ctx: Context, name: str) -> tuple[int, str]:
     """The most bytes one process on `name` registers with NIXL in the lab's plan, and
     what: the largest instance's host copy of the KV cache (kv_buffer_device "cpu", the
@@ -127,7 +112,7 @@ def memlock_needed(ctx: Context, name: str) -> tuple[int, str]:
     shape = kv_shape(hf, None if cfg.model.dtype == "auto" else cfg.model.dtype)
     need = 2 * shape.transfer_bytes(cfg.vllm.max_model_len, budget.block_size(cfg))
     why = f"notebook 02's probe region ({need / GiB:.2f} GiB)"
-    total = meminfo(ctx, name)["MemTotal"]
+    total = ctx.node(name).meminfo()["MemTotal"]
     for topo in TOPOLOGIES:
         if not any(s.node == name for s in cfg.instances(topo)):
             continue
@@ -148,7 +133,12 @@ def memlock_verdict(name: str, answer: str | None, need: int | None = None, why:
     with the RDMA device, which locks their pages; a limit below what it registers makes
     the registration fail (UCX: "Please set max locked memory (ulimit -l) to 'unlimited'"),
     and NIXL reports NIXL_ERR_BACKEND."""
-    fix = memlock_fix(user)
+    who = user or "USER"
+    fix = (f"let {who} lock memory: `printf '{who} soft memlock unlimited\\n{who} hard memlock "
+           "unlimited\\n' | sudo tee /etc/security/limits.d/90-rdma-memlock.conf`, log in "
+           "again and check that `ssh <node> 'ulimit -l'` prints unlimited (limits.d applies "
+           "to PAM logins such as SSH; a process started by a systemd unit needs "
+           "`LimitMEMLOCK=infinity` in its [Service] section instead)")
     if answer is None:
         return CheckResult("memlock", name, "warn", "could not read the memory-lock limit",
                            evidence="`sh -c 'ulimit -l'` gave no answer", fix=fix)

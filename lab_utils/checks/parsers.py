@@ -1,7 +1,7 @@
 """Pure parsers for the text that diagnostic commands print on DGX Spark (GB10) nodes.
 
 The environment checklist runs `nvidia-smi`, `ibdev2netdev`, `ibv_devinfo`, `ibstat`,
-`ip link`, `ip addr`, `ethtool`, `/proc/meminfo`, `ucx_info` and `ib_write_bw` on the nodes
+`ip link`, `ip addr`, `ethtool`, `/proc/meminfo` and `ib_write_bw` on the nodes
 and hands their stdout here: text in, plain dicts, lists and numbers out, no subprocesses. The formats follow real
 GB10 output (the recordings in tests/fixtures/dgx-spark-recorded/), including its oddities:
 `Not Supported` / `[N/A]` GPU memory, RDMA `active_mtu` 1024 under an IP MTU of 1500, and
@@ -47,10 +47,6 @@ def _slug(label: str) -> str:
 # --------------------------------------------------------------------------- nvidia-smi
 
 
-def _csv_key(header_field: str) -> str:
-    return _UNIT_SUFFIX.sub("", header_field.strip())
-
-
 def _split_csv(line: str) -> list[str]:
     return [cell.strip() for cell in line.split(",")]
 
@@ -68,7 +64,7 @@ def nvidia_smi_csv(text: str, fields: str | list[str] | None = None) -> list[dic
         return []
     if isinstance(fields, str):
         fields = [f.strip() for f in fields.split(",") if f.strip()]
-    header = [_csv_key(h) for h in _split_csv(lines[0])]
+    header = [_UNIT_SUFFIX.sub("", h) for h in _split_csv(lines[0])]
     if fields is None:
         keys, body = header, lines[1:]
     else:
@@ -290,24 +286,23 @@ def _ip_entry(header: re.Match[str]) -> dict[str, Any]:
 
 
 def _ip_interfaces(text: str) -> dict[str, tuple[dict[str, Any], list[str]]]:
-    """Interface header entries plus their indented continuation lines."""
+    """Interface header entries, their link/ line read, plus their indented continuation
+    lines."""
     found: dict[str, tuple[dict[str, Any], list[str]]] = {}
-    body: list[str] | None = None
+    name = None
     for line in text.splitlines():
         header = _IP_HEADER.match(line)
         if header:
-            body = []
-            found[header[2]] = (_ip_entry(header), body)
-        elif body is not None and line.strip():
+            name = header[2]
+            found[name] = (_ip_entry(header), [])
+        elif name is not None and line.strip():
+            entry, body = found[name]
             body.append(line.strip())
+            m = re.match(r"^link/(\S+)(?:\s+(\S+))?", line.strip())
+            if m:
+                entry["link_type"] = m[1]
+                entry["mac"] = m[2] if m[2] and ":" in m[2] else None
     return found
-
-
-def _apply_link_line(entry: dict[str, Any], line: str) -> None:
-    m = re.match(r"^link/(\S+)(?:\s+(\S+))?", line)
-    if m:
-        entry["link_type"] = m[1]
-        entry["mac"] = m[2] if m[2] and ":" in m[2] else None
 
 
 def ip_link(text: str) -> dict[str, dict[str, Any]]:
@@ -315,12 +310,7 @@ def ip_link(text: str) -> dict[str, dict[str, Any]]:
     "mac", "link_type"}}. flags is the set inside <...>; mac is None for "link/none";
     state is the operstate as printed ("UP", "DOWN", "UNKNOWN"); "@peer" suffixes are dropped
     from names."""
-    links = {}
-    for name, (entry, body) in _ip_interfaces(text).items():
-        for line in body:
-            _apply_link_line(entry, line)
-        links[name] = entry
-    return links
+    return {name: entry for name, (entry, _) in _ip_interfaces(text).items()}
 
 
 def ip_addr(text: str) -> dict[str, dict[str, Any]]:
@@ -331,7 +321,6 @@ def ip_addr(text: str) -> dict[str, dict[str, Any]]:
     for name, (entry, body) in _ip_interfaces(text).items():
         entry.update(ipv4=[], ipv6=[])
         for line in body:
-            _apply_link_line(entry, line)
             m = re.match(r"^inet(6?)\s+(\S+)", line)
             if m:
                 entry["ipv6" if m[1] else "ipv4"].append(m[2])
@@ -347,27 +336,6 @@ def ethtool_speed_mbps(text: str) -> int | None:
 
 
 # --------------------------------------------------------------------------- UCX
-
-
-def ucx_info_transports(text: str) -> list[tuple[str, str | None]]:
-    """(transport, device) pairs from `ucx_info -d`, also from a grep of it.
-
-    ucx_info prints "#      Transport: rc_mlx5" and then, below it, "#         Device:
-    rocep1s0f0:1", so a Device line belongs to the closest Transport line above it. When a
-    grep kept the Transport line but not its Device line, the device is None.
-    """
-    pairs: list[tuple[str, str | None]] = []
-    for line in text.splitlines():
-        m = re.match(r"^#?\s*(Transport|Device):\s*(\S+)", line)
-        if not m:
-            continue
-        if m[1] == "Transport":
-            pairs.append((m[2], None))
-        elif pairs and pairs[-1][1] is None:
-            pairs[-1] = (pairs[-1][0], m[2])
-        elif pairs:
-            pairs.append((pairs[-1][0], m[2]))  # older UCX: several devices per transport
-    return pairs
 
 
 _UCX_LOG_PREFIX = re.compile(r"^\s*\[[^\]]*\]\s*\[[^\]]*\]\s*")
@@ -403,24 +371,6 @@ def ucx_proto_info(text: str) -> list[dict[str, Any]]:
 # --------------------------------------------------------------------------- link test
 
 
-def _ib_write_bw_rows(text: str) -> tuple[str | None, list[dict[str, float]]]:
-    unit = _search(r"BW average\[([^\]]+)\]", text)
-    rows = []
-    pattern = re.compile(r"^\s*(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s*$")
-    for m in map(pattern.match, text.splitlines()):
-        if m:
-            rows.append(
-                {
-                    "bytes": int(m[1]),
-                    "iterations": int(m[2]),
-                    "bw_peak": float(m[3]),
-                    "bw_avg": float(m[4]),
-                    "msg_rate_Mpps": float(m[5]),
-                }
-            )
-    return unit, rows
-
-
 _MIB_PER_S_IN_GBPS = 1024 * 1024 * 8 / 1e9  # perftest's "MB/sec" is MiB/s
 
 
@@ -433,7 +383,19 @@ def ib_write_bw(text: str) -> dict[str, Any]:
     message size. perftest's MB is 2**20 bytes (MsgRate x size confirms it), so
     11031.60 MB/sec is 92.5 Gb/s, not 88.3.
     """
-    unit, rows = _ib_write_bw_rows(text)
+    unit = _search(r"BW average\[([^\]]+)\]", text)
+    pattern = re.compile(r"^\s*(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s*$")
+    rows = [
+        {
+            "bytes": int(m[1]),
+            "iterations": int(m[2]),
+            "bw_peak": float(m[3]),
+            "bw_avg": float(m[4]),
+            "msg_rate_Mpps": float(m[5]),
+        }
+        for m in map(pattern.match, text.splitlines())
+        if m
+    ]
     mtu = _search(r"Mtu\s*:\s*(\d+)", text)
     avg_mb = avg_gb = None
     if rows:

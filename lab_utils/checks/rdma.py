@@ -93,11 +93,12 @@ def check_rdma(ctx: Context) -> list[CheckResult]:
         else:
             out.append(CheckResult("rdma", name, "pass",
                                    ", ".join(f"{r['ibdev']} => {r['netdev']} Up" for r in chosen)))
-        out += [_rails(ctx, name, chosen, rows), _mtu(ctx, name, chosen), _speed(ctx, name, chosen)]
+        r = ctx.run(name, ["ip", "addr", "show"])
+        addrs = parsers.ip_addr(r.stdout) if r.ok else None
+        out += [rails_verdict(name, chosen, rows, addrs), _mtu(ctx, name, chosen),
+                _speed(ctx, name, chosen)]
         if ctx.cfg.nodes[name].data_ifname:
-            r = ctx.run(name, ["ip", "addr", "show"])
-            out.append(ifname_verdict(name, ctx.cfg.nodes[name], chosen,
-                                      parsers.ip_addr(r.stdout) if r.ok else None))
+            out.append(ifname_verdict(name, ctx.cfg.nodes[name], chosen, addrs))
         ports[name] = {port_of(r["ibdev"]) for r in chosen}
     if len({frozenset(v) for v in ports.values()}) > 1:
         seen = "; ".join(f"{n}: {', '.join(sorted(k))}" for n, k in ports.items())
@@ -147,11 +148,6 @@ def ifname_verdict(name: str, node, chosen: list[dict],
                            fix=fix)
     return CheckResult("data_ifname", name, "pass", f"{ifname} is up and holds {address}",
                        evidence=seen)
-
-
-def _rails(ctx: Context, name: str, chosen: list[dict], rows: list[dict]) -> CheckResult:
-    r = ctx.run(name, ["ip", "addr", "show"])
-    return rails_verdict(name, chosen, rows, parsers.ip_addr(r.stdout) if r.ok else None)
 
 
 def rails_verdict(name: str, chosen: list[dict], rows: list[dict],
@@ -234,22 +230,16 @@ def _mtu(ctx: Context, name: str, chosen: list[dict]) -> CheckResult:
                        evidence="; ".join(seen))
 
 
-def ibstat_rate(ctx: Context, name: str, ibdev: str) -> float | None:
-    """The rate `ibstat` reports for a device's port 1 (Gb/s), None without ibstat
-    (infiniband-diags is not on a stock DGX OS)."""
-    r = ctx.run(name, ["ibstat"])
-    if not r.ok:
-        return None
-    return parsers.ibstat(r.stdout).get(ibdev, {}).get("ports", {}).get(1, {}).get("rate")
-
-
 def negotiated_gbps(ctx: Context, name: str, row: dict) -> tuple[float | None, str]:
-    """A device's negotiated rate: `ethtool <netdev>`'s Speed, else ibstat's Rate; and
-    which of the two said it."""
+    """A device's negotiated rate: `ethtool <netdev>`'s Speed, else ibstat's Rate for its
+    port 1 (there is no ibstat without infiniband-diags, not on a stock DGX OS); and which
+    of the two said it."""
     mbps = parsers.ethtool_speed_mbps(ctx.run(name, ["ethtool", row["netdev"]]).stdout)
     if mbps:
         return mbps / 1000, "ethtool"
-    rate = ibstat_rate(ctx, name, row["ibdev"])
+    r = ctx.run(name, ["ibstat"])
+    ports = parsers.ibstat(r.stdout).get(row["ibdev"], {}).get("ports", {}) if r.ok else {}
+    rate = ports.get(1, {}).get("rate")
     return (rate, "ibstat") if rate else (None, "")
 
 

@@ -5,7 +5,7 @@ the lab writes logs and the model.
 
 from __future__ import annotations
 
-from lab_utils.checks.frame import Context, GiB, meminfo
+from lab_utils.checks.frame import Context, GiB
 from lab_utils.config import TOPOLOGIES
 from lab_utils.errors import LabError
 from lab_utils.kv.memory import OS_RESERVE
@@ -34,7 +34,7 @@ def check_resources(ctx: Context) -> list[CheckResult]:
     out = []
     names, skipped = ctx.split("memory", list(ctx.cfg.nodes))
     for name in names:
-        mem = meminfo(ctx, name)
+        mem = ctx.node(name).meminfo()
         total, avail = mem["MemTotal"], mem.get("MemAvailable", mem["MemFree"])
         seen = f"{avail / GiB:.1f} of {total / GiB:.1f} GiB available (/proc/meminfo)"
         try:

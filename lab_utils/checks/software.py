@@ -9,6 +9,7 @@ import shlex
 import time
 
 from lab_utils.checks.frame import Context
+from lab_utils.checks.rdma import missing_tools
 from lab_utils.cluster import provision
 from lab_utils.config import hf_token, secret_file_problem
 from lab_utils.errors import LabError
@@ -154,19 +155,16 @@ def check_os_packages(ctx: Context) -> list[CheckResult]:
     Python headers (Triton builds a small C launcher against Python.h on first use:
     triton/runtime/build.py) and, on a node with RDMA, `ibv_devinfo` (the mtu check).
     Something missing is a fail for the compiler and headers, a warning for the tool."""
-    def why_not(n: str) -> str | None:
-        return None if ctx.cfg.vllm.device == "cuda" else "vllm.device is 'cpu': no Triton"
-
-    names, out = ctx.split("os_packages", ctx.serving(), why_not)
+    no_triton = None if ctx.cfg.vllm.device == "cuda" else "vllm.device is 'cpu': no Triton"
+    names, out = ctx.split("os_packages", ctx.serving(), lambda n: no_triton)
     for name in names:
         rdma = bool(ctx.cfg.nodes[name].data_netdev)
         tools = ["gcc"] + (["ibv_devinfo"] if rdma else [])
-        r = ctx.run(name, ["sh", "-c", f"command -v {' '.join(tools)}; true"])
-        found = {ln.strip().rsplit("/", 1)[-1] for ln in r.stdout.splitlines() if ln.strip()}
+        absent = missing_tools(ctx, name, *tools)
         header = ctx.facts(name, "python").get("python_h")
-        seen = "; ".join([f"{t}: {'found' if t in found else 'not found'}" for t in tools]
+        seen = "; ".join([f"{t}: {'not found' if t in absent else 'found'}" for t in tools]
                          + [f"Python.h: {header or 'not found'}"])
-        missing = [t for t in tools if t not in found] + ([] if header else ["Python.h"])
+        missing = absent + ([] if header else ["Python.h"])
         fix = f"on {name}: `{OS_PACKAGES}` (docs/CLUSTER.md, 'Serving nodes')"
         if set(missing) & {"gcc", "Python.h"}:
             out.append(CheckResult("os_packages", name, "fail",
@@ -183,11 +181,9 @@ def check_os_packages(ctx: Context) -> list[CheckResult]:
 def check_model(ctx: Context) -> list[CheckResult]:
     cfg = ctx.cfg
     names, skipped = ctx.split("model", ctx.serving())
-    snaps: dict[str, str | None] = {}
-    for name in names:
-        where = cfg.model_path_on(name)
-        snaps[name] = (_hub_snapshot(ctx, name) if cfg.model.source == "hub"
-                       else provision.model_snapshot(ctx.node(name), where, full=False))
+    snaps = {n: _hub_snapshot(ctx, n) if cfg.model.source == "hub"
+             else provision.model_snapshot(ctx.node(n), cfg.model_path_on(n), full=False)
+             for n in names}
     out = []
     fetch = f"python -m lab_utils model fetch --config {cfg.source_name}"
     for name, snap in snaps.items():

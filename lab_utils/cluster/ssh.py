@@ -237,9 +237,6 @@ class SSHNode(Node):
         command = "sh -c " + shlex.quote(_ENV_THEN_EXEC) + " sh " + shlex.join(argv)
         return self._exec(command, _env_lines(env or {}) + (input or ""), timeout)
 
-    def _sftp(self) -> paramiko.SFTPClient:
-        return self._client().open_sftp()
-
     def check_workdir(self) -> None:
         """Refuse a workdir that is not a directory of the lab's own (see
         `lab_utils.on_node.dirs`), before anything is written on the node."""
@@ -260,12 +257,9 @@ class SSHNode(Node):
         r = self.run(["mkdir", "-p", str(Path(remote).parent)])
         if not r.ok:
             raise LabError(f"node {self.name}: cannot create {Path(remote).parent}: {r.stderr.strip()}")
-        with self._sftp() as sftp:
+        with self._client().open_sftp() as sftp:
             sftp.put(str(local), str(remote))
             sftp.chmod(str(remote), os.stat(local).st_mode & 0o777)
-
-    def _proctools(self, *args: str) -> str:
-        return self.run_sent(proctools, *args)
 
     def _spawn(self, argv, env, log_path, cwd):
         self.check_workdir()
@@ -275,14 +269,15 @@ class SSHNode(Node):
         if not r.ok or not r.stdout.strip().isdigit():
             raise LabError(f"node {self.name}: could not start {argv[0]}: {r.stderr.strip()}")
         pid = int(r.stdout.strip())
-        return pid, int(self._proctools("ticks", str(pid)))
+        return pid, int(self.run_sent(proctools, "ticks", str(pid)))
 
     def is_alive(self, rec: ProcessRecord) -> bool:
-        return self._proctools("alive", str(rec.pid), str(rec.start_ticks)) == "true"
+        return self.run_sent(proctools, "alive", str(rec.pid), str(rec.start_ticks)) == "true"
 
     def log_tail(self, rec: ProcessRecord, lines: int = 40) -> str:
         r = self.run(["tail", "-n", str(lines), rec.log_path])
         return r.stdout if r.ok else f"(no log at {rec.log_path} on {self.name})"
 
     def _stop_group(self, rec: ProcessRecord, grace_s: float) -> bool:
-        return self._proctools("stop", str(rec.pgid), str(rec.start_ticks), str(grace_s)) == "true"
+        stopped = self.run_sent(proctools, "stop", str(rec.pgid), str(rec.start_ticks), str(grace_s))
+        return stopped == "true"

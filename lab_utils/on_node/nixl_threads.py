@@ -87,11 +87,8 @@ def _comm(path: Path) -> str:
 
 def group_processes(pgid: int, root: str = "/proc") -> list[int]:
     """The live processes of a process group."""
-    out = []
-    for d in Path(root).iterdir():
-        if d.name.isdigit() and (f := _stat(d / "stat")) and int(f[2]) == pgid and f[0] not in "ZX":
-            out.append(int(d.name))
-    return sorted(out)
+    return sorted(int(d.name) for d in Path(root).iterdir() if d.name.isdigit()
+                  and (f := _stat(d / "stat")) and int(f[2]) == pgid and f[0] not in "ZX")
 
 
 def threads(pid: int, root: str = "/proc") -> dict[int, str]:

@@ -393,52 +393,6 @@ def test_one_meminfo_parser_for_every_user() -> None:
     assert facts.mem_total_bytes("MemFree:        69472388 kB\n") is None
 
 
-# --------------------------------------------------------------------------- UCX
-
-
-def test_ucx_info_transports_mlx5_grep_has_no_device_lines() -> None:
-    pairs = parsers.ucx_info_transports(recorded("ucx_info-d.grep-mlx5-Transport.gb10.txt"))
-    assert len(pairs) == 20  # head -20 cut the fourth CX-7 function off
-    assert all(device is None for _, device in pairs)  # grep dropped "Device: rocep..."
-    transports = [t for t, _ in pairs]
-    assert transports.count("tcp") == 7
-    assert transports.count("rc_mlx5") == 2
-    assert transports[:1] == ["self"]
-
-
-def test_ucx_info_transports_memory_grep_pairs_memory_devices() -> None:
-    text = recorded("ucx_info-d.grep-Transport-cuda-memory.gb10.txt")
-    pairs = parsers.ucx_info_transports(text)
-    assert pairs[0] == ("self", "memory")
-    assert ("sysv", "memory") in pairs
-    assert ("posix", "memory") in pairs
-    assert ("rc_mlx5", None) in pairs
-    assert not any(t.startswith("cuda") for t, _ in pairs)  # head -40 ended before them
-
-
-def test_ucx_info_transports_pairs_device_with_transport_above() -> None:
-    # hand-written in ucx_info -d order: the Device line follows its Transport line
-    text = (
-        "#      Transport: rc_mlx5\n"
-        "#         Device: rocep1s0f0:1\n"
-        "#           Type: network\n"
-        "#  System device: rocep1s0f0 (0)\n"
-        "#      Transport: tcp\n"
-        "#      Transport: cuda_copy\n"
-        "#         Device: cuda\n"
-        "#   Transport: rc\n"
-        "#   Device: mlx5_0:1\n"
-        "#   Device: mlx5_1:1\n"
-    )
-    assert parsers.ucx_info_transports(text) == [
-        ("rc_mlx5", "rocep1s0f0:1"),
-        ("tcp", None),
-        ("cuda_copy", "cuda"),
-        ("rc", "mlx5_0:1"),
-        ("rc", "mlx5_1:1"),
-    ]
-
-
 # --------------------------------------------------------------------------- nixlbench (tests/support)
 
 # file -> (seg type, device_list, rows, peak GB/s)
@@ -541,7 +495,6 @@ EMPTY_RESULTS = [
     (parsers.ip_addr, {}),
     (parsers.ethtool_speed_mbps, None),
     (parsers.proc_meminfo, {}),
-    (parsers.ucx_info_transports, []),
 ]
 
 
