@@ -49,25 +49,20 @@ class InstanceSpec:
 def instances(layout: TopologyConfig, vllm: VllmConfig, topology: str) -> list[InstanceSpec]:
     """The instances of one topology: one per node listed for each of its roles, with the
     role's ports plus one per instance already on that node."""
-    placed: list[tuple[Role, list[str]]]
     if topology == "tensor-parallel":
         return _ranks(layout, vllm)
-    if topology == "baseline":
-        placed = [("baseline", [layout.baseline.node])]
-    elif topology == "replicated":
-        placed = [("replica", layout.replicated.nodes)]
-    elif topology == "disaggregated":
-        placed = [("prefill", layout.disaggregated.prefill),
-                  ("decode", layout.disaggregated.decode)]
-    else:
+    placed: dict[str, list[tuple[Role, list[str]]]] = {
+        "baseline": [("baseline", [layout.baseline.node])],
+        "replicated": [("replica", layout.replicated.nodes)],
+        "disaggregated": [("prefill", layout.disaggregated.prefill),
+                          ("decode", layout.disaggregated.decode)]}
+    if topology not in placed:
         raise ConfigError(f"unknown topology {topology!r}: choose one of {', '.join(TOPOLOGIES)}")
     specs: list[InstanceSpec] = []
-    for role, nodes in placed:
+    for role, nodes in placed[topology]:
         settings: InstanceSettings = getattr(vllm, role)
-        per_node: dict[str, int] = {}
         for i, node in enumerate(nodes):
-            k = per_node.get(node, 0)
-            per_node[node] = k + 1
+            k = nodes[:i].count(node)  # instances of this role already on that node
             side = settings.side_channel_port
             specs.append(
                 InstanceSpec(
@@ -102,11 +97,6 @@ def probe_pair(layout: TopologyConfig) -> tuple[str, str]:
     the KV that the prefill node holds."""
     d = layout.disaggregated
     return d.prefill[0], d.decode[0]
-
-
-def probe_nodes(layout: TopologyConfig) -> list[str]:
-    """Nodes where the probe listens (the target)."""
-    return [probe_pair(layout)[0]]
 
 
 def notebook_host(nodes: dict[str, NodeConfig]) -> str | None:
