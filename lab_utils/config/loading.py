@@ -83,10 +83,6 @@ _FIXES = {
 _SECRET_BEARING = ("extra_args", "extra_env", "api_key_file", "hf_token_file", "key_file")
 
 
-def _may_hold_secret(loc: tuple) -> bool:
-    return any(str(part) in _SECRET_BEARING for part in loc)
-
-
 def _describe(err: ErrorDetails) -> str:
     loc = tuple(err["loc"])
     where = _fmt_loc(loc)
@@ -101,7 +97,7 @@ def _describe(err: ErrorDetails) -> str:
     if etype == "missing":
         return f"{where}: required field is missing; add it (see {EXAMPLE_NAME} for an example)"
     value = err.get("input")
-    if _may_hold_secret(loc):
+    if any(str(part) in _SECRET_BEARING for part in loc):
         shown = "the value (not shown: it may hold a secret)"
     else:
         shown = json.dumps(value) if isinstance(value, (str, int, float, bool)) else repr(value)
@@ -232,10 +228,9 @@ def parse_config(data: Any, source: str = "<config>") -> LabConfig:
     try:
         cfg = LabConfig.model_validate(_strip_comments(data))
     except ValidationError as e:
-        lines = [_describe(err) for err in e.errors()]
-        raise ConfigError(values.scrub(f"{source}: invalid config:\n  - " + "\n  - ".join(lines),
-                                       secrets_in(data))) from None
-    problems = cross_check(cfg)
+        problems = [_describe(err) for err in e.errors()]
+    else:
+        problems = cross_check(cfg)
     if problems:
         raise ConfigError(values.scrub(f"{source}: invalid config:\n  - " + "\n  - ".join(problems),
                                        secrets_in(data)))
