@@ -66,17 +66,11 @@ def check_path(value: str | None, *, absolute: bool = False) -> str | None:
     return value
 
 
-def _normal(path: str) -> str:
-    """`path` with `.`, repeated and leading double slashes collapsed (POSIX keeps a
-    leading `//`, which the kernel reads as `/`)."""
-    p = posixpath.normpath(path)
-    return "/" + p.lstrip("/") if p.startswith("//") else p
-
-
 def is_system_dir(path: str | os.PathLike) -> bool:
     """Whether `path` is the root or inside one of the system's own trees (the list the
     nodes apply to a workdir)."""
-    p = _normal(str(path))
+    p = posixpath.normpath(str(path))
+    p = "/" + p.lstrip("/") if p.startswith("//") else p  # POSIX keeps a leading //: it is /
     return p == "/" or any(p == d or p.startswith(d + "/") for d in SYSTEM_TREES)
 
 
