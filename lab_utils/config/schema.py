@@ -173,14 +173,10 @@ def known_secrets(cfg: LabConfig) -> tuple[str, ...]:
     secret environment variables and the values of secret-named `extra_env` entries),
     longest first, for redaction by value."""
     found = {os.environ.get(v, "") for v in values.SECRET_ENV_VARS}
-    for field in _secret_files(cfg):
+    for field in filter(None, (cfg.hf_token_file, cfg.proxy.api_key_file, cfg.vllm.api_key_file)):
         with contextlib.suppress(OSError):
             found.add(cfg.resolve_path(field).read_text().strip())
     for settings in (cfg.vllm, cfg.vllm.baseline, cfg.vllm.replica, cfg.vllm.prefill, cfg.vllm.decode):
         found.update(values.secret_env_values(settings.extra_env))
     return tuple(sorted((v for v in found if len(v) >= values.MIN_SECRET_CHARS), key=len,
                         reverse=True))
-
-
-def _secret_files(cfg: LabConfig) -> list[str]:
-    return [f for f in (cfg.hf_token_file, cfg.proxy.api_key_file, cfg.vllm.api_key_file) if f]
