@@ -158,14 +158,9 @@ def _flag_name(arg: str) -> str | None:
 
 def owned_flag(arg: str) -> str | None:
     """The lab-owned flag (`LAB_OWNED_FLAGS`) that `arg` would set, or None."""
-    name = _flag_name(arg)
-    if not name:
-        return None
-    for candidate in (name, name.removeprefix("no-")):
-        for flag in LAB_OWNED_FLAGS:
-            if flag == candidate or (len(candidate) >= 2 and flag.startswith(candidate)):
-                return flag
-    return None
+    name = _flag_name(arg) or ""
+    return next((flag for candidate in (name, name.removeprefix("no-")) if len(candidate) >= 2
+                 for flag in LAB_OWNED_FLAGS if flag.startswith(candidate)), None)
 
 
 def check_args(args: list[str]) -> list[str]:
