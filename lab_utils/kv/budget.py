@@ -83,11 +83,8 @@ def shapes(cfg: LabConfig, hf_config: dict) -> dict[str, KVShape]:
 
 def prompt_lengths(cfg: LabConfig, longest: int | None = None) -> list[int]:
     """Prompt lengths to study: powers of two from 128 tokens to the longest prompt."""
-    top, n, out = longest or cfg.vllm.max_model_len, 128, []
-    while n <= top:
-        out.append(n)
-        n *= 2
-    return out
+    top = longest or cfg.vllm.max_model_len
+    return [128 << i for i in range((top // 128).bit_length())]
 
 
 def kv_frame(cfg: LabConfig, kv_shapes: dict[str, KVShape], lengths: list[int]):

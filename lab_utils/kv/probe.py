@@ -82,10 +82,7 @@ def default_sizes(min_bytes: int = 64 * KiB, max_bytes: int = 64 * MiB,
                   max_total_bytes: int | None = None) -> list[int]:
     """Powers of two from `min_bytes` to `max_bytes`; with `max_total_bytes`, the largest
     are dropped until one pass over the sizes moves at most that many bytes."""
-    sizes, s = [], min_bytes
-    while s <= max_bytes:
-        sizes.append(s)
-        s *= 2
+    sizes = [min_bytes << i for i in range((max_bytes // min_bytes).bit_length())]
     while max_total_bytes is not None and sizes and sum(sizes) > max_total_bytes:
         sizes.pop()
     return sizes
