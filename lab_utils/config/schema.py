@@ -78,8 +78,11 @@ class LabConfig(_Strict):
     # ----- derived values -------------------------------------------------------------
 
     def notebook_host(self) -> str | None:
-        """The node the notebooks run on (see `topology.notebook_host`)."""
-        return placement.notebook_host(self.nodes)
+        """The node the notebooks run on: the local node with the controller role (else
+        the first local node); None when every node is reached over SSH."""
+        local = [n for n, node in self.nodes.items() if node.connection == "local"]
+        found = [n for n in local if "controller" in self.nodes[n].roles] or local
+        return found[0] if found else None
 
     @property
     def source(self) -> Path | None:
@@ -151,8 +154,10 @@ class LabConfig(_Strict):
         return setting
 
     def probe_pair(self) -> tuple[str, str]:
-        """(target, initiator) of the NIXL probe (see `topology.probe_pair`)."""
-        return placement.probe_pair(self.topology)
+        """(target, initiator) of the NIXL probe: as in P/D serving, the decode node reads
+        the KV that the prefill node holds."""
+        d = self.topology.disaggregated
+        return d.prefill[0], d.decode[0]
 
     def instances(self, topology: str) -> list[InstanceSpec]:
         """The instances of one topology (see `topology.instances`)."""

@@ -1,14 +1,12 @@
 """What a topology's instances are and where they run, derived from the profile's parts:
-the instances of each topology (role, node, ports), the node pair of the NIXL probe, and
-the node the notebooks run on. `LabConfig.instances`, `.probe_pair` and `.notebook_host`
-call these."""
+the instances of each topology (role, node, ports). `LabConfig.instances` calls this."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Literal
 
-from lab_utils.config.parts import InstanceSettings, NodeConfig, TopologyConfig, VllmConfig
+from lab_utils.config.parts import InstanceSettings, TopologyConfig, VllmConfig
 from lab_utils.errors import ConfigError
 
 Role = Literal["baseline", "replica", "prefill", "decode", "tp"]
@@ -90,19 +88,3 @@ def _ranks(layout: TopologyConfig, vllm: VllmConfig) -> list[InstanceSpec]:
                          settings=settings, rank=rank, ranks=len(tp.nodes),
                          master=(tp.nodes[0], tp.master_port))
             for rank, node in enumerate(tp.nodes)]
-
-
-def probe_pair(layout: TopologyConfig) -> tuple[str, str]:
-    """(target, initiator) of the NIXL probe: as in P/D serving, the decode node reads
-    the KV that the prefill node holds."""
-    d = layout.disaggregated
-    return d.prefill[0], d.decode[0]
-
-
-def notebook_host(nodes: dict[str, NodeConfig]) -> str | None:
-    """The node the notebooks run on: the local node with the controller role (else
-    the first local node); None when every node is reached over SSH."""
-    local = [n for n, node in nodes.items() if node.connection == "local"]
-    ctl = [n for n in local if "controller" in nodes[n].roles]
-    found = ctl or local
-    return found[0] if found else None
