@@ -46,11 +46,8 @@ def choose_buffer_device(cfg: LabConfig, recommendation: KvRecommendation | None
 def kv_buffer_device(cfg: LabConfig) -> str:
     """The kv_buffer_device prefill and decode instances get: the configured one, or for
     "auto" notebook 02's recommendation on this profile (else "cpu")."""
-    recommendation = None
-    if cfg.kv_transfer.kv_buffer_device == "auto":
-        kv = load_optional(cfg, "02")
-        recommendation = kv.payload.recommendation if kv else None
-    return choose_buffer_device(cfg, recommendation)
+    kv = load_optional(cfg, "02") if cfg.kv_transfer.kv_buffer_device == "auto" else None
+    return choose_buffer_device(cfg, kv.payload.recommendation if kv else None)
 
 
 # Notebook 02's reference models, beside the configured one.
