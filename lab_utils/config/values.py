@@ -80,8 +80,7 @@ def check_node_path(value: str | None, *, absolute: bool = False) -> str | None:
     value = check_path(value, absolute=absolute)
     if value is None:
         return value
-    parts = value.split("/")
-    if ".." in parts:
+    if ".." in value.split("/"):
         raise ValueError("contains '..': write the directory it means, without '..'")
     if "~" in value:
         raise ValueError("contains '~', which is expanded differently on each node: write the "

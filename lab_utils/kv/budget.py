@@ -214,10 +214,7 @@ def link_rate(checks: Iterable[Any], cfg: LabConfig | None = None) -> float | No
     one PCIe Gen5 x4 half's ~100 Gb/s and the device's reported rate (the reported rate
     alone would double the limit where a half reports the port's 200 Gb/s), times the
     rails."""
-    for c in checks:
-        if c.check != "link":
-            continue
-        d = c.data
+    for d in (c.data for c in checks if c.check == "link"):
         if d.get("rails") and d.get("measured_gbps"):
             return d["measured_gbps"] / d["rails"] * (rails(cfg) if cfg is not None else d["rails"])
         if d.get("reported_gbps"):

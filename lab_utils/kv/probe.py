@@ -96,7 +96,6 @@ def apply_limits(rows: list[dict], same_machine: bool, memcpy_GBps: Mapping[int,
                  link_rate_gbps: float | None) -> list[str]:
     """Give each row its limit (memcpy on one machine, else the link) and its fraction
     of it; return notes on limits that are missing."""
-    notes = []
     for row in rows:
         if same_machine:
             limit, kind = memcpy_GBps.get(row["bytes"]), "memcpy"
@@ -105,9 +104,9 @@ def apply_limits(rows: list[dict], same_machine: bool, memcpy_GBps: Mapping[int,
         row.update(limit_GBps=limit, limit_kind=kind if limit else None,
                    fraction_of_limit=fraction_of_limit(row["bandwidth_GBps"], limit))
     if rows and not same_machine and not link_rate_gbps:
-        notes.append("fraction_of_limit is None: the agents are on different machines and "
-                     "no link_rate_gbps was given (e.g. 200 for a ConnectX-7 port)")
-    return notes
+        return ["fraction_of_limit is None: the agents are on different machines and "
+                "no link_rate_gbps was given (e.g. 200 for a ConnectX-7 port)"]
+    return []
 
 
 def passes(op: str, iterations: int, warmup: int) -> int:
