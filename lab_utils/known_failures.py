@@ -27,9 +27,6 @@ class KnownFailure:
     fix: str
     warning: bool = False
 
-    def matches(self, log_text: str) -> bool:
-        return re.search(self.pattern, log_text, re.MULTILINE) is not None
-
 
 KNOWN_FAILURES: tuple[KnownFailure, ...] = (
     KnownFailure(
@@ -304,16 +301,13 @@ KNOWN_FAILURES: tuple[KnownFailure, ...] = (
 def match_failures(log_text: str, *, include_warnings: bool = True) -> list[KnownFailure]:
     """Every known failure found in `log_text`: errors in table order, then warnings."""
     text = _ANSI.sub("", log_text)
-    found = [f for f in KNOWN_FAILURES if f.matches(text)]
-    errors = [f for f in found if not f.warning]
-    warnings = [f for f in found if f.warning] if include_warnings else []
-    return errors + warnings
+    found = [f for f in KNOWN_FAILURES if (include_warnings or not f.warning)
+             and re.search(f.pattern, text, re.MULTILINE)]
+    return sorted(found, key=lambda f: f.warning)  # stable: table order within each kind
 
 
 def explain(log_text: str) -> str:
     """A message listing each match's explanation and fix; "" when nothing matches."""
-    parts = []
-    for failure in match_failures(log_text):
-        kind = "Warning (also seen in healthy runs)" if failure.warning else "Known failure"
-        parts.append(f"{kind}: {failure.name}\n  Why: {failure.explanation}\n  Fix: {failure.fix}")
-    return "\n\n".join(parts)
+    return "\n\n".join(
+        f"{'Warning (also seen in healthy runs)' if f.warning else 'Known failure'}: {f.name}"
+        f"\n  Why: {f.explanation}\n  Fix: {f.fix}" for f in match_failures(log_text))

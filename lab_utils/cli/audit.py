@@ -10,7 +10,3 @@ def run(args) -> int:
     found = audit(args.results_dir or load_config(args.config).results_dir)
     print("\n".join(found.lines()))
     return 0 if found.ok else 1
-
-
-def audit_false(results_dir) -> bool:
-    return bool(audit(results_dir).false)

@@ -15,7 +15,7 @@ def run(args) -> int:
             print("audit: every result sentence of the run against its results files")
             args.results_dir = None
             audit.run(args)  # an unbacked sentence is reported; a false claim fails the run
-            return 1 if audit.audit_false(load_config(args.config).results_dir) else 0
+            return 1 if audit.audit(load_config(args.config).results_dir).false else 0
         return ran
     print("no notebooks yet: running the prefill/decode proof of transfer instead")
     return demo.run(args)

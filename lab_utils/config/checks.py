@@ -10,7 +10,7 @@ import ipaddress
 from lab_utils.config import values
 from lab_utils.config.parts import NodeConfig
 from lab_utils.config.schema import LabConfig
-from lab_utils.config.topology import TOPOLOGIES, probe_nodes
+from lab_utils.config.topology import TOPOLOGIES
 
 
 def _tensor_parallel_problems(cfg: LabConfig, node_ref) -> list[str]:
@@ -159,9 +159,9 @@ def cross_check(cfg: LabConfig) -> list[str]:
         rdv = cfg.topology.tensor_parallel.nodes[0]
         services.append((rdv, cfg.nodes[rdv].data_address, cfg.topology.tensor_parallel.master_port,
                          f"tensor-parallel rendezvous on {rdv}", True))
-    for name in probe_nodes(cfg.topology):
-        services.append((name, cfg.nodes[name].data_address, cfg.kv_transfer.probe_port,
-                         f"NIXL probe on {name}", True))
+    target = cfg.probe_pair()[0]  # the probe listens on its target only
+    services.append((target, cfg.nodes[target].data_address, cfg.kv_transfer.probe_port,
+                     f"NIXL probe on {target}", True))
     proxy_node = cfg.nodes[cfg.proxy.node]
     services.append((cfg.proxy.node, proxy_node.lan_address, cfg.proxy.port,
                      f"proxy on {cfg.proxy.node}", False))

@@ -83,10 +83,6 @@ _FIXES = {
 _SECRET_BEARING = ("extra_args", "extra_env", "api_key_file", "hf_token_file", "key_file")
 
 
-def _may_hold_secret(loc: tuple) -> bool:
-    return any(str(part) in _SECRET_BEARING for part in loc)
-
-
 def _describe(err: ErrorDetails) -> str:
     loc = tuple(err["loc"])
     where = _fmt_loc(loc)
@@ -101,7 +97,7 @@ def _describe(err: ErrorDetails) -> str:
     if etype == "missing":
         return f"{where}: required field is missing; add it (see {EXAMPLE_NAME} for an example)"
     value = err.get("input")
-    if _may_hold_secret(loc):
+    if any(str(part) in _SECRET_BEARING for part in loc):
         shown = "the value (not shown: it may hold a secret)"
     else:
         shown = json.dumps(value) if isinstance(value, (str, int, float, bool)) else repr(value)
@@ -146,11 +142,8 @@ def _bounded_int(text: str) -> int:
 
 
 def _depth(value: Any, level: int = 1) -> int:
-    if isinstance(value, dict):
-        return max([level] + [_depth(v, level + 1) for v in value.values()])
-    if isinstance(value, list):
-        return max([level] + [_depth(v, level + 1) for v in value])
-    return level
+    inner = value.values() if isinstance(value, dict) else value if isinstance(value, list) else []
+    return max([level] + [_depth(v, level + 1) for v in inner])
 
 
 def parse_config_text(raw: bytes, source: str) -> Any:
@@ -188,11 +181,9 @@ def find_config_path(explicit: str | os.PathLike | None = None) -> Path:
     if explicit is not None and not str(explicit).strip():
         raise ConfigError("--config is empty: name a config file (or leave --config out "
                           "for the default)")
-    if explicit:
-        return Path(explicit).expanduser().resolve()
-    env = os.environ.get("LAB_CONFIG")
-    if env:
-        return Path(env).expanduser().resolve()
+    chosen = explicit or os.environ.get("LAB_CONFIG")
+    if chosen:
+        return Path(chosen).expanduser().resolve()
     if USER_CONFIG.exists():
         return USER_CONFIG
     return checkout_path("configs", DEFAULT_PROFILE.name)
@@ -206,8 +197,7 @@ def secrets_in(data: Any) -> list[str]:
     found = [os.environ.get(v, "") for v in values.SECRET_ENV_VARS]
     if not isinstance(data, dict):
         return found
-    sections = [data, data.get("proxy"), data.get("vllm")]
-    for section in sections:
+    for section in (data, data.get("proxy"), data.get("vllm")):
         for name in ("hf_token_file", "api_key_file"):
             path = section.get(name) if isinstance(section, dict) else None
             if isinstance(path, str) and path:
@@ -215,9 +205,7 @@ def secrets_in(data: Any) -> list[str]:
                 p = p if p.is_absolute() else REPO_ROOT / p
                 with contextlib.suppress(OSError, ValueError):
                     found.append(read_bounded(p, 64 * 1024).decode(errors="replace").strip())
-    vllm = data.get("vllm")
-    if not isinstance(vllm, dict):
-        vllm = {}
+    vllm = data["vllm"] if isinstance(data.get("vllm"), dict) else {}
     for settings in [vllm, *(vllm.get(r) for r in ("baseline", "replica", "prefill", "decode"))]:
         if isinstance(settings, dict):
             found += values.secret_env_values(settings.get("extra_env"))
@@ -232,10 +220,9 @@ def parse_config(data: Any, source: str = "<config>") -> LabConfig:
     try:
         cfg = LabConfig.model_validate(_strip_comments(data))
     except ValidationError as e:
-        lines = [_describe(err) for err in e.errors()]
-        raise ConfigError(values.scrub(f"{source}: invalid config:\n  - " + "\n  - ".join(lines),
-                                       secrets_in(data))) from None
-    problems = cross_check(cfg)
+        problems = [_describe(err) for err in e.errors()]
+    else:
+        problems = cross_check(cfg)
     if problems:
         raise ConfigError(values.scrub(f"{source}: invalid config:\n  - " + "\n  - ".join(problems),
                                        secrets_in(data)))

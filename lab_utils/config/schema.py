@@ -78,8 +78,11 @@ class LabConfig(_Strict):
     # ----- derived values -------------------------------------------------------------
 
     def notebook_host(self) -> str | None:
-        """The node the notebooks run on (see `topology.notebook_host`)."""
-        return placement.notebook_host(self.nodes)
+        """The node the notebooks run on: the local node with the controller role (else
+        the first local node); None when every node is reached over SSH."""
+        local = [n for n, node in self.nodes.items() if node.connection == "local"]
+        found = [n for n in local if "controller" in self.nodes[n].roles] or local
+        return found[0] if found else None
 
     @property
     def source(self) -> Path | None:
@@ -151,8 +154,10 @@ class LabConfig(_Strict):
         return setting
 
     def probe_pair(self) -> tuple[str, str]:
-        """(target, initiator) of the NIXL probe (see `topology.probe_pair`)."""
-        return placement.probe_pair(self.topology)
+        """(target, initiator) of the NIXL probe: as in P/D serving, the decode node reads
+        the KV that the prefill node holds."""
+        d = self.topology.disaggregated
+        return d.prefill[0], d.decode[0]
 
     def instances(self, topology: str) -> list[InstanceSpec]:
         """The instances of one topology (see `topology.instances`)."""
@@ -173,14 +178,10 @@ def known_secrets(cfg: LabConfig) -> tuple[str, ...]:
     secret environment variables and the values of secret-named `extra_env` entries),
     longest first, for redaction by value."""
     found = {os.environ.get(v, "") for v in values.SECRET_ENV_VARS}
-    for field in _secret_files(cfg):
+    for field in filter(None, (cfg.hf_token_file, cfg.proxy.api_key_file, cfg.vllm.api_key_file)):
         with contextlib.suppress(OSError):
             found.add(cfg.resolve_path(field).read_text().strip())
     for settings in (cfg.vllm, cfg.vllm.baseline, cfg.vllm.replica, cfg.vllm.prefill, cfg.vllm.decode):
         found.update(values.secret_env_values(settings.extra_env))
     return tuple(sorted((v for v in found if len(v) >= values.MIN_SECRET_CHARS), key=len,
                         reverse=True))
-
-
-def _secret_files(cfg: LabConfig) -> list[str]:
-    return [f for f in (cfg.hf_token_file, cfg.proxy.api_key_file, cfg.vllm.api_key_file) if f]

@@ -1,14 +1,12 @@
 """What a topology's instances are and where they run, derived from the profile's parts:
-the instances of each topology (role, node, ports), the node pair of the NIXL probe, and
-the node the notebooks run on. `LabConfig.instances`, `.probe_pair` and `.notebook_host`
-call these."""
+the instances of each topology (role, node, ports). `LabConfig.instances` calls this."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Literal
 
-from lab_utils.config.parts import InstanceSettings, NodeConfig, TopologyConfig, VllmConfig
+from lab_utils.config.parts import InstanceSettings, TopologyConfig, VllmConfig
 from lab_utils.errors import ConfigError
 
 Role = Literal["baseline", "replica", "prefill", "decode", "tp"]
@@ -49,25 +47,20 @@ class InstanceSpec:
 def instances(layout: TopologyConfig, vllm: VllmConfig, topology: str) -> list[InstanceSpec]:
     """The instances of one topology: one per node listed for each of its roles, with the
     role's ports plus one per instance already on that node."""
-    placed: list[tuple[Role, list[str]]]
     if topology == "tensor-parallel":
         return _ranks(layout, vllm)
-    if topology == "baseline":
-        placed = [("baseline", [layout.baseline.node])]
-    elif topology == "replicated":
-        placed = [("replica", layout.replicated.nodes)]
-    elif topology == "disaggregated":
-        placed = [("prefill", layout.disaggregated.prefill),
-                  ("decode", layout.disaggregated.decode)]
-    else:
+    placed: dict[str, list[tuple[Role, list[str]]]] = {
+        "baseline": [("baseline", [layout.baseline.node])],
+        "replicated": [("replica", layout.replicated.nodes)],
+        "disaggregated": [("prefill", layout.disaggregated.prefill),
+                          ("decode", layout.disaggregated.decode)]}
+    if topology not in placed:
         raise ConfigError(f"unknown topology {topology!r}: choose one of {', '.join(TOPOLOGIES)}")
     specs: list[InstanceSpec] = []
-    for role, nodes in placed:
+    for role, nodes in placed[topology]:
         settings: InstanceSettings = getattr(vllm, role)
-        per_node: dict[str, int] = {}
         for i, node in enumerate(nodes):
-            k = per_node.get(node, 0)
-            per_node[node] = k + 1
+            k = nodes[:i].count(node)  # instances of this role already on that node
             side = settings.side_channel_port
             specs.append(
                 InstanceSpec(
@@ -95,24 +88,3 @@ def _ranks(layout: TopologyConfig, vllm: VllmConfig) -> list[InstanceSpec]:
                          settings=settings, rank=rank, ranks=len(tp.nodes),
                          master=(tp.nodes[0], tp.master_port))
             for rank, node in enumerate(tp.nodes)]
-
-
-def probe_pair(layout: TopologyConfig) -> tuple[str, str]:
-    """(target, initiator) of the NIXL probe: as in P/D serving, the decode node reads
-    the KV that the prefill node holds."""
-    d = layout.disaggregated
-    return d.prefill[0], d.decode[0]
-
-
-def probe_nodes(layout: TopologyConfig) -> list[str]:
-    """Nodes where the probe listens (the target)."""
-    return [probe_pair(layout)[0]]
-
-
-def notebook_host(nodes: dict[str, NodeConfig]) -> str | None:
-    """The node the notebooks run on: the local node with the controller role (else
-    the first local node); None when every node is reached over SSH."""
-    local = [n for n, node in nodes.items() if node.connection == "local"]
-    ctl = [n for n in local if "controller" in nodes[n].roles]
-    found = ctl or local
-    return found[0] if found else None

@@ -66,17 +66,11 @@ def check_path(value: str | None, *, absolute: bool = False) -> str | None:
     return value
 
 
-def _normal(path: str) -> str:
-    """`path` with `.`, repeated and leading double slashes collapsed (POSIX keeps a
-    leading `//`, which the kernel reads as `/`)."""
-    p = posixpath.normpath(path)
-    return "/" + p.lstrip("/") if p.startswith("//") else p
-
-
 def is_system_dir(path: str | os.PathLike) -> bool:
     """Whether `path` is the root or inside one of the system's own trees (the list the
     nodes apply to a workdir)."""
-    p = _normal(str(path))
+    p = posixpath.normpath(str(path))
+    p = "/" + p.lstrip("/") if p.startswith("//") else p  # POSIX keeps a leading //: it is /
     return p == "/" or any(p == d or p.startswith(d + "/") for d in SYSTEM_TREES)
 
 
@@ -86,8 +80,7 @@ def check_node_path(value: str | None, *, absolute: bool = False) -> str | None:
     value = check_path(value, absolute=absolute)
     if value is None:
         return value
-    parts = value.split("/")
-    if ".." in parts:
+    if ".." in value.split("/"):
         raise ValueError("contains '..': write the directory it means, without '..'")
     if "~" in value:
         raise ValueError("contains '~', which is expanded differently on each node: write the "
@@ -164,14 +157,9 @@ def _flag_name(arg: str) -> str | None:
 
 def owned_flag(arg: str) -> str | None:
     """The lab-owned flag (`LAB_OWNED_FLAGS`) that `arg` would set, or None."""
-    name = _flag_name(arg)
-    if not name:
-        return None
-    for candidate in (name, name.removeprefix("no-")):
-        for flag in LAB_OWNED_FLAGS:
-            if flag == candidate or (len(candidate) >= 2 and flag.startswith(candidate)):
-                return flag
-    return None
+    name = _flag_name(arg) or ""
+    return next((flag for candidate in (name, name.removeprefix("no-")) if len(candidate) >= 2
+                 for flag in LAB_OWNED_FLAGS if flag.startswith(candidate)), None)
 
 
 def check_args(args: list[str]) -> list[str]:

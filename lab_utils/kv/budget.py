@@ -46,11 +46,8 @@ def choose_buffer_device(cfg: LabConfig, recommendation: KvRecommendation | None
 def kv_buffer_device(cfg: LabConfig) -> str:
     """The kv_buffer_device prefill and decode instances get: the configured one, or for
     "auto" notebook 02's recommendation on this profile (else "cpu")."""
-    recommendation = None
-    if cfg.kv_transfer.kv_buffer_device == "auto":
-        kv = load_optional(cfg, "02")
-        recommendation = kv.payload.recommendation if kv else None
-    return choose_buffer_device(cfg, recommendation)
+    kv = load_optional(cfg, "02") if cfg.kv_transfer.kv_buffer_device == "auto" else None
+    return choose_buffer_device(cfg, kv.payload.recommendation if kv else None)
 
 
 # Notebook 02's reference models, beside the configured one.
@@ -83,11 +80,8 @@ def shapes(cfg: LabConfig, hf_config: dict) -> dict[str, KVShape]:
 
 def prompt_lengths(cfg: LabConfig, longest: int | None = None) -> list[int]:
     """Prompt lengths to study: powers of two from 128 tokens to the longest prompt."""
-    top, n, out = longest or cfg.vllm.max_model_len, 128, []
-    while n <= top:
-        out.append(n)
-        n *= 2
-    return out
+    top = longest or cfg.vllm.max_model_len
+    return [128 << i for i in range((top // 128).bit_length())]
 
 
 def kv_frame(cfg: LabConfig, kv_shapes: dict[str, KVShape], lengths: list[int]):
@@ -220,10 +214,7 @@ def link_rate(checks: Iterable[Any], cfg: LabConfig | None = None) -> float | No
     one PCIe Gen5 x4 half's ~100 Gb/s and the device's reported rate (the reported rate
     alone would double the limit where a half reports the port's 200 Gb/s), times the
     rails."""
-    for c in checks:
-        if c.check != "link":
-            continue
-        d = c.data
+    for d in (c.data for c in checks if c.check == "link"):
         if d.get("rails") and d.get("measured_gbps"):
             return d["measured_gbps"] / d["rails"] * (rails(cfg) if cfg is not None else d["rails"])
         if d.get("reported_gbps"):

@@ -283,12 +283,10 @@ def fitting_utilization(mem_total: int, instances: list[tuple[int, bool]],
     """The highest `gpu_memory_utilization`, one value for every instance on a node, that
     fits: `instances` are (weights bytes, mirror) pairs. Rounded down to 0.01."""
     free = (mem_total - measured.reserve_bytes("cuda")
-            - measured.process_bytes() * len(instances))
-    slope = 0
-    for w, mirror in instances:
-        slope += 2 if mirror else 1
-        if mirror:  # the mirror is the pool less weights and overhead
-            free += w + measured.overhead_bytes()
+            - measured.process_bytes() * len(instances)
+            # the mirror is the pool less weights and overhead
+            + sum(w + measured.overhead_bytes() for w, mirror in instances if mirror))
+    slope = sum(2 if mirror else 1 for _, mirror in instances)
     return max(0.0, int(100 * free / (slope * cuda_total(mem_total))) / 100)
 
 

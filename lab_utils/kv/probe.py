@@ -82,10 +82,7 @@ def default_sizes(min_bytes: int = 64 * KiB, max_bytes: int = 64 * MiB,
                   max_total_bytes: int | None = None) -> list[int]:
     """Powers of two from `min_bytes` to `max_bytes`; with `max_total_bytes`, the largest
     are dropped until one pass over the sizes moves at most that many bytes."""
-    sizes, s = [], min_bytes
-    while s <= max_bytes:
-        sizes.append(s)
-        s *= 2
+    sizes = [min_bytes << i for i in range((max_bytes // min_bytes).bit_length())]
     while max_total_bytes is not None and sizes and sum(sizes) > max_total_bytes:
         sizes.pop()
     return sizes
@@ -99,7 +96,6 @@ def apply_limits(rows: list[dict], same_machine: bool, memcpy_GBps: Mapping[int,
                  link_rate_gbps: float | None) -> list[str]:
     """Give each row its limit (memcpy on one machine, else the link) and its fraction
     of it; return notes on limits that are missing."""
-    notes = []
     for row in rows:
         if same_machine:
             limit, kind = memcpy_GBps.get(row["bytes"]), "memcpy"
@@ -108,9 +104,9 @@ def apply_limits(rows: list[dict], same_machine: bool, memcpy_GBps: Mapping[int,
         row.update(limit_GBps=limit, limit_kind=kind if limit else None,
                    fraction_of_limit=fraction_of_limit(row["bandwidth_GBps"], limit))
     if rows and not same_machine and not link_rate_gbps:
-        notes.append("fraction_of_limit is None: the agents are on different machines and "
-                     "no link_rate_gbps was given (e.g. 200 for a ConnectX-7 port)")
-    return notes
+        return ["fraction_of_limit is None: the agents are on different machines and "
+                "no link_rate_gbps was given (e.g. 200 for a ConnectX-7 port)"]
+    return []
 
 
 def passes(op: str, iterations: int, warmup: int) -> int:

@@ -76,11 +76,6 @@ class KVShape:
         """Bytes a block-granular transfer of `tokens` prompt tokens moves."""
         return self.blocks(tokens, block_size) * block_size * self.bytes_per_token
 
-    def transfer_seconds(self, tokens: int, block_size: int, bandwidth_bytes_per_s: float,
-                         latency_s: float = 0.0) -> float:
-        """Predicted time to move a prompt's KV at a given bandwidth (plus a fixed latency)."""
-        return latency_s + self.transfer_bytes(tokens, block_size) / bandwidth_bytes_per_s
-
 
 def kv_shape(hf_config: dict, dtype: str | None = None) -> KVShape:
     """The KV layout described by a Hugging Face config dict. `dtype` is the KV cache's

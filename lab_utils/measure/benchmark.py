@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -40,13 +41,11 @@ HEADLINE = KEYS  # the metric table's keys (lab_utils.results.points.METRICS)
 
 
 def _stats(name: str, values: list[float]) -> dict[str, float | None]:
-    if not values:
-        return {f"{k}_{name}_ms": None for k in ("mean", "median", "std", *(f"p{p}" for p in PERCENTILES))}
     arr = np.asarray(values, dtype=float)
-    out: dict[str, float | None] = {f"mean_{name}_ms": float(arr.mean()), f"median_{name}_ms": float(np.median(arr)),
-           f"std_{name}_ms": float(arr.std())}
-    out.update({f"p{p}_{name}_ms": float(np.percentile(arr, p)) for p in PERCENTILES})
-    return out
+    stats: dict[str, Callable[[Any], Any]] = {
+        "mean": np.mean, "median": np.median, "std": np.std,
+        **{f"p{p}": partial(np.percentile, q=p) for p in PERCENTILES}}
+    return {f"{k}_{name}_ms": float(stat(arr)) if values else None for k, stat in stats.items()}
 
 
 def summarize(records: list[RequestRecord], wall_s: float, w: WorkloadConfig) -> RepeatSummary:

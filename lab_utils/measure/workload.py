@@ -32,19 +32,14 @@ def server_tokenizer(url: str, model: str, api_key: str | None = None
     """Tokenize with the served model's tokenizer through vLLM's /tokenize endpoint."""
     client = httpx.Client(base_url=url.rstrip("/"), timeout=60, headers=auth_headers(api_key))
 
-    def tokenize(text: str) -> list[int]:
-        r = client.post("/tokenize", json={"model": model, "prompt": text, "add_special_tokens": False})
+    def post(path: str, body: dict) -> dict:
+        r = client.post(path, json={"model": model, **body})
         if r.status_code != 200:
-            raise LabError(f"{url}/tokenize answered {r.status_code}: {r.text[:300]}")
-        return r.json()["tokens"]
+            raise LabError(f"{url}{path} answered {r.status_code}: {r.text[:300]}")
+        return r.json()
 
-    def detokenize(ids: list[int]) -> str:
-        r = client.post("/detokenize", json={"model": model, "tokens": ids})
-        if r.status_code != 200:
-            raise LabError(f"{url}/detokenize answered {r.status_code}: {r.text[:300]}")
-        return r.json()["prompt"]
-
-    return tokenize, detokenize
+    return (lambda text: post("/tokenize", {"prompt": text, "add_special_tokens": False})["tokens"],
+            lambda ids: post("/detokenize", {"tokens": ids})["prompt"])
 
 
 def build_requests(w: WorkloadConfig, n: int, tokenize: Tokenize,

@@ -20,15 +20,6 @@ _lost = [False]
 _depth = [0]
 
 
-def _hook(previous):
-    def hook(unraisable) -> None:
-        if isinstance(unraisable.exc_value, KeyboardInterrupt):
-            _lost[0] = True
-            return
-        previous(unraisable)
-    return hook
-
-
 def check() -> None:
     """Raise the interrupt a `__del__` swallowed since `watched()` began, if one did."""
     if _lost[0]:
@@ -41,7 +32,14 @@ def watched() -> Iterator[None]:
     """Remember interrupts that would be lost, and raise them by the end of the block.
     Nested blocks share what was lost; the outermost forgets it when the block ends."""
     previous = sys.unraisablehook
-    sys.unraisablehook = _hook(previous)
+
+    def hook(unraisable) -> None:
+        if isinstance(unraisable.exc_value, KeyboardInterrupt):
+            _lost[0] = True
+        else:
+            previous(unraisable)
+
+    sys.unraisablehook = hook
     _depth[0] += 1
     try:
         yield
