@@ -78,6 +78,10 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument(f"--{name}", type=int)
     sp.add_argument("--duration", type=float, help="stop starting requests after this many s")
     sp.add_argument("--mixed", action="store_true", help="one long prompt every mixed_long_every")
+    sp.add_argument("--range-ratio", type=float, help="draw each request's input and output "
+                    "length from [L*(1-r), L*(1+r)], as vllm bench serve's --random-range-ratio")
+    sp.add_argument("--dataset", help="prompts from a file: vllm bench serve's custom JSONL "
+                    "(prompt, output_tokens) or ShareGPT JSON (docs/MEASURING.md)")
     sp.add_argument("--chat", action="store_true", help="use /v1/chat/completions")
     sp.add_argument("--tokenizer", help="local model dir with tokenizer.json (default: "
                     "the server's /tokenize)")

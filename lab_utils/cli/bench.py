@@ -6,9 +6,10 @@ import os
 from pathlib import Path
 
 import httpx
+from pydantic import ValidationError
 
 from lab_utils.cli.args import floats
-from lab_utils.config import load_config, read_secret_file
+from lab_utils.config import WorkloadConfig, load_config, read_secret_file
 from lab_utils.errors import LabError
 from lab_utils.measure import sweep, workload
 from lab_utils.results import COMPARED, write_envelope
@@ -20,22 +21,32 @@ def run(args) -> int:
         "input_len": args.input_len, "output_len": args.output_len, "num_prompts": args.num_prompts,
         "warmup": args.warmup, "repeats": args.repeats, "seed": args.seed,
         "burstiness": args.burstiness, "duration_s": args.duration, "chat": args.chat or None,
+        "range_ratio": args.range_ratio,
+        # --dataset as the shell names it; the config's against the checkout, as its paths are
+        "dataset": (str(Path(args.dataset).expanduser().resolve()) if args.dataset else
+                    str(cfg.resolve_path(cfg.workload.dataset)) if cfg.workload.dataset else None),
         "concurrency": [int(c) for c in floats(args.concurrency) or []] if args.concurrency else None,
         "request_rates": floats(args.rate),
     }.items() if v is not None}
     if args.rate and not args.concurrency:
         overrides["concurrency"] = []
-    w = cfg.workload.model_copy(update=overrides)
+    try:  # validated as the config's workload is (a range ratio of 1.5 is refused)
+        w = WorkloadConfig.model_validate({**cfg.workload.model_dump(), **overrides})
+    except ValidationError as e:
+        raise LabError("bench: " + "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}"
+                                             for err in e.errors())) from None
     model = args.model or cfg.model.name
     key = (read_secret_file(cfg, str(Path(args.api_key_file).resolve()), "API key (--api-key-file)")
            if args.api_key_file else os.environ.get("OPENAI_API_KEY"))
 
     tok, detok = (workload.local_tokenizer(args.tokenizer) if args.tokenizer
                   else workload.server_tokenizer(args.url, model, key))
+    print(f"workload: {w.describe(args.mixed)}")
     try:
         result = sweep(args.url, model,
-                       lambda n, seed: workload.build_requests(w, n, tok, detok, mixed=args.mixed,
-                                                               seed=seed), w,
+                       lambda n, seed: workload.build_requests(
+                           w, n, tok, detok, mixed=args.mixed, seed=seed,
+                           max_model_len=cfg.vllm.max_model_len), w,
                        mixed=args.mixed, api_key=key)
     except httpx.HTTPError as e:  # the tokenizer's calls: before any measurement
         raise LabError(f"{args.url} did not answer ({type(e).__name__}: {e}): is the server up "

@@ -241,6 +241,12 @@ class WorkloadConfig(_Strict):
     burstiness: float = Field(1.0, gt=0)
     mixed_long_len: int | None = Field(None, gt=0)
     mixed_long_every: int = Field(8, ge=2)
+    # each request's input and output length drawn from [L*(1-r), L*(1+r)], as `vllm bench
+    # serve --random-range-ratio r`; 0 keeps them fixed
+    range_ratio: float = Field(0.0, ge=0, lt=1)
+    # prompts (and output lengths) from a file: vllm bench serve's custom JSONL or ShareGPT
+    # JSON (`measure.dataset`); the lengths above then do not apply to the standard runs
+    dataset: str | None = None
     chat: bool = False
     request_timeout_s: float = Field(600.0, gt=0)
     num_prompts: int = Field(32, gt=0)
@@ -259,9 +265,12 @@ class WorkloadConfig(_Strict):
         conc = [max(self.concurrency or [1])] if mixed else self.concurrency
         slo = " / ".join(f"{k} {v:,.0f} ms" for k, v in (("TTFT", self.slo.ttft_ms),
                                                           ("TPOT", self.slo.tpot_ms)) if v)
-        parts = [f"{self.input_len}-token prompts",
-                 f"{self.output_len} output tokens (ignore_eos: each request generates exactly "
-                 "that many)",
+        spread = f" ±{self.range_ratio:.0%}, drawn per request" if self.range_ratio else ""
+        parts = [f"prompts and output lengths from {self.dataset} (ignore_eos: each request "
+                 "generates exactly its output length)" if self.dataset and not mixed else None,
+                 f"{self.input_len}-token prompts{spread}" if not self.dataset or mixed else None,
+                 f"{self.output_len} output tokens{spread} (ignore_eos: each request generates "
+                 "exactly that many)" if not self.dataset or mixed else None,
                  f"{self.num_prompts} requests per point", f"{self.warmup} warm-up requests "
                  "first, not counted",
                  f"{self.repeats} repeat{'s' if self.repeats != 1 else ''}",

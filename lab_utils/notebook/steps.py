@@ -105,6 +105,8 @@ def run_sweep(cfg: LabConfig, served: Served, *, mixed: bool = False,
     prefix-cache hit share, and hits make it invalid (`benchmark.mark_cache_hits`)."""
     tokenize, detokenize = tokenizer_of(served, cfg)
     w = workload or cfg.workload
+    if w.dataset:  # the config's paths are read against the checkout
+        w = w.model_copy(update={"dataset": str(cfg.resolve_path(w.dataset))})
     if mixed:
         w = w.model_copy(update={"concurrency": [max(w.concurrency or [1])], "request_rates": []})
     print(f"workload: {w.describe(mixed)}")
@@ -112,12 +114,13 @@ def run_sweep(cfg: LabConfig, served: Served, *, mixed: bool = False,
     cpu_before, started = cpu_now(cfg, served), time.monotonic()
     result = sweep(served.proxy_url, cfg.model.name,
                    lambda n, seed: build_requests(w, n, tokenize, detokenize, mixed=mixed,
-                                                  seed=seed),
+                                                  seed=seed, max_model_len=cfg.vllm.max_model_len),
                    w, mixed=mixed, api_key=api_key(cfg, "proxy"), run=run_name(served, "mixed" if mixed and run == "sweep" else run),
                    cache_meter=cache_meter(served),
-                   # chat requests share the chat template's first tokens: those hits are
-                   # the workload's own, recorded but not a reason to reject the run
-                   hits_expected=w.chat)
+                   # chat requests share the chat template's first tokens, and a dataset's
+                   # prompts come back at later points: those hits are the workload's own,
+                   # recorded but not a reason to reject the run
+                   hits_expected=w.chat or bool(w.dataset and not mixed))
     if cpu_before is not None and (cpu_after := cpu_now(cfg, served)) is not None:
         result.cpu = SweepCpu(
             wall_s=time.monotonic() - started, host_cores=os.cpu_count() or 1,
