@@ -5,10 +5,11 @@ arrivals at rising rates; the ceiling is the highest rate at which the generator
 every request within 10 ms of its schedule (p99 send lag) with no errors.
 
 Agreement: on one rehearsal vLLM instance (the profile's baseline, started for this with
-prefix caching off and stopped again unless `--keep`), the same workload (input/output lengths, request count,
-`ignore_eos`) run by this generator and by vLLM's own `vllm.benchmarks.serve` (the
-installed vLLM, in a process of its own that imports it once), at concurrency 1, 4 and 16
-and at two Poisson rates (40% and 80% of the request rate the instance reached at the
+prefix caching off and stopped again unless `--keep`), the same workload (input/output
+lengths, request count, `ignore_eos`; with `--dataset F`, the prompts and output lengths of
+a custom JSONL file, `--dataset-name custom` for vLLM) run by this generator and by vLLM's
+own `vllm.benchmarks.serve` (the installed vLLM, in a process of its own that imports it
+once), at concurrency 1, 4 and 16 and at two Poisson rates (40% and 80% of the request rate the instance reached at the
 highest concurrency in an untimed pass first), `--repeats` times each, the two tools in
 turn and the order swapped every repeat. With `--aiperf PATH` (an `aiperf` executable in
 a venv of its own; `make aiperf-venv` makes one) NVIDIA's AIPerf runs the same points as
@@ -45,6 +46,7 @@ from lab_utils.bench.stub_server import spawn_until_up
 from lab_utils.cluster import Cluster
 from lab_utils.config import WorkloadConfig, api_key, load_config
 from lab_utils.measure.benchmark import summarize
+from lab_utils.measure.dataset import read_dataset
 from lab_utils.measure.loadgen import RequestSpec, run_point
 from lab_utils.measure.workload import build_requests, local_tokenizer
 from lab_utils.on_node.proctools import port_is_free, stop_group
@@ -110,10 +112,13 @@ def vllm_bench_argv(url: str, model: str, tokenizer: str, w: WorkloadConfig, n: 
     kind, value = point
     load = (["--max-concurrency", str(int(value))] if kind == "concurrency"
             else ["--request-rate", str(value), "--burstiness", "1.0"])
+    # a dataset: the same file, its output lengths and its text as written (no chat template)
+    data = (["--dataset-name", "custom", "--dataset-path", w.dataset, "--custom-output-len",
+             "-1", "--skip-chat-template"] if w.dataset else
+            ["--dataset-name", "random", "--random-input-len", str(w.input_len),
+             "--random-output-len", str(w.output_len), "--random-range-ratio", f"{w.range_ratio:g}"])
     return ["--backend", "vllm", "--base-url", url, "--model", model, "--tokenizer", tokenizer,
-            "--dataset-name", "random", "--random-input-len", str(w.input_len),
-            "--random-output-len", str(w.output_len), "--random-range-ratio", "0",
-            "--num-prompts", str(n), *load, "--ignore-eos", "--num-warmups", str(w.warmup),
+            *data, "--num-prompts", str(n), *load, "--ignore-eos", "--num-warmups", str(w.warmup),
             "--percentile-metrics", "ttft,tpot,itl,e2el", "--disable-tqdm", "--seed", str(seed),
             "--temperature", "0"]
 
@@ -272,6 +277,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=5.0, help="the ceiling's seconds per rate")
     ap.add_argument("--skip-vllm", action="store_true", help="measure the ceiling only")
     ap.add_argument("--aiperf", type=Path, help="an aiperf executable (own venv) for a third opinion")
+    ap.add_argument("--dataset", type=Path, help="a custom JSONL file (prompt, output_tokens on "
+                    "every line): both tools send its prompts instead of random ones")
     ap.add_argument("--keep", action="store_true", help="leave a baseline this started running")
     ap.add_argument("--json", type=Path, help="write the runs and the table here")
     args = ap.parse_args(argv)
@@ -288,11 +295,20 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     cfg = without_prefix_caching(load_config(args.config))
-    cfg.workload = w = cfg.workload.model_copy(update={"num_prompts": args.num_prompts,
-                                                        "warmup": max(cfg.workload.warmup, 4)})
+    cfg.workload = w = cfg.workload.model_copy(update={
+        "num_prompts": args.num_prompts, "warmup": max(cfg.workload.warmup, 4),
+        "dataset": str(args.dataset.resolve()) if args.dataset else None})
+    if w.dataset:
+        prompts, _ = read_dataset(w.dataset)
+        if not w.dataset.endswith(".jsonl") or any(r.output_tokens is None for r in prompts):
+            print(f"{w.dataset}: the comparison takes a custom JSONL file with output_tokens on "
+                  "every line (vllm bench serve reads either every line's or none)")
+            return 2
     concurrencies = [int(c) for c in args.concurrency.split(",")]
-    print(f"\nAgreement with vllm bench serve on {cfg.profile}'s baseline instance: input "
-          f"{w.input_len}, output {w.output_len} tokens, {w.num_prompts} requests per run, "
+    shape = (f"the prompts and output lengths of {w.dataset}" if w.dataset else
+             f"input {w.input_len}, output {w.output_len} tokens")
+    print(f"\nAgreement with vllm bench serve on {cfg.profile}'s baseline instance: {shape}, "
+          f"{w.num_prompts} requests per run, "
           f"concurrency {', '.join(map(str, concurrencies))} and {args.poisson_rates} Poisson "
           f"rates, {args.repeats} repeats, tools in turn; median [min-max]")
     key = api_key(cfg, "vllm")  # the instance is measured directly

@@ -57,3 +57,24 @@ def test_vllm_bench_serve_reads_our_arguments(point):
         assert args.max_concurrency == 16 and args.request_rate == float("inf")
     else:
         assert args.max_concurrency is None and args.request_rate == 12.4 and args.burstiness == 1.0
+
+
+def test_vllm_bench_serve_reads_the_same_dataset_as_we_do(tmp_path):
+    """With a custom JSONL file, vLLM's benchmark gets the file, its output lengths and its
+    text as written: what `measure.dataset` sends."""
+    pytest.importorskip("vllm", reason="vLLM is in the project's venv (make venv)")
+    from vllm.benchmarks import serve
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    data = tmp_path / "p.jsonl"
+    w = WorkloadConfig(dataset=str(data), warmup=4)
+    parser = FlexibleArgumentParser()
+    serve.add_cli_args(parser)
+    args = parser.parse_args(vllm_bench_argv("http://127.0.0.1:8000", "tiny", "/m", w, 96,
+                                             ("concurrency", 4.0), 7))
+    assert (args.dataset_name, args.dataset_path, args.custom_output_len) == ("custom", str(data), -1)
+    assert args.skip_chat_template and args.ignore_eos and args.num_prompts == 96
+    ratio = WorkloadConfig(range_ratio=0.25)
+    args = parser.parse_args(vllm_bench_argv("http://127.0.0.1:8000", "tiny", "/m", ratio, 8,
+                                             ("concurrency", 1.0), 7))
+    assert args.dataset_name == "random" and args.random_range_ratio == "0.25"
