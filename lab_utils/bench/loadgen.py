@@ -36,6 +36,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -48,7 +49,7 @@ from lab_utils.config import WorkloadConfig, api_key, load_config
 from lab_utils.measure.benchmark import summarize
 from lab_utils.measure.dataset import read_dataset
 from lab_utils.measure.loadgen import RequestSpec, run_point
-from lab_utils.measure.workload import build_requests, local_tokenizer
+from lab_utils.measure.workload import build_requests, dataset_sample, local_tokenizer
 from lab_utils.on_node.proctools import port_is_free, stop_group
 from lab_utils.results.points import Measured, compare, select
 from lab_utils.serve.metrics import fetch_metrics, read_counters
@@ -114,7 +115,7 @@ def vllm_bench_argv(url: str, model: str, tokenizer: str, w: WorkloadConfig, n: 
             else ["--request-rate", str(value), "--burstiness", "1.0"])
     # a dataset: the same file, its output lengths and its text as written (no chat template)
     data = (["--dataset-name", "custom", "--dataset-path", w.dataset, "--custom-output-len",
-             "-1", "--skip-chat-template"] if w.dataset else
+             "-1", "--skip-chat-template", "--disable-shuffle"] if w.dataset else
             ["--dataset-name", "random", "--random-input-len", str(w.input_len),
              "--random-output-len", str(w.output_len), "--random-range-ratio", f"{w.range_ratio:g}"])
     return ["--backend", "vllm", "--base-url", url, "--model", model, "--tokenizer", tokenizer,
@@ -182,6 +183,19 @@ def without_prefix_caching(cfg):
     return cfg.model_copy(update={"vllm": cfg.vllm.model_copy(update={"baseline": b})})
 
 
+def same_prompts(w: WorkloadConfig, n: int, seed: int, workdir: Path) -> WorkloadConfig:
+    """For a dataset: `w` with a file of exactly the rows the lab sends with `seed` after its
+    warm-up, in its order, which vLLM reads unshuffled: both tools send the same requests
+    (two samples of a file of mixed lengths differ by more than the tools do)."""
+    if not w.dataset:
+        return w
+    rows = dataset_sample(w, w.warmup + n, random.Random(seed))[w.warmup:]
+    path = workdir / f"dataset-{seed}.jsonl"
+    path.write_text("".join(json.dumps({"prompt": r.prompt, "output_tokens": r.output_tokens})
+                            + "\n" for r in rows))
+    return w.model_copy(update={"dataset": str(path)})
+
+
 def agreement(cfg, url: str, key: str | None, concurrencies: list[int], n_rates: int,
               repeats: int, aiperf: Path | None, workdir: Path) -> dict:
     """Run every point with every tool, `repeats` times, interleaved; return the raw runs."""
@@ -216,7 +230,8 @@ def agreement(cfg, url: str, key: str | None, concurrencies: list[int], n_rates:
                         specs = build_requests(w, w.warmup + n, tok, detok, seed=seed)
                         s = _ours(url, cfg, specs, p, seed, key)
                     elif who == "vllm bench serve":
-                        s = vllm.run(vllm_bench_argv(url, cfg.model.name, cfg.model_path, w, n, p, seed))
+                        s = vllm.run(vllm_bench_argv(url, cfg.model.name, cfg.model_path,
+                                                     same_prompts(w, n, seed, workdir), n, p, seed))
                     else:
                         assert aiperf is not None  # AIPerf is in `order` only when given
                         out = workdir / f"aiperf-{rep}-{p[0]}-{p[1]:g}"

@@ -19,7 +19,7 @@ import httpx
 
 from lab_utils.config import WorkloadConfig
 from lab_utils.errors import LabError
-from lab_utils.measure.dataset import read_dataset
+from lab_utils.measure.dataset import DatasetRow, read_dataset
 from lab_utils.measure.loadgen import RequestSpec, auth_headers
 from lab_utils.measure.prompts import exact_prompt, load_tokenizer
 
@@ -77,6 +77,17 @@ def build_requests(w: WorkloadConfig, n: int, tokenize: Tokenize,
     return specs
 
 
+def dataset_sample(w: WorkloadConfig, n: int, rng: random.Random) -> list[DatasetRow]:
+    """The `n` rows of `workload.dataset` one run sends, in its order (`from_dataset`)."""
+    assert w.dataset is not None  # the caller's condition
+    rows, _ = read_dataset(w.dataset)
+    if n > len(rows):
+        raise LabError(f"{w.dataset} has {len(rows)} prompts and one run sends {n} (warm-up "
+                       "included): lower workload.num_prompts / warmup (--num-prompts, "
+                       "--warmup), or use a longer file")
+    return rng.sample(rows, n)
+
+
 def from_dataset(w: WorkloadConfig, n: int, tokenize: Tokenize, rng: random.Random,
                  max_model_len: int | None = None) -> list[RequestSpec]:
     """`n` requests from `workload.dataset`, in an order shuffled by `rng` (each point and
@@ -86,14 +97,8 @@ def from_dataset(w: WorkloadConfig, n: int, tokenize: Tokenize, rng: random.Rand
     Refused before anything is sent: a run that needs more prompts than the file has (one
     run never repeats a prompt: a repeat is a prefix-cache hit), and a request longer than
     `max_model_len`, with its line."""
-    assert w.dataset is not None  # the caller's condition
-    rows, _ = read_dataset(w.dataset)
-    if n > len(rows):
-        raise LabError(f"{w.dataset} has {len(rows)} prompts and one run sends {n} (warm-up "
-                       "included): lower workload.num_prompts / warmup (--num-prompts, "
-                       "--warmup), or use a longer file")
     specs = []
-    for row in rng.sample(rows, n):
+    for row in dataset_sample(w, n, rng):
         ids = tokenize(row.prompt)
         out = row.output_tokens or (max(1, len(tokenize(row.reply))) if row.reply
                                     else w.output_len)

@@ -73,8 +73,32 @@ def test_vllm_bench_serve_reads_the_same_dataset_as_we_do(tmp_path):
     args = parser.parse_args(vllm_bench_argv("http://127.0.0.1:8000", "tiny", "/m", w, 96,
                                              ("concurrency", 4.0), 7))
     assert (args.dataset_name, args.dataset_path, args.custom_output_len) == ("custom", str(data), -1)
-    assert args.skip_chat_template and args.ignore_eos and args.num_prompts == 96
+    assert args.skip_chat_template and args.disable_shuffle and args.ignore_eos
+    assert args.num_prompts == 96
     ratio = WorkloadConfig(range_ratio=0.25)
     args = parser.parse_args(vllm_bench_argv("http://127.0.0.1:8000", "tiny", "/m", ratio, 8,
                                              ("concurrency", 1.0), 7))
     assert args.dataset_name == "random" and args.random_range_ratio == "0.25"
+
+
+def test_on_a_dataset_both_tools_send_the_same_requests_in_the_same_order(tmp_path):
+    """Two samples of one file of mixed lengths differ by more than the tools do: vLLM gets
+    a file of exactly the rows the lab sends after its warm-up, read unshuffled."""
+    import json
+    import zlib
+
+    from lab_utils.bench.loadgen import same_prompts
+    from lab_utils.measure.workload import build_requests
+
+    def tokenize(text):
+        return [zlib.crc32(x.encode()) % 500 for x in text.split()]
+
+    data = tmp_path / "p.jsonl"
+    data.write_text("".join(json.dumps({"prompt": "w " * (i + 1), "output_tokens": i + 1}) + "\n"
+                            for i in range(40)))
+    w = WorkloadConfig(dataset=str(data), warmup=3)
+    ours = build_requests(w, 3 + 10, tokenize, seed=1204)[3:]
+    theirs = [json.loads(x) for x in open(same_prompts(w, 10, 1204, tmp_path).dataset)]
+    assert [(len(s.prompt_ids), s.max_tokens) for s in ours] == [
+        (len(r["prompt"].split()), r["output_tokens"]) for r in theirs]
+    assert same_prompts(WorkloadConfig(), 10, 1204, tmp_path).dataset is None
