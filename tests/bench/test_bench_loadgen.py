@@ -3,6 +3,8 @@ vLLM's own parser reads it."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from lab_utils.bench.aiperf_runner import summary
@@ -98,7 +100,9 @@ def test_on_a_dataset_both_tools_send_the_same_requests_in_the_same_order(tmp_pa
                             for i in range(40)))
     w = WorkloadConfig(dataset=str(data), warmup=3)
     ours = build_requests(w, 3 + 10, tokenize, seed=1204)[3:]
-    theirs = [json.loads(x) for x in open(same_prompts(w, 10, 1204, tmp_path).dataset)]
+    written = same_prompts(w, 10, 1204, tmp_path).dataset
+    assert written is not None
+    theirs = [json.loads(x) for x in Path(written).read_text().splitlines()]
     assert [(len(s.prompt_ids), s.max_tokens) for s in ours] == [
         (len(r["prompt"].split()), r["output_tokens"]) for r in theirs]
     assert same_prompts(WorkloadConfig(), 10, 1204, tmp_path).dataset is None
