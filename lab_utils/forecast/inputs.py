@@ -15,6 +15,7 @@ from lab_utils.forecast.model import EngineCosts, Inputs
 from lab_utils.kv.shapes import PUBLISHED_CONFIGS, kv_shape
 from lab_utils.results.forecast import CurvePoint, Edge, EngineProfile
 from lab_utils.results.kv_transfer import KvTransferPayload
+from lab_utils.results.points import compare
 
 SEG_TYPE = {"cpu": "DRAM", "cuda": "VRAM"}  # kv_buffer_device -> the probe's memory type
 
@@ -60,12 +61,15 @@ def from_results(profile: EngineProfile | None, kv: KvTransferPayload | None,
              "stand-ins for the other replicas' idle workers", "a replica's decode")):
         if b is not None and b.ratio:
             factors[key] = b.factor
+            basis = (compare(b.beside.measured(), b.alone.measured()).basis
+                     if b.beside is not None else "")
             taken = ("that factor" if b.factor != 1.0 else
-                     "no factor (no difference by the lab's rule: 1.00x)")
+                     f"no factor (no difference by the lab's rule: {basis})" if not b.differs
+                     else "no factor (a step no slower beside them is noise)")
             one = stand_ins.replace("stand-ins", "stand-in", 1) if b.threads == 1 else stand_ins
-            beside = f"{b.beside.median:.2f} ms beside, " if b.beside is not None else ""
+            beside = f"{b.beside.span()} beside, " if b.beside is not None else ""
             sources[key] = (f"01 measured a decode step beside {b.threads} {one} "
-                            f"({b.policy}): {beside}{b.alone.median:.2f} ms alone: "
+                            f"({b.policy}): {beside}{b.alone.span()} alone, medians "
                             f"{b.ratio:.2f}x; {who} steps take {taken}")
     shortest = min(profile.prefill, key=lambda p: p.x)
     return Inputs(engine=engine, hop_ms=max(profile.hop.at(edge), 0.0), transfer=transfer,

@@ -189,8 +189,7 @@ def profile_frame(profile: EngineProfile):
                     (profile.beside_replicas, "idle replicas' yielding workers")):
         if b is None:
             continue
-        ratio = (f"; {b.alone.median:.2f} ms alone ({b.alone.lo:.2f}-{b.alone.hi:.2f} over "
-                 f"{b.alone.n}): "
+        ratio = (f"; {b.alone.span()} alone: "
                  + (f"{b.ratio:.2f}x" if b.differs else "no difference by the lab's rule")
                  if b.ratio else "")
         rows.append(row(f"decode step beside {b.threads} {like}: ms ({b.policy}; CPUs "

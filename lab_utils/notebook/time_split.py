@@ -92,8 +92,8 @@ def ttft_parts(client_ttft_ms: float, prefill: tuple[MetricsSnapshot, MetricsSna
 def split_sentence(parts: dict[str, float], client_ttft_ms: float, requests: int | None = None,
                    sweep_median_ms: float | None = None, when: str = "after") -> str:
     """Which part of TTFT dominated, with every part's share, from this run's figures. The
-    pair against the single instance is the extra hop's sentence, on the sweeps' medians;
-    this one describes its own requests, and says so where their mean differs from the
+    pair against the single instance is the "through the pair" sentence, on the sweeps'
+    medians; this one describes its own requests, and says so where their mean differs from the
     sweep's median at concurrency 1 (`sweep_median_ms`) by the lab's rule. `when`:
     "before" or "after" the sweep."""
     ranked = sorted(PARTS, key=lambda k: -parts[k])

@@ -6,7 +6,7 @@ Three comparisons, each against a figure an earlier notebook measured or derived
   `block_size` tokens x bytes per token of the served model);
 - the time NIXL spent moving them against the time 02's probe predicts for that many
   bytes (size / the best READ bandwidth the probe reached from the same kind of memory);
-- what the extra hop costs a request: TTFT at one request at a time through the
+- what going through the pair costs a request: TTFT at one request at a time through the
   prefill/decode pair against notebook 01's single instance, and how much of the
   difference the KV move itself explains.
 """
@@ -106,7 +106,7 @@ def conclusions(rows: list[dict[str, Any]], hop: dict[str, Any] | None,
             out.append("Time: 02's probe measured no READ from this kind of memory, so there "
                        "is no prediction to compare with.")
     if hop is None:
-        out.append("Extra hop: not compared (01 or 04 has no valid concurrency-1 point).")
+        out.append("Through the pair: not compared (01 or 04 has no valid concurrency-1 point).")
     else:
         # where the requests' own split follows, it gives their KV move: the proof's
         # prompts (other lengths) are not quoted beside it
@@ -118,9 +118,12 @@ def conclusions(rows: list[dict[str, Any]], hop: dict[str, Any] | None,
             share = (f"; the proof's KV moves took a median of {move:.1f} ms, more than that "
                      "whole difference: they were timed on the proof's own prompts, not on "
                      "these requests")
-        out.append(f"Extra hop: at one request at a time, TTFT was {hop['pd_ttft_ms']:.1f} ms "
-                   f"through the pair against {hop['single_ttft_ms']:.1f} ms on one instance "
-                   f"(01): {hop['extra_ms']:+.1f} ms per request{share}.")
+        out.append(f"Through the pair: at one request at a time, TTFT was "
+                   f"{hop['pd_ttft_ms']:.1f} ms through the proxy, the prefill, the handoff "
+                   f"and the decode against {hop['single_ttft_ms']:.1f} ms on 01's one "
+                   f"instance, asked directly: {hop['extra_ms']:+.1f} ms per request{share}. "
+                   "That is every difference between the two paths, not the hop alone"
+                   + ("; the split below times the parts." if split else "."))
     if split:
         out.append(split)
     return out

@@ -35,6 +35,11 @@ class CurvePoint(BaseModel):
         """As the lab's rule reads a value over its repeats."""
         return Measured(median=self.median, min=self.lo, max=self.hi, n=self.n)
 
+    def span(self, unit: str = "ms") -> str:
+        """"2.47 ms (2.40-2.61 over 5)": the median and what the rule reads beside it."""
+        return (f"{self.median:.2f} {unit}" + (f" ({self.lo:.2f}-{self.hi:.2f} over {self.n})"
+                                               if self.n > 1 else " (one run)"))
+
 
 class DecodeLine(BaseModel):
     """Decode step time against requests decoding together, at one context length."""

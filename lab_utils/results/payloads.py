@@ -235,9 +235,12 @@ class FrontDoors(Record):
             for row, m in zip(rows, COMPARED, strict=True):  # metric_rows: one row per COMPARED
                 row["lab proxy, in the sweep"] = rounded(again.median(m))
                 if not row["better"].startswith("=") and row["better"] != "invalid":
+                    span = both.of(m.key)
+                    runs = (f", {m.text(span.min, unit=False)}-{m.text(span.max, unit=False)}"
+                            if span is not None else "")
                     row["better"] = {"a": "lab proxy", "b": router}.get(
                         compare_points(both, b, m).better or "",
-                        f"= (within {MARGIN:.0%} of the lab proxy's range over its two runs)")
+                        f"= (within {MARGIN:.0%} of the range of the lab proxy's two runs{runs})")
         rows.append({"metric": "valid", "lab proxy": a.valid, router: b.valid})
         rows.append({"metric": "prefix-cache hits %", "lab proxy": a.prefix_cache_hit_pct,
                      router: b.prefix_cache_hit_pct})

@@ -33,7 +33,7 @@ def test_the_sentence_names_the_part_that_dominated(top):
     parts = {k: 5.0 for k in time_split.PARTS} | {top: 80.0}
     said = time_split.split_sentence(parts, 95.0)
     assert f"the {top} took the most, 80.0 ms (84% of it)" in said
-    assert "single instance" not in said  # the extra hop's sentence compares with 01
+    assert "single instance" not in said  # the "through the pair" sentence compares with 01
     for other in set(time_split.PARTS) - {top}:
         assert f"{other} 5.0 ms" in said
 
