@@ -223,7 +223,8 @@ class FrontDoors(Record):
         run is); then validity and the hit shares. With `sweep` (04's sweep, which measured
         the same point through the lab proxy earlier), that run is shown too, and the lab
         proxy is judged by both its runs (`points.pooled`): vllm-router's one run must stand
-        beyond the margin from the range the lab proxy's two runs span."""
+        beyond the margin from the range the lab proxy's runs span (this one and every
+        repeat of the sweep's point)."""
         import pandas as pd
 
         a, b = self.lab.combined[0], self.vllm_router.combined[0]
@@ -240,7 +241,8 @@ class FrontDoors(Record):
                             if span is not None else "")
                     row["better"] = {"a": "lab proxy", "b": router}.get(
                         compare_points(both, b, m).better or "",
-                        f"= (within {MARGIN:.0%} of the range of the lab proxy's two runs{runs})")
+                        f"= (within {MARGIN:.0%} of the range of the lab proxy's runs here and in "
+                        f"the sweep{runs})")
         rows.append({"metric": "valid", "lab proxy": a.valid, router: b.valid})
         rows.append({"metric": "prefix-cache hits %", "lab proxy": a.prefix_cache_hit_pct,
                      router: b.prefix_cache_hit_pct})
