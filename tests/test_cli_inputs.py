@@ -24,6 +24,11 @@ BAD_ARGS = [
     (["bench", "--url", "http://127.0.0.9:1", "--out", "x", "--concurrency", "1,x"],
      "positive numbers"),
     (["bench", "--url", "http://127.0.0.9:1", "--out", "x", "--rate", "0"], "positive numbers"),
+    # bench's workload options are held to the config's own limits
+    (["bench", "--url", "http://127.0.0.9:1", "--out", "x", "--num-prompts", "0"],
+     "num_prompts: Input should be greater than 0"),
+    (["bench", "--url", "http://127.0.0.9:1", "--out", "x", "--range-ratio", "1.5"],
+     "range_ratio: Input should be less than 1"),
 ]
 
 
